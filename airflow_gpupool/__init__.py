@@ -1,0 +1,7 @@
+"""airflow-gpupool: a GPU-sharing layer for Apache Airflow."""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+__all__ = ["__version__"]

@@ -1,0 +1,71 @@
+"""Provider metadata that Airflow reads through the ``apache_airflow_provider`` entry point."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow_gpupool import __version__
+
+
+def _option(description: str, default: str, type_: str = "string", example: str | None = None) -> dict[str, Any]:
+    return {"description": description, "version_added": "0.1.0", "type": type_, "example": example, "default": default}
+
+
+def get_provider_info() -> dict[str, Any]:
+    """Return the provider's package, connection, config and extension declarations."""
+    return {
+        "package-name": "airflow-gpupool",
+        "name": "GPU pool",
+        "description": "Reserve GPU slices (whole GPUs, fractions, MIG) from a shared ledger before "
+        "launching Kubernetes pods.",
+        "versions": [__version__],
+        "connection-types": [
+            {"hook-class-name": "airflow_gpupool.hooks.gpupool.GpuPoolHook", "connection-type": "gpupool"}
+        ],
+        "config": {
+            "gpupool": {
+                "description": "Settings of the airflow-gpupool provider.",
+                "options": {
+                    "ledger_url": _option(
+                        "SQLAlchemy URL of the GPU ledger. Empty: a SQLite file under AIRFLOW_HOME. "
+                        "GPUPOOL_LEDGER_URL and the gpupool connection take precedence.",
+                        "",
+                        example="postgresql+psycopg://gpupool@db:5432/gpupool",
+                    ),
+                    "placement_policy": _option("Placement policy of the ledger.", "bestfit", example="bestfit"),
+                    "lease_ttl_seconds": _option(
+                        "Seconds a grant lives unless renewed; a dead holder's slice returns after this.",
+                        "600",
+                        "integer",
+                    ),
+                    "reservation_timeout_seconds": _option(
+                        "Seconds a request may wait in the queue before it fails.", "300", "integer"
+                    ),
+                    "poll_interval_seconds": _option(
+                        "Seconds between checks of a waiting request (trigger and non-deferrable wait).",
+                        "5",
+                        "integer",
+                    ),
+                    "max_overtakes": _option(
+                        "How many later requests may be granted past a blocked request before it "
+                        "blocks the queue (no starvation).",
+                        "8",
+                        "integer",
+                    ),
+                    "binding": _option(
+                        "Default slice binding: whole, mig, hami, kai or device.", "whole", example="hami"
+                    ),
+                    "node_pool_bindings": _option(
+                        "Per node pool binding, as pool=strategy pairs separated by commas.",
+                        "",
+                        example="a100-mig=mig,t4-shared=hami",
+                    ),
+                    "default_checkpoint_root": _option(
+                        "Base URL under which tasks get a checkpoint directory when none is given.",
+                        "",
+                        example="s3://ml-checkpoints/airflow",
+                    ),
+                },
+            }
+        },
+    }

@@ -1,0 +1,116 @@
+"""The ``[gpupool]`` configuration, read through small functions so tests can patch one.
+
+Every option is declared once, in :func:`airflow_gpupool.get_provider_info.get_provider_info`;
+these functions read it with the same defaults. Environment variables follow Airflow's
+rule: ``AIRFLOW__GPUPOOL__LEDGER_URL`` sets ``[gpupool] ledger_url``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from airflow_gpupool.exceptions import ConfigurationError
+
+SECTION = "gpupool"
+LEDGER_URL_ENV = "GPUPOOL_LEDGER_URL"
+
+DEFAULTS: dict[str, str] = {
+    "ledger_url": "",
+    "placement_policy": "bestfit",
+    "lease_ttl_seconds": "600",
+    "reservation_timeout_seconds": "300",
+    "poll_interval_seconds": "5",
+    "max_overtakes": "8",
+    "binding": "whole",
+    "node_pool_bindings": "",
+    "default_checkpoint_root": "",
+}
+
+
+def _get(option: str) -> str:
+    env = os.environ.get(f"AIRFLOW__{SECTION.upper()}__{option.upper()}")
+    if env is not None:
+        return env
+    try:
+        from airflow.configuration import conf
+
+        value = conf.get(SECTION, option, fallback=None)
+    except Exception:  # Airflow not configured (CLI outside Airflow): fall back to defaults.
+        value = None
+    return DEFAULTS[option] if value in (None, "") else str(value)
+
+
+def _positive(option: str) -> float:
+    raw = _get(option)
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigurationError(f"[{SECTION}] {option}={raw!r} is not a number") from None
+    if value <= 0:
+        raise ConfigurationError(f"[{SECTION}] {option}={raw!r} must be positive")
+    return value
+
+
+def airflow_home() -> Path:
+    """Return ``AIRFLOW_HOME`` (default ``~/airflow``)."""
+    return Path(os.environ.get("AIRFLOW_HOME", "~/airflow")).expanduser()
+
+
+def ledger_url(explicit: str | None = None) -> str:
+    """Return the ledger URL: the argument, else ``GPUPOOL_LEDGER_URL``, else ``[gpupool] ledger_url``,
+    else a SQLite file under ``AIRFLOW_HOME``."""
+    if explicit:
+        return explicit
+    env = os.environ.get(LEDGER_URL_ENV)
+    if env:
+        return env
+    configured = _get("ledger_url")
+    if configured:
+        return configured
+    return f"sqlite:///{airflow_home() / 'gpupool-ledger.db'}"
+
+
+def placement_policy() -> str:
+    """Return the name of the placement policy the ledger uses."""
+    return _get("placement_policy")
+
+
+def lease_ttl_seconds() -> float:
+    """Return how long a grant lives without renewal."""
+    return _positive("lease_ttl_seconds")
+
+
+def reservation_timeout_seconds() -> float:
+    """Return how long a request may wait in the queue by default."""
+    return _positive("reservation_timeout_seconds")
+
+
+def poll_interval_seconds() -> float:
+    """Return how often a waiting trigger checks its request."""
+    return _positive("poll_interval_seconds")
+
+
+def max_overtakes() -> int:
+    """Return how many later requests may overtake a blocked one before it blocks the queue."""
+    return int(_positive("max_overtakes"))
+
+
+def binding() -> str:
+    """Return the default slice-binding strategy."""
+    return _get("binding")
+
+
+def node_pool_bindings() -> dict[str, str]:
+    """Return the per-node-pool binding strategies, from ``pool=strategy,pool=strategy``."""
+    raw = _get("node_pool_bindings").strip()
+    out: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in raw.split(","))):
+        pool, sep, strategy = item.partition("=")
+        if not sep or not pool.strip() or not strategy.strip():
+            raise ConfigurationError(
+                f"[{SECTION}] node_pool_bindings item {item!r} is not 'pool=strategy' "
+                "(example: 'a100-mig=mig,t4-shared=hami')"
+            )
+        out[pool.strip()] = strategy.strip()
+    return out
