@@ -91,3 +91,21 @@ class LeaseExpiredError(GpuPoolError):
 
 class LedgerSchemaError(GpuPoolError):
     """The ledger database is missing, or its schema is newer or older than this code."""
+
+
+class TraceFormatError(GpuPoolError, ValueError):
+    """A workload or cluster trace (CSV) lacks a column or has a bad row.
+
+    :param path: the file
+    :param row: the 1-based line number of the bad row (0 for the header)
+    :param column: the missing or bad column
+    :param detail: what is wrong
+    """
+
+    def __init__(self, path: str, row: int, column: str, detail: str) -> None:
+        self.path = path
+        self.row = row
+        self.column = column
+        self.detail = detail
+        where = "header" if row == 0 else f"line {row}"
+        super().__init__(f"{path}: {where}: column {column!r}: {detail}")

@@ -1,40 +1,42 @@
-"""Best-fit: the node (and GPU) left with the least free capacity after placing."""
+"""Best-fit: the node left with the least free CPU and GPU after placing (FGD paper baseline).
+
+As in the FGD simulator's ``BestFitScore``: ``score = 1 − ½·cpu_left/128 cores − ½·gpu_left/8 GPUs``
+after placing, scaled to an integer 0–100 and min-max normalized over the feasible nodes;
+the fullest GPU that fits takes a fraction.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import numpy as np
 
-from airflow_gpupool.placement.policy import place_by_score, register
-from airflow_gpupool.placement.snapshot import ClusterSnapshot, NodeState
-from airflow_gpupool.placement.verdict import Assignment, Verdict
-from airflow_gpupool.resources import MILLI_PER_GPU, GpuRequest
+from airflow_gpupool.placement.policy import register
+from airflow_gpupool.placement.scored import Candidates, ScoredPolicy
+from airflow_gpupool.resources import GpuRequest
+
+#: Normalizers of the FGD simulator: the largest node it models (CPU milli, GPU milli).
+MAX_SPEC_CPU = 128_000
+MAX_SPEC_GPU = 8_000
 
 
-def leftover(node: NodeState, option: Assignment, request: GpuRequest) -> float:
-    """Remaining free share of the node after ``option``: GPU first, then CPU and memory."""
-    gpus = len(node.gpus) or 1
-    gpu_after = (node.gpu_free_milli - option.milli_per_gpu * len(option.gpu_indices)) / (gpus * MILLI_PER_GPU)
-    if option.mig_slice is not None:
-        gpu_after = sum(len(g.mig_free) for g in node.gpus) - 1
-    cpu_after = (node.cpu_free - request.cpu_milli) / max(node.cpu_milli, 1)
-    mem_after = (node.memory_free - request.memory_mib) / max(node.memory_mib, 1)
-    # Inside a node, prefer the fullest GPU that still fits, so whole GPUs stay whole.
-    gpu_inside = 0.0
-    if option.gpu_indices and option.mig_slice is None and option.milli_per_gpu < MILLI_PER_GPU:
-        chosen = next(g for g in node.gpus if g.index == option.gpu_indices[0])
-        gpu_inside = (chosen.free_milli - option.milli_per_gpu) / MILLI_PER_GPU
-    return gpu_after * 4 + cpu_after + mem_after + gpu_inside * 1e-3
+def normalize_scores(scores: np.ndarray) -> np.ndarray:
+    """Min-max scale integer scores to 0–100 with integer division (the simulator's NormalizeScore)."""
+    low, high = int(scores.min()), int(scores.max())
+    if high == low:
+        return np.zeros_like(scores)
+    return (scores - low) * 100 // (high - low)
 
 
 @register("bestfit")
-class BestFitPolicy:
-    """Place where the least capacity is left over (the classic heuristic)."""
+class BestFitPolicy(ScoredPolicy):
+    """Place where the least CPU and GPU is left over (the classic heuristic)."""
 
     name = "bestfit"
 
-    def __init__(self, **_: Any) -> None:
-        pass
-
-    def place(self, snapshot: ClusterSnapshot, request: GpuRequest) -> Verdict:
-        """Return the best-fit assignment, or why nothing fits."""
-        return place_by_score(snapshot, request, lambda node, option: leftover(node, option, request))
+    def costs(self, request: GpuRequest, cand: Candidates) -> tuple[np.ndarray, np.ndarray]:
+        """Return minus the normalized best-fit score, and the best-fit GPU order."""
+        t = self.table
+        cpu_left = t.cpu_free[cand.node] - cand.cpu
+        gpu_left = t.gpu_total_free()[cand.node] - cand.gpu_milli
+        raw = (1.0 - (0.5 * cpu_left / MAX_SPEC_CPU + 0.5 * gpu_left / MAX_SPEC_GPU)) * 100
+        scores = np.trunc(raw).astype(np.int64)
+        return -normalize_scores(scores).astype(np.float64), self.best_fit_gpu(cand)

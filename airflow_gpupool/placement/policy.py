@@ -88,4 +88,4 @@ def get_policy(name: str, **options: Any) -> PlacementPolicy:
 
 def _load_builtin() -> None:
     # Importing the modules registers their policies; done lazily to avoid import cycles.
-    from airflow_gpupool.placement import bestfit  # noqa: F401
+    from airflow_gpupool.placement import baselines, bestfit, fgd  # noqa: F401

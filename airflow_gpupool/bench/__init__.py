@@ -1,0 +1,1 @@
+"""Benchmarks behind `gpupool bench` (not tests: they measure, they do not assert)."""

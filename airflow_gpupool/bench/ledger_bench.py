@@ -1,0 +1,174 @@
+"""`gpupool bench ledger`: reserve → hold → release cycles from many processes at once.
+
+Creates a fresh ledger (on PostgreSQL in a schema of its own, ``gpupool_bench``, dropped
+afterwards, so the database's real ledger is untouched; on SQLite in the file given,
+which must not exist yet), loads an inventory of ``nodes`` nodes, runs ``clients``
+processes for ``seconds`` and checks the invariants during and after the run.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import random
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import create_engine
+from sqlalchemy.engine import make_url
+
+from airflow_gpupool.exceptions import ConfigurationError
+from airflow_gpupool.ledger import Ledger, ReservationState
+from airflow_gpupool.ledger.engine import normalize_url
+from airflow_gpupool.resources import GpuDevice, GpuRequest, MigSlice, NodeInventory
+
+BENCH_SCHEMA = "gpupool_bench"
+
+#: Mixed request shapes: whole GPUs, fractions (with and without GPU memory) and MIG slices.
+SHAPES = (
+    GpuRequest(gpus=1, cpu_milli=8000, memory_mib=32768),
+    GpuRequest(gpus=2, cpu_milli=16000, memory_mib=65536, workload_class="training"),
+    GpuRequest(gpu_milli=250, cpu_milli=2000, memory_mib=8192, workload_class="inference"),
+    GpuRequest(gpu_milli=500, gpu_memory_mib=20480, cpu_milli=4000, memory_mib=16384),
+    GpuRequest(mig_profile="1g.10gb", cpu_milli=2000, memory_mib=8192),
+    GpuRequest(mig_profile="3g.40gb", cpu_milli=4000, memory_mib=16384, workload_class="training"),
+)
+
+
+def bench_inventory(count: int) -> list[NodeInventory]:
+    """Return ``count`` nodes: A100 x8, A100 x8 with two MIG-partitioned GPUs, T4 x4."""
+    nodes = []
+    for i in range(count):
+        kind = i % 5
+        if kind == 4:
+            gpus = tuple(GpuDevice(g, f"GPU-b{i}-{g}", "T4", 15360) for g in range(4))
+            pool = "t4"
+        else:
+            gpus = tuple(
+                GpuDevice(
+                    g,
+                    f"GPU-b{i}-{g}",
+                    "A100-SXM4-80GB",
+                    81920,
+                    tuple(MigSlice(f"g{g}-m{k}", p) for k, p in enumerate(("3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb")))
+                    if kind == 3 and g < 2
+                    else (),
+                )
+                for g in range(8)
+            )
+            pool = "a100-mig" if kind == 3 else "a100"
+        nodes.append(NodeInventory(f"bench-{i:05d}", 128000, 1048576, gpus, node_pool=pool))
+    return nodes
+
+
+def _bench_url(url: str) -> str:
+    url = normalize_url(url)
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "postgresql":
+        return parsed.update_query_dict({"options": f"-csearch_path={BENCH_SCHEMA}"}).render_as_string(
+            hide_password=False
+        )
+    path = parsed.database
+    if not path or path == ":memory:":
+        raise ConfigurationError("bench ledger on SQLite needs a file URL such as sqlite:////tmp/bench.db")
+    if Path(path).exists():
+        raise ConfigurationError(f"{path} exists: the benchmark creates a fresh ledger; give a new file")
+    return url
+
+
+def _pg_schema(url: str, create: bool) -> None:
+    engine = create_engine(normalize_url(url))
+    with engine.begin() as conn:
+        conn.exec_driver_sql(f"DROP SCHEMA IF EXISTS {BENCH_SCHEMA} CASCADE")
+        if create:
+            conn.exec_driver_sql(f"CREATE SCHEMA {BENCH_SCHEMA}")
+    engine.dispose()
+
+
+def _client(url: str, index: int, start_at: float, deadline: float, hold_s: float, out: Any) -> None:
+    rng = random.Random(index)
+    ledger = Ledger(url)
+    ledger.get_or_none("warm-up")  # connect and check the schema before the clock starts
+    time.sleep(max(0.0, start_at - time.time()))
+    reserve_ms: list[float] = []
+    release_ms: list[float] = []
+    queued = 0
+    while time.time() < deadline:
+        request = rng.choice(SHAPES)
+        t0 = time.perf_counter()
+        reservation = ledger.reserve(request, f"bench-client-{index}", ttl=60, timeout=30)
+        reserve_ms.append((time.perf_counter() - t0) * 1000)
+        if reservation.state is not ReservationState.GRANTED:
+            queued += 1
+        time.sleep(hold_s)
+        t0 = time.perf_counter()
+        ledger.release(reservation.id)
+        release_ms.append((time.perf_counter() - t0) * 1000)
+    ledger.close()
+    out.put({"reserve_ms": reserve_ms, "release_ms": release_ms, "queued": queued})
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def run_ledger_bench(url: str, *, clients: int, seconds: float, nodes: int, hold_ms: float = 2.0) -> dict[str, Any]:
+    """Run the benchmark and return its numbers (see the module docstring)."""
+    bench_url = _bench_url(url)
+    backend = make_url(bench_url).get_backend_name()
+    if backend == "postgresql":
+        _pg_schema(url, create=True)
+    try:
+        ledger = Ledger.create(bench_url)
+        ledger.upsert_nodes(bench_inventory(nodes))
+        ctx = mp.get_context("spawn")
+        out = ctx.Queue()
+        start_at = time.time() + 3.0 + 0.2 * clients  # every process started and connected
+        deadline = start_at + seconds
+        procs = [
+            ctx.Process(target=_client, args=(bench_url, i, start_at, deadline, hold_ms / 1000, out))
+            for i in range(clients)
+        ]
+        for p in procs:
+            p.start()
+        samples, violations = 0, []
+        while time.time() < deadline:
+            violations += ledger.check_invariants()
+            samples += 1
+            time.sleep(min(1.0, max(0.0, deadline - time.time())))
+        results = [out.get(timeout=120) for _ in procs]
+        for p in procs:
+            p.join()
+        violations += ledger.check_invariants()
+        leaked = len(ledger.snapshot().grants)
+        ledger.close()
+    finally:
+        if backend == "postgresql":
+            _pg_schema(url, create=False)
+    reserve = [x for r in results for x in r["reserve_ms"]]
+    release = [x for r in results for x in r["release_ms"]]
+    cycles = len(release)
+    wall = seconds
+    return {
+        "backend": backend,
+        "clients": clients,
+        "nodes": nodes,
+        "seconds": wall,
+        "cycles": cycles,
+        "cycles_per_s": round(cycles / wall, 1),
+        "reserve_p50_ms": round(statistics.median(reserve), 2) if reserve else 0.0,
+        "reserve_p99_ms": round(_percentile(reserve, 0.99), 2),
+        "release_p50_ms": round(statistics.median(release), 2) if release else 0.0,
+        "release_p99_ms": round(_percentile(release, 0.99), 2),
+        "queued": sum(r["queued"] for r in results),
+        "invariant_samples": samples + 1,
+        "violations": len(violations),
+        "violation_examples": violations[:5],
+        "grants_left": leaked,
+        "cpu_count": os.cpu_count(),
+    }

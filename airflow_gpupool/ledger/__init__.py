@@ -1,0 +1,26 @@
+"""The shared GPU ledger (SQLite embedded, PostgreSQL shared)."""
+
+from __future__ import annotations
+
+from airflow_gpupool.ledger.ledger import InventoryChange, Ledger
+from airflow_gpupool.ledger.models import (
+    Grant,
+    LedgerSnapshot,
+    NodeRecord,
+    ReapResult,
+    ReleaseResult,
+    Reservation,
+    ReservationState,
+)
+
+__all__ = [
+    "Grant",
+    "InventoryChange",
+    "Ledger",
+    "LedgerSnapshot",
+    "NodeRecord",
+    "ReapResult",
+    "ReleaseResult",
+    "Reservation",
+    "ReservationState",
+]

@@ -1,0 +1,120 @@
+"""Database engines for the ledger, the write lock, and retries of transient errors."""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError, OperationalError
+from tenacity import before_sleep_log, retry, retry_if_exception, stop_after_attempt, wait_exponential_jitter
+
+from airflow_gpupool.exceptions import ConfigurationError
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: Key of the PostgreSQL advisory lock that serializes the ledger's writers.
+ADVISORY_LOCK_KEY = 7243000
+_SQLITE_BUSY_CODES = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
+# serialization_failure, deadlock_detected, admin/crash shutdown, cannot_connect_now, connection exceptions
+_PG_TRANSIENT = ("40001", "40P01", "57P01", "57P02", "57P03", "08")
+
+
+def normalize_url(url: str) -> str:
+    """Return ``url`` with the psycopg 3 driver for PostgreSQL; reject unsupported databases."""
+    try:
+        parsed = make_url(url)
+    except Exception as e:
+        raise ConfigurationError(
+            f"ledger URL {url!r} is not a SQLAlchemy URL: use sqlite:////path/ledger.db or "
+            "postgresql://user@host:5432/db"
+        ) from e
+    backend = parsed.get_backend_name()
+    if backend == "postgresql":
+        return parsed.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
+    if backend == "sqlite":
+        return url
+    raise ConfigurationError(f"ledger URL {url!r}: only sqlite and postgresql ledgers are supported")
+
+
+def make_engine(url: str) -> Engine:
+    """Create the engine for a ledger URL.
+
+    On SQLite the connection runs in WAL mode with a busy timeout, and write transactions
+    start with ``BEGIN IMMEDIATE`` so concurrent writers queue for the lock instead of
+    failing with "database is locked" halfway through.
+    """
+    url = normalize_url(url)
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"timeout": 60, "isolation_level": None})
+
+        @event.listens_for(engine, "connect")
+        def _pragmas(dbapi_conn: Any, _record: Any) -> None:
+            cursor = dbapi_conn.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA synchronous=NORMAL")
+            cursor.execute("PRAGMA foreign_keys=ON")
+            cursor.close()
+
+        @event.listens_for(engine, "begin")
+        def _begin(conn: Connection) -> None:
+            conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.info.get("gpupool_write") else "BEGIN")
+
+        return engine
+    return create_engine(url, pool_pre_ping=True, pool_size=2, max_overflow=4)
+
+
+@contextmanager
+def write_transaction(engine: Engine) -> Iterator[Connection]:
+    """Open a transaction that holds the ledger's write lock until it ends."""
+    with engine.connect() as conn:
+        conn.info["gpupool_write"] = True
+        try:
+            with conn.begin():
+                if engine.dialect.name == "postgresql":
+                    conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({ADVISORY_LOCK_KEY})")
+                yield conn
+        finally:
+            conn.info["gpupool_write"] = False
+
+
+@contextmanager
+def read_transaction(engine: Engine) -> Iterator[Connection]:
+    """Open a transaction that sees one consistent state of the ledger."""
+    with engine.connect() as conn:
+        if engine.dialect.name == "postgresql":
+            conn = conn.execution_options(isolation_level="REPEATABLE READ")
+        with conn.begin():
+            yield conn
+
+
+def is_transient(error: BaseException) -> bool:
+    """Whether ``error`` is a lock timeout or a lost connection worth retrying."""
+    if not isinstance(error, DBAPIError):
+        return False
+    if error.connection_invalidated:
+        return True
+    orig = error.orig
+    if isinstance(orig, sqlite3.OperationalError):
+        return getattr(orig, "sqlite_errorcode", None) in _SQLITE_BUSY_CODES
+    sqlstate = getattr(orig, "sqlstate", None) or ""
+    if sqlstate.startswith(_PG_TRANSIENT):
+        return True
+    return isinstance(error, OperationalError) and not sqlstate
+
+
+def transient_retry(fn: Callable[..., T]) -> Callable[..., T]:
+    """Retry ``fn`` on transient database errors only, with jittered backoff; re-raise the last."""
+    return retry(
+        retry=retry_if_exception(is_transient),
+        stop=stop_after_attempt(6),
+        wait=wait_exponential_jitter(initial=0.05, max=2.0),
+        before_sleep=before_sleep_log(log, logging.WARNING),
+        reraise=True,
+    )(fn)

@@ -1,0 +1,93 @@
+"""The ledger's safety invariants, recomputed from scratch.
+
+The grants (reservations in state ``granted``) are the truth; capacity columns are a
+cache of them. A violation means a GPU was over-granted or the cache drifted.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import Connection, Row, select
+
+from airflow_gpupool.ledger import schema
+from airflow_gpupool.resources import MILLI_PER_GPU, GpuRequest, WorkloadClass
+
+
+def _node_violations(node: Row[Any], used: dict[str, Any]) -> list[str]:
+    out = []
+    cpu, mem = used["cpu"], used["mem"]
+    if cpu > node.cpu_milli or mem > node.memory_mib:
+        out.append(f"node {node.name}: granted {cpu}m CPU / {mem} MiB of {node.cpu_milli}m / {node.memory_mib} MiB")
+    if node.cpu_free != node.cpu_milli - cpu or node.memory_free != node.memory_mib - mem:
+        out.append(f"node {node.name}: free CPU/memory columns disagree with its grants")
+    if (node.n_training, node.n_inference) != (used["training"], used["inference"]):
+        out.append(f"node {node.name}: workload class counts disagree with its grants")
+    if used["training"] and used["inference"]:
+        out.append(f"node {node.name}: training and inference share the node")
+    return out
+
+
+def _gpu_violations(gpu: Row[Any], milli: int, memory: int) -> list[str]:
+    where = f"gpu {gpu.node}/{gpu.idx}"
+    out = []
+    if gpu.partitioned and milli:
+        out.append(f"{where}: MIG-partitioned GPU has {milli} milli granted outside its slices")
+    capacity = 0 if gpu.partitioned else MILLI_PER_GPU
+    if milli > capacity:
+        out.append(f"{where}: over-granted, {milli} milli of {capacity}")
+    if memory > gpu.memory_mib:
+        out.append(f"{where}: over-granted, {memory} MiB of {gpu.memory_mib} MiB GPU memory")
+    if gpu.free_milli != capacity - milli or gpu.free_memory_mib != gpu.memory_mib - memory:
+        out.append(f"{where}: free columns disagree with its grants")
+    return out
+
+
+def find_violations(conn: Connection, request_of: Callable[[Row[Any]], GpuRequest]) -> list[str]:
+    """Return every invariant violation in the ledger (empty when consistent)."""
+    grants = conn.execute(
+        select(schema.reservations).where(schema.reservations.c.state == "granted")
+    ).all()
+    nodes = {r.name: r for r in conn.execute(select(schema.nodes))}
+    gpus = {(r.node, r.idx): r for r in conn.execute(select(schema.gpus))}
+    migs = {(r.node, r.slice_id): r for r in conn.execute(select(schema.mig_slices))}
+    out: list[str] = []
+    node_use: dict[str, dict[str, Any]] = defaultdict(lambda: {"cpu": 0, "mem": 0, "training": 0, "inference": 0})
+    gpu_use: dict[tuple[str, int], list[int]] = defaultdict(lambda: [0, 0])
+    slice_holders: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for g in grants:
+        if g.node not in nodes:
+            out.append(f"grant {g.id}: on unknown node {g.node}")
+            continue
+        request = request_of(g)
+        use = node_use[g.node]
+        use["cpu"] += request.cpu_milli
+        use["mem"] += request.memory_mib
+        use["training"] += request.workload_class is WorkloadClass.TRAINING
+        use["inference"] += request.workload_class is WorkloadClass.INFERENCE
+        if g.mig_slice is not None:
+            slice_holders[(g.node, g.mig_slice)].append(g.id)
+            continue
+        for idx in json.loads(g.gpu_indices or "[]"):
+            if (g.node, idx) not in gpus:
+                out.append(f"grant {g.id}: on unknown GPU {g.node}/{idx}")
+                continue
+            gpu_use[(g.node, idx)][0] += g.milli_per_gpu
+            gpu_use[(g.node, idx)][1] += g.gpu_memory_mib
+    for name, node in nodes.items():
+        out += _node_violations(node, node_use[name])
+    for key, gpu in gpus.items():
+        out += _gpu_violations(gpu, *gpu_use[key])
+    for key, mig in migs.items():
+        holders = slice_holders.get(key, [])
+        if len(holders) > 1:
+            out.append(f"MIG slice {key[0]}/{key[1]}: granted to {len(holders)} reservations {holders}")
+        if mig.holder != (holders[0] if holders else None):
+            out.append(f"MIG slice {key[0]}/{key[1]}: holder column {mig.holder!r} disagrees with grants {holders}")
+    for key in slice_holders:
+        if key not in migs:
+            out.append(f"MIG slice {key[0]}/{key[1]}: granted but not in the inventory")
+    return out

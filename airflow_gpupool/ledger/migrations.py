@@ -1,0 +1,92 @@
+"""Versioned schema migrations of the ledger.
+
+Each migration has a number and runs once, in its own transaction, recorded in
+``gpupool_schema_version``. Later versions append a :class:`Migration` whose ``upgrade``
+alters the schema with alembic's :class:`~alembic.operations.Operations`, which speaks
+both SQLite (batch mode) and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from alembic.operations import Operations
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import Connection, Engine, inspect, insert, select
+
+from airflow_gpupool.exceptions import LedgerSchemaError
+from airflow_gpupool.ledger import schema
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One schema step: ``upgrade(op, conn)`` brings version ``version - 1`` to ``version``."""
+
+    version: int
+    description: str
+    upgrade: Callable[[Operations, Connection], None]
+
+
+def _v1(op: Operations, conn: Connection) -> None:
+    tables = [schema.ledger_meta, schema.nodes, schema.gpus, schema.mig_slices, schema.reservations]
+    schema.metadata.create_all(conn, tables=tables)
+    conn.execute(
+        insert(schema.ledger_meta), [{"key": "version", "value": 0}, {"key": "inventory_generation", "value": 0}]
+    )
+
+
+MIGRATIONS: tuple[Migration, ...] = (Migration(1, "initial schema: inventory, reservations, queue", _v1),)
+LATEST = MIGRATIONS[-1].version
+
+
+def current_version(conn: Connection) -> int:
+    """Return the schema version of the database (0 when the ledger was never initialised)."""
+    if not inspect(conn).has_table(schema.schema_version.name):
+        return 0
+    versions = conn.execute(select(schema.schema_version.c.version)).scalars().all()
+    return max(versions, default=0)
+
+
+def migrate(engine: Engine) -> list[int]:
+    """Apply every migration the database lacks; return the versions applied."""
+    with engine.begin() as conn:
+        schema.schema_version.create(conn, checkfirst=True)
+    applied = []
+    for migration in MIGRATIONS:
+        with engine.begin() as conn:
+            if engine.dialect.name == "postgresql":
+                # Two processes initialising one ledger must not both run a migration.
+                conn.exec_driver_sql("SELECT pg_advisory_xact_lock(7243001)")
+            if migration.version <= current_version(conn):
+                continue
+            log.info("Migrating GPU ledger to schema v%d: %s", migration.version, migration.description)
+            migration.upgrade(Operations(MigrationContext.configure(conn)), conn)
+            conn.execute(
+                insert(schema.schema_version).values(
+                    version=migration.version, description=migration.description, applied_at=time.time()
+                )
+            )
+            applied.append(migration.version)
+    return applied
+
+
+def require_current(conn: Connection, url: str) -> None:
+    """Raise :class:`LedgerSchemaError` unless the database is at this code's schema version."""
+    version = current_version(conn)
+    if version == LATEST:
+        return
+    if version == 0:
+        raise LedgerSchemaError(f"no GPU ledger at {url}: create it with `gpupool ledger init --url {url}`")
+    if version < LATEST:
+        raise LedgerSchemaError(
+            f"the GPU ledger at {url} is at schema v{version}, this code needs v{LATEST}: "
+            f"run `gpupool ledger init --url {url}` to migrate it"
+        )
+    raise LedgerSchemaError(
+        f"the GPU ledger at {url} is at schema v{version}, newer than this code (v{LATEST}): upgrade airflow-gpupool"
+    )

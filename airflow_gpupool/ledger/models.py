@@ -1,0 +1,149 @@
+"""What the ledger returns: reservations, grants and snapshots, as plain immutable values."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from typing import Any
+
+from airflow_gpupool.placement.snapshot import ClusterSnapshot
+from airflow_gpupool.resources import GpuRequest
+
+
+class ReservationState(str, Enum):
+    """Life of a reservation: waiting, then granted, then one of the ended states."""
+
+    WAITING = "waiting"
+    GRANTED = "granted"
+    RELEASED = "released"
+    EXPIRED = "expired"
+    TIMED_OUT = "timed_out"
+    CANCELLED = "cancelled"
+
+    @property
+    def ended(self) -> bool:
+        """Whether the reservation holds nothing and never will again."""
+        return self not in (ReservationState.WAITING, ReservationState.GRANTED)
+
+
+@dataclass(frozen=True)
+class Grant:
+    """The slice a reservation holds.
+
+    :param gpu_uuids: the UUIDs of ``gpu_indices``, for device pinning
+    :param mig_profile: the MIG profile of ``mig_slice``, for MIG requests
+    """
+
+    node: str
+    node_pool: str
+    gpu_indices: tuple[int, ...]
+    gpu_uuids: tuple[str, ...]
+    gpu_model: str | None
+    milli_per_gpu: int
+    gpu_memory_mib: int
+    mig_slice: str | None
+    mig_profile: str | None
+    granted_at: float
+    expires_at: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return primitives only (XCom, trigger events, JSON)."""
+        out = asdict(self)
+        out["gpu_indices"] = list(self.gpu_indices)
+        out["gpu_uuids"] = list(self.gpu_uuids)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Grant:
+        """Rebuild from :meth:`to_dict` output."""
+        values = dict(data)
+        values["gpu_indices"] = tuple(values["gpu_indices"])
+        values["gpu_uuids"] = tuple(values["gpu_uuids"])
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """A request and what became of it.
+
+    :param position: 1-based place in the queue while waiting
+    :param message: why it waits, or how it ended
+    """
+
+    id: str
+    holder: str
+    state: ReservationState
+    request: GpuRequest
+    created_at: float
+    deadline: float
+    grant: Grant | None = None
+    position: int | None = None
+    message: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return primitives only (XCom, trigger events, JSON)."""
+        return {
+            "id": self.id,
+            "holder": self.holder,
+            "state": self.state.value,
+            "request": self.request.to_dict(),
+            "created_at": self.created_at,
+            "deadline": self.deadline,
+            "grant": self.grant.to_dict() if self.grant else None,
+            "position": self.position,
+            "message": self.message,
+        }
+
+
+@dataclass(frozen=True)
+class ReleaseResult:
+    """Outcome of a release: ``released`` is False when it was a no-op, and ``message`` says why."""
+
+    reservation_id: str
+    released: bool
+    state: ReservationState
+    message: str
+
+
+@dataclass(frozen=True)
+class ReapResult:
+    """What one reap did."""
+
+    expired: tuple[str, ...] = ()
+    timed_out: tuple[str, ...] = ()
+    granted: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    """A node as stored, with its health and GPUs (UUIDs included) for the CLI and UI."""
+
+    name: str
+    node_pool: str
+    health: str
+    labels: dict[str, str]
+    cpu_milli: int
+    memory_mib: int
+    cpu_free: int
+    memory_free: int
+    heartbeat_at: float | None
+    gpus: tuple[dict[str, Any], ...]
+
+
+@dataclass(frozen=True)
+class LedgerSnapshot:
+    """One consistent view of the whole ledger."""
+
+    taken_at: float
+    cluster: ClusterSnapshot
+    nodes: tuple[NodeRecord, ...]
+    grants: tuple[Reservation, ...]
+    queue: tuple[Reservation, ...]
+    gpu_capacity_milli: int = 0
+    gpu_allocated_milli: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def allocation(self) -> float:
+        """Share of the GPU compute that is granted (0–1)."""
+        return self.gpu_allocated_milli / self.gpu_capacity_milli if self.gpu_capacity_milli else 0.0

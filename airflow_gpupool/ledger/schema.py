@@ -1,0 +1,116 @@
+"""The ledger's tables (SQLAlchemy Core); the same schema on SQLite and PostgreSQL.
+
+``reservations`` is the source of truth for who holds what. The free-capacity columns of
+``nodes``, ``gpus`` and ``mig_slices`` are kept in step with it in the same transaction,
+so placement reads capacity without summing grants; :meth:`Ledger.check_invariants`
+recomputes them from the reservations to prove they agree.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    Float,
+    ForeignKeyConstraint,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+)
+
+metadata = MetaData()
+
+schema_version = Table(
+    "gpupool_schema_version",
+    metadata,
+    Column("version", Integer, primary_key=True),
+    Column("description", String(200), nullable=False),
+    Column("applied_at", Float, nullable=False),
+)
+
+# Counters bumped by every write transaction: ``version`` (any change; rows carry the
+# version that last touched them) and ``inventory_generation`` (nodes added or removed).
+ledger_meta = Table(
+    "gpupool_meta",
+    metadata,
+    Column("key", String(64), primary_key=True),
+    Column("value", BigInteger, nullable=False),
+)
+
+nodes = Table(
+    "gpupool_nodes",
+    metadata,
+    Column("name", String(253), primary_key=True),
+    Column("cpu_milli", BigInteger, nullable=False),
+    Column("memory_mib", BigInteger, nullable=False),
+    Column("cpu_free", BigInteger, nullable=False),
+    Column("memory_free", BigInteger, nullable=False),
+    Column("labels", Text, nullable=False, default="{}"),
+    Column("node_pool", String(253), nullable=False, default="default"),
+    Column("health", String(32), nullable=False, default="healthy"),
+    Column("remove_when_drained", Boolean, nullable=False, default=False),
+    Column("n_training", Integer, nullable=False, default=0),
+    Column("n_inference", Integer, nullable=False, default=0),
+    Column("heartbeat_at", Float, nullable=True),
+    Column("updated_at", Float, nullable=False),
+    Column("version", BigInteger, nullable=False),
+)
+Index("ix_gpupool_nodes_version", nodes.c.version)
+
+gpus = Table(
+    "gpupool_gpus",
+    metadata,
+    Column("node", String(253), primary_key=True),
+    Column("idx", Integer, primary_key=True),
+    Column("uuid", String(253), nullable=False),
+    Column("model", String(253), nullable=False),
+    Column("memory_mib", BigInteger, nullable=False),
+    Column("free_milli", Integer, nullable=False),
+    Column("free_memory_mib", BigInteger, nullable=False),
+    Column("partitioned", Boolean, nullable=False, default=False),
+    ForeignKeyConstraint(["node"], ["gpupool_nodes.name"], ondelete="CASCADE"),
+)
+
+mig_slices = Table(
+    "gpupool_mig_slices",
+    metadata,
+    Column("node", String(253), primary_key=True),
+    Column("slice_id", String(253), primary_key=True),
+    Column("gpu_idx", Integer, nullable=False),
+    Column("profile", String(32), nullable=False),
+    Column("holder", String(64), nullable=True),
+    ForeignKeyConstraint(["node"], ["gpupool_nodes.name"], ondelete="CASCADE"),
+)
+
+reservations = Table(
+    "gpupool_reservations",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("holder", String(512), nullable=False),
+    Column("request", Text, nullable=False),
+    Column("priority", Integer, nullable=False),
+    Column("seq", BigInteger, nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("team", String(253), nullable=False),
+    Column("workload_class", String(16), nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("deadline", Float, nullable=False),
+    Column("ttl", Float, nullable=False),
+    Column("overtakes", Integer, nullable=False, default=0),
+    Column("granted_at", Float, nullable=True),
+    Column("expires_at", Float, nullable=True),
+    Column("ended_at", Float, nullable=True),
+    Column("node", String(253), nullable=True),
+    Column("gpu_indices", String(512), nullable=True),
+    Column("milli_per_gpu", Integer, nullable=True),
+    Column("gpu_memory_mib", BigInteger, nullable=True),
+    Column("mig_slice", String(253), nullable=True),
+    Column("message", Text, nullable=True),
+)
+Index("ix_gpupool_reservations_queue", reservations.c.state, reservations.c.priority, reservations.c.seq)
+Index("ix_gpupool_reservations_expiry", reservations.c.state, reservations.c.expires_at)
+Index("ix_gpupool_reservations_node", reservations.c.node, reservations.c.state)

@@ -1,0 +1,234 @@
+"""The engine every built-in policy runs on: candidates, vectorized costs, seeded ties.
+
+A policy only says how much each candidate costs (:meth:`ScoredPolicy.costs`); this module
+finds the candidates (every node and, for a fraction, every GPU the request fits, with
+exactly the rules of :mod:`~airflow_gpupool.placement.fit`), picks the cheapest, breaks
+ties between nodes by a fixed seeded random order of nodes, and explains a ``NoFit``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from airflow_gpupool.placement.fit import EXCLUSIVE_CLASSES, choices, fraction_memory
+from airflow_gpupool.placement.snapshot import ClusterSnapshot
+from airflow_gpupool.placement.table import NodeTable, seeded_rank
+from airflow_gpupool.placement.verdict import Assignment, NoFit, NoFitReason, Verdict
+from airflow_gpupool.resources import MIG_PROFILES, MILLI_PER_GPU, GpuKind, GpuRequest, WorkloadClass
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """Feasible placements of one request, as parallel arrays.
+
+    :param node: node row of each candidate
+    :param gpu: GPU column a fraction or MIG slice takes (-1 for whole GPUs or none)
+    :param kind: the request's GPU kind
+    :param milli: milli taken on the one GPU of a fraction (0 otherwise)
+    :param whole: number of whole GPUs taken
+    :param cpu: CPU taken
+    :param memory: memory taken
+    :param mig: MIG slice id per candidate (MIG requests only)
+    """
+
+    node: np.ndarray
+    gpu: np.ndarray
+    kind: GpuKind
+    milli: int
+    whole: int
+    cpu: int
+    memory: int
+    mig: tuple[str, ...] = ()
+
+    def __len__(self) -> int:
+        return len(self.node)
+
+    @property
+    def gpu_milli(self) -> int:
+        """Unpartitioned GPU milli the request takes in total (0 for a MIG slice)."""
+        if self.kind is GpuKind.MIG:
+            return 0
+        return self.milli + self.whole * MILLI_PER_GPU
+
+
+def _class_ok(table: NodeTable, request: GpuRequest) -> np.ndarray | bool:
+    conflicting = EXCLUSIVE_CLASSES.get(request.workload_class.value)
+    if conflicting == WorkloadClass.TRAINING.value:
+        return ~table.training
+    if conflicting == WorkloadClass.INFERENCE.value:
+        return ~table.inference
+    return True
+
+
+def _node_ok(table: NodeTable, request: GpuRequest) -> np.ndarray:
+    ok = table.schedulable & (table.cpu_free >= request.cpu_milli) & (table.mem_free >= request.memory_mib)
+    ok &= _class_ok(table, request)
+    if request.node_labels:
+        want = set(request.node_labels)
+        ok &= np.fromiter((want.issubset(n.labels) for n in table.nodes), dtype=bool, count=table.size)
+    return ok
+
+
+def _gpu_ok(table: NodeTable, request: GpuRequest) -> np.ndarray:
+    ok = table.gpu_model >= 0
+    if request.gpu_models:
+        ok &= table.allowed_models(request.gpu_models)[table.gpu_model]
+    return ok
+
+
+def find_candidates(table: NodeTable, request: GpuRequest) -> Candidates:
+    """Return every feasible placement of ``request`` on the synced ``table``."""
+    ok = _node_ok(table, request)
+    kind = request.kind
+    cpu, mem = request.cpu_milli, request.memory_mib
+    if kind is GpuKind.NONE:
+        rows = np.flatnonzero(ok)
+        return Candidates(rows, np.full(len(rows), -1), kind, 0, 0, cpu, mem)
+    if kind is GpuKind.MIG:
+        return _mig_candidates(table, request, ok)
+    usable = _gpu_ok(table, request) & ok[:, None]
+    need = request.gpu_memory_mib
+    if kind is GpuKind.WHOLE:
+        usable &= table.gpu_free == MILLI_PER_GPU
+        if need is not None:
+            usable &= table.gpu_mem_cap >= need
+        rows = np.flatnonzero(usable.sum(axis=1) >= request.gpus)
+        return Candidates(rows, np.full(len(rows), -1), kind, 0, request.gpus, cpu, mem)
+    milli = int(request.gpu_milli or 0)
+    usable &= table.gpu_free >= milli
+    if need is None:
+        usable &= table.gpu_mem_free >= milli * table.gpu_mem_cap // MILLI_PER_GPU
+    else:
+        usable &= (table.gpu_mem_free >= need) & (table.gpu_mem_cap >= need)
+    rows, cols = np.nonzero(usable)
+    return Candidates(rows, cols, kind, milli, 0, cpu, mem)
+
+
+def _mig_candidates(table: NodeTable, request: GpuRequest, ok: np.ndarray) -> Candidates:
+    profile = str(request.mig_profile)
+    rows: list[int] = []
+    cols: list[int] = []
+    slices: list[str] = []
+    for i in np.flatnonzero(ok & table.has_mig):
+        for j, gpu in enumerate(table.nodes[i].gpus):
+            if request.gpu_models and gpu.model not in request.gpu_models:
+                continue
+            slice_id = next((s for s, p in gpu.mig_free if p == profile), None)
+            if slice_id is not None:
+                rows.append(int(i))
+                cols.append(j)
+                slices.append(slice_id)
+    milli = MIG_PROFILES[profile].milli
+    return Candidates(
+        np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64), GpuKind.MIG, milli, 0,
+        request.cpu_milli, request.memory_mib, tuple(slices),
+    )
+
+
+def explain(snapshot: ClusterSnapshot, request: GpuRequest) -> NoFit:
+    """Return a NoFit whose reasons name why each node rejects ``request``, closest first."""
+    reasons = []
+    for node in snapshot.nodes:
+        verdict = choices(node, request)
+        if isinstance(verdict, NoFitReason):
+            reasons.append(verdict)
+    return NoFit(tuple(sorted(reasons)))
+
+
+class ScoredPolicy:
+    """Base of the built-in policies: the lowest cost wins, ties go to the seeded node order.
+
+    :param seed: seed of the node order that breaks ties (and of any randomness)
+    """
+
+    name = "scored"
+
+    def __init__(self, *, seed: int = 0, typical_shapes: Any = None, **options: Any) -> None:
+        # typical_shapes is accepted by every policy so callers can pass one option set.
+        del typical_shapes
+        if options:
+            raise TypeError(f"{self.name}: unknown options {sorted(options)}")
+        self.seed = int(seed)
+        self.table = NodeTable()
+        self._rank = np.zeros(0, dtype=np.int64)
+
+    def sync(self, snapshot: ClusterSnapshot) -> np.ndarray | None:
+        """Update the table (and the subclass's per-node state); return the rows changed."""
+        changed = self.table.sync(snapshot)
+        if len(self._rank) != self.table.size:
+            self._rank = seeded_rank(self.table.size, self.seed)
+        return changed
+
+    def costs(self, request: GpuRequest, cand: Candidates) -> tuple[np.ndarray, np.ndarray]:
+        """Return ``(primary, secondary)`` costs of each candidate; lower is better.
+
+        The primary cost picks the node (ties: seeded node order), the secondary one the
+        GPU inside it (ties: lowest GPU position).
+        """
+        raise NotImplementedError
+
+    def place(self, snapshot: ClusterSnapshot, request: GpuRequest, *, explain_no_fit: bool = True) -> Verdict:
+        """Return the cheapest assignment, or a NoFit with sorted reasons.
+
+        :param snapshot: the cluster now
+        :param request: what to place
+        :param explain_no_fit: build the NoFit reasons (a scan of every node); the
+            simulator turns it off for speed
+        """
+        self.sync(snapshot)
+        cand = find_candidates(self.table, request)
+        if len(cand) == 0:
+            return explain(snapshot, request) if explain_no_fit else NoFit(())
+        primary, secondary = self.costs(request, cand)
+        pick = self._select(cand, primary, secondary)
+        self.observe(request)
+        return self._assignment(request, cand, pick, float(primary[pick]))
+
+    def observe(self, request: GpuRequest) -> None:
+        """Hook called after each successful decision (policies that learn the workload)."""
+
+    def _select(self, cand: Candidates, primary: np.ndarray, secondary: np.ndarray) -> int:
+        best = np.flatnonzero(primary == primary.min())
+        if len(best) == 1:
+            return int(best[0])
+        rank = self._rank[cand.node[best]]
+        best = best[rank == rank.min()]
+        if len(best) == 1:
+            return int(best[0])
+        sec = secondary[best]
+        best = best[sec == sec.min()]
+        return int(best[np.argmin(cand.gpu[best])])
+
+    def _assignment(self, request: GpuRequest, cand: Candidates, k: int, score: float) -> Assignment:
+        i = int(cand.node[k])
+        node = self.table.nodes[i]
+        if cand.kind is GpuKind.NONE:
+            return Assignment(node.name, (), 0, 0, score=score)
+        if cand.kind is GpuKind.WHOLE:
+            usable = _gpu_ok(self.table, request)[i] & (self.table.gpu_free[i] == MILLI_PER_GPU)
+            if request.gpu_memory_mib is not None:
+                usable &= self.table.gpu_mem_cap[i] >= request.gpu_memory_mib
+            taken = [node.gpus[j] for j in np.flatnonzero(usable)[: request.gpus]]
+            memory = min(g.memory_mib for g in taken)
+            return Assignment(node.name, tuple(g.index for g in taken), MILLI_PER_GPU, memory, score=score)
+        gpu = node.gpus[int(cand.gpu[k])]
+        if cand.kind is GpuKind.MIG:
+            memory = MIG_PROFILES[str(request.mig_profile)].memory_gb * 1024
+            return Assignment(node.name, (gpu.index,), cand.milli, memory, mig_slice=cand.mig[k], score=score)
+        return Assignment(node.name, (gpu.index,), cand.milli, fraction_memory(request, gpu), score=score)
+
+    # Helpers the policies share.
+
+    def best_fit_gpu(self, cand: Candidates) -> np.ndarray:
+        """Secondary cost that takes the fullest GPU that fits (the simulator's ``best``)."""
+        if cand.kind is GpuKind.FRACTION:
+            return self.table.gpu_free[cand.node, cand.gpu].astype(np.float64)
+        if cand.kind is GpuKind.MIG:
+            return np.array(
+                [len(self.table.nodes[i].gpus[j].mig_free) for i, j in zip(cand.node, cand.gpu, strict=True)],
+                dtype=np.float64,
+            )
+        return np.zeros(len(cand))

@@ -1,0 +1,392 @@
+"""The Kubernetes API half of the emulator: kmock's ``KubernetesEmulator`` with its gaps filled.
+
+On top of kmock 0.8 this serves what clients such as ``KubernetesPodOperator`` rely on:
+
+* ``labelSelector`` and ``fieldSelector`` on lists and watches;
+* ``uid``, ``creationTimestamp``, ``resourceVersion`` (one global counter) and ``status`` on
+  create, ``generateName``, a new ``resourceVersion`` on every change;
+* ``watch=true``, ``watch=True`` and ``watch=1`` as watches (JSON lines of ``{type, object}``),
+  ``timeoutSeconds`` and ``resourceVersion`` honoured;
+* ``GET pods/<name>/log`` as ``text/plain`` with ``container``, ``timestamps``, ``tailLines``,
+  ``sinceSeconds``/``sinceTime``, ``limitBytes`` and ``follow`` (streams until the container ends);
+* core/v1 ``events`` and ``nodes``;
+* a log of every request (:class:`RecordedRequest`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import dataclasses
+import datetime
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from typing import Any
+
+import aiohttp.web
+from kmock import KubernetesEmulator, KubernetesError, KubernetesObjectNotFoundError, action, resource
+
+from airflow_gpupool.testing.kinds import NAMESPACES, NODES, PODS
+from airflow_gpupool.testing.kubelet import SimulatedKubelet
+from airflow_gpupool.testing.selectors import parse_field_selector, parse_label_selector
+
+
+_KINDS = {"pods": "Pod", "events": "Event", "nodes": "Node", "namespaces": "Namespace"}
+_WATCH_VALUES = {"true", "1", "yes"}
+DEFAULT_WATCH_SECONDS = 1800.0
+
+
+def now_iso() -> str:
+    """Return the current UTC time as Kubernetes writes timestamps."""
+    return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordedRequest:
+    """One request the emulator served.
+
+    :param method: HTTP method, upper case
+    :param path: URL path, e.g. ``/api/v1/namespaces/default/pods``
+    :param query: query parameters
+    :param body: the JSON-decoded body, or ``None``
+    :param time: ``time.time()`` when it arrived
+    """
+
+    method: str
+    path: str
+    query: Mapping[str, str]
+    body: Any
+    time: float
+
+
+class KubernetesBadRequest(KubernetesError):
+    """A 400 answer, e.g. logs of a container that has not started.
+
+    :param message: what is wrong
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(status=400, reason="BadRequest", message=message, details={})
+
+
+class KubernetesApiEmulator(KubernetesEmulator):
+    """An in-memory Kubernetes API server with a simulated kubelet and scheduler.
+
+    Run it inside an aiohttp server (kmock's ``Server``); everything, the kubelet included,
+    runs on that server's event loop. :class:`~airflow_gpupool.testing.KubernetesEmulatorServer`
+    does that in a background thread.
+
+    :param nodes: Node objects to start with
+    :param default_duration_seconds: how long containers run unless told otherwise
+    """
+
+    def __init__(self, *, nodes: Iterable[Mapping[str, Any]] = (), default_duration_seconds: float = 0.5) -> None:
+        super().__init__()
+        self._resource_version = 0
+        self.recorded: list[RecordedRequest] = []
+        self.kubelet = SimulatedKubelet(self, default_duration_seconds=default_duration_seconds)
+        for plural, namespaced in (("pods", True), ("events", True), ("nodes", False), ("namespaces", False)):
+            self.resources[f"v1/{plural}"] = {
+                "namespaced": namespaced,
+                "kind": _KINDS[plural],
+                "singular": plural[:-1],
+                "verbs": ["create", "delete", "get", "list", "patch", "watch"],
+                "shortnames": [],
+                "categories": [],
+                "subresources": ["log", "status"] if plural == "pods" else [],
+            }
+        self.objects[NAMESPACES, None, "default"] = self._stamp({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "default"}})
+        for node in nodes:
+            self.objects[NODES, None, node["metadata"]["name"]] = self._stamp(copy.deepcopy(dict(node)))
+
+    # -- storage helpers (call on the server's event loop) ------------------------------------
+
+    def next_resource_version(self) -> str:
+        """Return a new, larger resourceVersion."""
+        self._resource_version += 1
+        return str(self._resource_version)
+
+    def _stamp(self, obj: dict[str, Any], namespace: str | None = None) -> dict[str, Any]:
+        """Fill the metadata the API server owns on a new object.
+
+        :param obj: the object, changed in place
+        :param namespace: the namespace from the URL
+        """
+        meta = obj.setdefault("metadata", {})
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+        if namespace is not None:
+            meta.setdefault("namespace", namespace)
+        meta.setdefault("uid", str(uuid.uuid4()))
+        meta.setdefault("creationTimestamp", now_iso())
+        meta["resourceVersion"] = self.next_resource_version()
+        meta.setdefault("generation", 1)
+        return obj
+
+    def get_object(self, res: resource, namespace: str | None, name: str) -> dict[str, Any] | None:
+        """Return a deep copy of a live object, or ``None``.
+
+        :param res: the resource
+        :param namespace: its namespace (``None`` for cluster objects)
+        :param name: its name
+        """
+        key = (res, namespace, name)
+        if key not in self.objects or self.objects[key].deleted:
+            return None
+        return copy.deepcopy(self.objects[key].raw)
+
+    def list_objects(self, res: resource, namespace: str | None = None) -> list[dict[str, Any]]:
+        """Return deep copies of the live objects of a resource, oldest first.
+
+        :param res: the resource
+        :param namespace: only this namespace; ``None`` for all
+        """
+        found = []
+        for (key_res, key_ns, _), obj in list(self.objects.items()):
+            if key_res == res and not obj.deleted and (namespace is None or key_ns == namespace):
+                found.append(copy.deepcopy(obj.raw))
+        return sorted(found, key=lambda o: int(o["metadata"].get("resourceVersion", "0")))
+
+    async def put_object(self, res: resource, obj: dict[str, Any]) -> dict[str, Any]:
+        """Create or replace an object and tell the watchers.
+
+        :param res: the resource
+        :param obj: the whole object; its metadata is stamped
+        """
+        meta = obj.setdefault("metadata", {})
+        key = (res, meta.get("namespace"), meta["name"])
+        existed = key in self.objects and not self.objects[key].deleted
+        if existed:
+            meta["resourceVersion"] = self.next_resource_version()
+        else:
+            self._stamp(obj)
+        async with self._lock:
+            if key in self.objects:
+                self.objects[key].create(obj)
+            else:
+                self.objects[key] = obj
+            await self._buses[res].put({"type": "MODIFIED" if existed else "ADDED", "object": copy.deepcopy(obj)})
+        return obj
+
+    async def update_object(
+        self, res: resource, namespace: str | None, name: str, change: Callable[[dict[str, Any]], None]
+    ) -> dict[str, Any] | None:
+        """Apply ``change`` to a copy of a live object, store it and tell the watchers.
+
+        :param res: the resource
+        :param namespace: its namespace
+        :param name: its name
+        :param change: a function mutating the object in place
+        :return: the new object, or ``None`` if it no longer exists
+        """
+        obj = self.get_object(res, namespace, name)
+        if obj is None:
+            return None
+        change(obj)
+        return await self.put_object(res, obj)
+
+    async def delete_object(self, res: resource, namespace: str | None, name: str) -> dict[str, Any] | None:
+        """Delete an object and tell the watchers.
+
+        :param res: the resource
+        :param namespace: its namespace
+        :param name: its name
+        :return: the last state, or ``None`` if it did not exist
+        """
+        obj = self.get_object(res, namespace, name)
+        if obj is None:
+            return None
+        async with self._lock:
+            self.objects[res, namespace, name].delete()
+            obj["metadata"]["resourceVersion"] = self.next_resource_version()
+            await self._buses[res].put({"type": "DELETED", "object": obj})
+        return obj
+
+    # -- request handling ----------------------------------------------------------------------
+
+    def _record(self, request: Any) -> None:
+        """Append a request to :attr:`recorded`.
+
+        :param request: kmock's parsed request
+        """
+        body = request.data if request.body else None
+        self.recorded.append(
+            RecordedRequest(
+                method=str(request.method.value).upper(),
+                path=request.url.path,
+                query=dict(request.params),
+                body=copy.deepcopy(body),
+                time=time.time(),
+            )
+        )
+
+    async def _handle(self, request: Any) -> aiohttp.web.StreamResponse:
+        """Serve one request, handling what kmock lacks before delegating to it.
+
+        :param request: kmock's parsed request
+        """
+        self._record(request)
+        if request.resource is None:
+            return await super()._handle(request)
+        if str(request.params.get("watch", "")).lower() in _WATCH_VALUES and request.method.value == "GET":
+            return await self._serve_watch_stream(request)
+        if request.resource == PODS and request.subresource == "log":
+            return await self._serve_pod_log(request)
+        if request.action == action.LIST:
+            return aiohttp.web.json_response(self._serve_selected_list(request))
+        if request.action == action.CREATE and isinstance(request.data, dict):
+            self._stamp(request.data, request.namespace)
+            if request.resource == PODS:
+                self.kubelet.prepare_new_pod(request.data)
+        elif request.action == action.UPDATE and isinstance(request.data, dict) and request.name:
+            request.data.setdefault("metadata", {})
+            if isinstance(request.data["metadata"], dict):
+                request.data["metadata"]["resourceVersion"] = self.next_resource_version()
+        response = await super()._handle(request)
+        if request.resource == PODS and response.status < 300:
+            await self._after_pod_change(request)
+        elif request.resource == NODES and response.status < 300 and request.action != action.FETCH:
+            self.kubelet.notify()
+        return response
+
+    async def _after_pod_change(self, request: Any) -> None:
+        """Start or stop the kubelet's work on a pod after a successful create or delete.
+
+        :param request: kmock's parsed request
+        """
+        if request.action == action.CREATE:
+            meta = request.data["metadata"]
+            self.kubelet.start(meta.get("namespace") or request.namespace, meta["name"])
+        elif request.action == action.DELETE and request.name and request.subresource is None:
+            await self.kubelet.stopped(request.namespace, request.name)
+
+    def _selected(self, request: Any) -> Callable[[Mapping[str, Any]], bool]:
+        """Return a predicate for the objects a list or watch request selects.
+
+        :param request: kmock's parsed request
+        """
+        by_label = parse_label_selector(request.params.get("labelSelector"))
+        by_field = parse_field_selector(request.params.get("fieldSelector"))
+        namespace, name = request.namespace, request.name
+
+        def selected(obj: Mapping[str, Any]) -> bool:
+            meta = obj.get("metadata") or {}
+            if namespace is not None and meta.get("namespace") != namespace:
+                return False
+            if name is not None and meta.get("name") != name:
+                return False
+            return by_label(obj) and by_field(obj)
+
+        return selected
+
+    def _serve_selected_list(self, request: Any) -> dict[str, Any]:
+        """Return a ``<Kind>List`` honouring namespace and selectors.
+
+        :param request: kmock's parsed request
+        """
+        selected = self._selected(request)
+        items = [obj for obj in self.list_objects(request.resource, request.namespace) if selected(obj)]
+        plural = request.resource.plural or ""
+        return {
+            "apiVersion": "v1",
+            "kind": _KINDS.get(plural, plural.capitalize()) + "List",
+            "metadata": {"resourceVersion": str(self._resource_version)},
+            "items": items,
+        }
+
+    def _initial_watch_events(self, request: Any, selected: Callable[[Mapping[str, Any]], bool]) -> list[dict[str, Any]]:
+        """Return the events a new watch starts with.
+
+        Without ``resourceVersion`` (or with ``0``) every selected object comes as ``ADDED``;
+        with one, only objects changed since then, as ``MODIFIED``.
+
+        :param request: kmock's parsed request
+        :param selected: the selection predicate
+        """
+        try:
+            since = int(request.params.get("resourceVersion") or 0)
+        except ValueError:
+            since = 0
+        objs = [obj for obj in self.list_objects(request.resource, request.namespace) if selected(obj)]
+        if since == 0:
+            return [{"type": "ADDED", "object": obj} for obj in objs]
+        return [{"type": "MODIFIED", "object": obj} for obj in objs if int(obj["metadata"]["resourceVersion"]) > since]
+
+    async def _serve_watch_stream(self, request: Any) -> aiohttp.web.StreamResponse:
+        """Stream watch events as JSON lines until ``timeoutSeconds`` or the client leaves.
+
+        :param request: kmock's parsed request
+        """
+        selected = self._selected(request)
+        timeout = float(request.params.get("timeoutSeconds") or DEFAULT_WATCH_SECONDS)
+        bus = self._buses[request.resource]
+        marker = await bus.mark()
+        initial = self._initial_watch_events(request, selected)
+        response = aiohttp.web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request._raw_request)
+        events = bus.stream(since=marker)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        try:
+            for event in initial:
+                await response.write(json.dumps(event).encode() + b"\n")
+            while (remaining := deadline - loop.time()) > 0:
+                try:
+                    event = await asyncio.wait_for(anext(events), remaining)
+                except TimeoutError:
+                    break
+                if selected(event.get("object") or {}):
+                    await response.write(json.dumps(event).encode() + b"\n")
+            await response.write_eof()
+        except (ConnectionError, RuntimeError):
+            pass  # the client went away
+        finally:
+            await events.aclose()
+            await bus.unmark(marker)
+        return response
+
+    async def _serve_pod_log(self, request: Any) -> aiohttp.web.StreamResponse:
+        """Serve a container log as text, following it while the container runs if asked.
+
+        :param request: kmock's parsed request
+        """
+        pod = self.get_object(PODS, request.namespace, request.name)
+        if pod is None:
+            raise KubernetesObjectNotFoundError()
+        containers = [c["name"] for c in pod.get("spec", {}).get("containers", [])]
+        container = request.params.get("container") or (containers[0] if containers else "")
+        if container not in containers:
+            raise KubernetesBadRequest(f"container {container} is not valid for pod {request.name}")
+        log = self.kubelet.logs.get(pod["metadata"]["uid"], container)
+        if log is None:
+            reason = self.kubelet.waiting_reason(pod, container)
+            raise KubernetesBadRequest(f'container "{container}" in pod "{request.name}" is waiting to start: {reason}')
+        params = request.params
+        options = log.options(
+            timestamps=str(params.get("timestamps", "")).lower() == "true",
+            tail_lines=int(params["tailLines"]) if params.get("tailLines") else None,
+            since_seconds=float(params["sinceSeconds"]) if params.get("sinceSeconds") else None,
+            since_time=params.get("sinceTime"),
+            limit_bytes=int(params["limitBytes"]) if params.get("limitBytes") else None,
+        )
+        if str(params.get("follow", "")).lower() != "true":
+            return aiohttp.web.Response(text=log.render(options), content_type="text/plain")
+        response = aiohttp.web.StreamResponse(headers={"Content-Type": "text/plain"})
+        await response.prepare(request._raw_request)
+        try:
+            async for chunk in log.follow(options):
+                await response.write(chunk.encode())
+            await response.write_eof()
+        except (ConnectionError, RuntimeError):
+            pass
+        return response
+
+    async def iter_events(self, res: resource) -> AsyncIterator[dict[str, Any]]:
+        """Yield the watch events of a resource from now on (for in-process consumers).
+
+        :param res: the resource
+        """
+        async for event in self._buses[res]:
+            yield event

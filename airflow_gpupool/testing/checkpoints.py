@@ -1,0 +1,93 @@
+"""Training checkpoints as the simulated kubelet writes them.
+
+Layout under the checkpoint directory::
+
+    step-000001/model.bin
+    step-000001/manifest.json   # written last: {"step": 1, "time": "...", "metrics": {"loss": ...}}
+    ...
+    COMPLETE                    # written when the training finished successfully
+
+A step directory without ``manifest.json`` is incomplete and must be ignored by readers.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import re
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+STEP_DIR_FORMAT = "step-{:06d}"
+MANIFEST_NAME = "manifest.json"
+DATA_NAME = "model.bin"
+COMPLETE_MARKER = "COMPLETE"
+RESUME_ENV = "GPUPOOL_RESUME_FROM"
+CHECKPOINT_DIR_ENV = "GPUPOOL_CHECKPOINT_DIR"
+
+_TRAILING_NUMBER = re.compile(r"(\d+)/*$")
+
+
+def local_path(location: str) -> Path:
+    """Return the local path of a checkpoint location.
+
+    :param location: a local path or a ``file://`` URL
+    :raises ValueError: for any other URL scheme
+    """
+    parsed = urlparse(location)
+    if parsed.scheme == "file":
+        return Path(unquote(parsed.path))
+    if parsed.scheme and len(parsed.scheme) > 1:
+        raise ValueError(f"the emulator writes checkpoints to local paths or file:// URLs only, not {location!r}")
+    return Path(location)
+
+
+def resume_step(value: str | None) -> int:
+    """Return the step a resumed run starts after, read from ``GPUPOOL_RESUME_FROM``.
+
+    :param value: a step number, a step directory name or a path or URL ending in one
+        (``3``, ``step-000003``, ``file:///ckpt/step-000003/``); empty means a fresh start
+    """
+    if not value:
+        return 0
+    match = _TRAILING_NUMBER.search(value.strip())
+    return int(match.group(1)) if match else 0
+
+
+def loss_at(step: int) -> float:
+    """Return the simulated training loss after a step.
+
+    :param step: the step number
+    """
+    return round(2.5 / (1 + step) + 0.05, 6)
+
+
+def write_step(root: Path, step: int, *, now: datetime.datetime | None = None) -> Path:
+    """Write one checkpoint step: its data file first, its manifest last (atomically).
+
+    :param root: the checkpoint directory
+    :param step: the step number
+    :param now: the time recorded in the manifest
+    """
+    step_dir = root / STEP_DIR_FORMAT.format(step)
+    step_dir.mkdir(parents=True, exist_ok=True)
+    (step_dir / DATA_NAME).write_bytes(f"weights-after-step-{step}\n".encode() * 4)
+    when = now or datetime.datetime.now(tz=datetime.UTC)
+    manifest = {"step": step, "time": when.isoformat(), "metrics": {"loss": loss_at(step)}}
+    partial = step_dir / f".{MANIFEST_NAME}.partial"
+    partial.write_text(json.dumps(manifest, sort_keys=True))
+    os.replace(partial, step_dir / MANIFEST_NAME)
+    return step_dir
+
+
+def write_complete(root: Path, last_step: int) -> Path:
+    """Write the ``COMPLETE`` marker of a finished training.
+
+    :param root: the checkpoint directory
+    :param last_step: the final step
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    marker = root / COMPLETE_MARKER
+    marker.write_text(json.dumps({"step": last_step}))
+    return marker

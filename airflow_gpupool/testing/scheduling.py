@@ -1,0 +1,206 @@
+"""The emulator's scheduler: which node a pod may run on, and why not, like kube-scheduler says it.
+
+It honours ``spec.nodeName``, ``spec.nodeSelector``, required node affinity (``matchExpressions``
+on labels, ``matchFields`` on ``metadata.name``), taints with ``NoSchedule``/``NoExecute`` against
+tolerations, cordons, node readiness and the extended resources (``nvidia.com/gpu``,
+``nvidia.com/mig-*``, ...) the pods already on the node request. CPU and memory are not counted.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+_NATIVE_RESOURCES = {"cpu", "memory", "ephemeral-storage", "pods"}
+TERMINAL_PHASES = {"Succeeded", "Failed"}
+
+
+def _quantity(value: Any) -> float:
+    """Read a resource quantity as a number (extended resources are integers).
+
+    :param value: e.g. ``"2"`` or ``1``
+    """
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def extended_requests(pod: Mapping[str, Any]) -> dict[str, float]:
+    """Return the extended resources a pod requests (limits count as requests, as in Kubernetes).
+
+    :param pod: the pod
+    """
+    total: Counter[str] = Counter()
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        resources = container.get("resources") or {}
+        merged = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
+        for key, value in merged.items():
+            if key not in _NATIVE_RESOURCES and not key.startswith("hugepages-"):
+                total[key] += _quantity(value)
+    return dict(total)
+
+
+def _expression_matches(expression: Mapping[str, Any], value: str | None) -> bool:
+    """Evaluate one node selector requirement.
+
+    :param expression: ``{"key", "operator", "values"}``
+    :param value: the node's value for the key, ``None`` if absent
+    """
+    operator = expression.get("operator")
+    values = [str(v) for v in expression.get("values") or []]
+    if operator == "In":
+        return value in values
+    if operator == "NotIn":
+        return value not in values
+    if operator == "Exists":
+        return value is not None
+    if operator == "DoesNotExist":
+        return value is None
+    if operator in {"Gt", "Lt"} and value is not None and values:
+        try:
+            left, right = int(value), int(values[0])
+        except ValueError:
+            return False
+        return left > right if operator == "Gt" else left < right
+    return False
+
+
+def _term_matches(term: Mapping[str, Any], node: Mapping[str, Any]) -> bool:
+    """Evaluate one node selector term (all its requirements).
+
+    :param term: ``{"matchExpressions": [...], "matchFields": [...]}``
+    :param node: the node
+    """
+    meta = node.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    for expression in term.get("matchExpressions") or []:
+        if not _expression_matches(expression, labels.get(expression.get("key"))):
+            return False
+    for expression in term.get("matchFields") or []:
+        value = meta.get("name") if expression.get("key") == "metadata.name" else None
+        if not _expression_matches(expression, value):
+            return False
+    return True
+
+
+def matches_node_selection(pod: Mapping[str, Any], node: Mapping[str, Any]) -> bool:
+    """Return whether a node satisfies a pod's ``nodeSelector`` and required node affinity.
+
+    :param pod: the pod
+    :param node: the node
+    """
+    spec = pod.get("spec") or {}
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    if any(labels.get(k) != v for k, v in (spec.get("nodeSelector") or {}).items()):
+        return False
+    affinity = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    )
+    if not affinity:
+        return True
+    terms = affinity.get("nodeSelectorTerms") or []
+    return any(_term_matches(term, node) for term in terms) if terms else True
+
+
+def _tolerates(tolerations: Iterable[Mapping[str, Any]], taint: Mapping[str, Any]) -> bool:
+    """Return whether some toleration tolerates a taint.
+
+    :param tolerations: the pod's tolerations
+    :param taint: one node taint
+    """
+    for toleration in tolerations:
+        if toleration.get("effect") and toleration["effect"] != taint.get("effect"):
+            continue
+        if toleration.get("operator") == "Exists":
+            if not toleration.get("key") or toleration["key"] == taint.get("key"):
+                return True
+        elif toleration.get("key") == taint.get("key") and (toleration.get("value") or "") == (taint.get("value") or ""):
+            return True
+    return False
+
+
+def untolerated_taint(pod: Mapping[str, Any], node: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """Return the first ``NoSchedule``/``NoExecute`` taint of a node the pod does not tolerate.
+
+    :param pod: the pod
+    :param node: the node
+    """
+    tolerations = (pod.get("spec") or {}).get("tolerations") or []
+    for taint in (node.get("spec") or {}).get("taints") or []:
+        if taint.get("effect") in {"NoSchedule", "NoExecute"} and not _tolerates(tolerations, taint):
+            return taint
+    return None
+
+
+def node_is_ready(node: Mapping[str, Any]) -> bool:
+    """Return whether a node's ``Ready`` condition is ``True``.
+
+    :param node: the node
+    """
+    for condition in (node.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "Ready":
+            return condition.get("status") == "True"
+    return True
+
+
+def used_resources(node_name: str, pods: Iterable[Mapping[str, Any]]) -> Counter[str]:
+    """Return the extended resources held on a node by its non-terminated pods.
+
+    :param node_name: the node
+    :param pods: every pod of the cluster
+    """
+    used: Counter[str] = Counter()
+    for pod in pods:
+        on_node = (pod.get("spec") or {}).get("nodeName") == node_name
+        if on_node and (pod.get("status") or {}).get("phase") not in TERMINAL_PHASES:
+            used.update(extended_requests(pod))
+    return used
+
+
+def reject_reason(pod: Mapping[str, Any], node: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> str | None:
+    """Return why a pod cannot go on a node, worded as kube-scheduler does, or ``None`` if it fits.
+
+    :param pod: the pod to place
+    :param node: the candidate node
+    :param pods: every pod of the cluster
+    """
+    if (node.get("spec") or {}).get("unschedulable"):
+        return "node(s) were unschedulable"
+    if not node_is_ready(node):
+        return "node(s) were not ready"
+    if not matches_node_selection(pod, node):
+        return "node(s) didn't match Pod's node affinity/selector"
+    taint = untolerated_taint(pod, node)
+    if taint is not None:
+        return f"node(s) had untolerated taint {{{taint.get('key')}: {taint.get('value', '')}}}"
+    allocatable = (node.get("status") or {}).get("allocatable") or {}
+    used = used_resources(node["metadata"]["name"], pods)
+    for key, amount in sorted(extended_requests(pod).items()):
+        if amount > _quantity(allocatable.get(key, 0)) - used[key]:
+            return f"Insufficient {key}"
+    return None
+
+
+def choose_node(
+    pod: Mapping[str, Any], nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]]
+) -> tuple[str | None, str]:
+    """Pick the first node (by name) a pod fits on.
+
+    :param pod: the pod to place
+    :param nodes: every node
+    :param pods: every pod of the cluster
+    :return: the node name (or ``None``) and, when none fits, the FailedScheduling message
+    """
+    pods = list(pods)
+    nodes = sorted(nodes, key=lambda n: n["metadata"]["name"])
+    reasons: Counter[str] = Counter()
+    for node in nodes:
+        reason = reject_reason(pod, node, pods)
+        if reason is None:
+            return node["metadata"]["name"], ""
+        reasons[reason] += 1
+    details = ", ".join(f"{count} {reason}" for reason, count in sorted(reasons.items()))
+    message = f"0/{len(nodes)} nodes are available: {details}." if details else "0/0 nodes are available."
+    return None, message

@@ -1,0 +1,457 @@
+"""Run the Kubernetes emulator in a background thread, for tests and for the demo.
+
+The server has its own event loop in its own thread, so blocking clients such as
+``KubernetesPodOperator`` (the ``kubernetes`` package) and async ones (``kubernetes_asyncio``)
+can both talk to it over HTTP. The methods of :class:`KubernetesEmulatorServer` are thread-safe:
+they run on the server's loop and wait for the answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import tempfile
+import threading
+from collections.abc import Callable, Coroutine, Iterable, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+from airflow_gpupool.testing.apiserver import KubernetesApiEmulator, RecordedRequest
+from airflow_gpupool.testing.behaviour import PodBehaviour, PodPredicate, PodRule
+from airflow_gpupool.testing.kinds import EVENTS, NODES, PODS
+from airflow_gpupool.testing.nodes import default_nodes, gpu_node
+from airflow_gpupool.testing.scheduling import TERMINAL_PHASES
+from airflow_gpupool.testing.selectors import parse_field_selector, parse_label_selector
+
+T = TypeVar("T")
+
+CONTEXT_NAME = "gpupool-emulator"
+
+
+def kubeconfig(url: str, namespace: str = "default") -> dict[str, Any]:
+    """Return a kubeconfig pointing at an emulator (plain HTTP, a dummy token).
+
+    :param url: the server URL, e.g. ``http://127.0.0.1:8001``
+    :param namespace: the context's namespace
+    """
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": CONTEXT_NAME, "cluster": {"server": url}}],
+        "users": [{"name": CONTEXT_NAME, "user": {"token": "gpupool-emulator"}}],
+        "contexts": [{"name": CONTEXT_NAME, "context": {"cluster": CONTEXT_NAME, "user": CONTEXT_NAME, "namespace": namespace}}],
+        "current-context": CONTEXT_NAME,
+        "preferences": {},
+    }
+
+
+def write_kubeconfig(path: str | Path, url: str, namespace: str = "default") -> Path:
+    """Write a kubeconfig for an emulator.
+
+    :param path: where
+    :param url: the server URL
+    :param namespace: the context's namespace
+    """
+    import yaml
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(kubeconfig(url, namespace), sort_keys=False))
+    return path
+
+
+class KubernetesEmulatorServer:
+    """A Kubernetes API emulator with a simulated kubelet, served over HTTP from a background thread.
+
+    Use it as a context manager::
+
+        with KubernetesEmulatorServer(nodes=[gpu_node("gpu-a", gpus=8)]) as k8s:
+            KubernetesPodOperator(..., config_file=k8s.kubeconfig_path, in_cluster=False)
+            assert k8s.pod("my-pod")["status"]["phase"] == "Succeeded"
+
+    :param nodes: Node objects (see :func:`~airflow_gpupool.testing.gpu_node`); a small default
+        cluster when ``None``
+    :param host: interface to listen on
+    :param port: TCP port; 0 picks a free one
+    :param kubeconfig_path: where to write the kubeconfig; a temporary file when ``None``
+    :param namespace: the kubeconfig context's namespace
+    :param default_duration_seconds: how long containers run unless told otherwise
+    """
+
+    def __init__(
+        self,
+        nodes: Iterable[Mapping[str, Any]] | None = None,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        kubeconfig_path: str | Path | None = None,
+        namespace: str = "default",
+        default_duration_seconds: float = 0.5,
+    ) -> None:
+        self.initial_nodes = [copy.deepcopy(dict(n)) for n in (default_nodes() if nodes is None else nodes)]
+        self.host = host
+        self._requested_port = port
+        self._kubeconfig_path = Path(kubeconfig_path) if kubeconfig_path else None
+        self._tmpdir: tempfile.TemporaryDirectory[str] | None = None
+        self.namespace = namespace
+        self.default_duration_seconds = default_duration_seconds
+        self.api: KubernetesApiEmulator | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self._port: int | None = None
+        self._error: BaseException | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> KubernetesEmulatorServer:
+        """Start serving and write the kubeconfig; return ``self``."""
+        if self._thread is not None:
+            raise RuntimeError("the emulator is already running")
+        self._ready.clear()
+        self._thread = threading.Thread(target=self._thread_main, name="gpupool-k8s-emulator", daemon=True)
+        self._thread.start()
+        self._ready.wait(timeout=30)
+        if self._error is not None or self._port is None:
+            self._thread.join(timeout=5)
+            self._thread = None
+            raise RuntimeError("the Kubernetes emulator did not start") from self._error
+        if self._kubeconfig_path is None:
+            self._tmpdir = tempfile.TemporaryDirectory(prefix="gpupool-emulator-")
+            self._kubeconfig_path = Path(self._tmpdir.name) / "kubeconfig"
+        write_kubeconfig(self._kubeconfig_path, self.url, self.namespace)
+        return self
+
+    def stop(self) -> None:
+        """Stop serving (idempotent)."""
+        if self._thread is None or self._loop is None or self._stop is None:
+            return
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(timeout=10)
+        self._thread = None
+        if self._tmpdir is not None:
+            self._tmpdir.cleanup()
+            self._tmpdir = None
+            self._kubeconfig_path = None
+
+    def __enter__(self) -> KubernetesEmulatorServer:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def _thread_main(self) -> None:
+        """Run the server's event loop until :meth:`stop`."""
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        try:
+            loop.run_until_complete(self._serve())
+        except BaseException as e:  # reported to start()
+            self._error = e
+        finally:
+            self._ready.set()
+            loop.close()
+
+    async def _serve(self) -> None:
+        """Serve until the stop event is set."""
+        from kmock import Server
+
+        self._stop = asyncio.Event()
+        self.api = KubernetesApiEmulator(nodes=self.initial_nodes, default_duration_seconds=self.default_duration_seconds)
+        async with self.api, Server(self.api, host=self.host, port=self._requested_port or None) as server:
+            self._port = server.port
+            self._ready.set()
+            await self._stop.wait()
+            await self.api.kubelet.shutdown()
+
+    def _call(self, coro: Coroutine[Any, Any, T], timeout: float = 30) -> T:
+        """Run a coroutine on the server's loop and return its result.
+
+        :param coro: the coroutine
+        :param timeout: seconds to wait
+        """
+        if self._loop is None or self._thread is None:
+            coro.close()
+            raise RuntimeError("the emulator is not running")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    def _run_sync(self, fn: Callable[[KubernetesApiEmulator], T]) -> T:
+        """Run a function of the API emulator on the server's loop.
+
+        :param fn: the function
+        """
+
+        async def call() -> T:
+            assert self.api is not None
+            return fn(self.api)
+
+        return self._call(call())
+
+    # -- connection ----------------------------------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        """The TCP port the server listens on."""
+        if self._port is None:
+            raise RuntimeError("the emulator is not running")
+        return self._port
+
+    @property
+    def url(self) -> str:
+        """The server URL, e.g. ``http://127.0.0.1:34567``."""
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def kubeconfig_path(self) -> str:
+        """Path of the kubeconfig file pointing at this server."""
+        if self._kubeconfig_path is None:
+            raise RuntimeError("the emulator is not running")
+        return str(self._kubeconfig_path)
+
+    # -- inspection ----------------------------------------------------------------------------
+
+    def pods(self, namespace: str | None = None, *, label_selector: str | None = None, field_selector: str | None = None) -> list[dict[str, Any]]:
+        """Return the live pods, oldest first.
+
+        :param namespace: only this namespace
+        :param label_selector: a Kubernetes label selector
+        :param field_selector: a Kubernetes field selector
+        """
+        by_label, by_field = parse_label_selector(label_selector), parse_field_selector(field_selector)
+        pods = self._run_sync(lambda api: api.list_objects(PODS, namespace))
+        return [p for p in pods if by_label(p) and by_field(p)]
+
+    def pod(self, name: str, namespace: str = "default") -> dict[str, Any] | None:
+        """Return a live pod, or ``None``.
+
+        :param name: pod name
+        :param namespace: its namespace
+        """
+        return self._run_sync(lambda api: api.get_object(PODS, namespace, name))
+
+    def pod_history(self, name: str, namespace: str = "default") -> list[dict[str, Any]]:
+        """Return every stored version of a pod, deleted ones included (useful after a delete).
+
+        :param name: pod name
+        :param namespace: its namespace
+        """
+
+        def history(api: KubernetesApiEmulator) -> list[dict[str, Any]]:
+            key = (PODS, namespace, name)
+            if key not in api.objects:
+                return []
+            return [copy.deepcopy(v.raw) for v in api.objects[key].history if v is not None]
+
+        return self._run_sync(history)
+
+    def events(self, namespace: str | None = None, *, involved_name: str | None = None) -> list[dict[str, Any]]:
+        """Return core/v1 events, oldest first.
+
+        :param namespace: only this namespace
+        :param involved_name: only about this object
+        """
+        events = self._run_sync(lambda api: api.list_objects(EVENTS, namespace))
+        return [e for e in events if involved_name is None or e["involvedObject"]["name"] == involved_name]
+
+    def nodes(self) -> list[dict[str, Any]]:
+        """Return the nodes."""
+        return self._run_sync(lambda api: api.list_objects(NODES))
+
+    def node(self, name: str) -> dict[str, Any] | None:
+        """Return a node, or ``None``.
+
+        :param name: node name
+        """
+        return self._run_sync(lambda api: api.get_object(NODES, None, name))
+
+    def logs(self, name: str, namespace: str = "default", container: str | None = None) -> list[str]:
+        """Return the log lines of a pod's container (the first container by default).
+
+        :param name: pod name
+        :param namespace: its namespace
+        :param container: container name
+        """
+
+        def read(api: KubernetesApiEmulator) -> list[str]:
+            history = [v.raw for v in api.objects[PODS, namespace, name].history if v is not None] if (PODS, namespace, name) in api.objects else []
+            if not history:
+                return []
+            pod = history[-1]
+            cname = container or pod["spec"]["containers"][0]["name"]
+            log = api.kubelet.logs.get(pod["metadata"]["uid"], cname)
+            return [line for _, line in log.lines] if log else []
+
+        return self._run_sync(read)
+
+    @property
+    def requests(self) -> list[RecordedRequest]:
+        """Every API request served so far, oldest first."""
+        return self._run_sync(lambda api: list(api.recorded))
+
+    def created_pods(self) -> list[dict[str, Any]]:
+        """Return the bodies of the pod create requests, i.e. the exact pod specs clients sent."""
+        return [
+            r.body for r in self.requests if r.method == "POST" and r.path.endswith("/pods") and isinstance(r.body, dict)
+        ]
+
+    def clear_requests(self) -> None:
+        """Forget the request log."""
+        self._run_sync(lambda api: api.recorded.clear())
+
+    def wait_for_pod(self, name: str, phases: Iterable[str] = TERMINAL_PHASES, *, namespace: str = "default", timeout: float = 10) -> dict[str, Any]:
+        """Wait until a pod reaches one of some phases and return it.
+
+        :param name: pod name
+        :param phases: the phases to wait for (default: Succeeded or Failed)
+        :param namespace: its namespace
+        :param timeout: seconds
+        :raises TimeoutError: when it does not get there in time
+        """
+        wanted = set(phases)
+
+        async def wait() -> dict[str, Any]:
+            assert self.api is not None
+            api = self.api
+            async with asyncio.timeout(timeout):
+                events = api.iter_events(PODS)
+                while True:
+                    pod = api.get_object(PODS, namespace, name)
+                    if pod is not None and pod.get("status", {}).get("phase") in wanted:
+                        await events.aclose()
+                        return pod
+                    await anext(events)
+
+        return self._call(wait(), timeout=timeout + 5)
+
+    # -- control -------------------------------------------------------------------------------
+
+    def configure_pod(
+        self,
+        *,
+        name: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        namespace: str | None = None,
+        predicate: PodPredicate | None = None,
+        behaviour: PodBehaviour | None = None,
+        **fields: Any,
+    ) -> PodRule:
+        """Tell the kubelet what to do with matching pods (wins over annotations; later rules win).
+
+        :param name: ``fnmatch`` pattern on the pod name, e.g. ``"train-*"``
+        :param labels: labels the pod must carry
+        :param namespace: the pod's namespace
+        :param predicate: a function of the pod dict
+        :param behaviour: a whole :class:`PodBehaviour`, or give its fields as keyword arguments
+            (``exit_code=1``, ``duration_seconds=2``, ``log_lines=["a", "b"]``...)
+        """
+        if "log_lines" in fields and fields["log_lines"] is not None:
+            fields["log_lines"] = tuple(fields["log_lines"])
+        rule = PodRule(behaviour or PodBehaviour(**fields), name=name, labels=labels, namespace=namespace, predicate=predicate)
+        self._run_sync(lambda api: api.kubelet.rules.append(rule))
+        return rule
+
+    def clear_pod_rules(self) -> None:
+        """Forget every rule set with :meth:`configure_pod`."""
+        self._run_sync(lambda api: api.kubelet.rules.clear())
+
+    def add_node(self, node: Mapping[str, Any] | str, **kwargs: Any) -> dict[str, Any]:
+        """Add (or replace) a node; pending pods are scheduled again.
+
+        :param node: a Node object, or a name for :func:`~airflow_gpupool.testing.gpu_node`
+        :param kwargs: builder arguments when ``node`` is a name
+        """
+        obj = gpu_node(node, **kwargs) if isinstance(node, str) else copy.deepcopy(dict(node))
+
+        async def add() -> dict[str, Any]:
+            assert self.api is not None
+            stored = await self.api.put_object(NODES, obj)
+            self.api.kubelet.notify()
+            return stored
+
+        return self._call(add())
+
+    def patch_node(self, name: str, change: Callable[[dict[str, Any]], None]) -> dict[str, Any] | None:
+        """Change a node in place (e.g. labels, allocatable) and reschedule pending pods.
+
+        :param name: node name
+        :param change: a function mutating the node dict
+        """
+
+        async def patch() -> dict[str, Any] | None:
+            assert self.api is not None
+            stored = await self.api.update_object(NODES, None, name, change)
+            self.api.kubelet.notify()
+            return stored
+
+        return self._call(patch())
+
+    def cordon(self, name: str, unschedulable: bool = True) -> None:
+        """Cordon (or uncordon) a node.
+
+        :param name: node name
+        :param unschedulable: ``False`` to uncordon
+        """
+        self.patch_node(name, lambda n: n.setdefault("spec", {}).__setitem__("unschedulable", unschedulable))
+
+    def delete_node(self, name: str) -> None:
+        """Remove a node; its running pods fail with reason ``NodeLost``.
+
+        :param name: node name
+        """
+        self._call(self._lose_node(name, delete=True))
+
+    def lose_node(self, name: str) -> None:
+        """Make a node unresponsive (``NotReady``); its running pods fail with reason ``NodeLost``.
+
+        :param name: node name
+        """
+        self._call(self._lose_node(name, delete=False))
+
+    async def _lose_node(self, name: str, *, delete: bool) -> None:
+        """Lose a node on the server's loop.
+
+        :param name: node name
+        :param delete: remove it
+        """
+        assert self.api is not None
+        await self.api.kubelet.lose_node(name, delete=delete)
+
+    def interrupt_pod(self, name: str, namespace: str = "default", reason: str = "Evicted", message: str = "The node was low on resource: memory.") -> None:
+        """Evict a running pod now.
+
+        :param name: pod name
+        :param namespace: its namespace
+        :param reason: the pod's ``status.reason``
+        :param message: the pod's ``status.message``
+        """
+        from airflow_gpupool.testing.kubelet import Interruption
+
+        def interrupt(api: KubernetesApiEmulator) -> None:
+            pod = api.get_object(PODS, namespace, name)
+            if pod is not None:
+                api.kubelet.interrupt(pod["metadata"]["uid"], Interruption(reason, message))
+
+        self._run_sync(interrupt)
+
+    def reset(self) -> None:
+        """Delete every pod and event, restore the initial nodes, and clear rules and the request log."""
+
+        async def reset() -> None:
+            assert self.api is not None
+            api = self.api
+            await api.kubelet.shutdown()
+            for res in (PODS, EVENTS, NODES):
+                for obj in api.list_objects(res):
+                    await api.delete_object(res, obj["metadata"].get("namespace"), obj["metadata"]["name"])
+            for node in self.initial_nodes:
+                await api.put_object(NODES, copy.deepcopy(node))
+            api.kubelet.rules.clear()
+            api.kubelet.logs.clear()
+            api.recorded.clear()
+            api.kubelet.notify()
+
+        self._call(reset())
