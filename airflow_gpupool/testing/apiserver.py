@@ -22,8 +22,8 @@ import datetime
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
-from typing import Any
+from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
+from typing import Any, TypeVar, cast
 
 import aiohttp.web
 from kmock import KubernetesEmulator, KubernetesError, KubernetesObjectNotFoundError, action, resource
@@ -32,6 +32,7 @@ from airflow_gpupool.testing.kinds import NAMESPACES, NODES, PODS
 from airflow_gpupool.testing.kubelet import SimulatedKubelet
 from airflow_gpupool.testing.selectors import parse_field_selector, parse_label_selector
 
+T = TypeVar("T")
 
 _KINDS = {"pods": "Pod", "events": "Event", "nodes": "Node", "namespaces": "Namespace"}
 _WATCH_VALUES = {"true", "1", "yes"}
@@ -82,7 +83,9 @@ class KubernetesApiEmulator(KubernetesEmulator):
     :param default_duration_seconds: how long containers run unless told otherwise
     """
 
-    def __init__(self, *, nodes: Iterable[Mapping[str, Any]] = (), default_duration_seconds: float = 0.5) -> None:
+    def __init__(
+        self, *, nodes: Iterable[Mapping[str, Any]] = (), default_duration_seconds: float = 0.5
+    ) -> None:
         super().__init__()
         self._resource_version = 0
         self.recorded: list[RecordedRequest] = []
@@ -97,7 +100,9 @@ class KubernetesApiEmulator(KubernetesEmulator):
                 "categories": [],
                 "subresources": ["log", "status"] if plural == "pods" else [],
             }
-        self.objects[NAMESPACES, None, "default"] = self._stamp({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "default"}})
+        self.objects[NAMESPACES, None, "default"] = self._stamp(
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "default"}}
+        )
         for node in nodes:
             self.objects[NODES, None, node["metadata"]["name"]] = self._stamp(copy.deepcopy(dict(node)))
 
@@ -167,7 +172,9 @@ class KubernetesApiEmulator(KubernetesEmulator):
                 self.objects[key].create(obj)
             else:
                 self.objects[key] = obj
-            await self._buses[res].put({"type": "MODIFIED" if existed else "ADDED", "object": copy.deepcopy(obj)})
+            await self._buses[res].put(
+                {"type": "MODIFIED" if existed else "ADDED", "object": copy.deepcopy(obj)}
+            )
         return obj
 
     async def update_object(
@@ -296,7 +303,9 @@ class KubernetesApiEmulator(KubernetesEmulator):
             "items": items,
         }
 
-    def _initial_watch_events(self, request: Any, selected: Callable[[Mapping[str, Any]], bool]) -> list[dict[str, Any]]:
+    def _initial_watch_events(
+        self, request: Any, selected: Callable[[Mapping[str, Any]], bool]
+    ) -> list[dict[str, Any]]:
         """Return the events a new watch starts with.
 
         Without ``resourceVersion`` (or with ``0``) every selected object comes as ``ADDED``;
@@ -312,7 +321,11 @@ class KubernetesApiEmulator(KubernetesEmulator):
         objs = [obj for obj in self.list_objects(request.resource, request.namespace) if selected(obj)]
         if since == 0:
             return [{"type": "ADDED", "object": obj} for obj in objs]
-        return [{"type": "MODIFIED", "object": obj} for obj in objs if int(obj["metadata"]["resourceVersion"]) > since]
+        return [
+            {"type": "MODIFIED", "object": obj}
+            for obj in objs
+            if int(obj["metadata"]["resourceVersion"]) > since
+        ]
 
     async def _serve_watch_stream(self, request: Any) -> aiohttp.web.StreamResponse:
         """Stream watch events as JSON lines until ``timeoutSeconds`` or the client leaves.
@@ -326,7 +339,7 @@ class KubernetesApiEmulator(KubernetesEmulator):
         initial = self._initial_watch_events(request, selected)
         response = aiohttp.web.StreamResponse(headers={"Content-Type": "application/json"})
         await response.prepare(request._raw_request)
-        events = bus.stream(since=marker)
+        events = cast("AsyncGenerator[dict[str, Any], None]", bus.stream(since=marker))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         try:
@@ -362,7 +375,9 @@ class KubernetesApiEmulator(KubernetesEmulator):
         log = self.kubelet.logs.get(pod["metadata"]["uid"], container)
         if log is None:
             reason = self.kubelet.waiting_reason(pod, container)
-            raise KubernetesBadRequest(f'container "{container}" in pod "{request.name}" is waiting to start: {reason}')
+            raise KubernetesBadRequest(
+                f'container "{container}" in pod "{request.name}" is waiting to start: {reason}'
+            )
         params = request.params
         options = log.options(
             timestamps=str(params.get("timestamps", "")).lower() == "true",
@@ -383,10 +398,17 @@ class KubernetesApiEmulator(KubernetesEmulator):
             pass
         return response
 
-    async def iter_events(self, res: resource) -> AsyncIterator[dict[str, Any]]:
-        """Yield the watch events of a resource from now on (for in-process consumers).
+    async def wait_until(self, res: resource, check: Callable[[], T | None]) -> T:
+        """Wait until ``check`` returns something other than ``None``, re-checking on every change of a resource.
 
-        :param res: the resource
+        :param res: the resource whose changes wake the check
+        :param check: returns the result, or ``None`` to keep waiting
         """
-        async for event in self._buses[res]:
-            yield event
+        bus = self._buses[res]
+        marker = await bus.mark()
+        try:
+            while (result := check()) is None:
+                await bus.get(since=marker)
+            return result
+        finally:
+            await bus.unmark(marker)

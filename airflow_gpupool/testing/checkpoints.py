@@ -39,7 +39,9 @@ def local_path(location: str) -> Path:
     if parsed.scheme == "file":
         return Path(unquote(parsed.path))
     if parsed.scheme and len(parsed.scheme) > 1:
-        raise ValueError(f"the emulator writes checkpoints to local paths or file:// URLs only, not {location!r}")
+        raise ValueError(
+            f"the emulator writes checkpoints to local paths or file:// URLs only, not {location!r}"
+        )
     return Path(location)
 
 

@@ -14,16 +14,17 @@ import asyncio
 import contextlib
 import dataclasses
 import datetime
+import functools
 import logging
 import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from airflow_gpupool.testing import checkpoints
-from airflow_gpupool.testing.kinds import EVENTS, NODES, PODS
 from airflow_gpupool.testing.behaviour import PodBehaviour, PodRule, resolve_behaviour
+from airflow_gpupool.testing.kinds import EVENTS, NODES, PODS
 from airflow_gpupool.testing.logs import LogBook
-from airflow_gpupool.testing.scheduling import TERMINAL_PHASES, choose_node
+from airflow_gpupool.testing.scheduling import choose_node
 
 if TYPE_CHECKING:
     from airflow_gpupool.testing.apiserver import KubernetesApiEmulator
@@ -115,7 +116,9 @@ def checkpoint_plan(pod: dict[str, Any], behaviour: PodBehaviour) -> CheckpointP
     return CheckpointPlan(checkpoints.local_path(location), resumed + 1, behaviour.checkpoint_steps, crash)
 
 
-def _container_status(container: dict[str, Any], state: dict[str, Any], *, ready: bool = False) -> dict[str, Any]:
+def _container_status(
+    container: dict[str, Any], state: dict[str, Any], *, ready: bool = False
+) -> dict[str, Any]:
     """Return a containerStatuses entry.
 
     :param container: the container spec
@@ -126,7 +129,9 @@ def _container_status(container: dict[str, Any], state: dict[str, Any], *, ready
     return {
         "name": container.get("name"),
         "image": image,
-        "imageID": f"{image}@sha256:{uuid.uuid5(uuid.NAMESPACE_URL, image).hex * 2}" if "running" in state or "terminated" in state else "",
+        "imageID": f"{image}@sha256:{uuid.uuid5(uuid.NAMESPACE_URL, image).hex * 2}"
+        if "running" in state or "terminated" in state
+        else "",
         "containerID": f"containerd://{uuid.uuid4().hex}" if "waiting" not in state else None,
         "ready": ready,
         "started": "running" in state,
@@ -136,7 +141,9 @@ def _container_status(container: dict[str, Any], state: dict[str, Any], *, ready
     }
 
 
-def _condition(kind: str, status: bool, reason: str | None = None, message: str | None = None) -> dict[str, Any]:
+def _condition(
+    kind: str, status: bool, reason: str | None = None, message: str | None = None
+) -> dict[str, Any]:
     """Return a pod condition.
 
     :param kind: ``PodScheduled``, ``Initialized``, ``ContainersReady`` or ``Ready``
@@ -144,7 +151,12 @@ def _condition(kind: str, status: bool, reason: str | None = None, message: str 
     :param reason: machine reason
     :param message: human message
     """
-    condition: dict[str, Any] = {"type": kind, "status": "True" if status else "False", "lastProbeTime": None, "lastTransitionTime": _now()}
+    condition: dict[str, Any] = {
+        "type": kind,
+        "status": "True" if status else "False",
+        "lastProbeTime": None,
+        "lastTransitionTime": _now(),
+    }
     if reason:
         condition["reason"] = reason
     if message:
@@ -152,7 +164,9 @@ def _condition(kind: str, status: bool, reason: str | None = None, message: str 
     return condition
 
 
-def _set_statuses(pod: dict[str, Any], state: Callable[[dict[str, Any]], dict[str, Any]], ready: bool = False) -> None:
+def _set_statuses(
+    pod: dict[str, Any], state: Callable[[dict[str, Any]], dict[str, Any]], ready: bool = False
+) -> None:
     """Set every container's status from a state builder.
 
     :param pod: the pod, changed in place
@@ -209,7 +223,9 @@ class SimulatedKubelet:
         uid = pod["metadata"]["uid"]
         self._uids[namespace, name] = uid
         self._wakeups[uid] = asyncio.Event()
-        task = asyncio.get_running_loop().create_task(self._lifecycle(namespace, name, uid), name=f"kubelet:{name}")
+        task = asyncio.get_running_loop().create_task(
+            self._lifecycle(namespace, name, uid), name=f"kubelet:{name}"
+        )
         self._tasks[uid] = task
         task.add_done_callback(lambda t: self._forget(uid, t))
 
@@ -263,6 +279,10 @@ class SimulatedKubelet:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks.clear()
+        self._uids.clear()
+        self._wakeups.clear()
+        self._interruptions.clear()
+        self._running.clear()
 
     def interrupt(self, uid: str, interruption: Interruption) -> None:
         """Stop a running pod from outside.
@@ -310,7 +330,13 @@ class SimulatedKubelet:
         return "ContainerCreating"
 
     async def event(
-        self, pod: dict[str, Any], kind: str, reason: str, message: str, component: str, host: str | None = None
+        self,
+        pod: dict[str, Any],
+        kind: str,
+        reason: str,
+        message: str,
+        component: str,
+        host: str | None = None,
     ) -> None:
         """Record a core/v1 event about a pod.
 
@@ -329,7 +355,10 @@ class SimulatedKubelet:
             {
                 "apiVersion": "v1",
                 "kind": "Event",
-                "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:16]}", "namespace": meta.get("namespace")},
+                "metadata": {
+                    "name": f"{meta['name']}.{uuid.uuid4().hex[:16]}",
+                    "namespace": meta.get("namespace"),
+                },
                 "involvedObject": {
                     "apiVersion": "v1",
                     "kind": "Pod",
@@ -402,12 +431,22 @@ class SimulatedKubelet:
                 node_name, message = choose_node(pod, nodes, self.api.list_objects(PODS))
             if node_name:
                 address = _node_address(nodes, node_name)
-                await self.api.update_object(PODS, namespace, name, lambda p: _bind(p, node_name, address))
-                await self.event(pod, "Normal", "Scheduled", f"Successfully assigned {namespace}/{name} to {node_name}", "default-scheduler")
+                await self.api.update_object(
+                    PODS, namespace, name, functools.partial(_bind, node=node_name, host_ip=address)
+                )
+                await self.event(
+                    pod,
+                    "Normal",
+                    "Scheduled",
+                    f"Successfully assigned {namespace}/{name} to {node_name}",
+                    "default-scheduler",
+                )
                 return node_name
             if message != last_message:
                 last_message = message
-                await self.api.update_object(PODS, namespace, name, lambda p: _unschedulable(p, message))
+                await self.api.update_object(
+                    PODS, namespace, name, functools.partial(_unschedulable, message=message)
+                )
                 await self.event(pod, "Warning", "FailedScheduling", message, "default-scheduler")
             await self._cluster_changed()
 
@@ -424,16 +463,22 @@ class SimulatedKubelet:
         image = ((pod["spec"].get("containers") or [{}])[0]).get("image", "")
         pull_error = f'failed to pull and unpack image "{image}": pull access denied, repository does not exist or may require authorization'
         await self.event(pod, "Normal", "Pulling", f'Pulling image "{image}"', "kubelet", node)
-        await self.event(pod, "Warning", "Failed", f'Failed to pull image "{image}": {pull_error}', "kubelet", node)
+        await self.event(
+            pod, "Warning", "Failed", f'Failed to pull image "{image}": {pull_error}', "kubelet", node
+        )
         await self.event(pod, "Warning", "Failed", "Error: ErrImagePull", "kubelet", node)
         await self.api.update_object(PODS, namespace, name, lambda p: _waiting(p, "ErrImagePull", pull_error))
         await asyncio.sleep(DEFAULT_STEP_DELAY_SECONDS)
         await self.event(pod, "Normal", "BackOff", f'Back-off pulling image "{image}"', "kubelet", node)
         await self.event(pod, "Warning", "Failed", "Error: ImagePullBackOff", "kubelet", node)
         back_off = f'Back-off pulling image "{image}": ErrImagePull: {pull_error}'
-        await self.api.update_object(PODS, namespace, name, lambda p: _waiting(p, "ImagePullBackOff", back_off))
+        await self.api.update_object(
+            PODS, namespace, name, lambda p: _waiting(p, "ImagePullBackOff", back_off)
+        )
 
-    async def _start_containers(self, namespace: str | None, name: str, uid: str, node: str) -> dict[str, Any] | None:
+    async def _start_containers(
+        self, namespace: str | None, name: str, uid: str, node: str
+    ) -> dict[str, Any] | None:
         """Pull, create and start the containers: the pod goes ``Running``.
 
         :param namespace: pod namespace
@@ -446,7 +491,14 @@ class SimulatedKubelet:
             return None
         for container in pod["spec"].get("containers") or []:
             cname, image = container.get("name"), container.get("image", "")
-            await self.event(pod, "Normal", "Pulled", f'Container image "{image}" already present on machine', "kubelet", node)
+            await self.event(
+                pod,
+                "Normal",
+                "Pulled",
+                f'Container image "{image}" already present on machine',
+                "kubelet",
+                node,
+            )
             await self.event(pod, "Normal", "Created", f"Created container {cname}", "kubelet", node)
             await self.event(pod, "Normal", "Started", f"Started container {cname}", "kubelet", node)
             self.logs.open(uid, cname)
@@ -478,7 +530,9 @@ class SimulatedKubelet:
                 await asyncio.wait_for(wakeup.wait(), max(seconds, 0.0))
         return self._interruptions.get(uid)
 
-    def _plan_interruption(self, pod: dict[str, Any], uid: str, node: str, behaviour: PodBehaviour, duration: float) -> asyncio.TimerHandle | None:
+    def _plan_interruption(
+        self, pod: dict[str, Any], uid: str, node: str, behaviour: PodBehaviour, duration: float
+    ) -> asyncio.TimerHandle | None:
         """Schedule the eviction or node loss a behaviour asks for, halfway through the run.
 
         :param pod: the pod
@@ -489,11 +543,15 @@ class SimulatedKubelet:
         """
         loop = asyncio.get_running_loop()
         if behaviour.evict:
-            evicted = Interruption("Evicted", "The node was low on resource: memory. Threshold quantity: 100Mi, available: 42Mi.")
+            evicted = Interruption(
+                "Evicted", "The node was low on resource: memory. Threshold quantity: 100Mi, available: 42Mi."
+            )
             return loop.call_later(duration / 2, self.interrupt, uid, evicted)
         if behaviour.node_lost:
             delete = behaviour.node_lost == "delete"
-            return loop.call_later(duration / 2, lambda: loop.create_task(self.lose_node(node, delete=delete)))
+            return loop.call_later(
+                duration / 2, lambda: loop.create_task(self.lose_node(node, delete=delete))
+            )
         return None
 
     async def _work(self, pod: dict[str, Any], uid: str, node: str, behaviour: PodBehaviour) -> Outcome:
@@ -504,9 +562,17 @@ class SimulatedKubelet:
         :param node: its node
         :param behaviour: its behaviour
         """
-        duration = behaviour.duration_seconds if behaviour.duration_seconds is not None else self.default_duration_seconds
+        duration = (
+            behaviour.duration_seconds
+            if behaviour.duration_seconds is not None
+            else self.default_duration_seconds
+        )
         plan = checkpoint_plan(pod, behaviour)
-        lines = behaviour.log_lines if behaviour.log_lines is not None else (f"gpupool emulator: running {pod['metadata']['name']} on {node}",)
+        lines = (
+            behaviour.log_lines
+            if behaviour.log_lines is not None
+            else (f"gpupool emulator: running {pod['metadata']['name']} on {node}",)
+        )
         for line in lines:
             self._log(pod, uid, line)
         steps = range(plan.first, plan.last + 1) if plan else range(0)
@@ -518,9 +584,17 @@ class SimulatedKubelet:
                     return _interrupted(interruption, node)
                 assert plan is not None
                 checkpoints.write_step(plan.root, step)
-                self._log(pod, uid, f"step {step}/{plan.last}: loss={checkpoints.loss_at(step)} checkpoint {checkpoints.STEP_DIR_FORMAT.format(step)} saved")
+                self._log(
+                    pod,
+                    uid,
+                    f"step {step}/{plan.last}: loss={checkpoints.loss_at(step)} checkpoint {checkpoints.STEP_DIR_FORMAT.format(step)} saved",
+                )
                 if plan.crash_after is not None and step >= plan.crash_after:
-                    self._log(pod, uid, f"Traceback (most recent call last): RuntimeError: simulated crash after step {step}")
+                    self._log(
+                        pod,
+                        uid,
+                        f"Traceback (most recent call last): RuntimeError: simulated crash after step {step}",
+                    )
                     return Outcome("Failed", 1, "Error")
             if (interruption := await self._pause(uid, interval)) is not None:
                 return _interrupted(interruption, node)
@@ -529,7 +603,9 @@ class SimulatedKubelet:
                 timer.cancel()
         return self._completion(pod, uid, behaviour, plan)
 
-    def _completion(self, pod: dict[str, Any], uid: str, behaviour: PodBehaviour, plan: CheckpointPlan | None) -> Outcome:
+    def _completion(
+        self, pod: dict[str, Any], uid: str, behaviour: PodBehaviour, plan: CheckpointPlan | None
+    ) -> Outcome:
         """Return the outcome of a run that was not interrupted.
 
         :param pod: the pod
@@ -652,7 +728,10 @@ def _terminate(pod: dict[str, Any], outcome: Outcome) -> None:
     """
     finished = _now()
     status = pod["status"]
-    started = {s["name"]: (s.get("state") or {}).get("running", {}).get("startedAt", finished) for s in status.get("containerStatuses") or []}
+    started = {
+        s["name"]: (s.get("state") or {}).get("running", {}).get("startedAt", finished)
+        for s in status.get("containerStatuses") or []
+    }
     status["phase"] = outcome.phase
     if outcome.pod_reason:
         status["reason"] = outcome.pod_reason
@@ -685,6 +764,7 @@ def _interrupted(interruption: Interruption, node: str) -> Outcome:
     :param interruption: what happened
     :param node: the pod's node
     """
+    events: tuple[tuple[str, str, str, str], ...]
     if interruption.reason == "Evicted":
         events = (
             ("Warning", "Evicted", interruption.message, "kubelet"),
@@ -702,9 +782,18 @@ def _mark_unreachable(node: dict[str, Any]) -> None:
     """
     status = node.setdefault("status", {})
     status["conditions"] = [
-        {"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown", "message": "Kubelet stopped posting node status."}
+        {
+            "type": "Ready",
+            "status": "Unknown",
+            "reason": "NodeStatusUnknown",
+            "message": "Kubelet stopped posting node status.",
+        }
     ]
-    taints = [t for t in node.setdefault("spec", {}).get("taints") or [] if t.get("key") != "node.kubernetes.io/unreachable"]
+    taints = [
+        t
+        for t in node.setdefault("spec", {}).get("taints") or []
+        if t.get("key") != "node.kubernetes.io/unreachable"
+    ]
     taints.append({"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule", "timeAdded": _now()})
     taints.append({"key": "node.kubernetes.io/unreachable", "effect": "NoExecute", "timeAdded": _now()})
     node["spec"]["taints"] = taints

@@ -17,6 +17,7 @@ objects (or a mix), as a list, a ``{"nodes": [...]}`` mapping or a Kubernetes ``
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -112,7 +113,9 @@ def gpu_node(
     return _node_object(name, node_labels, resources, [_taint(t) for t in taints], unschedulable, address)
 
 
-def cpu_node(name: str, *, cpu: str = "32", memory: str = "128Gi", labels: Mapping[str, str] | None = None) -> dict[str, Any]:
+def cpu_node(
+    name: str, *, cpu: str = "32", memory: str = "128Gi", labels: Mapping[str, str] | None = None
+) -> dict[str, Any]:
     """Return a core/v1 Node without GPUs.
 
     :param name: node name
@@ -159,17 +162,37 @@ def _node_object(
             "capacity": dict(resources),
             "allocatable": dict(resources),
             "conditions": [
-                {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready status"}
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "KubeletReady",
+                    "message": "kubelet is posting ready status",
+                }
             ],
             "addresses": [{"type": "InternalIP", "address": address}, {"type": "Hostname", "address": name}],
             "nodeInfo": {
-                "kubeletVersion": "v1.30.0-gpupool-emulator",
-                "containerRuntimeVersion": "containerd://1.7.0",
-                "operatingSystem": "linux",
                 "architecture": "amd64",
+                "bootID": _uid(name, "boot"),
+                "containerRuntimeVersion": "containerd://1.7.0",
+                "kernelVersion": "6.1.0-gpupool-emulator",
+                "kubeProxyVersion": "v1.30.0",
+                "kubeletVersion": "v1.30.0",
+                "machineID": _uid(name, "machine").replace("-", ""),
+                "operatingSystem": "linux",
+                "osImage": "Ubuntu 22.04.4 LTS",
+                "systemUUID": _uid(name, "system"),
             },
         },
     }
+
+
+def _uid(name: str, purpose: str) -> str:
+    """Return a stable UUID for a node.
+
+    :param name: node name
+    :param purpose: which identifier
+    """
+    return str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{purpose}.{name}.gpupool.emulator"))
 
 
 def default_nodes() -> list[dict[str, Any]]:

@@ -32,14 +32,14 @@ def extended_requests(pod: Mapping[str, Any]) -> dict[str, float]:
 
     :param pod: the pod
     """
-    total: Counter[str] = Counter()
+    total: dict[str, float] = {}
     for container in (pod.get("spec") or {}).get("containers") or []:
         resources = container.get("resources") or {}
         merged = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
         for key, value in merged.items():
             if key not in _NATIVE_RESOURCES and not key.startswith("hugepages-"):
-                total[key] += _quantity(value)
-    return dict(total)
+                total[key] = total.get(key, 0.0) + _quantity(value)
+    return total
 
 
 def _expression_matches(expression: Mapping[str, Any], value: str | None) -> bool:
@@ -116,7 +116,9 @@ def _tolerates(tolerations: Iterable[Mapping[str, Any]], taint: Mapping[str, Any
         if toleration.get("operator") == "Exists":
             if not toleration.get("key") or toleration["key"] == taint.get("key"):
                 return True
-        elif toleration.get("key") == taint.get("key") and (toleration.get("value") or "") == (taint.get("value") or ""):
+        elif toleration.get("key") == taint.get("key") and (toleration.get("value") or "") == (
+            taint.get("value") or ""
+        ):
             return True
     return False
 
@@ -145,21 +147,24 @@ def node_is_ready(node: Mapping[str, Any]) -> bool:
     return True
 
 
-def used_resources(node_name: str, pods: Iterable[Mapping[str, Any]]) -> Counter[str]:
+def used_resources(node_name: str, pods: Iterable[Mapping[str, Any]]) -> dict[str, float]:
     """Return the extended resources held on a node by its non-terminated pods.
 
     :param node_name: the node
     :param pods: every pod of the cluster
     """
-    used: Counter[str] = Counter()
+    used: dict[str, float] = {}
     for pod in pods:
         on_node = (pod.get("spec") or {}).get("nodeName") == node_name
         if on_node and (pod.get("status") or {}).get("phase") not in TERMINAL_PHASES:
-            used.update(extended_requests(pod))
+            for key, amount in extended_requests(pod).items():
+                used[key] = used.get(key, 0.0) + amount
     return used
 
 
-def reject_reason(pod: Mapping[str, Any], node: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> str | None:
+def reject_reason(
+    pod: Mapping[str, Any], node: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]
+) -> str | None:
     """Return why a pod cannot go on a node, worded as kube-scheduler does, or ``None`` if it fits.
 
     :param pod: the pod to place
@@ -178,7 +183,7 @@ def reject_reason(pod: Mapping[str, Any], node: Mapping[str, Any], pods: Iterabl
     allocatable = (node.get("status") or {}).get("allocatable") or {}
     used = used_resources(node["metadata"]["name"], pods)
     for key, amount in sorted(extended_requests(pod).items()):
-        if amount > _quantity(allocatable.get(key, 0)) - used[key]:
+        if amount > _quantity(allocatable.get(key, 0)) - used.get(key, 0.0):
             return f"Insufficient {key}"
     return None
 

@@ -40,7 +40,12 @@ def kubeconfig(url: str, namespace: str = "default") -> dict[str, Any]:
         "kind": "Config",
         "clusters": [{"name": CONTEXT_NAME, "cluster": {"server": url}}],
         "users": [{"name": CONTEXT_NAME, "user": {"token": "gpupool-emulator"}}],
-        "contexts": [{"name": CONTEXT_NAME, "context": {"cluster": CONTEXT_NAME, "user": CONTEXT_NAME, "namespace": namespace}}],
+        "contexts": [
+            {
+                "name": CONTEXT_NAME,
+                "context": {"cluster": CONTEXT_NAME, "user": CONTEXT_NAME, "namespace": namespace},
+            }
+        ],
         "current-context": CONTEXT_NAME,
         "preferences": {},
     }
@@ -161,7 +166,9 @@ class KubernetesEmulatorServer:
         from kmock import Server
 
         self._stop = asyncio.Event()
-        self.api = KubernetesApiEmulator(nodes=self.initial_nodes, default_duration_seconds=self.default_duration_seconds)
+        self.api = KubernetesApiEmulator(
+            nodes=self.initial_nodes, default_duration_seconds=self.default_duration_seconds
+        )
         async with self.api, Server(self.api, host=self.host, port=self._requested_port or None) as server:
             self._port = server.port
             self._ready.set()
@@ -214,7 +221,13 @@ class KubernetesEmulatorServer:
 
     # -- inspection ----------------------------------------------------------------------------
 
-    def pods(self, namespace: str | None = None, *, label_selector: str | None = None, field_selector: str | None = None) -> list[dict[str, Any]]:
+    def pods(
+        self,
+        namespace: str | None = None,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+    ) -> list[dict[str, Any]]:
         """Return the live pods, oldest first.
 
         :param namespace: only this namespace
@@ -248,7 +261,9 @@ class KubernetesEmulatorServer:
 
         return self._run_sync(history)
 
-    def events(self, namespace: str | None = None, *, involved_name: str | None = None) -> list[dict[str, Any]]:
+    def events(
+        self, namespace: str | None = None, *, involved_name: str | None = None
+    ) -> list[dict[str, Any]]:
         """Return core/v1 events, oldest first.
 
         :param namespace: only this namespace
@@ -277,7 +292,11 @@ class KubernetesEmulatorServer:
         """
 
         def read(api: KubernetesApiEmulator) -> list[str]:
-            history = [v.raw for v in api.objects[PODS, namespace, name].history if v is not None] if (PODS, namespace, name) in api.objects else []
+            history = (
+                [v.raw for v in api.objects[PODS, namespace, name].history if v is not None]
+                if (PODS, namespace, name) in api.objects
+                else []
+            )
             if not history:
                 return []
             pod = history[-1]
@@ -295,14 +314,23 @@ class KubernetesEmulatorServer:
     def created_pods(self) -> list[dict[str, Any]]:
         """Return the bodies of the pod create requests, i.e. the exact pod specs clients sent."""
         return [
-            r.body for r in self.requests if r.method == "POST" and r.path.endswith("/pods") and isinstance(r.body, dict)
+            r.body
+            for r in self.requests
+            if r.method == "POST" and r.path.endswith("/pods") and isinstance(r.body, dict)
         ]
 
     def clear_requests(self) -> None:
         """Forget the request log."""
         self._run_sync(lambda api: api.recorded.clear())
 
-    def wait_for_pod(self, name: str, phases: Iterable[str] = TERMINAL_PHASES, *, namespace: str = "default", timeout: float = 10) -> dict[str, Any]:
+    def wait_for_pod(
+        self,
+        name: str,
+        phases: Iterable[str] = TERMINAL_PHASES,
+        *,
+        namespace: str = "default",
+        timeout: float = 10,
+    ) -> dict[str, Any]:
         """Wait until a pod reaches one of some phases and return it.
 
         :param name: pod name
@@ -313,17 +341,15 @@ class KubernetesEmulatorServer:
         """
         wanted = set(phases)
 
+        def reached() -> dict[str, Any] | None:
+            assert self.api is not None
+            pod = self.api.get_object(PODS, namespace, name)
+            return pod if pod is not None and pod.get("status", {}).get("phase") in wanted else None
+
         async def wait() -> dict[str, Any]:
             assert self.api is not None
-            api = self.api
             async with asyncio.timeout(timeout):
-                events = api.iter_events(PODS)
-                while True:
-                    pod = api.get_object(PODS, namespace, name)
-                    if pod is not None and pod.get("status", {}).get("phase") in wanted:
-                        await events.aclose()
-                        return pod
-                    await anext(events)
+                return await self.api.wait_until(PODS, reached)
 
         return self._call(wait(), timeout=timeout + 5)
 
@@ -350,7 +376,13 @@ class KubernetesEmulatorServer:
         """
         if "log_lines" in fields and fields["log_lines"] is not None:
             fields["log_lines"] = tuple(fields["log_lines"])
-        rule = PodRule(behaviour or PodBehaviour(**fields), name=name, labels=labels, namespace=namespace, predicate=predicate)
+        rule = PodRule(
+            behaviour or PodBehaviour(**fields),
+            name=name,
+            labels=labels,
+            namespace=namespace,
+            predicate=predicate,
+        )
         self._run_sync(lambda api: api.kubelet.rules.append(rule))
         return rule
 
@@ -420,7 +452,13 @@ class KubernetesEmulatorServer:
         assert self.api is not None
         await self.api.kubelet.lose_node(name, delete=delete)
 
-    def interrupt_pod(self, name: str, namespace: str = "default", reason: str = "Evicted", message: str = "The node was low on resource: memory.") -> None:
+    def interrupt_pod(
+        self,
+        name: str,
+        namespace: str = "default",
+        reason: str = "Evicted",
+        message: str = "The node was low on resource: memory.",
+    ) -> None:
         """Evict a running pod now.
 
         :param name: pod name

@@ -1,0 +1,41 @@
+"""Test GPU DAGs without a cluster: a Kubernetes API emulator with GPU nodes and a simulated kubelet.
+
+Quick start::
+
+    from airflow_gpupool.testing import KubernetesEmulatorServer, gpu_node
+
+    with KubernetesEmulatorServer(nodes=[gpu_node("gpu-a", gpus=8)]) as k8s:
+        ...  # KubernetesPodOperator(config_file=k8s.kubeconfig_path, in_cluster=False, ...)
+
+Pod behaviour is steered by ``gpupool.emulator/*`` annotations (see
+:mod:`airflow_gpupool.testing.behaviour`) or :meth:`KubernetesEmulatorServer.configure_pod`.
+The pytest fixture ``k8s_emulator`` lives in :mod:`airflow_gpupool.testing.pytest_plugin`.
+"""
+
+from __future__ import annotations
+
+from airflow_gpupool.testing.apiserver import KubernetesApiEmulator, RecordedRequest
+from airflow_gpupool.testing.behaviour import ANNOTATION_PREFIX, ANNOTATIONS, PodBehaviour, PodRule
+from airflow_gpupool.testing.checkpoints import COMPLETE_MARKER, MANIFEST_NAME, RESUME_ENV
+from airflow_gpupool.testing.nodes import POOL_LABEL, cpu_node, default_nodes, gpu_node, load_nodes
+from airflow_gpupool.testing.server import KubernetesEmulatorServer, kubeconfig, write_kubeconfig
+
+__all__ = [
+    "ANNOTATIONS",
+    "ANNOTATION_PREFIX",
+    "COMPLETE_MARKER",
+    "MANIFEST_NAME",
+    "POOL_LABEL",
+    "RESUME_ENV",
+    "KubernetesApiEmulator",
+    "KubernetesEmulatorServer",
+    "PodBehaviour",
+    "PodRule",
+    "RecordedRequest",
+    "cpu_node",
+    "default_nodes",
+    "gpu_node",
+    "kubeconfig",
+    "load_nodes",
+    "write_kubeconfig",
+]
