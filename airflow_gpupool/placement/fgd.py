@@ -13,7 +13,13 @@ from typing import Any
 
 import numpy as np
 
-from airflow_gpupool.placement.frag import DEFAULT_SHAPES, Fragmentation, TypicalShape, shape_key, typical_shapes
+from airflow_gpupool.placement.frag import (
+    DEFAULT_SHAPES,
+    Fragmentation,
+    TypicalShape,
+    shape_key,
+    typical_shapes,
+)
 from airflow_gpupool.placement.policy import register
 from airflow_gpupool.placement.scored import Candidates, ScoredPolicy
 from airflow_gpupool.placement.snapshot import ClusterSnapshot

@@ -52,6 +52,10 @@ def place_by_score(
     )
 
 
+#: The policy the project recommends and the ledger should default to: fragmentation
+#: gradient with exact growth and best-fit tie-breaking (see :mod:`~airflow_gpupool.placement.fgd`).
+DEFAULT_POLICY = "gpupool"
+
 _REGISTRY: dict[str, Callable[..., PlacementPolicy]] = {}
 
 

@@ -1,0 +1,231 @@
+"""The FGD protocol: pods arrive one by one, each placed once or failed, nothing departs.
+
+Pods are shuffled with the seed, then random resamples are appended until the requested GPU
+milli reaches ``ratio`` (1.3) times the cluster's capacity. After each arrival, allocation
+% is the allocated GPU milli over the capacity and arrived % the requested GPU milli so far
+(failed pods included) over the capacity; allocation at ``x`` % arrived is the mean over
+the arrivals whose rounded arrived % is ``x``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from functools import partial
+
+import numpy as np
+
+from airflow_gpupool.placement.fit import EXCLUSIVE_CLASSES
+from airflow_gpupool.placement.frag import Fragmentation, TypicalShape, shape_key, typical_shapes
+from airflow_gpupool.placement.policy import PlacementPolicy, get_policy
+from airflow_gpupool.placement.scored import ScoredPolicy
+from airflow_gpupool.placement.snapshot import ClusterSnapshot, NodeState
+from airflow_gpupool.placement.table import NodeTable
+from airflow_gpupool.placement.verdict import Assignment, Verdict
+from airflow_gpupool.resources import GpuRequest
+from airflow_gpupool.sim.trace import TracePod
+
+#: Arrived percentages reported.
+REPORT_POINTS = (50, 80, 90, 95, 100, 110, 120, 130)
+
+
+@dataclass
+class ReplayResult:
+    """Outcome of one replay.
+
+    :param policy: the policy name
+    :param seed: the seed
+    :param pods: pods that arrived
+    :param failed: pods that did not fit
+    :param arrived: arrived % after each arrival
+    :param alloc: allocation % after each arrival
+    :param frag: cluster fragmentation % when arrived % first reached each report point
+    :param seconds: wall time of the replay
+    :param decision_ms: duration of each placement decision
+    """
+
+    policy: str
+    seed: int
+    pods: int
+    failed: int
+    arrived: np.ndarray
+    alloc: np.ndarray
+    frag: dict[int, float] = field(default_factory=dict)
+    seconds: float = 0.0
+    decision_ms: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+    def alloc_at(self, percent: int) -> float:
+        """Mean allocation % over the arrivals whose rounded arrived % is ``percent`` (NaN if none)."""
+        mask = np.floor(self.arrived + 0.5) == percent
+        return float(self.alloc[mask].mean()) if mask.any() else float("nan")
+
+    def summary(self) -> dict[str, object]:
+        """Return the figures of the run as JSON-ready values."""
+        ms = self.decision_ms if len(self.decision_ms) else np.zeros(1)
+        out: dict[str, object] = {
+            "policy": self.policy,
+            "seed": self.seed,
+            "pods": self.pods,
+            "failed": self.failed,
+        }
+        for p in REPORT_POINTS:
+            out[f"alloc_{p}"] = round(self.alloc_at(p), 3)
+        for p in REPORT_POINTS:
+            out[f"frag_{p}"] = round(self.frag.get(p, float("nan")), 3)
+        out["seconds"] = round(self.seconds, 3)
+        out["decision_ms_p50"] = round(float(np.percentile(ms, 50)), 4)
+        out["decision_ms_p99"] = round(float(np.percentile(ms, 99)), 4)
+        return out
+
+
+def trace_shapes(pods: Sequence[TracePod], coverage: float = 0.95) -> tuple[TypicalShape, ...]:
+    """Return the typical shapes of a trace: the most frequent covering ``coverage`` of it."""
+    return typical_shapes(Counter(shape_key(p.request) for p in pods), coverage)
+
+
+def workload(pods: Sequence[TracePod], capacity_milli: int, seed: int, ratio: float = 1.3) -> list[TracePod]:
+    """Shuffle ``pods`` and resample them until they ask for ``ratio`` × the capacity.
+
+    :param pods: the trace's pods
+    :param capacity_milli: the cluster's GPU capacity
+    :param seed: shuffle and resample seed
+    :param ratio: requested GPU milli to reach, as a multiple of the capacity
+    """
+    rng = np.random.default_rng(seed)
+    target = ratio * capacity_milli
+    out: list[TracePod] = []
+    total = 0
+    for k in rng.permutation(len(pods)):
+        if total >= target:
+            return out
+        out.append(pods[int(k)])
+        total += pods[int(k)].gpu_milli
+    if not any(p.gpu_milli for p in pods):
+        return out
+    while total < target:
+        pod = pods[int(rng.integers(len(pods)))]
+        out.append(pod)
+        total += pod.gpu_milli
+    return out
+
+
+def take(node: NodeState, request: GpuRequest, assignment: Assignment) -> NodeState:
+    """Return ``node`` with the assignment's capacity taken (the simulator's own bookkeeping)."""
+    taken = set(assignment.gpu_indices)
+    gpus = node.gpus
+    if taken:
+        gpus = tuple(
+            (
+                replace(g, mig_free=tuple(s for s in g.mig_free if s[0] != assignment.mig_slice))
+                if assignment.mig_slice is not None
+                else replace(
+                    g,
+                    free_milli=g.free_milli - assignment.milli_per_gpu,
+                    free_memory_mib=max(g.free_memory_mib - assignment.gpu_memory_mib, 0),
+                )
+            )
+            if g.index in taken
+            else g
+            for g in node.gpus
+        )
+    classes = node.classes
+    if request.workload_class.value in EXCLUSIVE_CLASSES:
+        classes = classes | {request.workload_class.value}
+    return replace(
+        node,
+        gpus=gpus,
+        cpu_free=node.cpu_free - request.cpu_milli,
+        memory_free=node.memory_free - request.memory_mib,
+        classes=classes,
+    )
+
+
+class ClusterFrag:
+    """Cluster fragmentation % for a fixed set of typical shapes, kept incrementally."""
+
+    def __init__(self, shapes: Sequence[TypicalShape]) -> None:
+        self.table = NodeTable()
+        self.frag = Fragmentation(shapes)
+
+    def percent(self, snapshot: ClusterSnapshot) -> float:
+        """Return Σ node fragmentation / GPU capacity, in %."""
+        self.frag.refresh(self.table, self.table.sync(snapshot))
+        capacity = snapshot.gpu_capacity_milli or 1
+        return float(self.frag.value.sum()) / self.frag.weight_total * 100 / capacity if self.frag.shapes else 0.0
+
+
+def replay(
+    nodes: Sequence[NodeState],
+    pods: Sequence[TracePod],
+    policy: str,
+    seed: int = 42,
+    *,
+    ratio: float = 1.3,
+    shapes: Sequence[TypicalShape] | None = None,
+    progress: Callable[[float], None] | None = None,
+) -> ReplayResult:
+    """Replay ``pods`` on ``nodes`` with ``policy`` under the FGD protocol.
+
+    :param nodes: the cluster, every GPU free
+    :param pods: the trace (typical shapes are derived from it unless given)
+    :param policy: a registered policy name
+    :param seed: workload shuffle seed and tie-break seed of the policy
+    :param ratio: arrived GPU milli to reach, as a multiple of the capacity
+    :param shapes: typical shapes (default: those of ``pods``)
+    :param progress: called with the fraction done, now and then
+    """
+    shapes = tuple(shapes) if shapes is not None else trace_shapes(pods)
+    engine = get_policy(policy, typical_shapes=shapes, seed=seed)
+    place = quick(engine)
+    current = list(nodes)
+    where = {n.name: i for i, n in enumerate(current)}
+    capacity = ClusterSnapshot(tuple(current)).gpu_capacity_milli
+    arrivals = workload(pods, capacity, seed, ratio)
+    arrived = np.zeros(len(arrivals))
+    alloc = np.zeros(len(arrivals))
+    ms = np.zeros(len(arrivals))
+    meter = ClusterFrag(shapes)
+    frag: dict[int, float] = {}
+    points = list(REPORT_POINTS)
+    asked = allocated = failed = 0
+    start = time.perf_counter()
+    for k, pod in enumerate(arrivals):
+        snapshot = ClusterSnapshot(tuple(current))
+        t0 = time.perf_counter()
+        verdict = place(snapshot, pod.request)
+        ms[k] = (time.perf_counter() - t0) * 1000
+        asked += pod.gpu_milli
+        if isinstance(verdict, Assignment):
+            i = where[verdict.node]
+            current[i] = take(current[i], pod.request, verdict)
+            allocated += pod.gpu_milli
+        else:
+            failed += 1
+        arrived[k] = asked * 100 / capacity
+        alloc[k] = allocated * 100 / capacity
+        while points and arrived[k] >= points[0]:
+            frag[points.pop(0)] = meter.percent(ClusterSnapshot(tuple(current)))
+        if progress is not None and k % 500 == 0:
+            progress(k / len(arrivals))
+    seconds = time.perf_counter() - start
+    return ReplayResult(policy, seed, len(arrivals), failed, arrived, alloc, frag, seconds, ms)
+
+
+def quick(policy: PlacementPolicy) -> Callable[[ClusterSnapshot, GpuRequest], Verdict]:
+    """Return the policy's ``place``, without NoFit explanations when it can skip them."""
+    if isinstance(policy, ScoredPolicy):
+        return partial(policy.place, explain_no_fit=False)
+    return policy.place
+
+
+def stderr_progress(label: str) -> Callable[[float], None]:
+    """Return a progress callback that redraws ``label NN%`` on stderr."""
+
+    def show(done: float) -> None:
+        sys.stderr.write(f"\r{label} {done * 100:3.0f}%")
+        sys.stderr.flush()
+
+    return show

@@ -1,0 +1,173 @@
+"""Read cluster and workload traces in the CSV columns of the Alibaba GPU trace 2023.
+
+Nodes: ``sn, cpu_milli, memory_mib, gpu, model``. Pods: ``name, cpu_milli, memory_mib,
+num_gpu, gpu_milli`` and optionally ``gpu_spec`` (allowed models separated by ``|``),
+``qos``, ``creation_time`` and ``deletion_time`` (seconds). A missing column or a bad row
+raises :class:`~airflow_gpupool.exceptions.TraceFormatError` naming it.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Iterable
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from airflow_gpupool.exceptions import InvalidRequestError, TraceFormatError
+from airflow_gpupool.placement.snapshot import GpuState, NodeState
+from airflow_gpupool.resources import MILLI_PER_GPU, GpuRequest
+
+NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
+POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
+
+#: Bundled pod lists by short name; the node list is shared.
+TRACES = {
+    "default": "openb_pod_list_default.csv",
+    "gpushare100": "openb_pod_list_gpushare100.csv",
+    "multigpu50": "openb_pod_list_multigpu50.csv",
+    "gpuspec33": "openb_pod_list_gpuspec33.csv",
+}
+NODE_LIST = "openb_node_list_gpu_node.csv"
+
+#: GPU memory in MiB by model (from the FGD simulator); the undisclosed G1–G3 get 16 GiB.
+GPU_MEMORY_MIB = {"P100": 16280, "T4": 15109, "V100M16": 16160, "V100M32": 32510, "A10": 22731, "A100": 81251}
+DEFAULT_GPU_MEMORY_MIB = 16384
+
+#: Priority of each QoS class: latency-sensitive first, best-effort last.
+QOS_PRIORITY = {"LS": 2, "Burstable": 1, "Guaranteed": 1, "BE": 0}
+
+
+@dataclass(frozen=True, slots=True)
+class TracePod:
+    """One task of a workload trace.
+
+    :param name: the pod's name
+    :param request: what it asks for (priority from its QoS class)
+    :param qos: the QoS class (empty when the trace has none)
+    :param creation_time: seconds, or None
+    :param deletion_time: seconds, or None
+    """
+
+    name: str
+    request: GpuRequest
+    qos: str = ""
+    creation_time: int | None = None
+    deletion_time: int | None = None
+
+    @property
+    def gpu_milli(self) -> int:
+        """GPU milli the pod asks for in total."""
+        return self.request.total_gpu_milli
+
+
+def _open(source: str | Path) -> tuple[str, io.TextIOBase]:
+    path = Path(source)
+    if not path.exists() and str(source) in TRACES:
+        return str(source), bundled(TRACES[str(source)])
+    if not path.exists() and str(source) == "nodes":
+        return "nodes", bundled(NODE_LIST)
+    try:
+        return str(path), path.open(newline="")
+    except OSError as e:
+        raise TraceFormatError(str(path), 0, "-", f"cannot read the file: {e.strerror}") from e
+
+
+def bundled(filename: str) -> io.TextIOBase:
+    """Open one of the bundled trace files (see :data:`TRACES`)."""
+    ref = resources.files("airflow_gpupool").joinpath("data", "traces", "alibaba-gpu-v2023", filename)
+    return io.StringIO(ref.read_text(encoding="utf-8"))
+
+
+def _rows(name: str, handle: Iterable[str], required: tuple[str, ...]) -> Iterable[tuple[int, dict[str, str]]]:
+    reader = csv.DictReader(handle)
+    header = reader.fieldnames or []
+    for column in required:
+        if column not in header:
+            raise TraceFormatError(name, 0, column, f"missing column (the header has {', '.join(header) or 'nothing'})")
+    for row in reader:
+        yield reader.line_num, row
+
+
+def _int(name: str, line: int, row: dict[str, str], column: str, default: int | None = None) -> Any:
+    raw = (row.get(column) or "").strip()
+    if raw == "" and default is not None:
+        return default
+    try:
+        return int(float(raw))
+    except ValueError:
+        raise TraceFormatError(name, line, column, f"expected a number, got {raw!r}") from None
+
+
+def load_nodes(source: str | Path = "nodes") -> tuple[NodeState, ...]:
+    """Return the nodes of a node-list CSV, every GPU free.
+
+    :param source: a path, or ``nodes`` for the bundled Alibaba node list
+    """
+    name, handle = _open(source)
+    nodes = []
+    with handle:
+        for line, row in _rows(name, handle, NODE_COLUMNS):
+            gpus = _int(name, line, row, "gpu")
+            model = (row.get("model") or "").strip()
+            if gpus < 0 or (gpus and not model):
+                raise TraceFormatError(name, line, "gpu" if gpus < 0 else "model", "needs a GPU count >= 0 and a model")
+            memory = GPU_MEMORY_MIB.get(model, DEFAULT_GPU_MEMORY_MIB)
+            nodes.append(
+                NodeState(
+                    name=row["sn"].strip(),
+                    cpu_milli=_int(name, line, row, "cpu_milli"),
+                    memory_mib=_int(name, line, row, "memory_mib"),
+                    gpus=tuple(GpuState(k, model, memory) for k in range(gpus)),
+                )
+            )
+    if not nodes:
+        raise TraceFormatError(name, 0, "sn", "the node list is empty")
+    return tuple(nodes)
+
+
+def _request(name: str, line: int, row: dict[str, str]) -> GpuRequest:
+    num = _int(name, line, row, "num_gpu")
+    milli = _int(name, line, row, "gpu_milli", 0)
+    qos = (row.get("qos") or "").strip()
+    fields: dict[str, Any] = {
+        "cpu_milli": _int(name, line, row, "cpu_milli"),
+        "memory_mib": _int(name, line, row, "memory_mib"),
+        "gpu_models": frozenset(m for m in (row.get("gpu_spec") or "").split("|") if m),
+        "priority": QOS_PRIORITY.get(qos, 1),
+    }
+    if num == 1 and 0 < milli < MILLI_PER_GPU:
+        fields["gpu_milli"] = milli
+    else:
+        fields["gpus"] = num
+    try:
+        return GpuRequest(**fields)
+    except InvalidRequestError as e:
+        raise TraceFormatError(name, line, e.field, f"invalid value {e.value!r}: expected {e.expected}") from e
+
+
+def load_pods(source: str | Path = "default") -> list[TracePod]:
+    """Return the pods of a pod-list CSV in file order.
+
+    :param source: a path, or a bundled trace name (see :data:`TRACES`)
+    """
+    name, handle = _open(source)
+    pods = []
+    with handle:
+        for line, row in _rows(name, handle, POD_COLUMNS):
+            creation = (row.get("creation_time") or "").strip()
+            deletion = (row.get("deletion_time") or "").strip()
+            pods.append(
+                TracePod(
+                    name=(row.get("name") or f"pod-{line}").strip(),
+                    request=_request(name, line, row),
+                    qos=(row.get("qos") or "").strip(),
+                    creation_time=_int(name, line, row, "creation_time") if creation else None,
+                    deletion_time=_int(name, line, row, "deletion_time") if deletion else None,
+                )
+            )
+    if not pods:
+        raise TraceFormatError(name, 0, "name", "the pod list is empty")
+    return pods
