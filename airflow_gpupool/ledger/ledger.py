@@ -72,6 +72,8 @@ class _Tx:
     inventory_changed: bool = False
     granted: list[str] = field(default_factory=list)
     assignments: dict[str, Assignment] = field(default_factory=dict)
+    expired: list[str] = field(default_factory=list)
+    timed_out: list[str] = field(default_factory=list)
 
     def snapshot(self) -> ClusterSnapshot:
         return ClusterSnapshot(tuple(self.nodes.values()))
@@ -585,10 +587,9 @@ class Ledger:
         """Expire dead leases and overdue requests, then serve the queue."""
 
         def run(tx: _Tx) -> ReapResult:
-            expired, timed_out = self._expire_due(tx)
-            granted_before = len(tx.granted)
+            # Every write transaction starts by expiring what is due; report what it did.
             self._serve(tx)
-            return ReapResult(tuple(expired), tuple(timed_out), tuple(tx.granted[granted_before:]))
+            return ReapResult(tuple(tx.expired), tuple(tx.timed_out), tuple(tx.granted))
 
         return self._write(run)
 
@@ -601,7 +602,7 @@ class Ledger:
             self._requests[row.id] = request
         return request
 
-    def _expire_due(self, tx: _Tx) -> tuple[list[str], list[str]]:
+    def _expire_due(self, tx: _Tx) -> None:
         r = schema.reservations.c
         due = tx.conn.execute(
             select(schema.reservations).where(
@@ -611,20 +612,18 @@ class Ledger:
                 )
             )
         ).all()
-        expired, timed_out = [], []
         for row in due:
             if row.state == _GRANTED:
                 log.warning("Lease of %s (holder %s) expired: returning its slice", row.id, row.holder)
                 self._end_grant(tx, row, ReservationState.EXPIRED, "lease expired without renewal")
-                expired.append(row.id)
+                tx.expired.append(row.id)
             else:
                 message = self._blocked_message(tx, row)
                 log.warning("Reservation %s timed out: %s", row.id, message)
                 self._end_waiting(tx, row, ReservationState.TIMED_OUT, message)
-                timed_out.append(row.id)
+                tx.timed_out.append(row.id)
         if due:
             self._serve(tx)
-        return expired, timed_out
 
     def _blocked_message(self, tx: _Tx, row: Row[Any]) -> str:
         request = self._request_of(row)

@@ -1,0 +1,14 @@
+"""Test-wide setup: an isolated AIRFLOW_HOME, set before anything imports Airflow."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+_HOME = tempfile.mkdtemp(prefix="gpupool-airflow-home-")
+os.environ.setdefault("AIRFLOW_HOME", _HOME)
+os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "True")
+os.environ.pop("GPUPOOL_LEDGER_URL", None)
+
+pytest_plugins = ["tests.ledger_fixtures"]
