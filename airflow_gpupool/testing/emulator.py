@@ -45,6 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         default=0.5,
         help="seconds a container runs unless its annotations say otherwise (default: %(default)s)",
     )
+    parser.add_argument("--access-log", action="store_true", help="log every API request")
     return parser
 
 
@@ -80,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
         kubeconfig_path=args.kubeconfig,
         namespace=args.namespace,
         default_duration_seconds=args.default_duration,
+        access_log=args.access_log,
     )
     stop = threading.Event()
 

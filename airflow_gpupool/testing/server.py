@@ -66,6 +66,20 @@ def write_kubeconfig(path: str | Path, url: str, namespace: str = "default") -> 
     return path
 
 
+def _quiet_test_server() -> Any:
+    """Return an aiohttp raw test server class that writes no access log."""
+    from aiohttp.test_utils import RawTestServer
+    from aiohttp.web_runner import ServerRunner
+    from aiohttp.web_server import Server
+
+    class QuietRawTestServer(RawTestServer):
+        async def _make_runner(self, debug: bool = True, **kwargs: Any) -> ServerRunner:
+            server = Server(self._handler, loop=self._loop, debug=debug, access_log=None, **kwargs)
+            return ServerRunner(server, debug=debug, **kwargs)
+
+    return QuietRawTestServer
+
+
 class KubernetesEmulatorServer:
     """A Kubernetes API emulator with a simulated kubelet, served over HTTP from a background thread.
 
@@ -82,6 +96,7 @@ class KubernetesEmulatorServer:
     :param kubeconfig_path: where to write the kubeconfig; a temporary file when ``None``
     :param namespace: the kubeconfig context's namespace
     :param default_duration_seconds: how long containers run unless told otherwise
+    :param access_log: log every request through the ``aiohttp.access`` logger
     """
 
     def __init__(
@@ -93,7 +108,9 @@ class KubernetesEmulatorServer:
         kubeconfig_path: str | Path | None = None,
         namespace: str = "default",
         default_duration_seconds: float = 0.5,
+        access_log: bool = False,
     ) -> None:
+        self.access_log = access_log
         self.initial_nodes = [copy.deepcopy(dict(n)) for n in (default_nodes() if nodes is None else nodes)]
         self.host = host
         self._requested_port = port
@@ -169,7 +186,11 @@ class KubernetesEmulatorServer:
         self.api = KubernetesApiEmulator(
             nodes=self.initial_nodes, default_duration_seconds=self.default_duration_seconds
         )
-        async with self.api, Server(self.api, host=self.host, port=self._requested_port or None) as server:
+        extra: dict[str, Any] = {} if self.access_log else {"server_cls": _quiet_test_server()}
+        async with (
+            self.api,
+            Server(self.api, host=self.host, port=self._requested_port or None, **extra) as server,
+        ):
             self._port = server.port
             self._ready.set()
             await self._stop.wait()
