@@ -60,6 +60,11 @@ def get_provider_info() -> dict[str, Any]:
                         "",
                         example="a100-mig=mig,t4-shared=hami",
                     ),
+                    "workload_priority_classes": _option(
+                        "PriorityClass of each workload class's pods, as class=priorityclass pairs; "
+                        "empty to set none. docker/kubernetes/priority-classes.yaml creates the defaults.",
+                        "training=gpupool-training,inference=gpupool-inference",
+                    ),
                     "default_checkpoint_root": _option(
                         "Base URL under which tasks get a checkpoint directory when none is given.",
                         "",

@@ -25,6 +25,7 @@ DEFAULTS: dict[str, str] = {
     "binding": "whole",
     "node_pool_bindings": "",
     "default_checkpoint_root": "",
+    "workload_priority_classes": "training=gpupool-training,inference=gpupool-inference",
 }
 
 
@@ -113,4 +114,18 @@ def node_pool_bindings() -> dict[str, str]:
                 "(example: 'a100-mig=mig,t4-shared=hami')"
             )
         out[pool.strip()] = strategy.strip()
+    return out
+
+
+def workload_priority_classes() -> dict[str, str]:
+    """Return the PriorityClass of each workload class, from ``class=priorityclass`` pairs."""
+    out: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in _get("workload_priority_classes").split(","))):
+        workload, sep, priority_class = item.partition("=")
+        if not sep or not priority_class.strip():
+            raise ConfigurationError(
+                f"[{SECTION}] workload_priority_classes item {item!r} is not 'class=priorityclass' "
+                "(example: 'training=gpupool-training,inference=gpupool-inference')"
+            )
+        out[workload.strip()] = priority_class.strip()
     return out

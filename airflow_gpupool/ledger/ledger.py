@@ -523,6 +523,21 @@ class Ledger:
         """
         return self._read(lambda conn: self._reservation(conn, self._row(conn, reservation_id)))
 
+    def explain(self, reservation_id: str) -> str:
+        """Say why a waiting reservation waits (its queue position and the closest nodes)."""
+
+        def run(conn: Connection) -> str:
+            row = self._row(conn, reservation_id)
+            if row.state != _WAITING:
+                return f"reservation is {row.state}"
+            cache = CapacityCache()
+            meta = _read_meta(conn)
+            cache.refresh(conn, meta["version"], meta["inventory_generation"])
+            tx = _Tx(conn, self._clock(), meta["version"], dict(cache.nodes))
+            return self._blocked_message(tx, row)
+
+        return self._read(run)
+
     def get_or_none(self, reservation_id: str) -> Reservation | None:
         """Return a reservation's current state, or None when there is no such id."""
         try:

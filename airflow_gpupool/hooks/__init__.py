@@ -1,0 +1,7 @@
+"""Hooks: connection resolution and ledger access for operators and triggers."""
+
+from __future__ import annotations
+
+from airflow_gpupool.hooks.gpupool import AsyncGpuPoolHook, GpuPoolHook, LedgerOptions
+
+__all__ = ["AsyncGpuPoolHook", "GpuPoolHook", "LedgerOptions"]

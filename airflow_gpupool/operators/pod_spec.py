@@ -1,0 +1,121 @@
+"""Pin a pod to its grant: node affinity, the slice's resources, labels, annotations, env."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from kubernetes.client import models as k8s
+
+from airflow_gpupool.operators.binding import PodBinding
+
+if TYPE_CHECKING:
+    from airflow_gpupool.ledger.models import Grant
+    from airflow_gpupool.resources import GpuRequest
+
+LABEL_RESERVATION = "gpupool.io/reservation-id"
+LABEL_WORKLOAD_CLASS = "gpupool.io/workload-class"
+ANNOTATION_PREFIX = "gpupool.io/"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+GPU_TOLERATION = k8s.V1Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")
+
+
+def grant_env(reservation_id: str, grant: Grant, checkpoint_dir: str | None) -> dict[str, str]:
+    """Return the environment that tells the container which slice it runs on."""
+    env = {
+        "GPUPOOL_RESERVATION_ID": reservation_id,
+        "GPUPOOL_NODE": grant.node,
+        "GPUPOOL_GPU_INDICES": ",".join(map(str, grant.gpu_indices)),
+        "GPUPOOL_GPU_UUIDS": ",".join(grant.gpu_uuids),
+        "GPUPOOL_GPU_MILLI": str(grant.milli_per_gpu),
+        "GPUPOOL_GPU_MEMORY_MIB": str(grant.gpu_memory_mib),
+    }
+    if grant.mig_profile:
+        env["GPUPOOL_MIG_PROFILE"] = grant.mig_profile
+        env["GPUPOOL_MIG_SLICE"] = str(grant.mig_slice)
+    if checkpoint_dir:
+        env["GPUPOOL_CHECKPOINT_DIR"] = checkpoint_dir
+    return env
+
+
+def _pin_to_node(pod: k8s.V1Pod, node: str) -> None:
+    spec = pod.spec
+    spec.affinity = spec.affinity or k8s.V1Affinity()
+    node_affinity = spec.affinity.node_affinity = spec.affinity.node_affinity or k8s.V1NodeAffinity()
+    required = node_affinity.required_during_scheduling_ignored_during_execution
+    if required is None:
+        required = node_affinity.required_during_scheduling_ignored_during_execution = k8s.V1NodeSelector(
+            node_selector_terms=[]
+        )
+    if not required.node_selector_terms:
+        required.node_selector_terms = [k8s.V1NodeSelectorTerm(match_expressions=[])]
+    pin = k8s.V1NodeSelectorRequirement(key=HOSTNAME_LABEL, operator="In", values=[node])
+    for term in required.node_selector_terms:
+        # Terms are ORed: the pin must be in every one of them.
+        term.match_expressions = [*(term.match_expressions or []), pin]
+
+
+def _container(pod: k8s.V1Pod, name: str) -> k8s.V1Container:
+    for container in pod.spec.containers:
+        if container.name == name:
+            return container
+    return pod.spec.containers[0]
+
+
+def _set_resources(container: k8s.V1Container, request: GpuRequest, binding: PodBinding) -> None:
+    resources = container.resources or k8s.V1ResourceRequirements()
+    requests = dict(resources.requests or {})
+    limits = dict(resources.limits or {})
+    # The kube-scheduler must agree with the ledger on what the pod takes.
+    requests.setdefault("cpu", f"{request.cpu_milli}m")
+    requests.setdefault("memory", f"{request.memory_mib}Mi")
+    limits.update(binding.limits)
+    container.resources = k8s.V1ResourceRequirements(requests=requests, limits=limits or None)
+
+
+def _set_env(container: k8s.V1Container, env: dict[str, str]) -> None:
+    kept = [e for e in (container.env or []) if e.name not in env]
+    container.env = kept + [k8s.V1EnvVar(name=k, value=v) for k, v in env.items()]
+
+
+def pin_pod(
+    pod: k8s.V1Pod,
+    *,
+    reservation_id: str,
+    grant: Grant,
+    request: GpuRequest,
+    binding: PodBinding,
+    container_name: str,
+    checkpoint_dir: str | None,
+    priority_class: str | None,
+) -> k8s.V1Pod:
+    """Return ``pod`` pinned to ``grant`` (the pod object is changed in place)."""
+    _pin_to_node(pod, grant.node)
+    container = _container(pod, container_name)
+    _set_resources(container, request, binding)
+    _set_env(container, {**grant_env(reservation_id, grant, checkpoint_dir), **binding.env})
+    meta = pod.metadata
+    meta.labels = {
+        **(meta.labels or {}),
+        LABEL_RESERVATION: reservation_id,
+        LABEL_WORKLOAD_CLASS: request.workload_class.value,
+    }
+    where = f"{grant.mig_slice} ({grant.mig_profile})" if grant.mig_slice else ",".join(map(str, grant.gpu_indices))
+    meta.annotations = {
+        **(meta.annotations or {}),
+        **binding.annotations,
+        f"{ANNOTATION_PREFIX}reservation-id": reservation_id,
+        f"{ANNOTATION_PREFIX}node": grant.node,
+        f"{ANNOTATION_PREFIX}gpus": where,
+        f"{ANNOTATION_PREFIX}slice": request.describe(),
+        f"{ANNOTATION_PREFIX}team": request.team,
+    }
+    if binding.scheduler_name:
+        pod.spec.scheduler_name = binding.scheduler_name
+    if priority_class and not pod.spec.priority_class_name:
+        pod.spec.priority_class_name = priority_class
+    if request.gpus or request.mig_profile:
+        tolerations = list(pod.spec.tolerations or [])
+        if not any(t.key == GPU_TOLERATION.key for t in tolerations):
+            tolerations.append(GPU_TOLERATION)
+        pod.spec.tolerations = tolerations
+    return pod
