@@ -136,7 +136,7 @@ def test_kpo_success_logs_read_as_text(
 
 
 def test_kpo_failing_pod_raises(k8s: KubernetesEmulatorServer) -> None:
-    from airflow.exceptions import AirflowException
+    from airflow.sdk.exceptions import AirflowException
 
     op = kpo(k8s, "train-fails", {"exit-code": "1"})
     with pytest.raises(AirflowException):
@@ -147,7 +147,7 @@ def test_kpo_failing_pod_raises(k8s: KubernetesEmulatorServer) -> None:
 
 
 def test_kpo_oom_killed_status_visible(k8s: KubernetesEmulatorServer) -> None:
-    from airflow.exceptions import AirflowException
+    from airflow.sdk.exceptions import AirflowException
 
     op = kpo(k8s, "train-oom", on_finish_action="keep_pod")
     k8s.configure_pod(name="train-oom*", oom_killed=True)
@@ -164,7 +164,7 @@ def test_kpo_oom_killed_status_visible(k8s: KubernetesEmulatorServer) -> None:
 
 
 def test_kpo_never_scheduled_pod_times_out(k8s: KubernetesEmulatorServer) -> None:
-    from airflow.exceptions import AirflowException
+    from airflow.sdk.exceptions import AirflowException
     from airflow.providers.cncf.kubernetes.utils.pod_manager import PodLaunchTimeoutException
 
     op = kpo(k8s, "train-stuck", {"never-schedule": "true"}, startup_timeout_seconds=3)
@@ -173,7 +173,8 @@ def test_kpo_never_scheduled_pod_times_out(k8s: KubernetesEmulatorServer) -> Non
         op.execute(context_for("train-stuck"))
     assert time.monotonic() - started < 10
     # KPO reports the launch timeout as the cause of its "returned a failure" error
-    causes, error = [], failure.value
+    causes: list[type[BaseException]] = []
+    error: BaseException | None = failure.value
     while error is not None:
         causes.append(type(error))
         error = error.__cause__ or error.__context__
@@ -189,7 +190,7 @@ def test_kpo_never_scheduled_pod_times_out(k8s: KubernetesEmulatorServer) -> Non
 def test_kpo_deferrable_runs_trigger_against_emulator(
     k8s: KubernetesEmulatorServer, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from airflow.exceptions import TaskDeferred
+    from airflow.sdk.exceptions import TaskDeferred
 
     op = kpo(k8s, "train-deferred", {"log-lines": "deferred hello"}, deferrable=True)
     context = context_for("train-deferred")
@@ -215,7 +216,7 @@ def test_kpo_deferrable_runs_trigger_against_emulator(
 def test_checkpoints_manifest_last_and_resumed_numbering(
     k8s: KubernetesEmulatorServer, tmp_path: Path
 ) -> None:
-    from airflow.exceptions import AirflowException
+    from airflow.sdk.exceptions import AirflowException
 
     ckpt = {"checkpoint-dir": tmp_path.as_uri(), "checkpoint-steps": "4", "fail-after-step": "2"}
     with pytest.raises(AirflowException):
@@ -256,12 +257,14 @@ def test_nodes_carry_gfd_labels_and_gpu_allocatable(core: Any) -> None:
     assert mig.spec.taints[0].key == "nvidia.com/gpu"
 
 
-def simple_pod(name: str, labels: dict[str, str] | None = None, **annotations: str) -> dict[str, Any]:
+def simple_pod(
+    name: str, *, labels: dict[str, str] | None = None, ann: dict[str, str] | None = None
+) -> dict[str, Any]:
     return {
         "metadata": {
             "name": name,
             "labels": labels or {},
-            "annotations": {ANNOTATION + k: v for k, v in annotations.items()},
+            "annotations": {ANNOTATION + k: v for k, v in (ann or {}).items()},
         },
         "spec": {"restartPolicy": "Never", "containers": [{"name": "base", "image": "busybox"}]},
     }
@@ -270,7 +273,7 @@ def simple_pod(name: str, labels: dict[str, str] | None = None, **annotations: s
 def test_label_and_field_selectors(k8s: KubernetesEmulatorServer, core: Any) -> None:
     for name, team in (("sel-a", "vision"), ("sel-b", "nlp"), ("sel-c", "vision")):
         core.create_namespaced_pod(
-            "default", simple_pod(name, {"team": team, "app": "train"}, **{"duration-seconds": "30"})
+            "default", simple_pod(name, labels={"team": team, "app": "train"}, ann={"duration-seconds": "30"})
         )
     names = lambda **kw: sorted(p.metadata.name for p in core.list_namespaced_pod("default", **kw).items)  # noqa: E731
     assert names(label_selector="team=vision") == ["sel-a", "sel-c"]
@@ -287,8 +290,8 @@ def test_label_and_field_selectors(k8s: KubernetesEmulatorServer, core: Any) -> 
 def test_watch_true_streams_and_sees_deleted(k8s: KubernetesEmulatorServer, core: Any) -> None:
     from kubernetes import watch
 
-    core.create_namespaced_pod("default", simple_pod("watched", {"w": "1"}))
-    core.create_namespaced_pod("default", simple_pod("other", {"w": "2"}))
+    core.create_namespaced_pod("default", simple_pod("watched", labels={"w": "1"}))
+    core.create_namespaced_pod("default", simple_pod("other", labels={"w": "2"}))
     seen: list[tuple[str, str]] = []
     w = watch.Watch()
     for event in w.stream(core.list_namespaced_pod, "default", label_selector="w=1", timeout_seconds=10):
@@ -318,7 +321,7 @@ def test_watch_timeout_seconds_is_honoured(core: Any) -> None:
 
 def test_pending_pod_scheduled_when_gpus_free(k8s: KubernetesEmulatorServer, core: Any) -> None:
     def eight_gpus(name: str, duration: str) -> dict[str, Any]:
-        pod = simple_pod(name, **{"duration-seconds": duration})
+        pod = simple_pod(name, ann={"duration-seconds": duration})
         pod["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "8"}}
         pod["spec"]["affinity"] = {
             "nodeAffinity": {
@@ -354,7 +357,7 @@ def test_pending_pod_scheduled_when_gpus_free(k8s: KubernetesEmulatorServer, cor
 def test_interrupted_pods_fail_with_reason(
     k8s: KubernetesEmulatorServer, core: Any, annotations: dict[str, str], reason: str
 ) -> None:
-    core.create_namespaced_pod("default", simple_pod("interrupted", **annotations))
+    core.create_namespaced_pod("default", simple_pod("interrupted", ann=annotations))
     pod = k8s.wait_for_pod("interrupted")
     assert (pod["status"]["phase"], pod["status"]["reason"]) == ("Failed", reason)
     if reason == "NodeLost":
@@ -363,7 +366,7 @@ def test_interrupted_pods_fail_with_reason(
 
 
 def test_image_pull_error_waits_in_backoff(k8s: KubernetesEmulatorServer, core: Any) -> None:
-    core.create_namespaced_pod("default", simple_pod("bad-image", **{"image-pull-error": "true"}))
+    core.create_namespaced_pod("default", simple_pod("bad-image", ann={"image-pull-error": "true"}))
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
         statuses = core.read_namespaced_pod("bad-image", "default").status.container_statuses or []
@@ -378,7 +381,9 @@ def test_image_pull_error_waits_in_backoff(k8s: KubernetesEmulatorServer, core: 
 def test_follow_logs_stream_until_container_ends(k8s: KubernetesEmulatorServer, core: Any) -> None:
     core.create_namespaced_pod(
         "default",
-        simple_pod("follow", **{"log-lines": "one\ntwo", "checkpoint-steps": "0", "duration-seconds": "0.5"}),
+        simple_pod(
+            "follow", ann={"log-lines": "one\ntwo", "checkpoint-steps": "0", "duration-seconds": "0.5"}
+        ),
     )
     k8s.wait_for_pod("follow", {"Running"})
     started = time.monotonic()
@@ -393,7 +398,7 @@ def test_follow_logs_stream_until_container_ends(k8s: KubernetesEmulatorServer, 
 
 
 def test_blocking_client_does_not_stall_server(k8s: KubernetesEmulatorServer, core: Any) -> None:
-    core.create_namespaced_pod("default", simple_pod("slow-log", **{"duration-seconds": "0.8"}))
+    core.create_namespaced_pod("default", simple_pod("slow-log", ann={"duration-seconds": "0.8"}))
     k8s.wait_for_pod("slow-log", {"Running"})
     follower = threading.Thread(
         target=lambda: (
