@@ -17,7 +17,7 @@ import datetime
 import functools
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from airflow_gpupool.testing import checkpoints
@@ -196,6 +196,7 @@ class SimulatedKubelet:
         self._running: dict[str, str] = {}
         self._changed: asyncio.Event | None = None
         self._next_ip = 0
+        self._background: set[asyncio.Task[None]] = set()
 
     # -- wiring ------------------------------------------------------------------------------
 
@@ -228,6 +229,15 @@ class SimulatedKubelet:
         )
         self._tasks[uid] = task
         task.add_done_callback(lambda t: self._forget(uid, t))
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run a coroutine in the background, keeping a reference until it ends.
+
+        :param coro: the coroutine
+        """
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def _forget(self, uid: str, task: asyncio.Task[None]) -> None:
         """Drop a finished lifecycle, logging its crash if any.
@@ -549,9 +559,7 @@ class SimulatedKubelet:
             return loop.call_later(duration / 2, self.interrupt, uid, evicted)
         if behaviour.node_lost:
             delete = behaviour.node_lost == "delete"
-            return loop.call_later(
-                duration / 2, lambda: loop.create_task(self.lose_node(node, delete=delete))
-            )
+            return loop.call_later(duration / 2, lambda: self._spawn(self.lose_node(node, delete=delete)))
         return None
 
     async def _work(self, pod: dict[str, Any], uid: str, node: str, behaviour: PodBehaviour) -> Outcome:

@@ -164,8 +164,8 @@ def test_kpo_oom_killed_status_visible(k8s: KubernetesEmulatorServer) -> None:
 
 
 def test_kpo_never_scheduled_pod_times_out(k8s: KubernetesEmulatorServer) -> None:
-    from airflow.sdk.exceptions import AirflowException
     from airflow.providers.cncf.kubernetes.utils.pod_manager import PodLaunchTimeoutException
+    from airflow.sdk.exceptions import AirflowException
 
     op = kpo(k8s, "train-stuck", {"never-schedule": "true"}, startup_timeout_seconds=3)
     started = time.monotonic()
