@@ -114,7 +114,7 @@ def transient_retry(fn: Callable[..., T]) -> Callable[..., T]:
     return retry(
         retry=retry_if_exception(is_transient),
         stop=stop_after_attempt(6),
-        wait=wait_exponential_jitter(initial=0.05, max=2.0),
+        wait=wait_exponential_jitter(multiplier=0.05, max=2.0, jitter=0.05),
         before_sleep=before_sleep_log(log, logging.WARNING),
         reraise=True,
     )(fn)

@@ -866,6 +866,14 @@ class Ledger:
             expires_at=row.expires_at,
         )
 
+    def history(self, states: Iterable[ReservationState] | None = None, limit: int = 100) -> list[Reservation]:
+        """Return the most recent reservations (newest first), optionally only in ``states``."""
+        r = schema.reservations.c
+        query = select(schema.reservations).order_by(r.seq.desc()).limit(limit)
+        if states is not None:
+            query = query.where(r.state.in_([ReservationState(s).value for s in states]))
+        return self._read(lambda conn: [self._reservation(conn, row) for row in conn.execute(query)])
+
     def snapshot(self) -> LedgerSnapshot:
         """Return one consistent view: nodes, GPUs, free capacity, grants and the queue."""
         return self._read(self._snapshot)
