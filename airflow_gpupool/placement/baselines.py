@@ -140,3 +140,21 @@ class FitnessPolicy(ScoredPolicy):
 
 
 __all__ = ["ClusteringPolicy", "DotProductPolicy", "FitnessPolicy", "PackingPolicy", "RandomPolicy"]
+
+
+@register("spread")
+class SpreadPolicy(ScoredPolicy):
+    """Kubernetes' default least-allocated scoring: the emptiest node (CPU and memory) first.
+
+    Used by the simulator's ``airflow-pool`` baseline of the queue mode.
+    """
+
+    name = "spread"
+
+    def costs(self, request: GpuRequest, cand: Candidates) -> tuple[np.ndarray, np.ndarray]:
+        """Return minus the mean free share of CPU and memory after placing, and the emptiest GPU."""
+        t = self.table
+        cpu = (t.cpu_free[cand.node] - cand.cpu) / np.maximum(t.cpu_cap[cand.node], 1)
+        mem = (t.mem_free[cand.node] - cand.memory) / np.maximum(t.mem_cap[cand.node], 1)
+        score = np.trunc((cpu + mem) * 50)
+        return -score, -self.best_fit_gpu(cand)

@@ -61,24 +61,22 @@ def serve(
     :param max_overtakes: overtakes a blocked request tolerates before it blocks the queue
     """
     outcome = ServeOutcome()
-    blocked: list[QueueEntry] = []
-    counts: dict[str, int] = {}
+    # A blocked request's overtakes are its count when blocked plus the grants since, so
+    # each is kept as ``base = count − grants so far``: a grant then costs O(1), not O(blocked).
+    blocked: list[tuple[QueueEntry, int]] = []
+    grants = 0
+    top = None  # the largest base among the blocked
     for entry in queue_order(entries):
-        barrier = next((b for b in blocked if counts[b.request_id] >= max_overtakes), None)
-        if barrier is not None:
-            outcome.barrier = barrier.request_id
+        if top is not None and top + grants >= max_overtakes:
+            outcome.barrier = next(e.request_id for e, base in blocked if base + grants >= max_overtakes)
             break
         assignment = try_place(entry)
         if assignment is None:
-            blocked.append(entry)
-            counts[entry.request_id] = entry.overtakes
+            base = entry.overtakes - grants
+            blocked.append((entry, base))
+            top = base if top is None else max(top, base)
             continue
         outcome.granted.append((entry, assignment))
-        for b in blocked:
-            counts[b.request_id] += 1
-    outcome.overtakes = {rid: n for rid, n in counts.items() if n != _initial(blocked, rid)}
+        grants += 1
+    outcome.overtakes = {e.request_id: base + grants for e, base in blocked if base + grants != e.overtakes}
     return outcome
-
-
-def _initial(blocked: list[QueueEntry], request_id: str) -> int:
-    return next(b.overtakes for b in blocked if b.request_id == request_id)

@@ -8,7 +8,7 @@ ties between nodes by a fixed seeded random order of nodes, and explains a ``NoF
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -52,6 +52,20 @@ class Candidates:
         if self.kind is GpuKind.MIG:
             return 0
         return self.milli + self.whole * MILLI_PER_GPU
+
+
+def first_per_free_value(table: NodeTable, cand: Candidates) -> Candidates:
+    """Keep, of the GPUs of a node with equal free milli, only the first (lowest position).
+
+    Such GPUs are interchangeable for any score that reads GPU capacity, and every policy
+    breaks a tie inside a node by the lowest position, so dropping the others loses nothing.
+    """
+    if cand.kind is not GpuKind.FRACTION or len(cand) < 2:
+        return cand
+    key = cand.node * (2 * MILLI_PER_GPU + 1) + table.gpu_free[cand.node, cand.gpu]
+    _, first = np.unique(key, return_index=True)
+    first.sort()
+    return replace(cand, node=cand.node[first], gpu=cand.gpu[first])
 
 
 def _class_ok(table: NodeTable, request: GpuRequest) -> np.ndarray | bool:
@@ -182,10 +196,15 @@ class ScoredPolicy:
         cand = find_candidates(self.table, request)
         if len(cand) == 0:
             return explain(snapshot, request) if explain_no_fit else NoFit(())
+        cand = self.reduce(cand)
         primary, secondary = self.costs(request, cand)
         pick = self._select(cand, primary, secondary)
         self.observe(request)
         return self._assignment(request, cand, pick, float(primary[pick]))
+
+    def reduce(self, cand: Candidates) -> Candidates:
+        """Return the candidates worth scoring (default: all of them)."""
+        return cand
 
     def observe(self, request: GpuRequest) -> None:
         """Hook called after each successful decision (policies that learn the workload)."""

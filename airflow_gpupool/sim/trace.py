@@ -138,6 +138,8 @@ def _request(name: str, line: int, row: dict[str, str]) -> GpuRequest:
         "gpu_models": frozenset(m for m in (row.get("gpu_spec") or "").split("|") if m),
         "priority": QOS_PRIORITY.get(qos, 1),
     }
+    if not 0 <= milli <= MILLI_PER_GPU or (num > 1 and 0 < milli < MILLI_PER_GPU):
+        raise TraceFormatError(name, line, "gpu_milli", f"expected 0-1000, and 1000 (or 0) with num_gpu > 1, got {milli}")
     if num == 1 and 0 < milli < MILLI_PER_GPU:
         fields["gpu_milli"] = milli
     else:

@@ -1,0 +1,175 @@
+"""The ``gpupool simulate`` command: replay a trace through the placement (and queue) code."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from airflow_gpupool.exceptions import GpuPoolError
+from airflow_gpupool.placement.policy import DEFAULT_POLICY, policy_names
+from airflow_gpupool.sim.replay import REPORT_POINTS, ReplayResult, replay, stderr_progress, trace_shapes
+from airflow_gpupool.sim.trace import TRACES, load_nodes, load_pods
+
+#: Policies compared by ``--policy all``.
+ALL_POLICIES = ("random", "dotprod", "clustering", "packing", "bestfit", "fgd", DEFAULT_POLICY)
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``simulate`` subcommand to an argparse ``subparsers`` object."""
+    parser = subparsers.add_parser(
+        "simulate",
+        help="replay a GPU workload trace through the placement policies",
+        description=(
+            "Replay a workload trace. Mode 'fgd' (default) follows the FGD paper's protocol: pods "
+            "arrive until 130%% of the GPU capacity was asked for, nothing departs; it reports "
+            "allocation and fragmentation by arrived %%. Mode 'queue' replays arrivals and "
+            "departures over time through the ledger's queue rule and reports waits and allocation."
+        ),
+    )
+    parser.add_argument("--mode", choices=("fgd", "queue"), default="fgd", help="protocol (default: fgd)")
+    parser.add_argument("--nodes", default="nodes", help="node list CSV (default: the bundled Alibaba cluster)")
+    parser.add_argument(
+        "--pods",
+        default="default",
+        help=f"pod list CSV or a bundled trace: {', '.join(TRACES)} (default: default)",
+    )
+    parser.add_argument(
+        "--policy",
+        action="append",
+        help=f"placement policy, repeatable, or 'all' (default: {DEFAULT_POLICY}; "
+        f"queue mode also accepts airflow-pool); one of {', '.join(policy_names())}",
+    )
+    parser.add_argument("--seed", type=int, default=42, help="shuffle, arrival and tie-break seed (default: 42)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object per policy (one line each)")
+    parser.add_argument("--plot", metavar="FILE.png", help="draw allocation vs arrived %% (fgd mode)")
+    parser.add_argument("--load", type=float, default=1.0, help="queue mode: offered GPU load (default: 1.0)")
+    parser.add_argument(
+        "--queue-nodes",
+        type=int,
+        default=100,
+        help="queue mode: nodes sampled from the cluster (default: 100; 0 = all)",
+    )
+    parser.add_argument("--arrivals", type=int, default=6000, help="queue mode: number of arrivals (default: 6000)")
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    parser.set_defaults(func=run)
+
+
+def _policies(args: argparse.Namespace) -> list[str]:
+    chosen = args.policy or [DEFAULT_POLICY]
+    if "all" in chosen:
+        return list(ALL_POLICIES)
+    return chosen
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the simulation the arguments describe; print results; return the exit code."""
+    try:
+        if args.mode == "queue":
+            return _run_queue(args)
+        return _run_fgd(args)
+    except GpuPoolError as e:
+        print(f"gpupool simulate: {e}", file=sys.stderr)
+        return 2
+
+
+def _run_fgd(args: argparse.Namespace) -> int:
+    nodes = load_nodes(args.nodes)
+    pods = load_pods(args.pods)
+    shapes = trace_shapes(pods)
+    results = []
+    for name in _policies(args):
+        if name not in policy_names():
+            print(f"gpupool simulate: unknown policy {name!r}: choose among {policy_names()}", file=sys.stderr)
+            return 2
+        progress = None if args.quiet else stderr_progress(f"{name} seed {args.seed}")
+        result = replay(nodes, pods, name, args.seed, shapes=shapes, progress=progress)
+        if progress is not None:
+            sys.stderr.write("\r" + " " * 40 + "\r")
+        results.append(result)
+        if args.json:
+            print(json.dumps(result.summary()))
+    if not args.json:
+        print(format_table(results))
+    if args.plot:
+        plot(results, args.plot, title=f"{args.pods}, seed {args.seed}")
+    return 0
+
+
+def format_table(results: Sequence[ReplayResult]) -> str:
+    """Return a text table of allocation and fragmentation % by arrived % for each run."""
+    head = "policy".ljust(12) + "".join(f"{p:>7}%" for p in REPORT_POINTS)
+    lines = ["GPU allocation % at arrived %", head]
+    for r in results:
+        lines.append(r.policy.ljust(12) + "".join(f"{r.alloc_at(p):8.2f}" for p in REPORT_POINTS))
+    lines += ["", "fragmentation % at arrived %", head]
+    for r in results:
+        lines.append(r.policy.ljust(12) + "".join(f"{r.frag.get(p, float('nan')):8.2f}" for p in REPORT_POINTS))
+    lines += ["", "policy".ljust(12) + "    pods  failed  seconds  decision ms p50/p99"]
+    for r in results:
+        s = r.summary()
+        lines.append(
+            f"{r.policy:<12}{r.pods:>8}{r.failed:>8}{r.seconds:>9.1f}  {s['decision_ms_p50']:.3f}/{s['decision_ms_p99']:.3f}"
+        )
+    return "\n".join(lines)
+
+
+def plot(results: Sequence[ReplayResult], path: str, title: str = "") -> None:
+    """Draw allocation % against arrived % for each run into a PNG file.
+
+    :param results: the runs (one line each)
+    :param path: the PNG file to write
+    :param title: the figure title
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for r in results:
+        ax.plot(r.arrived, r.alloc, label=f"{r.policy} ({r.alloc_at(130):.2f}% at 130%)", linewidth=1.2)
+    ax.plot([0, 130], [0, 100], color="grey", linewidth=0.6, linestyle=":")
+    ax.set_xlim(50, 131)
+    ax.set_ylim(50, 100)
+    ax.set_xlabel("arrived GPU demand, % of capacity")
+    ax.set_ylabel("allocated GPU, % of capacity")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _run_queue(args: argparse.Namespace) -> int:
+    from airflow_gpupool.sim.queue import QUEUE_BASELINE, simulate_queue
+
+    nodes = load_nodes(args.nodes)
+    pods = load_pods(args.pods)
+    names = args.policy or [DEFAULT_POLICY, QUEUE_BASELINE]
+    rows = []
+    for name in names:
+        if name != QUEUE_BASELINE and name not in policy_names():
+            print(f"gpupool simulate: unknown policy {name!r}", file=sys.stderr)
+            return 2
+        progress = None if args.quiet else stderr_progress(f"{name} load {args.load}")
+        out = simulate_queue(
+            nodes, pods, name, load=args.load, seed=args.seed, sample_nodes=args.queue_nodes,
+            arrivals=args.arrivals, progress=progress,
+        )
+        if progress is not None:
+            sys.stderr.write("\r" + " " * 40 + "\r")
+        rows.append(out)
+        if args.json:
+            print(json.dumps(out))
+    if not args.json:
+        print(f"{'policy':<14}{'load':>6}{'mean wait s':>13}{'p99 wait s':>13}{'mean alloc %':>14}{'frag mean %':>13}")
+        for r in rows:
+            print(
+                f"{r['policy']:<14}{r['load']:>6}{r['mean_wait_s']:>13.0f}{r['p99_wait_s']:>13.0f}"
+                f"{r['mean_alloc']:>14.2f}{r['frag_mean']:>13.2f}"
+            )
+    return 0
