@@ -55,6 +55,7 @@ def airflow_db() -> None:
 def emulator() -> Iterator[KubernetesEmulatorServer]:
     with KubernetesEmulatorServer(nodes=cluster_nodes(), default_duration_seconds=0.3) as server:
         os.environ["GPUPOOL_TEST_KUBECONFIG"] = server.kubeconfig_path
+        os.environ["KUBECONFIG"] = server.kubeconfig_path  # read by the example DAGs in dags/
         yield server
 
 

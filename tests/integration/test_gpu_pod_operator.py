@@ -225,3 +225,79 @@ def test_reservation_timeout_fails_and_names_the_blocker(run_dag, k8s, gpu_ledge
     gpu_ledger.release(blocker.id)
     assert_nothing_held(gpu_ledger)
 
+
+
+class FakeTaskInstance:
+    """The task-instance fields GpuPodOperator and KubernetesPodOperator read, with an in-memory XCom."""
+
+    def __init__(self, task_id: str) -> None:
+        import datetime
+
+        self.dag_id, self.task_id, self.map_index, self.try_number = "kill_test", task_id, -1, 1
+        self.run_id = "manual__2026-01-01T00:00:00+00:00"
+        self.start_date = datetime.datetime.now(tz=datetime.UTC)
+        self.xcoms: dict[str, Any] = {}
+
+    def xcom_push(self, key: str, value: Any) -> None:
+        self.xcoms[key] = value
+
+
+def test_on_kill_deletes_the_pod_and_releases(k8s, gpu_ledger: Ledger, monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from airflow_gpupool.operators import GpuPodOperator
+
+    monkeypatch.setenv("GPUPOOL_LEDGER_URL", gpu_ledger.url)
+    task = GpuPodOperator(
+        task_id="long-train",
+        name="long-train",
+        namespace="default",
+        image="train:1",
+        config_file=k8s.kubeconfig_path,
+        in_cluster=False,
+        get_logs=False,
+        startup_check_interval_seconds=1,
+        gpus=1,
+        ledger_conn_id=None,
+        annotations={"gpupool.emulator/duration-seconds": "60"},
+    )
+    ti = FakeTaskInstance("long-train")
+    context = {"ti": ti, "task_instance": ti, "run_id": ti.run_id, "dag": SimpleNamespace(dag_id=ti.dag_id)}
+    outcome: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            task.execute(context)  # type: ignore[arg-type]
+        except BaseException as e:  # the kill makes the task fail
+            outcome.append(e)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    deadline = time.monotonic() + 30
+    while not (k8s.created_pods() and k8s.pods()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pod_name = only_pod(k8s)["metadata"]["name"]
+    k8s.wait_for_pod(pod_name, phases={"Running"}, timeout=10)
+    assert len(gpu_ledger.snapshot().grants) == 1
+
+    task.on_kill()
+    worker.join(timeout=30)
+
+    assert k8s.pod(pod_name) is None, "on_kill deletes the pod"
+    (reservation,) = gpu_ledger.history()
+    assert reservation.state is ReservationState.RELEASED and reservation.message == "task killed"
+    assert ti.xcoms["gpupool_grant"]["reservation_id"] == reservation.id
+    assert_nothing_held(gpu_ledger)
+
+
+def test_example_dag_runs_under_dag_test(run_dag, k8s, gpu_ledger: Ledger) -> None:
+    dag_run = run_dag("example_gpu_pod")
+
+    assert task_state(dag_run) == "success"
+    pod = only_pod(k8s)
+    assert container(pod)["resources"]["limits"] == {
+        "nvidia.com/gpu": "1",
+        "nvidia.com/gpumem": "10240",
+        "nvidia.com/gpucores": "25",
+    }
+    assert_nothing_held(gpu_ledger)

@@ -1,0 +1,60 @@
+"""Slice bindings: the pod changes of each strategy, and which requests each can express."""
+
+from __future__ import annotations
+
+import pytest
+
+from airflow_gpupool.exceptions import ConfigurationError
+from airflow_gpupool.operators.binding import PodBinding, SliceFacts, binding_for
+from airflow_gpupool.resources import GpuRequest
+
+WHOLE2 = SliceFacts(gpus=2, gpu_uuids=("GPU-a", "GPU-b"), milli_per_gpu=1000, gpu_memory_mib=81920, mig_profile=None)
+QUARTER = SliceFacts(gpus=1, gpu_uuids=("GPU-a",), milli_per_gpu=250, gpu_memory_mib=10240, mig_profile=None)
+MIG = SliceFacts(gpus=0, gpu_uuids=("GPU-a",), milli_per_gpu=143, gpu_memory_mib=10240, mig_profile="1g.10gb")
+
+
+@pytest.mark.parametrize(
+    ("name", "request_", "facts", "expected"),
+    [
+        pytest.param("whole", GpuRequest(gpus=2), WHOLE2, PodBinding(limits={"nvidia.com/gpu": "2"}), id="whole"),
+        pytest.param("mig", GpuRequest(mig_profile="1g.10gb"), MIG, PodBinding(limits={"nvidia.com/mig-1g.10gb": "1"}), id="mig"),
+        pytest.param("mig", GpuRequest(gpus=2), WHOLE2, PodBinding(limits={"nvidia.com/gpu": "2"}), id="mig-pool-whole"),
+        pytest.param(
+            "hami",
+            GpuRequest(gpu_milli=250),
+            QUARTER,
+            PodBinding(limits={"nvidia.com/gpu": "1", "nvidia.com/gpumem": "10240", "nvidia.com/gpucores": "25"}),
+            id="hami-fraction",
+        ),
+        pytest.param(
+            "kai",
+            GpuRequest(gpu_milli=250),
+            QUARTER,
+            PodBinding(annotations={"gpu-fraction": "0.25"}, scheduler_name="kai-scheduler"),
+            id="kai-fraction",
+        ),
+        pytest.param(
+            "device", GpuRequest(gpus=2), WHOLE2, PodBinding(env={"NVIDIA_VISIBLE_DEVICES": "GPU-a,GPU-b"}), id="device"
+        ),
+    ],
+)
+def test_binding_pod_changes(name: str, request_: GpuRequest, facts: SliceFacts, expected: PodBinding) -> None:
+    assert binding_for(request_, name, "test").bind(facts) == expected
+
+
+@pytest.mark.parametrize(
+    ("name", "request_"),
+    [
+        pytest.param("whole", GpuRequest(gpu_milli=500), id="whole-cannot-share"),
+        pytest.param("hami", GpuRequest(mig_profile="1g.10gb"), id="hami-no-mig"),
+        pytest.param("device", GpuRequest(mig_profile="1g.10gb"), id="device-no-mig"),
+    ],
+)
+def test_binding_refuses_what_it_cannot_express(name: str, request_: GpuRequest) -> None:
+    with pytest.raises(ConfigurationError, match=f"binding '{name}' cannot express"):
+        binding_for(request_, name, "test")
+
+
+def test_unknown_binding_lists_the_choices() -> None:
+    with pytest.raises(ConfigurationError, match=r"choose one of \['device', 'hami', 'kai', 'mig', 'whole'\]"):
+        binding_for(GpuRequest(gpus=1), "nvlink", "test")

@@ -1,0 +1,107 @@
+"""ReservationTrigger and LeasedPodTrigger: serialization contract and events, on a real SQLite ledger."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import json
+from pathlib import Path
+
+import pytest
+
+from airflow_gpupool.ledger import Ledger
+from airflow_gpupool.resources import GpuRequest
+from airflow_gpupool.triggers import LeasedPodTrigger, ReservationTrigger
+from tests.ledger_fixtures import node
+
+
+def test_reservation_trigger_serializes_every_argument() -> None:
+    trigger = ReservationTrigger("gp-1", ledger_conn_id="pool_eu", ledger_url="sqlite:////x.db", poll_interval=2.5)
+    classpath, kwargs = trigger.serialize()
+    assert classpath == "airflow_gpupool.triggers.reservation.ReservationTrigger"
+    assert kwargs == {
+        "reservation_id": "gp-1",
+        "ledger_conn_id": "pool_eu",
+        "ledger_url": "sqlite:////x.db",
+        "poll_interval": 2.5,
+    }
+    assert ReservationTrigger(**kwargs).serialize() == (classpath, kwargs)
+
+
+def test_leased_pod_trigger_round_trips_pod_and_lease_arguments() -> None:
+    from airflow.providers.cncf.kubernetes.triggers.pod import KubernetesPodTrigger
+
+    pod_trigger = KubernetesPodTrigger(
+        pod_name="train-x",
+        pod_namespace="ml",
+        trigger_start_time=datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC),
+        poll_interval=3,
+        base_container_name="base",
+    )
+    leased = LeasedPodTrigger.wrap(pod_trigger, reservation_id="gp-2", ledger_conn_id=None, lease_ttl=90.0)
+    classpath, kwargs = leased.serialize()
+    assert classpath == "airflow_gpupool.triggers.pod.LeasedPodTrigger"
+    _, pod_kwargs = pod_trigger.serialize()
+    assert kwargs == {**pod_kwargs, "reservation_id": "gp-2", "ledger_conn_id": None, "ledger_url": None, "lease_ttl": 90.0}
+    assert LeasedPodTrigger(**kwargs).serialize() == (classpath, kwargs)
+
+
+@pytest.fixture
+def ledger_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    url = f"sqlite:///{tmp_path}/ledger.db"
+    Ledger.create(url).upsert_nodes([node("n1", gpus=1)])
+    monkeypatch.setenv("GPUPOOL_LEDGER_URL", url)
+    return url
+
+
+async def first_event(trigger: ReservationTrigger) -> dict:
+    async for event in trigger.run():
+        return event.payload
+    raise AssertionError("the trigger yielded nothing")
+
+
+def test_trigger_yields_granted_once_the_holder_releases(ledger_url: str) -> None:
+    ledger = Ledger(ledger_url)
+    holder = ledger.reserve(GpuRequest(gpus=1), "holder")
+    waiting = ledger.reserve(GpuRequest(gpus=1), "waiter")
+
+    async def scenario() -> dict:
+        task = asyncio.create_task(first_event(ReservationTrigger(waiting.id, None, poll_interval=0.05)))
+        await asyncio.sleep(0.2)
+        assert not task.done(), "the trigger must keep waiting while the GPU is held"
+        await asyncio.to_thread(ledger.release, holder.id)
+        return await asyncio.wait_for(task, 10)
+
+    event = asyncio.run(scenario())
+    assert event["status"] == "granted" and event["reservation_id"] == waiting.id
+    assert event["grant"]["node"] == "n1" and event["grant"]["gpu_indices"] == [0]
+    json.dumps(event)  # events must be plain JSON
+
+
+def test_two_copies_of_the_trigger_agree(ledger_url: str) -> None:
+    ledger = Ledger(ledger_url)
+    granted = ledger.reserve(GpuRequest(gpus=1), "a")
+
+    async def both() -> list[dict]:
+        triggers = [ReservationTrigger(granted.id, None, poll_interval=0.05) for _ in range(2)]
+        return list(await asyncio.gather(*(first_event(t) for t in triggers)))
+
+    first, second = asyncio.run(both())
+    assert first == second and first["status"] == "granted"
+
+
+def test_trigger_reports_timeout_with_the_blocker(ledger_url: str) -> None:
+    ledger = Ledger(ledger_url)
+    ledger.reserve(GpuRequest(gpus=1), "holder")
+    waiting = ledger.reserve(GpuRequest(gpus=1), "waiter", timeout=0.2)
+
+    event = asyncio.run(asyncio.wait_for(first_event(ReservationTrigger(waiting.id, None, poll_interval=0.05)), 10))
+
+    assert event["status"] == "timeout"
+    assert "n1: needs 1 free GPUs, 0 free of 1" in event["message"]
+
+
+def test_trigger_turns_failures_into_an_error_event(ledger_url: str) -> None:
+    event = asyncio.run(first_event(ReservationTrigger("no-such-reservation", None, poll_interval=0.05)))
+    assert event["status"] == "error"
+    assert "UnknownReservationError" in event["message"]
