@@ -32,7 +32,12 @@ def get_provider_info() -> dict[str, Any]:
                         "",
                         example="postgresql+psycopg://gpupool@db:5432/gpupool",
                     ),
-                    "placement_policy": _option("Placement policy of the ledger.", "bestfit", example="bestfit"),
+                    "placement_policy": _option(
+                        "Placement policy of the ledger; empty for the project's default (gpupool). "
+                        "See `gpupool simulate --policy all` to compare them on your trace.",
+                        "",
+                        example="fgd",
+                    ),
                     "lease_ttl_seconds": _option(
                         "Seconds a grant lives unless renewed; a dead holder's slice returns after this.",
                         "600",

@@ -17,7 +17,7 @@ LEDGER_URL_ENV = "GPUPOOL_LEDGER_URL"
 
 DEFAULTS: dict[str, str] = {
     "ledger_url": "",
-    "placement_policy": "bestfit",
+    "placement_policy": "",
     "lease_ttl_seconds": "600",
     "reservation_timeout_seconds": "300",
     "poll_interval_seconds": "5",
@@ -73,8 +73,10 @@ def ledger_url(explicit: str | None = None) -> str:
 
 
 def placement_policy() -> str:
-    """Return the name of the placement policy the ledger uses."""
-    return _get("placement_policy")
+    """Return the name of the placement policy the ledger uses (default: the project's own)."""
+    from airflow_gpupool.placement.policy import DEFAULT_POLICY
+
+    return _get("placement_policy") or DEFAULT_POLICY
 
 
 def lease_ttl_seconds() -> float:

@@ -28,8 +28,10 @@ from airflow_gpupool.exceptions import (
     UnknownReservationError,
 )
 from airflow_gpupool.ledger import schema
+from airflow_gpupool.ledger import statements as sql
 from airflow_gpupool.ledger.cache import CapacityCache, classes_from_counts
 from airflow_gpupool.ledger.engine import make_engine, read_transaction, transient_retry, write_transaction
+from airflow_gpupool.ledger.equivalence import EquivalenceIndex
 from airflow_gpupool.ledger.migrations import migrate, require_current
 from airflow_gpupool.ledger.models import (
     Grant,
@@ -132,6 +134,7 @@ class Ledger:
         self._clock = clock
         self.max_overtakes = max_overtakes if max_overtakes is not None else settings.max_overtakes()
         self._cache = CapacityCache()
+        self._equivalence = EquivalenceIndex()
         self._requests: dict[str, GpuRequest] = {}
         self._schema_checked = False
 
@@ -196,7 +199,7 @@ class Ledger:
 
     @staticmethod
     def _bump(conn: Connection, key: str, value: int) -> None:
-        conn.execute(update(schema.ledger_meta).where(schema.ledger_meta.c.key == key).values(value=value))
+        conn.execute(sql.BUMP_META, {"meta_key": key, "meta_value": value})
 
     @transient_retry
     def _read(self, fn: Callable[[Connection], T]) -> T:
@@ -547,7 +550,7 @@ class Ledger:
 
     @staticmethod
     def _row(conn: Connection, reservation_id: str) -> Row[Any]:
-        row = conn.execute(select(schema.reservations).where(schema.reservations.c.id == reservation_id)).first()
+        row = conn.execute(sql.ROW_BY_ID, {"id": reservation_id}).first()
         if row is None:
             raise UnknownReservationError(reservation_id)
         return row
@@ -618,15 +621,7 @@ class Ledger:
         return request
 
     def _expire_due(self, tx: _Tx) -> None:
-        r = schema.reservations.c
-        due = tx.conn.execute(
-            select(schema.reservations).where(
-                or_(
-                    and_(r.state == _GRANTED, r.expires_at < tx.now),
-                    and_(r.state == _WAITING, r.deadline < tx.now),
-                )
-            )
-        ).all()
+        due = tx.conn.execute(sql.DUE, {"now": tx.now}).all()
         for row in due:
             if row.state == _GRANTED:
                 log.warning("Lease of %s (holder %s) expired: returning its slice", row.id, row.holder)
@@ -661,11 +656,7 @@ class Ledger:
         return f"waited {waited:.0f}s with {ahead} request(s) ahead; {blocked}"
 
     def _end_waiting(self, tx: _Tx, row: Row[Any], state: ReservationState, message: str) -> None:
-        tx.conn.execute(
-            update(schema.reservations)
-            .where(schema.reservations.c.id == row.id)
-            .values(state=state.value, ended_at=tx.now, message=message)
-        )
+        tx.conn.execute(sql.END_ROW, {"rid": row.id, "new_state": state.value, "now": tx.now, "end_message": message})
         tx.dirty = True
 
     def _end_grant(self, tx: _Tx, row: Row[Any], state: ReservationState, message: str) -> None:
@@ -673,40 +664,30 @@ class Ledger:
         assignment = _assignment_of(row)
         d_train, d_infer = _class_delta(request)
         conn = tx.conn
-        n = schema.nodes.c
         counts = conn.execute(
-            update(schema.nodes)
-            .where(n.name == row.node)
-            .values(
-                cpu_free=n.cpu_free + request.cpu_milli,
-                memory_free=n.memory_free + request.memory_mib,
-                n_training=n.n_training - d_train,
-                n_inference=n.n_inference - d_infer,
-                version=tx.version,
-            )
-            .returning(n.n_training, n.n_inference, n.health, n.remove_when_drained)
+            sql.RETURN_NODE,
+            {
+                "at_node": row.node,
+                "cpu": request.cpu_milli,
+                "mem": request.memory_mib,
+                "training": d_train,
+                "inference": d_infer,
+                "new_version": tx.version,
+            },
         ).first()
         if assignment.mig_slice is not None:
-            conn.execute(
-                update(schema.mig_slices)
-                .where(schema.mig_slices.c.node == row.node, schema.mig_slices.c.slice_id == assignment.mig_slice)
-                .values(holder=None)
-            )
+            conn.execute(sql.RETURN_MIG, {"at_node": row.node, "at_slice": assignment.mig_slice})
         elif assignment.gpu_indices:
-            g = schema.gpus.c
             conn.execute(
-                update(schema.gpus)
-                .where(g.node == row.node, g.idx.in_(assignment.gpu_indices))
-                .values(
-                    free_milli=g.free_milli + assignment.milli_per_gpu,
-                    free_memory_mib=g.free_memory_mib + assignment.gpu_memory_mib,
-                )
+                sql.RETURN_GPUS,
+                {
+                    "at_node": row.node,
+                    "indices": list(assignment.gpu_indices),
+                    "milli": assignment.milli_per_gpu,
+                    "gmem": assignment.gpu_memory_mib,
+                },
             )
-        conn.execute(
-            update(schema.reservations)
-            .where(schema.reservations.c.id == row.id)
-            .values(state=state.value, ended_at=tx.now, message=message)
-        )
+        conn.execute(sql.END_ROW, {"rid": row.id, "new_state": state.value, "now": tx.now, "end_message": message})
         tx.dirty = True
         if counts is None:
             return
@@ -721,82 +702,60 @@ class Ledger:
         request = entry.request
         conn = tx.conn
         d_train, d_infer = _class_delta(request)
-        n = schema.nodes.c
-        updated = conn.execute(
-            update(schema.nodes)
-            .where(n.name == assignment.node, n.cpu_free >= request.cpu_milli, n.memory_free >= request.memory_mib)
-            .values(
-                cpu_free=n.cpu_free - request.cpu_milli,
-                memory_free=n.memory_free - request.memory_mib,
-                n_training=n.n_training + d_train,
-                n_inference=n.n_inference + d_infer,
-                version=tx.version,
-            )
+        node = assignment.node
+        taken = conn.execute(
+            sql.TAKE_NODE,
+            {
+                "at_node": node,
+                "cpu": request.cpu_milli,
+                "mem": request.memory_mib,
+                "training": d_train,
+                "inference": d_infer,
+                "new_version": tx.version,
+            },
         ).rowcount
-        if updated != 1:
-            raise _StaleCacheError(assignment.node)
+        if taken != 1:
+            raise _StaleCacheError(node)
         if assignment.mig_slice is not None:
-            m = schema.mig_slices.c
-            taken = conn.execute(
-                update(schema.mig_slices)
-                .where(m.node == assignment.node, m.slice_id == assignment.mig_slice, m.holder.is_(None))
-                .values(holder=entry.request_id)
-            ).rowcount
-            if taken != 1:
-                raise _StaleCacheError(assignment.node)
+            args = {"at_node": node, "at_slice": assignment.mig_slice, "rid": entry.request_id}
+            if conn.execute(sql.TAKE_MIG, args).rowcount != 1:
+                raise _StaleCacheError(node)
         elif assignment.gpu_indices:
-            g = schema.gpus.c
-            taken = conn.execute(
-                update(schema.gpus)
-                .where(
-                    g.node == assignment.node,
-                    g.idx.in_(assignment.gpu_indices),
-                    g.free_milli >= assignment.milli_per_gpu,
-                    g.free_memory_mib >= assignment.gpu_memory_mib,
-                    g.partitioned.is_(False),
-                )
-                .values(
-                    free_milli=g.free_milli - assignment.milli_per_gpu,
-                    free_memory_mib=g.free_memory_mib - assignment.gpu_memory_mib,
-                )
-            ).rowcount
-            if taken != len(assignment.gpu_indices):
-                raise _StaleCacheError(assignment.node)
-        row_ttl = conn.execute(
-            update(schema.reservations)
-            .where(schema.reservations.c.id == entry.request_id, schema.reservations.c.state == _WAITING)
-            .values(
-                state=_GRANTED,
-                granted_at=tx.now,
-                node=assignment.node,
-                gpu_indices=json.dumps(list(assignment.gpu_indices)),
-                milli_per_gpu=assignment.milli_per_gpu,
-                gpu_memory_mib=assignment.gpu_memory_mib,
-                mig_slice=assignment.mig_slice,
-                message=None,
-                expires_at=tx.now + schema.reservations.c.ttl,
-            )
+            args = {
+                "at_node": node,
+                "indices": list(assignment.gpu_indices),
+                "milli": assignment.milli_per_gpu,
+                "gmem": assignment.gpu_memory_mib,
+            }
+            if conn.execute(sql.TAKE_GPUS, args).rowcount != len(assignment.gpu_indices):
+                raise _StaleCacheError(node)
+        granted = conn.execute(
+            sql.GRANT_ROW,
+            {
+                "rid": entry.request_id,
+                "now": tx.now,
+                "granted_node": node,
+                "indices_json": json.dumps(list(assignment.gpu_indices)),
+                "milli": assignment.milli_per_gpu,
+                "gmem": assignment.gpu_memory_mib,
+                "granted_slice": assignment.mig_slice,
+            },
         ).rowcount
-        if row_ttl != 1:
+        if granted != 1:
             raise _StaleCacheError(entry.request_id)
-        tx.nodes[assignment.node] = allocate(tx.nodes[assignment.node], request, assignment)
+        tx.nodes[node] = allocate(tx.nodes[node], request, assignment)
         tx.granted.append(entry.request_id)
         tx.assignments[entry.request_id] = assignment
         tx.dirty = True
 
     def _serve(self, tx: _Tx) -> None:
-        r = schema.reservations.c
-        rows = tx.conn.execute(
-            select(r.id, r.request, r.seq, r.overtakes)
-            .where(r.state == _WAITING)
-            .order_by(r.priority.desc(), r.seq)
-        ).all()
+        rows = tx.conn.execute(sql.WAITING).all()
         if not rows:
             return
         entries = [QueueEntry(row.id, self._request_of(row), row.seq, row.overtakes) for row in rows]
 
         def try_place(entry: QueueEntry) -> Assignment | None:
-            verdict = self.policy.place(tx.snapshot(), entry.request)
+            verdict = self.policy.place(self._equivalence.representatives(tx.nodes.values()), entry.request)
             if isinstance(verdict, NoFit):
                 return None
             self._grant(tx, entry, verdict)
@@ -804,7 +763,7 @@ class Ledger:
 
         outcome = serve(entries, try_place, self.max_overtakes)
         for rid, count in outcome.overtakes.items():
-            tx.conn.execute(update(schema.reservations).where(r.id == rid).values(overtakes=count))
+            tx.conn.execute(sql.SET_OVERTAKES, {"rid": rid, "overtake_count": count})
         if outcome.barrier is not None:
             log.info("Queue held for %s: its overtake budget (%d) is spent", outcome.barrier, self.max_overtakes)
 
@@ -927,7 +886,7 @@ class Ledger:
 
 
 def _read_meta(conn: Connection) -> dict[str, int]:
-    return {key: value for key, value in conn.execute(select(schema.ledger_meta.c.key, schema.ledger_meta.c.value))}
+    return {key: value for key, value in conn.execute(sql.READ_META)}
 
 
 def _positive_seconds(name: str, value: float | None, default: Callable[[], float]) -> float:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from alembic.operations import Operations
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import Connection, Engine, inspect, insert, select
+from sqlalchemy import Connection, Engine, insert, inspect, select
 
 from airflow_gpupool.exceptions import LedgerSchemaError
 from airflow_gpupool.ledger import schema

@@ -1,0 +1,100 @@
+"""The statements on the ledger's hot path, built once with bind parameters.
+
+Building a SQLAlchemy Core statement costs more than running it on a local database, so
+the statements every reserve and release runs are constructed here, once per process.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import and_, bindparam, or_, select, update
+
+from airflow_gpupool.ledger import schema
+
+_n = schema.nodes.c
+_g = schema.gpus.c
+_m = schema.mig_slices.c
+_r = schema.reservations.c
+
+READ_META = select(schema.ledger_meta.c.key, schema.ledger_meta.c.value)
+BUMP_META = (
+    update(schema.ledger_meta).where(schema.ledger_meta.c.key == bindparam("meta_key")).values(value=bindparam("meta_value"))
+)
+ROW_BY_ID = select(schema.reservations).where(_r.id == bindparam("id"))
+DUE = select(schema.reservations).where(
+    or_(
+        and_(_r.state == "granted", _r.expires_at < bindparam("now")),
+        and_(_r.state == "waiting", _r.deadline < bindparam("now")),
+    )
+)
+WAITING = select(_r.id, _r.request, _r.seq, _r.overtakes).where(_r.state == "waiting").order_by(_r.priority.desc(), _r.seq)
+SET_OVERTAKES = update(schema.reservations).where(_r.id == bindparam("rid")).values(overtakes=bindparam("overtake_count"))
+
+TAKE_NODE = (
+    update(schema.nodes)
+    .where(_n.name == bindparam("at_node"), _n.cpu_free >= bindparam("cpu"), _n.memory_free >= bindparam("mem"))
+    .values(
+        cpu_free=_n.cpu_free - bindparam("cpu"),
+        memory_free=_n.memory_free - bindparam("mem"),
+        n_training=_n.n_training + bindparam("training"),
+        n_inference=_n.n_inference + bindparam("inference"),
+        version=bindparam("new_version"),
+    )
+)
+RETURN_NODE = (
+    update(schema.nodes)
+    .where(_n.name == bindparam("at_node"))
+    .values(
+        cpu_free=_n.cpu_free + bindparam("cpu"),
+        memory_free=_n.memory_free + bindparam("mem"),
+        n_training=_n.n_training - bindparam("training"),
+        n_inference=_n.n_inference - bindparam("inference"),
+        version=bindparam("new_version"),
+    )
+    .returning(_n.n_training, _n.n_inference, _n.health, _n.remove_when_drained)
+)
+TAKE_GPUS = (
+    update(schema.gpus)
+    .where(
+        _g.node == bindparam("at_node"),
+        _g.idx.in_(bindparam("indices", expanding=True)),
+        _g.free_milli >= bindparam("milli"),
+        _g.free_memory_mib >= bindparam("gmem"),
+        _g.partitioned.is_(False),
+    )
+    .values(free_milli=_g.free_milli - bindparam("milli"), free_memory_mib=_g.free_memory_mib - bindparam("gmem"))
+)
+RETURN_GPUS = (
+    update(schema.gpus)
+    .where(_g.node == bindparam("at_node"), _g.idx.in_(bindparam("indices", expanding=True)))
+    .values(free_milli=_g.free_milli + bindparam("milli"), free_memory_mib=_g.free_memory_mib + bindparam("gmem"))
+)
+TAKE_MIG = (
+    update(schema.mig_slices)
+    .where(_m.node == bindparam("at_node"), _m.slice_id == bindparam("at_slice"), _m.holder.is_(None))
+    .values(holder=bindparam("rid"))
+)
+RETURN_MIG = (
+    update(schema.mig_slices)
+    .where(_m.node == bindparam("at_node"), _m.slice_id == bindparam("at_slice"))
+    .values(holder=None)
+)
+GRANT_ROW = (
+    update(schema.reservations)
+    .where(_r.id == bindparam("rid"), _r.state == "waiting")
+    .values(
+        state="granted",
+        granted_at=bindparam("now"),
+        node=bindparam("granted_node"),
+        gpu_indices=bindparam("indices_json"),
+        milli_per_gpu=bindparam("milli"),
+        gpu_memory_mib=bindparam("gmem"),
+        mig_slice=bindparam("granted_slice"),
+        message=None,
+        expires_at=bindparam("now") + _r.ttl,
+    )
+)
+END_ROW = (
+    update(schema.reservations)
+    .where(_r.id == bindparam("rid"))
+    .values(state=bindparam("new_state"), ended_at=bindparam("now"), message=bindparam("end_message"))
+)
