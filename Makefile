@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml constraints.txt
 install: $(STAMP)
 
 lint: install
-	$(BIN)/ruff check airflow_gpupool tests benchmarks
+	$(BIN)/ruff check airflow_gpupool tests benchmarks dags
 	$(BIN)/mypy
 
 test: lint

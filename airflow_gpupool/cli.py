@@ -159,7 +159,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_reserve(args: argparse.Namespace) -> int:
     """Reserve a slice by hand (debugging a pool)."""
-    from airflow_gpupool.resources import GpuRequest
+    from airflow_gpupool.resources import GpuRequest, WorkloadClass
 
     request = GpuRequest(
         cpu_milli=args.cpu_milli,
@@ -169,8 +169,8 @@ def cmd_reserve(args: argparse.Namespace) -> int:
         gpu_memory_mib=args.gpu_memory_mib,
         mig_profile=args.mig_profile,
         gpu_models=frozenset(args.gpu_model or ()),
-        node_labels=dict(_label(x) for x in args.label or ()),
-        workload_class=args.workload_class,
+        node_labels=tuple(_label(x) for x in args.label or ()),
+        workload_class=WorkloadClass(args.workload_class),
         priority=args.priority,
         team=args.team,
     )

@@ -22,18 +22,18 @@ from sqlalchemy.engine import make_url
 from airflow_gpupool.exceptions import ConfigurationError
 from airflow_gpupool.ledger import Ledger, ReservationState
 from airflow_gpupool.ledger.engine import normalize_url
-from airflow_gpupool.resources import GpuDevice, GpuRequest, MigSlice, NodeInventory
+from airflow_gpupool.resources import GpuDevice, GpuRequest, MigSlice, NodeInventory, WorkloadClass
 
 BENCH_SCHEMA = "gpupool_bench"
 
 #: Mixed request shapes: whole GPUs, fractions (with and without GPU memory) and MIG slices.
 SHAPES = (
     GpuRequest(gpus=1, cpu_milli=8000, memory_mib=32768),
-    GpuRequest(gpus=2, cpu_milli=16000, memory_mib=65536, workload_class="training"),
-    GpuRequest(gpu_milli=250, cpu_milli=2000, memory_mib=8192, workload_class="inference"),
+    GpuRequest(gpus=2, cpu_milli=16000, memory_mib=65536, workload_class=WorkloadClass.TRAINING),
+    GpuRequest(gpu_milli=250, cpu_milli=2000, memory_mib=8192, workload_class=WorkloadClass.INFERENCE),
     GpuRequest(gpu_milli=500, gpu_memory_mib=20480, cpu_milli=4000, memory_mib=16384),
     GpuRequest(mig_profile="1g.10gb", cpu_milli=2000, memory_mib=8192),
-    GpuRequest(mig_profile="3g.40gb", cpu_milli=4000, memory_mib=16384, workload_class="training"),
+    GpuRequest(mig_profile="3g.40gb", cpu_milli=4000, memory_mib=16384, workload_class=WorkloadClass.TRAINING),
 )
 
 

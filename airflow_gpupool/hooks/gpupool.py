@@ -228,6 +228,7 @@ class AsyncGpuPoolHook(GpuPoolHook):
             extras: dict[str, Any] = {}
             source = "[gpupool] configuration"
             if self.ledger_conn_id:
+                conn: Any
                 try:
                     conn = await self.aget_connection(str(self.ledger_conn_id))
                 except Exception as e:

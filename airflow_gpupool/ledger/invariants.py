@@ -81,6 +81,11 @@ def find_violations(conn: Connection, request_of: Callable[[Row[Any]], GpuReques
         out += _node_violations(node, node_use[name])
     for key, gpu in gpus.items():
         out += _gpu_violations(gpu, *gpu_use[key])
+    return out + _mig_violations(migs, slice_holders)
+
+
+def _mig_violations(migs: dict[tuple[str, str], Row[Any]], slice_holders: dict[tuple[str, str], list[str]]) -> list[str]:
+    out = []
     for key, mig in migs.items():
         holders = slice_holders.get(key, [])
         if len(holders) > 1:

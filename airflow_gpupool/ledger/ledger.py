@@ -224,7 +224,9 @@ class Ledger:
             raise InvalidInventoryError("nodes", sorted(n for n in names if names.count(n) > 1), "unique node names")
 
         def run(tx: _Tx) -> InventoryChange:
-            added, updated, unchanged = [], [], []
+            added: list[str] = []
+            updated: list[str] = []
+            unchanged: list[str] = []
             for node in nodes:
                 outcome = self._upsert_node(tx, node)
                 {"added": added, "updated": updated, "unchanged": unchanged}[outcome].append(node.name)
@@ -613,7 +615,7 @@ class Ledger:
 
     # -- internals: grants, expiry, queue ------------------------------------------------------
 
-    def _request_of(self, row: Row[Any]) -> GpuRequest:
+    def _request_of(self, row: Any) -> GpuRequest:
         request = self._requests.get(row.id)
         if request is None:
             request = GpuRequest.from_dict(json.loads(row.request))
@@ -717,11 +719,11 @@ class Ledger:
         if taken != 1:
             raise _StaleCacheError(node)
         if assignment.mig_slice is not None:
-            args = {"at_node": node, "at_slice": assignment.mig_slice, "rid": entry.request_id}
-            if conn.execute(sql.TAKE_MIG, args).rowcount != 1:
+            taken_slice = {"at_node": node, "at_slice": assignment.mig_slice, "rid": entry.request_id}
+            if conn.execute(sql.TAKE_MIG, taken_slice).rowcount != 1:
                 raise _StaleCacheError(node)
         elif assignment.gpu_indices:
-            args = {
+            args: dict[str, Any] = {
                 "at_node": node,
                 "indices": list(assignment.gpu_indices),
                 "milli": assignment.milli_per_gpu,

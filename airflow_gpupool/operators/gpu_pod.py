@@ -6,7 +6,7 @@ import hashlib
 import socket
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -16,7 +16,12 @@ from airflow.providers.cncf.kubernetes.triggers.pod import KubernetesPodTrigger
 from airflow.sdk.exceptions import TaskDeferred
 
 from airflow_gpupool import settings
-from airflow_gpupool.exceptions import ConfigurationError, GpuPoolError, InvalidRequestError, ReservationTimeoutError
+from airflow_gpupool.exceptions import (
+    ConfigurationError,
+    GpuPoolError,
+    InvalidRequestError,
+    ReservationTimeoutError,
+)
 from airflow_gpupool.hooks.gpupool import GpuPoolHook
 from airflow_gpupool.ledger.models import Grant, ReservationState
 from airflow_gpupool.operators.binding import SliceFacts, binding_for, check_binding_name
@@ -26,9 +31,8 @@ from airflow_gpupool.triggers.pod import LeasedPodTrigger
 from airflow_gpupool.triggers.reservation import ReservationEventStatus, ReservationTrigger
 
 if TYPE_CHECKING:
-    from kubernetes.client import models as k8s
-
     from airflow.sdk import Context
+    from kubernetes.client import models as k8s
 
 XCOM_GRANT_KEY = "gpupool_grant"
 _INT_FIELDS = ("gpus", "gpu_milli", "gpu_memory_mib", "priority")
@@ -45,16 +49,26 @@ def _templated(value: Any) -> bool:
 
 
 class _LeaseRenewer(threading.Thread):
-    """Renew a grant's lease every ``ttl / 3`` while a sync pod runs."""
+    """Renew a grant's lease every ``ttl / 3`` while a sync pod runs.
 
-    def __init__(self, hook: GpuPoolHook, reservation_id: str, ttl: float, log: Any) -> None:
+    Each round first reconciles the grant with its pod: a pod that finished or vanished
+    behind the operator's back gives its slice back instead of holding it until the TTL.
+    """
+
+    def __init__(
+        self, hook: GpuPoolHook, reservation_id: str, ttl: float, log: Any, reconcile: Callable[[], str | None]
+    ) -> None:
         super().__init__(name=f"gpupool-lease-{reservation_id}", daemon=True)
-        self._hook, self._id, self._ttl, self._log = hook, reservation_id, ttl, log
+        self._hook, self._id, self._ttl, self._log, self._reconcile = hook, reservation_id, ttl, log, reconcile
         self._stopped = threading.Event()
 
     def run(self) -> None:
         while not self._stopped.wait(self._ttl / 3):
             try:
+                released = self._reconcile()
+                if released is not None:
+                    self._log.error("GPU slice %s released by reconcile: %s", self._id, released)
+                    return
                 self._hook.renew(self._id, self._ttl)
             except GpuPoolError as e:
                 self._log.error("Lease of %s can no longer be renewed: %s", self._id, e)
@@ -292,7 +306,7 @@ class GpuPodOperator(KubernetesPodOperator):
         self.log.info("Granted %s on node %s GPU %s; launching the pod", request.describe(), grant.node, where)
         context["ti"].xcom_push(key=XCOM_GRANT_KEY, value={"reservation_id": rid, **grant.to_dict()})
         ttl = self.lease_ttl or self.gpu_hook.options.lease_ttl_seconds
-        renewer = _LeaseRenewer(self.gpu_hook, rid, ttl, self.log)
+        renewer = _LeaseRenewer(self.gpu_hook, rid, ttl, self.log, lambda: self._reconcile_own_grant(rid))
         renewer.start()
         try:
             result = super().execute(context)
@@ -305,6 +319,13 @@ class GpuPodOperator(KubernetesPodOperator):
             renewer.stop()
         self._release(rid, "pod succeeded")
         return result
+
+    def _reconcile_own_grant(self, rid: str) -> str | None:
+        from airflow_gpupool.inventory.kubernetes import reconcile_grant
+
+        # The pod may take up to the launch timeout to appear; only then is "no pod" news.
+        grace = float(self.startup_timeout_seconds) + 60
+        return reconcile_grant(self.gpu_hook.ledger, self.client, rid, grace_seconds=grace)
 
     def _binding_for(self, request: GpuRequest, grant: Grant) -> Any:
         options = self.gpu_hook.options

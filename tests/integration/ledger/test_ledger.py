@@ -283,11 +283,11 @@ def test_empty_inventory_is_a_clear_error(ledger: Ledger) -> None:
 @pytest.mark.parametrize(
     ("call", "field"),
     [
-        pytest.param(lambda l: l.reserve("1 gpu", "a"), "request", id="request-not-a-GpuRequest"),
-        pytest.param(lambda l: l.reserve(GpuRequest(gpus=1), ""), "holder", id="empty-holder"),
-        pytest.param(lambda l: l.reserve(GpuRequest(gpus=1), "a", ttl=-5), "ttl", id="negative-ttl"),
-        pytest.param(lambda l: l.reserve(GpuRequest(gpus=1), "a", timeout="soon"), "timeout", id="timeout-str"),
-        pytest.param(lambda l: l.reserve(GpuRequest(gpus=1), "a", reservation_id="x" * 65), "reservation_id", id="id-too-long"),
+        pytest.param(lambda ledger: ledger.reserve("1 gpu", "a"), "request", id="request-not-a-GpuRequest"),
+        pytest.param(lambda ledger: ledger.reserve(GpuRequest(gpus=1), ""), "holder", id="empty-holder"),
+        pytest.param(lambda ledger: ledger.reserve(GpuRequest(gpus=1), "a", ttl=-5), "ttl", id="negative-ttl"),
+        pytest.param(lambda ledger: ledger.reserve(GpuRequest(gpus=1), "a", timeout="soon"), "timeout", id="timeout-str"),
+        pytest.param(lambda ledger: ledger.reserve(GpuRequest(gpus=1), "a", reservation_id="x" * 65), "reservation_id", id="id-too-long"),
     ],
 )
 def test_bad_arguments_are_typed_errors_and_change_nothing(ledger: Ledger, call, field: str) -> None:
