@@ -75,12 +75,18 @@ def race_client(url: str, index: int, ready: Any, go: Any, seconds: float, out: 
         out.put(stats)
 
 
-def hold_everything_then_hang(url: str, out: Any) -> None:
-    """Take every GPU with a short lease, tell the parent, then hang until killed."""
+def hold_everything_until_killed(url: str, out: Any) -> None:
+    """Take every GPU with a short lease, tell the parent, then keep the lease alive until killed.
+
+    Renewing like a live worker does means the lease cannot run out before the kill, however
+    slowly a loaded machine runs the parent: only the kill lets it expire.
+    """
     ledger = Ledger(url, **OPTIONS)
     reservation = ledger.reserve(GpuRequest(gpus=2), "doomed-child", ttl=1.5, timeout=60)
     out.put((reservation.id, reservation.state.value))
-    threading.Event().wait()
+    stop = threading.Event()
+    while not stop.wait(0.2):
+        ledger.renew(reservation.id)
 
 
 def states_in_database(url: str) -> Counter[str]:
@@ -103,11 +109,17 @@ def run_race(url: str, clients: int, seconds: float) -> None:
         p.start()
     try:
         assert sorted(ready.get(timeout=120) for _ in procs) == list(range(clients))
+        # The parent holds two whole nodes for the first half: the clients must queue for the rest.
+        blockers = [ledger.reserve(GpuRequest(gpus=2), "parent", ttl=60, timeout=60) for _ in range(2)]
+        assert [b.state for b in blockers] == [ReservationState.GRANTED] * 2
         go.set()
-        deadline = time.time() + seconds
+        started = time.time()
         samples: list[list[str]] = []
-        while time.time() < deadline:
+        while blockers or time.time() < started + seconds or len(samples) < 3:
             samples.append(ledger.check_invariants())
+            if blockers and time.time() > started + seconds / 2:
+                assert all(ledger.release(b.id).released for b in blockers)
+                blockers = []
             time.sleep(0.3)
         results = [out.get(timeout=120) for _ in procs]
         for p in procs:
@@ -128,8 +140,10 @@ def run_race(url: str, clients: int, seconds: float) -> None:
     reserved = sum(r["reserved"] for r in results)
     assert sum(released.values()) == reserved > 0
     assert sum(r["queued"] for r in results) > 0, "the inventory is small enough that some requests queue"
-    # Every reservation ended by its client: grants released, waiting requests withdrawn (+ drops zeros).
-    assert states_in_database(url) == +Counter({"released": released["granted"], "cancelled": released["waiting"]})
+    # Every reservation ended by its holder: grants released (the parent's two included), waiting
+    # requests withdrawn; unary + drops a zero count.
+    expected = Counter({"released": released["granted"] + 2, "cancelled": released["waiting"]})
+    assert states_in_database(url) == +expected
     ledger.close()
 
 
@@ -147,13 +161,14 @@ def test_killed_holder_lease_expires_and_queue_is_served(ledger_url: str) -> Non
     ledger.upsert_nodes([node("k1", gpus=2)])
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    child = ctx.Process(target=hold_everything_then_hang, args=(ledger_url, out), daemon=True)
+    child = ctx.Process(target=hold_everything_until_killed, args=(ledger_url, out), daemon=True)
     child.start()
     try:
         doomed_id, state = out.get(timeout=120)
         assert state == "granted"
         queued = ledger.reserve(GpuRequest(gpus=1), "survivor", ttl=60, timeout=120)
         assert queued.state is ReservationState.WAITING and queued.position == 1
+        assert ledger.get(doomed_id).state is ReservationState.GRANTED
 
         os.kill(child.pid, signal.SIGKILL)
         child.join(timeout=30)
