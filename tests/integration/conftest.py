@@ -45,7 +45,7 @@ def ledger_inventory() -> list[Any]:
 @pytest.fixture(scope="session")
 def airflow_db() -> None:
     """Migrate the session's Airflow metadata DB (SQLite under the test AIRFLOW_HOME)."""
-    os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(DAGS_FOLDER)
+    assert os.environ["AIRFLOW__CORE__DAGS_FOLDER"] == str(DAGS_FOLDER), "set in tests/conftest.py"
     subprocess.run(
         [sys.executable, "-m", "airflow", "db", "migrate"], check=True, capture_output=True, env=os.environ.copy()
     )
