@@ -32,7 +32,6 @@ import json
 import logging
 import os
 import re
-import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -571,7 +570,7 @@ def reconcile_grant(
     :param core_v1_api: a ``kubernetes.client.CoreV1Api``
     :param reservation_id: the grant
     :param grace_seconds: how long the grant may wait for its pod
-    :param now: the time the grant is aged against (default: ``time.time()``)
+    :param now: the time the grant is aged against (default: the ledger's clock)
     :return: why it was released, or None when it was kept (or was no live grant)
     """
     reservation = ledger.get_or_none(reservation_id)
@@ -579,7 +578,7 @@ def reconcile_grant(
         return None
     pods = _pods_by_reservation(core_v1_api, f"{RESERVATION_LABEL}={reservation_id}")
     reason = _verdict(
-        reservation, pods.get(reservation_id, []), time.time() if now is None else now, grace_seconds
+        reservation, pods.get(reservation_id, []), ledger.now() if now is None else now, grace_seconds
     )
     if reason is None or not ledger.release(reservation_id, reason=f"reconcile: {reason}").released:
         return None

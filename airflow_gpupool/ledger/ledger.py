@@ -161,6 +161,10 @@ class Ledger:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def now(self) -> float:
+        """Return the ledger's clock (seconds since the epoch): what leases and timeouts are measured on."""
+        return self._clock()
+
     @property
     def dialect(self) -> str:
         """``sqlite`` or ``postgresql``."""
