@@ -52,7 +52,20 @@ def register(subparsers: Any) -> None:
         default=100,
         help="queue mode: nodes sampled from the cluster (default: 100; 0 = all)",
     )
-    parser.add_argument("--arrivals", type=int, default=6000, help="queue mode: number of arrivals (default: 6000)")
+    parser.add_argument(
+        "--arrivals",
+        type=int,
+        default=0,
+        help="queue mode: number of arrivals, the first 20%% of their span a warm-up "
+        "(default: 0 = as many as --warmup-hours + --hours need)",
+    )
+    parser.add_argument(
+        "--warmup-hours",
+        type=float,
+        default=24.0,
+        help="queue mode: simulated hours before the measured window (default: 24, the longest duration)",
+    )
+    parser.add_argument("--hours", type=float, default=48.0, help="queue mode: simulated hours measured (default: 48)")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     parser.set_defaults(func=run)
 
@@ -158,7 +171,8 @@ def _run_queue(args: argparse.Namespace) -> int:
         progress = None if args.quiet else stderr_progress(f"{name} load {args.load}")
         out = simulate_queue(
             nodes, pods, name, load=args.load, seed=args.seed, sample_nodes=args.queue_nodes,
-            arrivals=args.arrivals, progress=progress,
+            arrivals=args.arrivals, warmup_s=args.warmup_hours * 3600, window_s=args.hours * 3600,
+            progress=progress,
         )
         if progress is not None:
             sys.stderr.write("\r" + " " * 40 + "\r")
@@ -166,10 +180,13 @@ def _run_queue(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(out))
     if not args.json:
-        print(f"{'policy':<14}{'load':>6}{'mean wait s':>13}{'p99 wait s':>13}{'mean alloc %':>14}{'frag mean %':>13}")
+        print(
+            f"{'policy':<14}{'load':>6}{'offered':>9}{'mean wait s':>13}{'p99 wait s':>13}{'mean alloc %':>14}"
+            f"{'frag mean %':>13}{'waiting':>9}"
+        )
         for r in rows:
             print(
-                f"{r['policy']:<14}{r['load']:>6}{r['mean_wait_s']:>13.0f}{r['p99_wait_s']:>13.0f}"
-                f"{r['mean_alloc']:>14.2f}{r['frag_mean']:>13.2f}"
+                f"{r['policy']:<14}{r['load']:>6}{r['offered_load']:>9.3f}{r['mean_wait_s']:>13.0f}"
+                f"{r['p99_wait_s']:>13.0f}{r['mean_alloc']:>14.2f}{r['frag_mean']:>13.2f}{r['still_waiting']:>9}"
             )
     return 0

@@ -1,7 +1,9 @@
 """Queue mode: arrivals and departures over time, served by the ledger's queue rule.
 
 Pod shapes and durations (``deletion_time − creation_time``, capped at 24 h) come from the
-trace; arrivals are Poisson, at the rate that offers ``load`` × the cluster's GPU capacity.
+trace; arrivals are Poisson, at the rate that offers ``load`` × the cluster's GPU capacity
+(rate × mean(GPU milli × duration) = load × capacity). A third of the GPU time is in tasks
+capped at 24 h, so the run warms up for 24 h and measures the window after it only.
 Priorities come from the QoS class (LS > Burstable/Guaranteed > BE). After every arrival
 and departure the waiting requests are served by
 :func:`airflow_gpupool.placement.queue.serve`, exactly as the ledger serves them.
@@ -72,6 +74,18 @@ def _workload(pods: Sequence[TracePod]) -> tuple[list[TracePod], np.ndarray]:
     return usable, durations
 
 
+def offered_rate(capacity_milli: int, gpu_milli: np.ndarray, durations: np.ndarray, load: float) -> float:
+    """Return the arrival rate (per second) that offers ``load`` × the GPU capacity.
+
+    Offered load = rate × E[GPU milli × duration] / capacity, so the rate is
+    ``load × capacity / mean(GPU milli × duration)`` over the pods arrivals are drawn from.
+    """
+    work = float(np.mean(gpu_milli * durations))
+    if work <= 0:
+        raise ValueError("queue mode needs pods that ask for GPU time")
+    return load * capacity_milli / work
+
+
 def simulate_queue(
     nodes: Sequence[NodeState],
     pods: Sequence[TracePod],
@@ -80,11 +94,21 @@ def simulate_queue(
     load: float = 1.0,
     seed: int = 42,
     sample_nodes: int = 100,
-    arrivals: int = 6000,
+    arrivals: int = 0,
+    warmup_s: float = MAX_DURATION_S,
+    window_s: float = 2 * MAX_DURATION_S,
     max_overtakes: int = MAX_OVERTAKES,
     progress: Callable[[float], None] | None = None,
 ) -> dict[str, Any]:
     """Simulate the queue and return mean and p99 wait, mean allocation and fragmentation.
+
+    Arrivals are Poisson over ``warmup_s + window_s``; everything is measured over the
+    steady-state window only: allocation and fragmentation are time averages from the end
+    of the warm-up to the last arrival, and waits are those of the requests that arrive in
+    the window (a request still waiting at the end counts the wait so far, and is counted
+    in ``still_waiting``). The warm-up defaults to the longest duration (24 h): from then on
+    every task running started after the beginning, so the running set no longer depends
+    on the empty start.
 
     :param nodes: the cluster
     :param pods: the trace (needs ``creation_time`` and ``deletion_time``)
@@ -92,7 +116,10 @@ def simulate_queue(
     :param load: offered GPU load as a share of the capacity
     :param seed: node sample, arrival and tie-break seed
     :param sample_nodes: nodes sampled from the cluster (0: all)
-    :param arrivals: number of arrivals
+    :param arrivals: number of arrivals instead of the time span (0: as many as the span
+        needs); the warm-up is then the first 20 % of the arrivals' span
+    :param warmup_s: simulated seconds before the measured window
+    :param window_s: simulated seconds measured
     :param max_overtakes: no-starvation bound of the project's queue
     :param progress: called with the fraction done, now and then
     """
@@ -103,16 +130,20 @@ def simulate_queue(
     if not usable:
         raise ValueError("queue mode needs pods with creation_time < deletion_time")
     capacity = ClusterSnapshot(tuple(nodes)).gpu_capacity_milli
-    work = np.array([p.gpu_milli for p in usable]) * durations
-    rate = load * capacity / work.mean()
-    times = np.cumsum(rng.exponential(1 / rate, arrivals))
+    rate = offered_rate(capacity, np.array([p.gpu_milli for p in usable], dtype=np.float64), durations, load)
+    if arrivals <= 0:
+        arrivals = max(int(rate * (warmup_s + window_s)), 1)
+        times = np.cumsum(rng.exponential(1 / rate, arrivals))
+        warm = float(warmup_s)
+    else:
+        times = np.cumsum(rng.exponential(1 / rate, arrivals))
+        warm = 0.2 * float(times[-1])
     picks = rng.integers(len(usable), size=arrivals)
     baseline = policy == QUEUE_BASELINE
     shapes = trace_shapes(usable)
     engine = get_policy("spread" if baseline else policy, seed=seed, typical_shapes=shapes)
     sim = _QueueSim(list(nodes), quick(engine), shapes, 10**9 if baseline else max_overtakes)
     horizon = float(times[-1])
-    warm = 0.2 * horizon
     events: list[tuple[float, int, int]] = [(float(t), 1, k) for k, t in enumerate(times)]
     heapq.heapify(events)
     while events:
@@ -130,18 +161,23 @@ def simulate_queue(
             heapq.heappush(events, (now + float(durations[int(picks[started])]), 0, started))
         if progress is not None and kind == 1 and k % 500 == 0:
             progress(k / arrivals)
-    waits = sim.waits(horizon, times, warm)
+    waits = sim.waits(horizon, warm)
     span = max(horizon - warm, 1e-9)
+    offered = float(np.sum([usable[int(i)].gpu_milli * durations[int(i)] for i in picks])) / (capacity * horizon)
     return {
         "policy": policy,
         "load": load,
         "seed": seed,
         "nodes": len(nodes),
         "arrivals": arrivals,
+        "hours": round(horizon / 3600, 1),
+        "warmup_hours": round(warm / 3600, 1),
+        "offered_load": round(offered, 3),
         "mean_wait_s": round(float(waits.mean()), 1),
         "p99_wait_s": round(float(np.percentile(waits, 99)), 1),
         "mean_alloc": round(sim.alloc_area / span * 100 / capacity, 2),
         "frag_mean": round(float(np.mean(sim.frag_samples)) if sim.frag_samples else 0.0, 2),
+        "still_waiting": len(sim.waiting),
     }
 
 
@@ -214,7 +250,7 @@ class _QueueSim:
             self.waiting[rid] = replace(self.waiting[rid], overtakes=count)
         return started
 
-    def waits(self, horizon: float, times: np.ndarray, warm: float) -> np.ndarray:
+    def waits(self, horizon: float, warm: float) -> np.ndarray:
         out = [
             self.started_at.get(k, horizon) - t for k, t in self.arrived_at.items() if t >= warm
         ]

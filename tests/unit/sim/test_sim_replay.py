@@ -124,3 +124,30 @@ def test_command_queue_mode(trace, capsys):
     assert args.func(args) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["policy"] for r in rows] == ["gpupool", QUEUE_BASELINE]
+
+
+def test_offered_rate_is_load_times_capacity_over_mean_work():
+    import numpy as np
+
+    from airflow_gpupool.sim.queue import offered_rate
+
+    milli = np.array([500.0, 1000.0, 0.0])
+    durations = np.array([3600.0, 7200.0, 100.0])
+    rate = offered_rate(4000, milli, durations, 0.8)
+    # rate × mean(milli × duration) = 0.8 × capacity
+    assert rate * (milli * durations).mean() == pytest.approx(0.8 * 4000)
+    with pytest.raises(ValueError):
+        offered_rate(4000, np.zeros(2), durations[:2], 1.0)
+
+
+@pytest.mark.parametrize("policy", ["gpupool", QUEUE_BASELINE])
+def test_queue_mode_measures_the_steady_state_window(trace, policy):
+    out = simulate_queue(
+        load_nodes(trace[0]), load_pods(trace[1]), policy, load=0.5, seed=3, sample_nodes=0,
+        warmup_s=4 * 3600, window_s=200 * 3600,
+    )
+    assert out["warmup_hours"] == 4.0
+    assert out["hours"] == pytest.approx(204, rel=0.1)
+    # The arrivals offer what was asked for, and at half load a steady state carries it.
+    assert out["offered_load"] == pytest.approx(0.5, rel=0.15)
+    assert out["mean_alloc"] == pytest.approx(50, rel=0.25)
