@@ -72,6 +72,9 @@ class _Tx:
     nodes: dict[str, NodeState]
     dirty: bool = False
     inventory_changed: bool = False
+    # Whether ``nodes`` is exactly what the database holds once this transaction commits
+    # (grants and releases only); then the cache adopts it instead of re-reading it.
+    exact: bool = True
     granted: list[str] = field(default_factory=list)
     assignments: dict[str, Assignment] = field(default_factory=dict)
     expired: list[str] = field(default_factory=list)
@@ -199,6 +202,8 @@ class Ledger:
                 self._bump(conn, "version", tx.version)
             if tx.inventory_changed:
                 self._bump(conn, "inventory_generation", meta["inventory_generation"] + 1)
+        if tx.dirty and tx.exact and not tx.inventory_changed:
+            self._cache.adopt(tx.nodes, tx.version)
         return result
 
     @staticmethod
@@ -384,7 +389,7 @@ class Ledger:
                     .where(schema.nodes.c.name == name)
                     .values(health=NodeHealth.DRAINING.value, remove_when_drained=True, version=tx.version)
                 )
-                tx.dirty = True
+                tx.dirty, tx.exact = True, False
                 log.info("Node %s holds live grants: draining it, it goes once they are released", name)
                 return "draining"
             self._delete_node(tx, name)
@@ -416,7 +421,7 @@ class Ledger:
             ).rowcount
             if not changed:
                 raise InvalidInventoryError("node", name, "a node of the inventory")
-            tx.dirty = True
+            tx.dirty, tx.exact = True, False
             tx.nodes[name] = replace(tx.nodes[name], schedulable=value == NodeHealth.HEALTHY.value)
             self._serve(tx)
 
@@ -838,6 +843,17 @@ class Ledger:
         if states is not None:
             query = query.where(r.state.in_([ReservationState(s).value for s in states]))
         return self._read(lambda conn: [self._reservation(conn, row) for row in conn.execute(query)])
+
+    def empty_cluster(self) -> ClusterSnapshot:
+        """Return the inventory as if nothing were granted: what a request could ever get."""
+
+        def run(conn: Connection) -> ClusterSnapshot:
+            cache = CapacityCache()
+            meta = _read_meta(conn)
+            cache.refresh(conn, meta["version"], meta["inventory_generation"])
+            return cache.empty_snapshot(cache.nodes.values())
+
+        return self._read(run)
 
     def snapshot(self) -> LedgerSnapshot:
         """Return one consistent view: nodes, GPUs, free capacity, grants and the queue."""

@@ -40,7 +40,14 @@ def _v1(op: Operations, conn: Connection) -> None:
     )
 
 
-MIGRATIONS: tuple[Migration, ...] = (Migration(1, "initial schema: inventory, reservations, queue", _v1),)
+def _v2(op: Operations, conn: Connection) -> None:
+    schema.metadata.create_all(conn, tables=[schema.task_attempts])
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, "initial schema: inventory, reservations, queue", _v1),
+    Migration(2, "task attempts: failure class, next request and escalation per task try", _v2),
+)
 LATEST = MIGRATIONS[-1].version
 
 

@@ -114,3 +114,24 @@ reservations = Table(
 Index("ix_gpupool_reservations_queue", reservations.c.state, reservations.c.priority, reservations.c.seq)
 Index("ix_gpupool_reservations_expiry", reservations.c.state, reservations.c.expires_at)
 Index("ix_gpupool_reservations_node", reservations.c.node, reservations.c.state)
+
+# One row per failed task try (schema v2): how it failed, what it ran with, what the next try
+# must ask for, and whether a person was told. Keyed by the task instance (without the try),
+# so a retry on any worker reads what the tries before it learned.
+task_attempts = Table(
+    "gpupool_task_attempts",
+    metadata,
+    Column("task_key", String(512), primary_key=True),
+    Column("try_number", Integer, primary_key=True),
+    Column("reservation_id", String(64), nullable=False),
+    Column("failure_class", String(32), nullable=False),
+    Column("remedy", String(32), nullable=False),
+    Column("exit_code", Integer, nullable=True),
+    Column("request", Text, nullable=False),
+    Column("next_request", Text, nullable=True),
+    Column("gpu_model", String(253), nullable=True),
+    Column("checkpoint_step", BigInteger, nullable=True),
+    Column("message", Text, nullable=False),
+    Column("escalated", Boolean, nullable=False, default=False),
+    Column("created_at", Float, nullable=False),
+)

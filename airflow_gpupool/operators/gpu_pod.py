@@ -16,6 +16,7 @@ from airflow.providers.cncf.kubernetes.triggers.pod import KubernetesPodTrigger
 from airflow.sdk.exceptions import TaskDeferred
 
 from airflow_gpupool import settings
+from airflow_gpupool.checkpoints.manifest import RESUME_ENV, CheckpointManifest
 from airflow_gpupool.exceptions import (
     ConfigurationError,
     GpuPoolError,
@@ -25,6 +26,8 @@ from airflow_gpupool.exceptions import (
 from airflow_gpupool.hooks.gpupool import GpuPoolHook
 from airflow_gpupool.ledger.models import Grant, ReservationState
 from airflow_gpupool.operators.binding import SliceFacts, binding_for, check_binding_name
+from airflow_gpupool.operators.escalation import EscalationPolicy, Remedy, decide, describe_policy
+from airflow_gpupool.operators.failures import Classification, FailureClass, classify, error_for
 from airflow_gpupool.operators.pod_spec import pin_pod
 from airflow_gpupool.resources import GpuRequest
 from airflow_gpupool.triggers.pod import LeasedPodTrigger
@@ -33,6 +36,9 @@ from airflow_gpupool.triggers.reservation import ReservationEventStatus, Reserva
 if TYPE_CHECKING:
     from airflow.sdk import Context
     from kubernetes.client import models as k8s
+
+    from airflow_gpupool.checkpoints.store import CheckpointStore
+    from airflow_gpupool.ledger.attempts import TaskAttempts
 
 XCOM_GRANT_KEY = "gpupool_grant"
 _INT_FIELDS = ("gpus", "gpu_milli", "gpu_memory_mib", "priority")
@@ -103,6 +109,13 @@ class GpuPodOperator(KubernetesPodOperator):
     :param binding: slice binding strategy; default per node pool from the connection or configuration
     :param checkpoint_dir: checkpoint location passed to the container as ``GPUPOOL_CHECKPOINT_DIR``
     :param reservation_deferrable: wait for the slice deferred (no worker slot); default ``deferrable``
+    :param checkpoint_conn_id: an Airflow connection for the checkpoint filesystem; None: fsspec's defaults
+    :param keep_checkpoints: after the pod ends, prune to this many valid checkpoints (None: never)
+    :param escalation: the escalation ladder: an :class:`EscalationPolicy`, or ``{"failure class":
+        "remedy"}`` overrides of the default (see :mod:`airflow_gpupool.operators.escalation`)
+    :param escalation_notifier: called once per task run when the ladder escalates (default
+        :class:`~airflow_gpupool.notifiers.EscalationNotifier`); any Airflow notifier or callable
+    :param log_tail_lines: lines of the container log kept for classification and escalation
     """
 
     template_fields: Sequence[str] = (
@@ -138,6 +151,11 @@ class GpuPodOperator(KubernetesPodOperator):
         binding: str | None = None,
         checkpoint_dir: str | None = None,
         reservation_deferrable: bool | None = None,
+        checkpoint_conn_id: str | None = None,
+        keep_checkpoints: int | None = 5,
+        escalation: EscalationPolicy | Mapping[str, str] | None = None,
+        escalation_notifier: Any = None,
+        log_tail_lines: int = 50,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -157,8 +175,18 @@ class GpuPodOperator(KubernetesPodOperator):
         self.binding = binding
         self.checkpoint_dir = checkpoint_dir
         self.reservation_deferrable = reservation_deferrable
+        self.checkpoint_conn_id = checkpoint_conn_id
+        self.keep_checkpoints = keep_checkpoints
+        self.escalation = EscalationPolicy.of(escalation)
+        self.escalation_notifier = escalation_notifier
+        self.log_tail_lines = log_tail_lines
         self._grant: Grant | None = None
         self._held_id: str | None = None
+        self._request_override: GpuRequest | None = None
+        self._resume_from: CheckpointManifest | None = None
+        self._failure: tuple[Classification, str] | None = None
+        if keep_checkpoints is not None and (isinstance(keep_checkpoints, bool) or keep_checkpoints < 1):
+            raise InvalidRequestError("keep_checkpoints", keep_checkpoints, "an integer of at least 1, or None")
         for name, value in (("reservation_timeout", reservation_timeout), ("lease_ttl", lease_ttl)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or value <= 0):
                 raise InvalidRequestError(name, value, "a positive number of seconds")
@@ -175,6 +203,10 @@ class GpuPodOperator(KubernetesPodOperator):
         return ("gpus", "gpu_milli", "gpu_memory_mib", "mig_profile", "gpu_models", "node_labels", "priority", "team")
 
     def gpu_request(self) -> GpuRequest:
+        """Return this try's request: the task's own, or the larger one an earlier try's escalation chose."""
+        return self._request_override or self.declared_request()
+
+    def declared_request(self) -> GpuRequest:
         """Return the task's request, built from its (rendered) arguments."""
         values: dict[str, Any] = {}
         for name in _INT_FIELDS:
@@ -244,6 +276,13 @@ class GpuPodOperator(KubernetesPodOperator):
 
     def execute(self, context: Context) -> Any:
         """Reserve the slice, wait for it (deferred or in place), then run the pinned pod."""
+        self._load_escalated_request(context)
+        try:
+            return self._reserve_and_run(context)
+        except ReservationTimeoutError as e:
+            raise self._failed(context, self.reservation_id_for(context), e)  # noqa: B904 (cause set by _failed)
+
+    def _reserve_and_run(self, context: Context) -> Any:
         request = self.gpu_request()
         options = self.gpu_hook.options
         rid = self.reservation_id_for(context)
@@ -284,6 +323,7 @@ class GpuPodOperator(KubernetesPodOperator):
 
     def execute_granted(self, context: Context, event: dict[str, Any]) -> Any:
         """Resume after ReservationTrigger: run the pod, or fail with what blocked the request."""
+        self._load_escalated_request(context)
         rid = event["reservation_id"]
         status = event["status"]
         if status == ReservationEventStatus.GRANTED.value:
@@ -291,7 +331,8 @@ class GpuPodOperator(KubernetesPodOperator):
         self.gpu_hook.release(rid, reason=f"reservation {status}")
         if status == ReservationEventStatus.TIMEOUT.value:
             reservation = self.gpu_hook.get(rid)
-            raise ReservationTimeoutError(rid, time.time() - reservation.created_at, [event["message"]])
+            error = ReservationTimeoutError(rid, time.time() - reservation.created_at, [event["message"]])
+            raise self._failed(context, rid, error)
         raise GpuPoolError(f"waiting for reservation {rid} failed: {event['message']}")
 
     def _run_granted(self, context: Context, rid: str, grant: Grant) -> Any:
@@ -305,6 +346,7 @@ class GpuPodOperator(KubernetesPodOperator):
         where = grant.mig_slice or ",".join(map(str, grant.gpu_indices))
         self.log.info("Granted %s on node %s GPU %s; launching the pod", request.describe(), grant.node, where)
         context["ti"].xcom_push(key=XCOM_GRANT_KEY, value={"reservation_id": rid, **grant.to_dict()})
+        self._find_resume_point(context, rid)
         ttl = self.lease_ttl or self.gpu_hook.options.lease_ttl_seconds
         renewer = _LeaseRenewer(self.gpu_hook, rid, ttl, self.log, lambda: self._reconcile_own_grant(rid))
         renewer.start()
@@ -312,6 +354,12 @@ class GpuPodOperator(KubernetesPodOperator):
             result = super().execute(context)
         except TaskDeferred:
             raise  # the pod runs on; LeasedPodTrigger renews the lease, trigger_reentry releases
+        except Exception as e:
+            try:
+                outcome = self._failed(context, rid, e)
+            finally:
+                self._release(rid, f"task failed: {type(e).__name__}")
+            raise outcome  # noqa: B904 (_failed sets the cause)
         except BaseException as e:
             self._release(rid, f"task failed: {type(e).__name__}")
             raise
@@ -337,6 +385,7 @@ class GpuPodOperator(KubernetesPodOperator):
         if result is not None:
             self.log.info("GPU slice %s: %s", rid, result.message)
         self._held_id = None
+        self._retain_checkpoints(rid)
 
     # -- the pod --------------------------------------------------------------------------------
 
@@ -354,7 +403,7 @@ class GpuPodOperator(KubernetesPodOperator):
             gpu_memory_mib=grant.gpu_memory_mib,
             mig_profile=grant.mig_profile,
         )
-        return pin_pod(
+        pinned = pin_pod(
             pod,
             reservation_id=self._held_id,
             grant=grant,
@@ -364,6 +413,15 @@ class GpuPodOperator(KubernetesPodOperator):
             checkpoint_dir=self.checkpoint_dir,
             priority_class=settings.workload_priority_classes().get(request.workload_class.value),
         )
+        if self._resume_from is not None:
+            container = next(
+                (c for c in pinned.spec.containers if c.name == self.base_container_name), pinned.spec.containers[0]
+            )
+            from kubernetes.client import models as k8s_models
+
+            env = [e for e in (container.env or []) if e.name != RESUME_ENV]
+            container.env = [*env, k8s_models.V1EnvVar(name=RESUME_ENV, value=self._resume_from.location)]
+        return pinned
 
     def defer(
         self,
@@ -387,10 +445,17 @@ class GpuPodOperator(KubernetesPodOperator):
         """Finish the deferred pod like the parent, then release the slice."""
         rid = self.reservation_id_for(context)
         self._held_id = rid
+        self._load_escalated_request(context)
         try:
             result = super().trigger_reentry(context, event)
         except TaskDeferred:
             raise
+        except Exception as e:
+            try:
+                outcome = self._failed(context, rid, e)
+            finally:
+                self._release(rid, f"pod failed: {type(e).__name__}")
+            raise outcome  # noqa: B904 (_failed sets the cause)
         except BaseException as e:
             self._release(rid, f"pod failed: {type(e).__name__}")
             raise
@@ -404,3 +469,199 @@ class GpuPodOperator(KubernetesPodOperator):
         finally:
             if self._held_id:
                 self._release(self._held_id, "task killed")
+
+    # -- checkpoints, failure classification, escalation -----------------------------------------
+
+    @staticmethod
+    def task_key(context: Context) -> str:
+        """Return the task instance's key without the try: what its tries share in the ledger."""
+        ti = context["ti"]
+        return f"{ti.dag_id}/{ti.task_id}/{ti.run_id}/map-{getattr(ti, 'map_index', -1)}"[:512]
+
+    @cached_property
+    def attempts(self) -> TaskAttempts:
+        """The failed tries of this task, kept in the ledger (every worker sees them)."""
+        from airflow_gpupool.ledger.attempts import TaskAttempts
+
+        return TaskAttempts(self.gpu_hook.ledger)
+
+    def _checkpoints(self) -> CheckpointStore | None:
+        if not self.checkpoint_dir:
+            return None
+        from airflow_gpupool.checkpoints.store import CheckpointStore
+
+        return CheckpointStore(self.checkpoint_dir, conn_id=self.checkpoint_conn_id)
+
+    def _load_escalated_request(self, context: Context) -> None:
+        """Take the larger request an earlier try's out-of-memory failure chose, if any."""
+        if context["ti"].try_number <= 1:
+            return
+        larger = [a.next_request for a in self.attempts.history(self.task_key(context)) if a.next_request]
+        if larger:
+            self._request_override = larger[-1]
+            self.log.info("An earlier try ran out of memory; this try asks for %s", larger[-1].describe())
+
+    def _find_resume_point(self, context: Context, rid: str) -> None:
+        """On a retry, resume from the newest valid checkpoint, pinned against pruning meanwhile."""
+        store = self._checkpoints()
+        if store is None or context["ti"].try_number <= 1:
+            return
+        newest = store.newest()
+        if newest is None:
+            self.log.info("No valid checkpoint at %s; this retry starts from the beginning", store.url)
+            return
+        store.pin(newest.step, rid)
+        self._resume_from = newest
+        self.log.info("Resuming from checkpoint step %d at %s", newest.step, newest.location)
+
+    def _retain_checkpoints(self, rid: str) -> None:
+        store = self._checkpoints()
+        if store is None:
+            return
+        try:
+            store.unpin(rid)
+            if self.keep_checkpoints is not None:
+                pruned = store.prune(self.keep_checkpoints)
+                if pruned:
+                    self.log.info("Pruned checkpoint steps %s (keeping %d)", pruned, self.keep_checkpoints)
+        except Exception:
+            self.log.exception("Checkpoint retention at %s failed; the checkpoints stay", store.url)
+
+    def cleanup(
+        self,
+        pod: k8s.V1Pod,
+        remote_pod: k8s.V1Pod,
+        xcom_result: dict | None = None,
+        context: Context | None = None,
+    ) -> None:
+        """Read why a failed pod failed (status, events, log tail) before the parent deletes it."""
+        phase = getattr(getattr(remote_pod, "status", None), "phase", None)
+        if remote_pod is not None and not self._killed and phase != "Succeeded":
+            self._failure = self._read_failure(pod, remote_pod)
+        super().cleanup(pod, remote_pod, xcom_result=xcom_result, context=context)
+
+    def _read_failure(self, pod: k8s.V1Pod, remote_pod: k8s.V1Pod) -> tuple[Classification, str]:
+        from kubernetes.client import ApiClient
+
+        try:
+            remote_pod = self.pod_manager.read_pod(pod)
+        except Exception:
+            self.log.warning("Could not re-read pod %s; classifying its last known state", pod.metadata.name)
+        events: list[dict[str, Any]] = []
+        tail = ""
+        try:
+            events = [{"reason": e.reason, "message": e.message} for e in self.pod_manager.read_pod_events(pod).items]
+        except Exception:
+            self.log.warning("Could not read the events of pod %s", pod.metadata.name)
+        try:
+            raw = self.client.read_namespaced_pod_log(
+                name=pod.metadata.name,
+                namespace=pod.metadata.namespace,
+                container=self.base_container_name,
+                tail_lines=self.log_tail_lines,
+                _preload_content=False,
+            )
+            tail = raw.data.decode("utf-8", errors="replace")
+        except Exception:
+            self.log.info("No log tail for pod %s", pod.metadata.name)
+        data = ApiClient().sanitize_for_serialization(remote_pod)
+        return classify(data, events, tail, container=self.base_container_name), tail
+
+    def _failed(self, context: Context, rid: str, error: Exception) -> BaseException:
+        """Classify a failed try, record it, walk the ladder; return the exception to raise.
+
+        Runs before the slice is released, so the outcome is recorded first.
+        """
+        from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+
+        if isinstance(error, AirflowSkipException | AirflowFailException):
+            return error
+        classification, tail = self._failure or (classify(None, error=error), "")
+        if classification.failure_class is FailureClass.UNKNOWN and self._failure is None:
+            classification = Classification(FailureClass.UNKNOWN, f"{type(error).__name__}: {error}")
+        store = self._checkpoints()
+        newest = store.newest() if store is not None else None
+        step = newest.step if newest else None
+        typed: BaseException = (
+            error if isinstance(error, ReservationTimeoutError) else error_for(classification, last_checkpoint=step, log_tail=tail)
+        )
+        typed.__cause__ = error if typed is not error else error.__cause__
+        ti = context["ti"]
+        request = self.gpu_request()
+        remedy = self.escalation.remedy(classification.failure_class)
+        decision = decide(
+            self.escalation,
+            classification.failure_class,
+            request,
+            retries_left=ti.try_number <= int(getattr(ti, "max_tries", self.retries) or 0),
+            failed_model=self._grant.gpu_model if self._grant else None,
+            cluster=self.gpu_hook.ledger.empty_cluster() if remedy is Remedy.RETRY_LARGER else None,
+        )
+        self.log.error("Try %s failed: %s; %s", ti.try_number, typed, decision.reason)
+        from airflow_gpupool.ledger.attempts import TaskAttempt
+
+        key = self.task_key(context)
+        self.attempts.record(
+            TaskAttempt(
+                task_key=key,
+                try_number=ti.try_number,
+                reservation_id=rid,
+                failure_class=classification.failure_class.value,
+                remedy=decision.remedy.value,
+                request=request,
+                message=f"{classification.reason}: {decision.reason}",
+                exit_code=classification.exit_code,
+                next_request=decision.next_request,
+                gpu_model=self._grant.gpu_model if self._grant else None,
+                checkpoint_step=step,
+            )
+        )
+        if decision.escalate and self.attempts.claim_escalation(key, ti.try_number):
+            self._notify(context, classification, step, tail, decision.reason)
+        if decision.retry:
+            return typed
+        fail = AirflowFailException(f"{typed} ({decision.reason})")
+        fail.__cause__ = typed
+        return fail
+
+    def _notify(self, context: Context, classification: Classification, step: int | None, tail: str, why: str) -> None:
+        from airflow_gpupool.notifiers.escalation import (
+            ESCALATION_KEY,
+            MESSAGE_KEY,
+            EscalationNotifier,
+            format_escalation,
+        )
+
+        ti = context["ti"]
+        tried = [
+            {
+                "try_number": a.try_number,
+                "failure_class": a.failure_class,
+                "request": a.request.describe(),
+                "remedy": a.remedy,
+                "checkpoint_step": a.checkpoint_step,
+            }
+            for a in self.attempts.history(self.task_key(context))
+        ]
+        escalation = {
+            "dag_id": ti.dag_id,
+            "task_id": ti.task_id,
+            "run_id": ti.run_id,
+            "map_index": getattr(ti, "map_index", -1),
+            "try_number": ti.try_number,
+            "failure_class": classification.failure_class.value,
+            "reason": classification.reason,
+            "exit_code": classification.exit_code,
+            "pod_name": classification.pod_name,
+            "last_checkpoint_step": step,
+            "log_tail": tail,
+            "decision": why,
+            "tried": tried,
+            "policy": describe_policy(self.escalation),
+        }
+        notifier = self.escalation_notifier or EscalationNotifier()
+        try:
+            notifier({**context, ESCALATION_KEY: escalation, MESSAGE_KEY: format_escalation(escalation)})
+        except Exception:
+            # A broken notifier must not hide the task's own failure.
+            self.log.exception("The escalation notifier failed")

@@ -1,8 +1,16 @@
-"""Triggers: wait for a reservation, and keep a grant's lease alive while its pod runs."""
+"""Triggers: wait for a reservation, keep a grant's lease alive, watch checkpoints."""
 
 from __future__ import annotations
 
+from airflow_gpupool.checkpoints.progress import CheckpointEventStatus
+from airflow_gpupool.triggers.checkpoint import CheckpointTrigger
 from airflow_gpupool.triggers.pod import LeasedPodTrigger
 from airflow_gpupool.triggers.reservation import ReservationEventStatus, ReservationTrigger
 
-__all__ = ["LeasedPodTrigger", "ReservationEventStatus", "ReservationTrigger"]
+__all__ = [
+    "CheckpointEventStatus",
+    "CheckpointTrigger",
+    "LeasedPodTrigger",
+    "ReservationEventStatus",
+    "ReservationTrigger",
+]
