@@ -57,6 +57,13 @@ def get_provider_info() -> dict[str, Any]:
                         "8",
                         "integer",
                     ),
+                    "synchronous_commit": _option(
+                        "PostgreSQL ledger: wait for the WAL flush on every commit. false trades the last "
+                        "few hundred milliseconds of ledger changes on a server crash for several times "
+                        "the throughput; leases and `gpupool reconcile` heal what is lost.",
+                        "true",
+                        "boolean",
+                    ),
                     "binding": _option(
                         "Default slice binding: whole, mig, hami, kai or device.", "whole", example="hami"
                     ),

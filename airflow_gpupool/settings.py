@@ -7,7 +7,10 @@ rule: ``AIRFLOW__GPUPOOL__LEDGER_URL`` sets ``[gpupool] ledger_url``.
 
 from __future__ import annotations
 
+import configparser
+import functools
 import os
+import sys
 from pathlib import Path
 
 from airflow_gpupool.exceptions import ConfigurationError
@@ -22,6 +25,7 @@ DEFAULTS: dict[str, str] = {
     "reservation_timeout_seconds": "300",
     "poll_interval_seconds": "5",
     "max_overtakes": "8",
+    "synchronous_commit": "true",
     "binding": "whole",
     "node_pool_bindings": "",
     "default_checkpoint_root": "",
@@ -33,13 +37,29 @@ def _get(option: str) -> str:
     env = os.environ.get(f"AIRFLOW__{SECTION.upper()}__{option.upper()}")
     if env is not None:
         return env
-    try:
+    value = _from_airflow_config(option)
+    return DEFAULTS[option] if value in (None, "") else str(value)
+
+
+def _from_airflow_config(option: str) -> str | None:
+    if "airflow.configuration" in sys.modules:
         from airflow.configuration import conf
 
-        value = conf.get(SECTION, option, fallback=None)
-    except Exception:  # Airflow not configured (CLI outside Airflow): fall back to defaults.
-        value = None
-    return DEFAULTS[option] if value in (None, "") else str(value)
+        return conf.get(SECTION, option, fallback=None)
+    # Outside Airflow (the CLI, benchmark clients) importing Airflow costs seconds; the
+    # [gpupool] section of airflow.cfg is read directly instead.
+    return _airflow_cfg_section().get(option)
+
+
+@functools.cache
+def _airflow_cfg_section() -> dict[str, str]:
+    path = Path(os.environ.get("AIRFLOW_CONFIG", airflow_home() / "airflow.cfg")).expanduser()
+    parser = configparser.ConfigParser(interpolation=None)
+    try:
+        parser.read(path)
+    except configparser.Error as e:
+        raise ConfigurationError(f"{path} is not a valid Airflow configuration file: {e}") from e
+    return dict(parser[SECTION]) if parser.has_section(SECTION) else {}
 
 
 def _positive(option: str) -> float:
@@ -131,3 +151,11 @@ def workload_priority_classes() -> dict[str, str]:
             )
         out[workload.strip()] = priority_class.strip()
     return out
+
+
+def synchronous_commit() -> bool:
+    """Return whether PostgreSQL ledger commits wait for the WAL flush (the durable default)."""
+    raw = _get("synchronous_commit").strip().lower()
+    if raw not in ("true", "false", "on", "off", "1", "0"):
+        raise ConfigurationError(f"[{SECTION}] synchronous_commit={raw!r}: expected true or false")
+    return raw in ("true", "on", "1")

@@ -87,15 +87,18 @@ def _pg_schema(url: str, create: bool) -> None:
     engine.dispose()
 
 
-def _client(url: str, index: int, start_at: float, deadline: float, hold_s: float, out: Any) -> None:
+def _client(url: str, index: int, seconds: float, hold_s: float, ready: Any, go: Any, out: Any) -> None:
     rng = random.Random(index)
     ledger = Ledger(url)
-    ledger.get_or_none("warm-up")  # connect and check the schema before the clock starts
-    time.sleep(max(0.0, start_at - time.time()))
+    ledger.reap()  # connect, check the schema and load the capacity cache before the clock starts
+    ready.put(index)
+    go.wait()
     reserve_ms: list[float] = []
     release_ms: list[float] = []
     queued = 0
-    while time.time() < deadline:
+    started = time.perf_counter()
+    deadline = started + seconds
+    while time.perf_counter() < deadline:
         request = rng.choice(SHAPES)
         t0 = time.perf_counter()
         reservation = ledger.reserve(request, f"bench-client-{index}", ttl=60, timeout=30)
@@ -106,8 +109,25 @@ def _client(url: str, index: int, start_at: float, deadline: float, hold_s: floa
         t0 = time.perf_counter()
         ledger.release(reservation.id)
         release_ms.append((time.perf_counter() - t0) * 1000)
+    elapsed = time.perf_counter() - started
     ledger.close()
-    out.put({"reserve_ms": reserve_ms, "release_ms": release_ms, "queued": queued})
+    out.put({"reserve_ms": reserve_ms, "release_ms": release_ms, "queued": queued, "elapsed": elapsed})
+
+
+def _gather(queue: Any, procs: list[Any], timeout: float = 300) -> list[Any]:
+    """Take one item per process from ``queue``; fail at once if a process died instead."""
+    items: list[Any] = []
+    deadline = time.time() + timeout
+    while len(items) < len(procs):
+        try:
+            items.append(queue.get(timeout=0.5))
+        except Exception:
+            dead = [p for p in procs if p.exitcode not in (None, 0)]
+            if dead or time.time() > deadline:
+                for p in procs:
+                    p.terminate()
+                raise RuntimeError(f"bench clients failed (exit codes {[p.exitcode for p in procs]})") from None
+    return items
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -127,21 +147,22 @@ def run_ledger_bench(url: str, *, clients: int, seconds: float, nodes: int, hold
         ledger = Ledger.create(bench_url)
         ledger.upsert_nodes(bench_inventory(nodes))
         ctx = mp.get_context("spawn")
-        out = ctx.Queue()
-        start_at = time.time() + 3.0 + 0.2 * clients  # every process started and connected
-        deadline = start_at + seconds
+        ready, out, go = ctx.Queue(), ctx.Queue(), ctx.Event()
         procs = [
-            ctx.Process(target=_client, args=(bench_url, i, start_at, deadline, hold_ms / 1000, out))
+            ctx.Process(target=_client, args=(bench_url, i, seconds, hold_ms / 1000, ready, go, out))
             for i in range(clients)
         ]
         for p in procs:
             p.start()
+        _gather(ready, procs)  # every client connected and warm: only then does the clock start
+        go.set()
         samples, violations = 0, []
+        deadline = time.time() + seconds
         while time.time() < deadline:
             violations += ledger.check_invariants()
             samples += 1
             time.sleep(min(1.0, max(0.0, deadline - time.time())))
-        results = [out.get(timeout=120) for _ in procs]
+        results = _gather(out, procs)
         for p in procs:
             p.join()
         violations += ledger.check_invariants()
@@ -153,12 +174,12 @@ def run_ledger_bench(url: str, *, clients: int, seconds: float, nodes: int, hold
     reserve = [x for r in results for x in r["reserve_ms"]]
     release = [x for r in results for x in r["release_ms"]]
     cycles = len(release)
-    wall = seconds
+    wall = max(r["elapsed"] for r in results)
     return {
         "backend": backend,
         "clients": clients,
         "nodes": nodes,
-        "seconds": wall,
+        "seconds": round(wall, 2),
         "cycles": cycles,
         "cycles_per_s": round(cycles / wall, 1),
         "reserve_p50_ms": round(statistics.median(reserve), 2) if reserve else 0.0,

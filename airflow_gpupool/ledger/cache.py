@@ -46,6 +46,11 @@ class CapacityCache:
         """Forget everything; the next refresh reloads the whole inventory."""
         self.__init__()  # type: ignore[misc]
 
+    def adopt(self, nodes: dict[str, NodeState], version: int) -> None:
+        """Take the nodes a committed transaction computed as the state at ``version``."""
+        self.nodes = nodes
+        self.version = version
+
     def refresh(self, conn: Connection, version: int, generation: int) -> None:
         """Bring the copy to ``version``, reading only what changed since the last refresh."""
         if generation != self.generation:

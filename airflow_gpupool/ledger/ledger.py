@@ -136,6 +136,7 @@ class Ledger:
         self.policy = policy
         self._clock = clock
         self.max_overtakes = max_overtakes if max_overtakes is not None else settings.max_overtakes()
+        self._synchronous_commit = settings.synchronous_commit()
         self._cache = CapacityCache()
         self._equivalence = EquivalenceIndex()
         self._requests: dict[str, GpuRequest] = {}
@@ -191,7 +192,7 @@ class Ledger:
         return self._write_once(fn)
 
     def _write_once(self, fn: Callable[[_Tx], T]) -> T:
-        with write_transaction(self._engine) as conn:
+        with write_transaction(self._engine, self._synchronous_commit) as conn:
             self._check_schema(conn)
             meta = _read_meta(conn)
             self._cache.refresh(conn, meta["version"], meta["inventory_generation"])
