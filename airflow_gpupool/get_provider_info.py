@@ -22,6 +22,18 @@ def get_provider_info() -> dict[str, Any]:
         "connection-types": [
             {"hook-class-name": "airflow_gpupool.hooks.gpupool.GpuPoolHook", "connection-type": "gpupool"}
         ],
+        "triggers": [
+            {
+                "integration-name": "GPU pool",
+                "python-modules": [
+                    "airflow_gpupool.triggers.reservation",
+                    "airflow_gpupool.triggers.pod",
+                    "airflow_gpupool.triggers.checkpoint",
+                ],
+            }
+        ],
+        "sensors": [{"integration-name": "GPU pool", "python-modules": ["airflow_gpupool.sensors.checkpoint"]}],
+        "notifications": ["airflow_gpupool.notifiers.escalation.EscalationNotifier"],
         "config": {
             "gpupool": {
                 "description": "Settings of the airflow-gpupool provider.",
