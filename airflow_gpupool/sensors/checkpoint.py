@@ -89,6 +89,9 @@ class CheckpointSensor(BaseSensorOperator):
             raise ConfigurationError(f"on_stall={on_stall!r}: expected one of {ON_STALL}")
         if keep_checkpoints is not None and (isinstance(keep_checkpoints, bool) or keep_checkpoints < 1):
             raise ConfigurationError(f"keep_checkpoints={keep_checkpoints!r}: expected at least 1, or None")
+        if self.mode == "reschedule" and max_interval is not None:
+            # Between reschedules the sensor keeps no memory of when it last saw progress.
+            raise ConfigurationError("max_interval needs mode='poke' or deferrable=True, not mode='reschedule'")
         self.checkpoint_dir = checkpoint_dir
         self.conn_id = conn_id
         self.max_interval = _seconds("max_interval", max_interval)

@@ -91,6 +91,21 @@ def test_out_of_memory_retries_on_the_next_larger_slice(run_dag, k8s: Kubernetes
     assert_nothing_held(gpu_ledger)
 
 
+def test_evicted_pod_retries_and_resumes(run_dag, k8s: KubernetesEmulatorServer, gpu_ledger: Ledger) -> None:
+    k8s.configure_pod(predicate=lambda pod: "GPUPOOL_RESUME_FROM" not in env_of(pod), evict=True)
+
+    dag_run = run_dag("ckpt_preempted")
+
+    assert str(ti_of(dag_run).state) == "success"
+    first, retry = k8s.created_pods()
+    (attempt,) = TaskAttempts(gpu_ledger).history(f"ckpt_preempted/train/{dag_run.run_id}/map--1")
+    assert (attempt.failure_class, attempt.remedy, attempt.next_request) == ("preempted", "retry", None)
+    assert attempt.checkpoint_step is not None and attempt.checkpoint_step >= 1
+    assert env_of(retry)["GPUPOOL_RESUME_FROM"].endswith(f"step-{attempt.checkpoint_step:06d}")
+    assert (checkpoint_dir(dag_run) / "COMPLETE").exists()
+    assert_nothing_held(gpu_ledger)
+
+
 def test_image_pull_error_fails_at_once(run_dag, k8s, gpu_ledger: Ledger) -> None:
     dag_run = run_dag("ckpt_image_pull")
 

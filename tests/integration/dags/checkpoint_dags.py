@@ -86,10 +86,14 @@ oom = training_dag(
     "ckpt_oom", gpu_milli=250, gpu_memory_mib=4096, gpu_models=T4, retries=1, annotations=emulate(checkpoint_steps="2")
 )
 image_pull = training_dag("ckpt_image_pull", gpus=1, retries=2, annotations=emulate(image_pull_error="true"))
+preempted = training_dag(
+    "ckpt_preempted", gpus=1, retries=1, annotations=emulate(checkpoint_steps="4", duration_seconds="1")
+)
 exhausted = training_dag(
     "ckpt_exhausted",
     gpus=1,
     retries=1,
+    deferrable=True,  # the pod is watched by the trigger: classification through trigger_reentry
     annotations=emulate(
         checkpoint_steps="2", exit_code="1", log_lines='["epoch 1", "Traceback (most recent call last):", "RuntimeError: boom"]'
     ),

@@ -108,3 +108,5 @@ def test_bad_arguments_fail_at_parse_time() -> None:
         sensor("/x", max_interval=0)
     with pytest.raises(ConfigurationError, match="keep_checkpoints"):
         sensor("/x", keep_checkpoints=0)
+    with pytest.raises(ConfigurationError, match="reschedule"):
+        sensor("/x", max_interval=60, mode="reschedule")
