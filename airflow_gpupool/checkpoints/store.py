@@ -183,5 +183,8 @@ class CheckpointStore:
         doomed += [s.step for s in listing.skipped if s.step < newest and s.step not in kept]
         for step in sorted(doomed):
             log.info("Pruning checkpoint %s", self.step_url(step))
-            self.fs.rm(self._join(STEP_DIR_FORMAT.format(step)), recursive=True)
+            try:
+                self.fs.rm(self._join(STEP_DIR_FORMAT.format(step)), recursive=True)
+            except FileNotFoundError:
+                pass  # another pruner (the sensor, the operator) was first
         return sorted(doomed)

@@ -26,7 +26,7 @@ from airflow_gpupool.exceptions import (
 from airflow_gpupool.hooks.gpupool import GpuPoolHook
 from airflow_gpupool.ledger.models import Grant, ReservationState
 from airflow_gpupool.operators.binding import SliceFacts, binding_for, check_binding_name
-from airflow_gpupool.operators.escalation import EscalationPolicy, Remedy, decide, describe_policy
+from airflow_gpupool.operators.escalation import Decision, EscalationPolicy, Remedy, decide, describe_policy
 from airflow_gpupool.operators.failures import Classification, FailureClass, classify, error_for
 from airflow_gpupool.operators.pod_spec import pin_pod
 from airflow_gpupool.resources import GpuRequest
@@ -582,47 +582,65 @@ class GpuPodOperator(KubernetesPodOperator):
         store = self._checkpoints()
         newest = store.newest() if store is not None else None
         step = newest.step if newest else None
-        typed: BaseException = (
-            error if isinstance(error, ReservationTimeoutError) else error_for(classification, last_checkpoint=step, log_tail=tail)
-        )
-        typed.__cause__ = error if typed is not error else error.__cause__
+        typed: BaseException = error
+        if not isinstance(error, ReservationTimeoutError):
+            typed = error_for(classification, last_checkpoint=step, log_tail=tail)
+            typed.__cause__ = error
         ti = context["ti"]
-        request = self.gpu_request()
-        remedy = self.escalation.remedy(classification.failure_class)
-        decision = decide(
-            self.escalation,
-            classification.failure_class,
-            request,
-            retries_left=ti.try_number <= int(getattr(ti, "max_tries", self.retries) or 0),
-            failed_model=self._grant.gpu_model if self._grant else None,
-            cluster=self.gpu_hook.ledger.empty_cluster() if remedy is Remedy.RETRY_LARGER else None,
-        )
+        decision = self._decide(classification.failure_class, ti)
         self.log.error("Try %s failed: %s; %s", ti.try_number, typed, decision.reason)
-        from airflow_gpupool.ledger.attempts import TaskAttempt
-
-        key = self.task_key(context)
-        self.attempts.record(
-            TaskAttempt(
-                task_key=key,
-                try_number=ti.try_number,
-                reservation_id=rid,
-                failure_class=classification.failure_class.value,
-                remedy=decision.remedy.value,
-                request=request,
-                message=f"{classification.reason}: {decision.reason}",
-                exit_code=classification.exit_code,
-                next_request=decision.next_request,
-                gpu_model=self._grant.gpu_model if self._grant else None,
-                checkpoint_step=step,
-            )
-        )
-        if decision.escalate and self.attempts.claim_escalation(key, ti.try_number):
+        if self._record(context, rid, classification, decision, step):
             self._notify(context, classification, step, tail, decision.reason)
         if decision.retry:
             return typed
         fail = AirflowFailException(f"{typed} ({decision.reason})")
         fail.__cause__ = typed
         return fail
+
+    def _decide(self, failure_class: FailureClass, ti: Any) -> Decision:
+        cluster = None
+        if self.escalation.remedy(failure_class) is Remedy.RETRY_LARGER:
+            try:
+                cluster = self.gpu_hook.ledger.empty_cluster()
+            except Exception:
+                self.log.exception("Reading the inventory failed; no larger slice can be chosen")
+        return decide(
+            self.escalation,
+            failure_class,
+            self.gpu_request(),
+            retries_left=ti.try_number <= int(getattr(ti, "max_tries", self.retries) or 0),
+            failed_model=self._grant.gpu_model if self._grant else None,
+            cluster=cluster,
+        )
+
+    def _record(
+        self, context: Context, rid: str, classification: Classification, decision: Decision, step: int | None
+    ) -> bool:
+        """Record the failed try in the ledger; return whether this caller must notify a person."""
+        from airflow_gpupool.ledger.attempts import TaskAttempt
+
+        ti = context["ti"]
+        key = self.task_key(context)
+        attempt = TaskAttempt(
+            task_key=key,
+            try_number=ti.try_number,
+            reservation_id=rid,
+            failure_class=classification.failure_class.value,
+            remedy=decision.remedy.value,
+            request=self.gpu_request(),
+            message=f"{classification.reason}: {decision.reason}",
+            exit_code=classification.exit_code,
+            next_request=decision.next_request,
+            gpu_model=self._grant.gpu_model if self._grant else None,
+            checkpoint_step=step,
+        )
+        try:
+            self.attempts.record(attempt)
+            return decision.escalate and self.attempts.claim_escalation(key, ti.try_number)
+        except Exception:
+            # The pod's failure must still surface; a person hears of it, even if twice.
+            self.log.exception("Recording try %s in the ledger failed; the next try will not know it", ti.try_number)
+            return decision.escalate
 
     def _notify(self, context: Context, classification: Classification, step: int | None, tail: str, why: str) -> None:
         from airflow_gpupool.notifiers.escalation import (

@@ -138,3 +138,25 @@ def test_attempts_cross_tries_in_the_ledger_and_escalate_once(tmp_path: Path) ->
     assert attempts.history("other") == []
     assert ledger.snapshot().grants == ()
     ledger.close()
+
+
+def test_a_v1_ledger_migrates_to_v2_and_keeps_its_reservations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_gpupool.exceptions import LedgerSchemaError
+    from airflow_gpupool.ledger import migrations
+
+    url = f"sqlite:///{tmp_path}/old.db"
+    with monkeypatch.context() as m:
+        m.setattr(migrations, "MIGRATIONS", migrations.MIGRATIONS[:1])
+        m.setattr(migrations, "LATEST", 1)
+        old = Ledger.create(url)
+        old.upsert_nodes([node("n1", gpus=1)])
+        held = old.reserve(GpuRequest(gpus=1), "old-holder")
+        old.close()
+    with pytest.raises(LedgerSchemaError, match="v1, this code needs v2"):
+        Ledger(url).snapshot()
+
+    ledger = Ledger(url)
+    assert ledger.migrate() == [2]
+    assert ledger.get(held.id).holder == "old-holder"
+    assert TaskAttempts(ledger).history("any") == []
+    ledger.close()
