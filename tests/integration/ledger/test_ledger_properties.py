@@ -16,7 +16,14 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 from sqlalchemy import create_engine, select
 from sqlalchemy.engine import make_url
 
@@ -73,6 +80,10 @@ requests = st.builds(
     st.sampled_from([0, 0, 1, 5]),
     st.sampled_from([1000, 4000, 12000]),
 )
+
+
+GRANTED = ReservationState.GRANTED
+WAITING = ReservationState.WAITING
 
 
 @dataclass(frozen=True)
@@ -164,7 +175,11 @@ class LedgerMachine(RuleBasedStateMachine):
         change = self.ledger.upsert_nodes([VARIANTS[n][0] for n in ("n1", "n2", "n3")])
         assert change.added == ("n1", "n2", "n3")
 
-    @rule(batch=st.lists(requests, min_size=1, max_size=3), ttl=st.sampled_from([30, 600]), timeout=st.sampled_from([60, 900]))
+    @rule(
+        batch=st.lists(requests, min_size=1, max_size=3),
+        ttl=st.sampled_from([30, 600]),
+        timeout=st.sampled_from([60, 900]),
+    )
     def reserve(self, batch: list[GpuRequest], ttl: int, timeout: int) -> None:
         for request in batch:
             self.reserve_one(request, ttl, timeout)
@@ -183,23 +198,24 @@ class LedgerMachine(RuleBasedStateMachine):
         self.tracked[reservation.id] = Tracked(request.priority, self.arrivals, ttl)
         self.live.add(reservation.id)
 
+    @precondition(lambda self: self.tracked)
     @rule(data=st.data())
     def release(self, data: st.DataObject) -> None:
-        if not self.tracked:
-            return
         rid = self.pick(data)
         before = self.ledger.get(rid).state
         result = self.ledger.release(rid)
-        if before.ended:
-            assert not result.released and result.state is before
-        elif result.released:
-            assert result.state in (ReservationState.GRANTED, ReservationState.WAITING)
-        assert self.ledger.get(rid).state.ended
+        after = self.ledger.get(rid).state
+        if result.released:
+            assert result.state is before
+            assert after is {GRANTED: ReservationState.RELEASED, WAITING: ReservationState.CANCELLED}[before]
+        elif before.ended:
+            assert result.state is before is after
+        else:  # the release transaction first expired it: the lease ran out, or the wait did
+            assert result.state is after is {GRANTED: ReservationState.EXPIRED, WAITING: ReservationState.TIMED_OUT}[before]
 
+    @precondition(lambda self: self.tracked)
     @rule(data=st.data(), ttl=st.sampled_from([None, 45]))
     def renew(self, data: st.DataObject, ttl: int | None) -> None:
-        if not self.tracked:
-            return
         rid = self.pick(data)
         renewed = self.expect_unchanged_on((LeaseExpiredError,), lambda: self.ledger.renew(rid, ttl=ttl))
         if renewed is not None:
