@@ -4,7 +4,7 @@ Writes a markdown table of allocation % at 130 % arrived (and the timings of the
 policy and FGD on the default trace) to ``benchmarks/results/placement.md`` and the
 allocation curves of the default trace to ``benchmarks/results/placement.png``.
 
-Usage: ``python benchmarks/placement.py [--policies fgd gpupool ...] [--traces default ...] [--jobs 2]``
+Usage: ``python benchmarks/placement.py [--policies fgd gpupool ...] [--traces default ...] [--seeds 42 ...] [--losses]``
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from airflow_gpupool.sim.command import ALL_POLICIES, plot
-from airflow_gpupool.sim.replay import ReplayResult, replay, trace_shapes
+from airflow_gpupool.sim.replay import ReplayResult, replay, trace_shapes, where_lost
 from airflow_gpupool.sim.trace import TRACES, load_nodes, load_pods
 
 PUBLISHED_130 = {
@@ -41,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--policies", nargs="+", default=list(ALL_POLICIES))
     parser.add_argument("--traces", nargs="+", default=list(TRACES))
     parser.add_argument("--seeds", nargs="+", type=int, default=list(SEEDS))
-    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--jobs", type=int, default=1, help="parallel replays (default 1: timings on shared cores)")
+    parser.add_argument("--losses", action="store_true", help="also print where the unallocated capacity is at the end")
     args = parser.parse_args(argv)
     jobs = [(t, p, s) for t in args.traces for p in args.policies for s in args.seeds]
     results: dict[tuple[str, str], list[ReplayResult]] = {}
@@ -49,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
         for trace, policy, _seed, result in pool.map(run_one, jobs):
             results.setdefault((trace, policy), []).append(result)
             print(json.dumps({"trace": trace, **result.summary()}), flush=True)
+            if args.losses:
+                print(json.dumps({"trace": trace, "policy": policy, "seed": _seed, **where_lost(result.nodes)}), flush=True)
     OUT.mkdir(exist_ok=True)
     lines = [
         f"Allocation % at 130 % arrived, mean of seeds {', '.join(map(str, args.seeds))} "

@@ -66,6 +66,13 @@ def register(subparsers: Any) -> None:
         help="queue mode: simulated hours before the measured window (default: 24, the longest duration)",
     )
     parser.add_argument("--hours", type=float, default=48.0, help="queue mode: simulated hours measured (default: 48)")
+    parser.add_argument(
+        "--max-overtakes",
+        type=int,
+        default=None,
+        help="queue mode: overtakes a blocked request tolerates in the project's queue "
+        "(default: the ledger's, 8; airflow-pool has no bound)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     parser.set_defaults(func=run)
 
@@ -158,7 +165,7 @@ def plot(results: Sequence[ReplayResult], path: str, title: str = "") -> None:
 
 
 def _run_queue(args: argparse.Namespace) -> int:
-    from airflow_gpupool.sim.queue import QUEUE_BASELINE, simulate_queue
+    from airflow_gpupool.sim.queue import MAX_OVERTAKES, QUEUE_BASELINE, simulate_queue
 
     nodes = load_nodes(args.nodes)
     pods = load_pods(args.pods)
@@ -172,6 +179,7 @@ def _run_queue(args: argparse.Namespace) -> int:
         out = simulate_queue(
             nodes, pods, name, load=args.load, seed=args.seed, sample_nodes=args.queue_nodes,
             arrivals=args.arrivals, warmup_s=args.warmup_hours * 3600, window_s=args.hours * 3600,
+            max_overtakes=MAX_OVERTAKES if args.max_overtakes is None else args.max_overtakes,
             progress=progress,
         )
         if progress is not None:

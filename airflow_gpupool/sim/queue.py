@@ -178,7 +178,12 @@ def simulate_queue(
         "mean_alloc": round(sim.alloc_area / span * 100 / capacity, 2),
         "frag_mean": round(float(np.mean(sim.frag_samples)) if sim.frag_samples else 0.0, 2),
         "still_waiting": len(sim.waiting),
+        "max_overtakes": None if baseline else max_overtakes,
     }
+
+
+def _key(r: GpuRequest) -> tuple[Any, ...]:
+    return (r.cpu_milli, r.memory_mib, r.gpus, r.gpu_milli, r.gpu_models, r.gpu_memory_mib, r.mig_profile)
 
 
 class _QueueSim:
@@ -200,6 +205,11 @@ class _QueueSim:
         self.meter = ClusterFrag(shapes)
         self.frag_samples: list[float] = []
         self._events = 0
+        # Shapes that did not fit in the last pass; capacity has only shrunk since unless a
+        # task departed, so a pass whose new arrivals all have such shapes grants nothing.
+        self.failed: set[tuple[Any, ...]] = set()
+        self.fresh: set[tuple[Any, ...]] = set()
+        self.freed = True
 
     def advance(self, now: float, warm: float) -> None:
         if now > warm:
@@ -211,6 +221,7 @@ class _QueueSim:
 
     def arrive(self, k: int, request: GpuRequest, now: float, useful: int) -> None:
         self.waiting[str(k)] = QueueEntry(str(k), request, k)
+        self.fresh.add(_key(request))
         self.arrived_at[k] = now
         self.useful[k] = useful
 
@@ -218,15 +229,20 @@ class _QueueSim:
         request, assignment, i = self.running.pop(k)
         self.nodes[i] = give(self.nodes[i], request, assignment)
         self.allocated -= self.useful[k]
+        self.freed = True
 
     def serve(self, now: float) -> list[int]:
         if not self.waiting:
             return []
+        if not self.freed and self.fresh <= self.failed:
+            self.fresh.clear()
+            return []  # the same pass as last time: nothing fits, no overtake changes
         failed: set[tuple[Any, ...]] = set()
+        self.failed, self.fresh, self.freed = failed, set(), False
 
         def try_place(entry: QueueEntry) -> Assignment | None:
             r = entry.request
-            key = (r.cpu_milli, r.memory_mib, r.gpus, r.gpu_milli, r.gpu_models)
+            key = _key(r)
             if key in failed:
                 return None  # capacity only shrinks during a pass
             verdict = self.place(ClusterSnapshot(tuple(self.nodes)), r)

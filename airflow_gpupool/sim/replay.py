@@ -45,6 +45,7 @@ class ReplayResult:
     :param frag: cluster fragmentation % when arrived % first reached each report point
     :param seconds: wall time of the replay
     :param decision_ms: duration of each placement decision
+    :param nodes: the cluster at the end of the run
     """
 
     policy: str
@@ -56,6 +57,7 @@ class ReplayResult:
     frag: dict[int, float] = field(default_factory=dict)
     seconds: float = 0.0
     decision_ms: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    nodes: tuple[NodeState, ...] = ()
 
     def alloc_at(self, percent: int) -> float:
         """Mean allocation % over the arrivals whose rounded arrived % is ``percent`` (NaN if none)."""
@@ -211,7 +213,42 @@ def replay(
         if progress is not None and k % 500 == 0:
             progress(k / len(arrivals))
     seconds = time.perf_counter() - start
-    return ReplayResult(policy, seed, len(arrivals), failed, arrived, alloc, frag, seconds, ms)
+    return ReplayResult(policy, seed, len(arrivals), failed, arrived, alloc, frag, seconds, ms, tuple(current))
+
+
+def where_lost(nodes: Sequence[NodeState], cpu_short_milli: int = 4000, top: int = 8) -> dict[str, object]:
+    """Break the unallocated GPU capacity of a cluster down, in % of its GPU capacity.
+
+    :param nodes: the cluster (e.g. :attr:`ReplayResult.nodes` at the end of a run)
+    :param cpu_short_milli: a node with less free CPU than this counts as CPU-exhausted
+    :param top: how many free-milli values of partly used GPUs to list
+    :return: ``unallocated``, ``whole_free`` (entirely free GPUs), ``slivers`` (free milli of
+        partly used GPUs), ``on_cpu_exhausted`` (free milli on CPU-exhausted nodes, either
+        kind) and ``sliver_values``: ``[free milli, GPUs, %]`` of the largest sliver sizes
+    """
+    capacity = sum(len(n.gpus) for n in nodes) * 1000 or 1
+    whole = sliver = cpu_short = 0
+    sizes: Counter[int] = Counter()
+    for n in nodes:
+        for g in n.gpus:
+            if g.partitioned or g.free_milli <= 0:
+                continue
+            if g.free_milli >= 1000:
+                whole += g.free_milli
+            else:
+                sliver += g.free_milli
+                sizes[g.free_milli] += 1
+            if n.cpu_free < cpu_short_milli:
+                cpu_short += g.free_milli
+    pct = 100 / capacity
+    ranked = sorted(sizes.items(), key=lambda kv: -kv[0] * kv[1])[:top]
+    return {
+        "unallocated": round((whole + sliver) * pct, 3),
+        "whole_free": round(whole * pct, 3),
+        "slivers": round(sliver * pct, 3),
+        "on_cpu_exhausted": round(cpu_short * pct, 3),
+        "sliver_values": [[m, k, round(m * k * pct, 3)] for m, k in ranked],
+    }
 
 
 def quick(policy: PlacementPolicy) -> Callable[[ClusterSnapshot, GpuRequest], Verdict]:

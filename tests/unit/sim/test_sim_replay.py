@@ -151,3 +151,25 @@ def test_queue_mode_measures_the_steady_state_window(trace, policy):
     # The arrivals offer what was asked for, and at half load a steady state carries it.
     assert out["offered_load"] == pytest.approx(0.5, rel=0.15)
     assert out["mean_alloc"] == pytest.approx(50, rel=0.25)
+
+
+def test_where_lost_breaks_down_the_unallocated_capacity():
+    from airflow_gpupool.placement import GpuState, NodeState
+    from airflow_gpupool.sim.replay import where_lost
+
+    nodes = [
+        NodeState("a", 8000, 65536, (GpuState(0, "T4", 15000, free_milli=190), GpuState(1, "T4", 15000, free_milli=0)), cpu_free=1000),
+        NodeState("b", 8000, 65536, (GpuState(0, "T4", 15000), GpuState(1, "T4", 15000, free_milli=190))),
+    ]
+    out = where_lost(nodes)
+    assert out["unallocated"] == pytest.approx((190 + 1000 + 190) / 40)
+    assert out["whole_free"] == pytest.approx(25.0)
+    assert out["slivers"] == pytest.approx(9.5)
+    assert out["on_cpu_exhausted"] == pytest.approx(4.75)
+    assert out["sliver_values"] == [[190, 2, 9.5]]
+
+
+def test_replay_keeps_the_final_cluster(trace):
+    result = replay(load_nodes(trace[0]), load_pods(trace[1]), "gpupool", seed=1)
+    assert len(result.nodes) == 4
+    assert sum(g.free_milli for n in result.nodes for g in n.gpus) < 15 * 1000
