@@ -308,6 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("airflow_gpupool.sim.command", "register"),
         ("airflow_gpupool.testing.emulator", "register"),
         ("airflow_gpupool.inventory.kubernetes", "register_reconcile"),
+        ("airflow_gpupool.metrics.command", "register"),
     ):
         _register_optional(sub, module, name)
     return parser
