@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from airflow_gpupool import settings
 from airflow_gpupool.cli import main
 
 INVENTORY = """
@@ -26,14 +25,6 @@ nodes:
     gpus:
       - {model: T4, memory: 16Gi}
 """
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _airflow_logging_configured_outside_capsys() -> None:
-    # Importing Airflow installs logging handlers bound to the sys.stdout of that moment, and the
-    # CLI's logging.basicConfig is then a no-op: INFO lines ("status took 0.01s") follow the output.
-    # Import it here, before any test's capsys, so those lines go to pytest's global capture.
-    settings.placement_policy()
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
