@@ -46,7 +46,7 @@ def cmd_ledger_init(args: argparse.Namespace) -> int:
     """Create or migrate the ledger schema."""
     ledger = _ledger(args)
     applied = ledger.migrate()
-    print(f"ledger at {ledger.url}: " + (f"applied schema v{applied}" if applied else "already up to date"))
+    print(f"ledger at {ledger.url}: " + (f"applied schema {', '.join(f'v{v}' for v in applied)}" if applied else "already up to date"))
     return 0
 
 
@@ -332,6 +332,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+        force=True,  # Airflow, when imported first, has configured logging to stdout
     )
     started = time.monotonic()
     try:

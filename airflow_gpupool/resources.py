@@ -295,10 +295,10 @@ class GpuDevice:
     mig_slices: tuple[MigSlice, ...] = ()
 
     def __post_init__(self) -> None:
-        _check_int("gpu index", self.index, 0, 1023)
         _check_name("gpu uuid", self.uuid, InvalidInventoryError)
         _check_name("gpu model", self.model, InvalidInventoryError)
         try:
+            _check_int("gpu index", self.index, 0, 1023)
             _check_int("gpu memory_mib", self.memory_mib, 1, MAX_GPU_MEMORY_MIB)
         except InvalidRequestError as e:
             raise InvalidInventoryError(e.field, e.value, e.expected) from None

@@ -1,6 +1,6 @@
 """`gpupool bench ledger`: reserve → hold → release cycles from many processes at once.
 
-Creates a fresh ledger (on PostgreSQL in a schema of its own, ``gpupool_bench``, dropped
+Creates a fresh ledger (on PostgreSQL in a schema of its own, ``gpupool_bench_<pid>``, dropped
 afterwards, so the database's real ledger is untouched; on SQLite in the file given,
 which must not exist yet), loads an inventory of ``nodes`` nodes, runs ``clients``
 processes for ``seconds`` and checks the invariants during and after the run.
@@ -23,8 +23,6 @@ from airflow_gpupool.exceptions import ConfigurationError
 from airflow_gpupool.ledger import Ledger, ReservationState
 from airflow_gpupool.ledger.engine import normalize_url
 from airflow_gpupool.resources import GpuDevice, GpuRequest, MigSlice, NodeInventory, WorkloadClass
-
-BENCH_SCHEMA = "gpupool_bench"
 
 #: Mixed request shapes: whole GPUs, fractions (with and without GPU memory) and MIG slices.
 SHAPES = (
@@ -63,11 +61,11 @@ def bench_inventory(count: int) -> list[NodeInventory]:
     return nodes
 
 
-def _bench_url(url: str) -> str:
+def _bench_url(url: str, bench_schema: str) -> str:
     url = normalize_url(url)
     parsed = make_url(url)
     if parsed.get_backend_name() == "postgresql":
-        return parsed.update_query_dict({"options": f"-csearch_path={BENCH_SCHEMA}"}).render_as_string(
+        return parsed.update_query_dict({"options": f"-csearch_path={bench_schema}"}).render_as_string(
             hide_password=False
         )
     path = parsed.database
@@ -78,12 +76,12 @@ def _bench_url(url: str) -> str:
     return url
 
 
-def _pg_schema(url: str, create: bool) -> None:
+def _pg_schema(url: str, bench_schema: str, create: bool) -> None:
     engine = create_engine(normalize_url(url))
     with engine.begin() as conn:
-        conn.exec_driver_sql(f"DROP SCHEMA IF EXISTS {BENCH_SCHEMA} CASCADE")
+        conn.exec_driver_sql(f"DROP SCHEMA IF EXISTS {bench_schema} CASCADE")
         if create:
-            conn.exec_driver_sql(f"CREATE SCHEMA {BENCH_SCHEMA}")
+            conn.exec_driver_sql(f"CREATE SCHEMA {bench_schema}")
     engine.dispose()
 
 
@@ -139,10 +137,11 @@ def _percentile(values: list[float], q: float) -> float:
 
 def run_ledger_bench(url: str, *, clients: int, seconds: float, nodes: int, hold_ms: float = 2.0) -> dict[str, Any]:
     """Run the benchmark and return its numbers (see the module docstring)."""
-    bench_url = _bench_url(url)
+    bench_schema = f"gpupool_bench_{os.getpid()}"  # two benches on one database don't collide
+    bench_url = _bench_url(url, bench_schema)
     backend = make_url(bench_url).get_backend_name()
     if backend == "postgresql":
-        _pg_schema(url, create=True)
+        _pg_schema(url, bench_schema, create=True)
     try:
         ledger = Ledger.create(bench_url)
         ledger.upsert_nodes(bench_inventory(nodes))
@@ -170,7 +169,7 @@ def run_ledger_bench(url: str, *, clients: int, seconds: float, nodes: int, hold
         ledger.close()
     finally:
         if backend == "postgresql":
-            _pg_schema(url, create=False)
+            _pg_schema(url, bench_schema, create=False)
     reserve = [x for r in results for x in r["reserve_ms"]]
     release = [x for r in results for x in r["release_ms"]]
     cycles = len(release)

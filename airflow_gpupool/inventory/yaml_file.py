@@ -63,7 +63,7 @@ def _cpu_milli(where: str, spec: Mapping[str, Any]) -> int:
     text = str(raw)
     try:
         return int(text[:-1]) if text.endswith("m") else int(float(text) * 1000)
-    except ValueError:
+    except (ValueError, OverflowError):
         raise InvalidInventoryError(f"{where}.cpu", raw, "cores (64, 0.5) or milli-cores (500m)") from None
 
 
@@ -98,8 +98,11 @@ def _gpus(where: str, node: str, specs: Any) -> list[GpuDevice]:
         for _ in range(count):
             index = len(out)
             uuid = str(spec.get("uuid") or f"GPU-{node}-{index}")
-            slices = tuple(MigSlice(f"gpu{index}-mig{j}", str(p)) for j, p in enumerate(mig))
-            out.append(GpuDevice(index, uuid, str(spec["model"]), memory, slices))
+            try:
+                slices = tuple(MigSlice(f"gpu{index}-mig{j}", str(p)) for j, p in enumerate(mig))
+                out.append(GpuDevice(index, uuid, str(spec["model"]), memory, slices))
+            except InvalidRequestError as e:
+                raise InvalidInventoryError(f"{at}: {e.field}", e.value, e.expected) from None
     return out
 
 
@@ -126,10 +129,10 @@ def _node(k: int, spec: Any) -> NodeInventory:
             node_pool=str(spec.get("node_pool", "default")),
             health=spec.get("health", "healthy"),
         )
-    except InvalidInventoryError:
-        raise
     except InvalidRequestError as e:
-        raise InvalidInventoryError(f"{where} {e.field}", e.value, e.expected) from None
+        if e.field.startswith(where):
+            raise
+        raise InvalidInventoryError(f"{where}: {e.field}", e.value, e.expected) from None
 
 
 def parse_inventory(text: str, source: str = "<inventory>") -> list[NodeInventory]:

@@ -85,7 +85,10 @@ def write_transaction(engine: Engine, synchronous_commit: bool = True) -> Iterat
         try:
             with conn.begin():
                 if engine.dialect.name == "postgresql":
-                    conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({ADVISORY_LOCK_KEY})")
+                    # One lock per schema: ledgers in other schemas of the database don't wait on it.
+                    conn.exec_driver_sql(
+                        f"SELECT pg_advisory_xact_lock({ADVISORY_LOCK_KEY}, hashtext(current_schema()))"
+                    )
                     if not synchronous_commit:
                         conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
                 yield conn

@@ -417,8 +417,11 @@ class Ledger:
             raise InvalidInventoryError("health", health, f"one of {[h.value for h in NodeHealth]}") from None
 
         def run(tx: _Tx) -> None:
+            # Any health but draining cancels a pending removal: the operator wants the node back.
             changed = tx.conn.execute(
-                update(schema.nodes).where(schema.nodes.c.name == name).values(health=value, version=tx.version)
+                update(schema.nodes)
+                .where(schema.nodes.c.name == name)
+                .values(health=value, version=tx.version, remove_when_drained=value == NodeHealth.DRAINING.value)
             ).rowcount
             if not changed:
                 raise InvalidInventoryError("node", name, "a node of the inventory")

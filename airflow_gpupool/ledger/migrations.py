@@ -68,7 +68,7 @@ def migrate(engine: Engine) -> list[int]:
         with engine.begin() as conn:
             if engine.dialect.name == "postgresql":
                 # Two processes initialising one ledger must not both run a migration.
-                conn.exec_driver_sql("SELECT pg_advisory_xact_lock(7243001)")
+                conn.exec_driver_sql("SELECT pg_advisory_xact_lock(7243001, hashtext(current_schema()))")
             if migration.version <= current_version(conn):
                 continue
             log.info("Migrating GPU ledger to schema v%d: %s", migration.version, migration.description)
