@@ -311,3 +311,46 @@ def test_snapshot_reports_allocation(ledger: Ledger) -> None:
     snap = ledger.snapshot()
     assert snap.gpu_capacity_milli == 4000 and snap.gpu_allocated_milli == 1500
     assert [g.holder for g in snap.grants] == ["a", "b"]
+
+
+def test_setting_a_draining_node_healthy_cancels_its_removal(ledger: Ledger) -> None:
+    ledger.upsert_nodes([node("n1", gpus=2)])
+    a = ledger.reserve(GpuRequest(gpus=1), "a")
+    assert ledger.remove_node("n1") == "draining"
+    ledger.set_health("n1", "healthy")
+    b = ledger.reserve(GpuRequest(gpus=1), "b")
+    ledger.release(a.id)
+    ledger.release(b.id)
+    assert [(n.name, n.health) for n in ledger.snapshot().nodes] == [("n1", "healthy")]
+
+
+def test_two_ledgers_in_one_postgres_database_do_not_share_a_lock(pg_schema_url: str) -> None:
+    import threading
+
+    from sqlalchemy import create_engine
+
+    from airflow_gpupool.ledger.engine import normalize_url, write_transaction
+
+    first = Ledger.create(pg_schema_url)
+    engine = create_engine(normalize_url(pg_schema_url))
+    held, done = threading.Event(), threading.Event()
+
+    def hold_lock() -> None:
+        with write_transaction(engine):
+            held.set()
+            done.wait(10)
+
+    holder = threading.Thread(target=hold_lock)
+    holder.start()
+    held.wait(5)
+    try:
+        # Same schema: the lock is taken; a write of the same ledger would wait.
+        with engine.connect() as conn:
+            got = conn.exec_driver_sql("SELECT pg_try_advisory_xact_lock(7243000, hashtext(current_schema()))").scalar()
+            other = conn.exec_driver_sql("SELECT pg_try_advisory_xact_lock(7243000, hashtext('some_other_schema'))").scalar()
+        assert (got, other) == (False, True)
+    finally:
+        done.set()
+        holder.join()
+        engine.dispose()
+        first.close()
