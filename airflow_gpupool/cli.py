@@ -10,7 +10,6 @@ import argparse
 import json
 import logging
 import sys
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -335,14 +334,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         stream=sys.stderr,
         force=True,  # Airflow, when imported first, has configured logging to stdout
     )
-    started = time.monotonic()
     try:
         return int(args.func(args) or 0)
     except GpuPoolError as e:
         print(f"gpupool: error: {e}", file=sys.stderr)
         return 2
-    finally:
-        log.info("%s took %.2fs", args.command, time.monotonic() - started)
 
 
 if __name__ == "__main__":

@@ -9,9 +9,11 @@ reports the median of the per-pair ratios (ours / plain). Nothing waits: the poo
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -112,7 +114,9 @@ def run_operator_bench(tasks: int = 10, duration_s: float = 0.5) -> dict[str, An
 
 
 def _run(args: argparse.Namespace) -> int:
-    result = run_operator_bench(tasks=args.tasks, duration_s=args.pod_seconds)
+    # The operators log (and print pod logs) to stdout; keep stdout for the result alone.
+    with contextlib.redirect_stdout(sys.stderr):
+        result = run_operator_bench(tasks=args.tasks, duration_s=args.pod_seconds)
     if args.json:
         print(json.dumps(result, sort_keys=True))
     else:
