@@ -52,8 +52,9 @@ def place_by_score(
     )
 
 
-#: The policy the project recommends and the ledger should default to: fragmentation
-#: gradient with exact growth and best-fit tie-breaking (see :mod:`~airflow_gpupool.placement.fgd`).
+#: The policy the project recommends and the ledger should default to: FGD's fragmentation
+#: gradient plus the GPU capacity a placement strands for lack of CPU, best fit inside a
+#: score band (see :class:`~airflow_gpupool.placement.fgd.GpuPoolPolicy`).
 DEFAULT_POLICY = "gpupool"
 
 _REGISTRY: dict[str, Callable[..., PlacementPolicy]] = {}
