@@ -1,0 +1,119 @@
+"""The example DAGs in ``dags/``: they import fast with no I/O, and each runs green under dag.test()."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_gpupool.checkpoints import CheckpointStore
+from airflow_gpupool.ledger import Ledger
+from airflow_gpupool.testing import KubernetesEmulatorServer
+
+DAGS = Path(__file__).resolve().parents[2] / "dags"
+EXAMPLES = sorted(p.name for p in DAGS.glob("*.py"))
+A100 = "NVIDIA-A100-SXM4-80GB"
+
+
+def ti_of(dag_run: Any, task_id: str) -> Any:
+    return next(ti for ti in dag_run.get_task_instances() if ti.task_id == task_id)
+
+
+def states(dag_run: Any) -> dict[str, str]:
+    return {f"{ti.task_id}[{ti.map_index}]": str(ti.state) for ti in dag_run.get_task_instances()}
+
+
+def env_of(pod: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e.get("value") for e in pod["spec"]["containers"][0].get("env", [])}
+
+
+def assert_nothing_held(ledger: Ledger) -> None:
+    snap = ledger.snapshot()
+    assert snap.grants == () and snap.queue == ()
+    assert ledger.check_invariants() == []
+
+
+def _no_io(*args: Any, **kwargs: Any) -> None:
+    raise AssertionError("I/O while parsing a DAG file")
+
+
+@pytest.mark.parametrize("filename", EXAMPLES)
+def test_example_imports_fast_without_io(filename: str, airflow_db: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow.dag_processing.dagbag import DagBag
+    from kubernetes import config as k8s_config
+
+    import airflow_gpupool.operators
+    import airflow_gpupool.sensors  # noqa: F401 (warm: the time limit is for the file, not the provider)
+
+    monkeypatch.setattr(Ledger, "__init__", _no_io)
+    monkeypatch.setattr(k8s_config, "load_kube_config", _no_io)
+    monkeypatch.setattr(k8s_config, "load_incluster_config", _no_io)
+    monkeypatch.setenv("KUBECONFIG", "/nonexistent/kubeconfig")  # a real path would not be read either
+
+    started = time.perf_counter()
+    bag = DagBag(str(DAGS / filename))
+    elapsed = time.perf_counter() - started
+
+    assert bag.import_errors == {}
+    assert bag.dag_ids, f"{filename} defines no DAG"
+    assert elapsed < 1.0, f"{filename} took {elapsed:.2f} s to parse"
+
+
+def test_gpu_retraining_resumes_from_its_checkpoint_and_promotes(
+    run_dag, k8s: KubernetesEmulatorServer, gpu_ledger: Ledger
+) -> None:
+    dag_run = run_dag("gpu_retraining")
+
+    assert str(dag_run.state) == "success", states(dag_run)
+    assert states(dag_run) == {
+        "prepare_data[-1]": "success",
+        "train[-1]": "success",
+        "watch_checkpoints[-1]": "success",
+        "evaluate[-1]": "success",
+        "decide[-1]": "success",
+        "promote[-1]": "success",
+        "keep_current[-1]": "skipped",
+    }
+    assert ti_of(dag_run, "train").try_number == 2
+    trains = [p for p in k8s.created_pods() if p["metadata"]["name"].startswith("train")]
+    assert len(trains) == 2
+    assert env_of(trains[1])["GPUPOOL_RESUME_FROM"].endswith("step-000003")
+    manifest = ti_of(dag_run, "watch_checkpoints").xcom_pull(task_ids="watch_checkpoints")
+    assert manifest["step"] == 5 and manifest["metrics"]["loss"] < 0.5
+    evaluate = next(p for p in k8s.created_pods() if p["metadata"]["name"].startswith("evaluate"))
+    assert evaluate["spec"]["containers"][0]["command"][-1] == manifest["location"]
+    assert_nothing_held(gpu_ledger)
+
+
+def test_gpu_sweep_runs_each_trial_on_a_fraction_and_picks_the_lowest_loss(
+    run_dag, k8s: KubernetesEmulatorServer, gpu_ledger: Ledger
+) -> None:
+    dag_run = run_dag("gpu_sweep")
+
+    assert str(dag_run.state) == "success", states(dag_run)
+    trials = k8s.created_pods()
+    assert sorted(env_of(p)["LR"] for p in trials) == ["0.001", "0.01", "0.1"]
+    assert {env_of(p)["GPUPOOL_GPU_MILLI"] for p in trials} == {"250"}
+    best = ti_of(dag_run, "pick_best").xcom_pull(task_ids="pick_best")
+    assert (best["trial"], best["lr"], best["epochs"]) == (1, "0.01", "4")
+    root = Path(os.environ["AIRFLOW_HOME"]) / "checkpoints" / "gpu_sweep" / dag_run.run_id
+    assert CheckpointStore(str(root / "trial-1")).newest().step == 4  # type: ignore[union-attr]
+    assert_nothing_held(gpu_ledger)
+
+
+def test_inference_refresh_runs_on_a_mig_slice_with_the_inference_priority_class(
+    run_dag, k8s: KubernetesEmulatorServer, gpu_ledger: Ledger
+) -> None:
+    dag_run = run_dag("inference_refresh")
+
+    assert str(dag_run.state) == "success", states(dag_run)
+    (pod,) = k8s.created_pods()
+    assert pod["spec"]["priorityClassName"] == "gpupool-inference"
+    assert pod["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/mig-1g.10gb": "1"}
+    (reservation,) = gpu_ledger.history()
+    assert reservation.request.workload_class.value == "inference"
+    assert reservation.grant is not None and reservation.grant.node == "gpu-mig"
+    assert_nothing_held(gpu_ledger)
