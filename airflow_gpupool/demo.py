@@ -1,113 +1,332 @@
-"""`make demo`: a SQLite ledger with an example inventory, a few reservations, and `gpupool status`.
+"""`make demo`: run the ``gpu_retraining`` example DAG end to end on one machine, then summarize it.
 
-Run with ``python -m airflow_gpupool.demo [--dir DIR]``; everything lands under ``DIR``
-(default ``.demo/``), which is wiped first so the demo always starts from nothing.
+Everything is embedded and lands under ``DIR`` (default ``.demo/``, wiped first): an Airflow
+metadata database (SQLite, ``DIR/airflow``), a SQLite GPU ledger, and the Kubernetes emulator
+(in-process) with a small GPU cluster whose nodes are synced into the ledger. The DAG runs under
+``dag.test()``; its training step crashes once after checkpoint 3 and resumes from it. Airflow's
+own output goes to ``DIR/demo.log``; the summary goes to stdout.
+
+Run with ``python -m airflow_gpupool.demo [--dir DIR]``; ``--write-nodes FILE`` only writes the
+demo cluster's nodes (for ``python -m airflow_gpupool.testing.emulator --nodes FILE``, as ``make
+ui`` does). Airflow reads its configuration once, when first imported: this module imports it
+only after setting the environment, so it must not be imported by a process that already did.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
+import os
 import shutil
+import subprocess
 import sys
-from importlib import resources
+import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import IO, Any
 
-from airflow_gpupool.cli import format_status
-from airflow_gpupool.inventory import load_inventory, parse_inventory
 from airflow_gpupool.ledger import Ledger
-from airflow_gpupool.resources import GpuRequest, WorkloadClass
+from airflow_gpupool.ledger.models import Grant, Reservation
+from airflow_gpupool.testing import KubernetesEmulatorServer, gpu_node
 
-EXAMPLE_INVENTORY = Path(__file__).resolve().parent.parent / "examples" / "inventory.yaml"
-
-# Each request: (holder, request). The last one cannot fit until something is released.
-REQUESTS = [
-    (
-        "nightly-retrain/train",
-        GpuRequest(
-            gpus=4,
-            cpu_milli=32000,
-            memory_mib=262144,
-            workload_class=WorkloadClass.TRAINING,
-            team="recsys",
-            priority=10,
-        ),
-    ),
-    (
-        "sweep/trial-0",
-        GpuRequest(gpu_milli=250, gpu_memory_mib=10240, cpu_milli=4000, memory_mib=16384, team="research"),
-    ),
-    (
-        "sweep/trial-1",
-        GpuRequest(gpu_milli=250, gpu_memory_mib=10240, cpu_milli=4000, memory_mib=16384, team="research"),
-    ),
-    (
-        "embeddings/serve",
-        GpuRequest(
-            mig_profile="1g.10gb",
-            cpu_milli=2000,
-            memory_mib=8192,
-            workload_class=WorkloadClass.INFERENCE,
-            team="search",
-        ),
-    ),
-    (
-        "big-pretrain/train",
-        GpuRequest(
-            gpus=8,
-            cpu_milli=64000,
-            memory_mib=524288,
-            workload_class=WorkloadClass.TRAINING,
-            team="llm",
-            priority=5,
-        ),
-    ),
-    (
-        "weekly-eval/train",
-        GpuRequest(
-            gpus=8, cpu_milli=32000, memory_mib=131072, workload_class=WorkloadClass.TRAINING, team="llm"
-        ),
-    ),
-]
+DAG_ID = "gpu_retraining"
+DAGS_FOLDER = Path(__file__).resolve().parent.parent / "dags"
+A100 = "NVIDIA-A100-SXM4-80GB"
+NODE_POOL_BINDINGS = "a100-mig=mig,t4-shared=hami"
 
 
-def _inventory() -> list:
-    if EXAMPLE_INVENTORY.exists():
-        return load_inventory(EXAMPLE_INVENTORY)
-    # Installed without the repository: the same example ships inside the package data.
-    text = resources.files("airflow_gpupool").joinpath("data/example-inventory.yaml").read_text()
-    return parse_inventory(text, "example-inventory.yaml")
+def demo_nodes() -> list[dict[str, Any]]:
+    """Return the demo cluster: two nodes of whole A100s, one MIG-partitioned A100, two T4s shared through HAMi."""
+    t4 = gpu_node("gpu-t4", gpus=2, product="Tesla-T4", memory_mib=15360, pool="t4-shared")
+    # HAMi's device plugin advertises GPU memory and cores as resources of their own.
+    t4["status"]["allocatable"].update({"nvidia.com/gpumem": "30720", "nvidia.com/gpucores": "200"})
+    return [
+        gpu_node("gpu-a100-1", gpus=4, product=A100, memory_mib=81920, pool="a100"),
+        gpu_node("gpu-a100-2", gpus=4, product=A100, memory_mib=81920, pool="a100"),
+        gpu_node("gpu-mig", gpus=1, product=A100, memory_mib=81920, mig={"1g.10gb": 7}, pool="a100-mig"),
+        t4,
+    ]
+
+
+def connection_env(ledger_url: str) -> str:
+    """Return the ``AIRFLOW_CONN_GPUPOOL_DEFAULT`` value for the demo ledger.
+
+    :param ledger_url: the ledger's SQLAlchemy URL
+    """
+    extra = {"ledger_url": ledger_url, "poll_interval_seconds": 0.2, "node_pool_bindings": NODE_POOL_BINDINGS}
+    return json.dumps({"conn_type": "gpupool", "extra": extra})
+
+
+def set_environment(workdir: Path, kubeconfig: str, ledger_url: str) -> None:
+    """Point Airflow, the example DAGs and the provider at the demo's embedded parts (before Airflow is imported).
+
+    :param workdir: the demo's directory
+    :param kubeconfig: the emulator's kubeconfig
+    :param ledger_url: the ledger's URL
+    """
+    os.environ.update(
+        {
+            "AIRFLOW_HOME": str(workdir / "airflow"),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS_FOLDER),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__LOGGING__LOGGING_LEVEL": "WARNING",
+            "KUBECONFIG": kubeconfig,
+            "GPUPOOL_EMULATOR": "1",
+            "GPUPOOL_CHECKPOINT_ROOT": str(workdir / "checkpoints"),
+            "AIRFLOW_CONN_GPUPOOL_DEFAULT": connection_env(ledger_url),
+        }
+    )
+    os.environ.pop("GPUPOOL_LEDGER_URL", None)
+
+
+@contextlib.contextmanager
+def output_to(log_path: Path) -> Iterator[IO[str]]:
+    """Send this process's stdout and stderr (file descriptors included) to a log; yield the real stdout.
+
+    :param log_path: the log file
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    console = os.fdopen(os.dup(1), "w", buffering=1)
+    with open(log_path, "a") as log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        try:
+            yield console
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+            console.close()
+
+
+def migrate_airflow_db(log: IO[str]) -> None:
+    """Create the Airflow metadata database (``airflow db migrate`` in a subprocess).
+
+    :param log: where its output goes
+    """
+    subprocess.run(
+        [sys.executable, "-m", "airflow", "db", "migrate"], check=True, stdout=log, stderr=subprocess.STDOUT
+    )
+
+
+def run_dag() -> Any:
+    """Parse the DAGs folder and run ``gpu_retraining`` with ``dag.test()``; return the DagRun."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(str(DAGS_FOLDER))
+    if bag.import_errors:
+        raise RuntimeError(f"example DAGs failed to import: {bag.import_errors}")
+    return bag.get_dag(DAG_ID).test()
+
+
+def _slice(grant: Grant) -> str:
+    if grant.mig_slice:
+        return f"MIG {grant.mig_profile} slice {grant.mig_slice}"
+    gpus = ",".join(map(str, grant.gpu_indices))
+    if grant.milli_per_gpu < 1000:
+        return f"GPU {gpus}: {grant.milli_per_gpu} milli-GPU, {grant.gpu_memory_mib} MiB"
+    return f"GPU {gpus} ({grant.gpu_model})"
+
+
+def _ended_at(ledger: Ledger) -> dict[str, float | None]:
+    from sqlalchemy import select
+
+    from airflow_gpupool.ledger import schema
+
+    # Reservation carries no end time; the row does.
+    r = schema.reservations.c
+    return ledger._read(lambda conn: {row.id: row.ended_at for row in conn.execute(select(r.id, r.ended_at))})
+
+
+def _task_of(holder: str) -> str:
+    # holder: dag/task/run/map-N/try-K@host
+    parts = holder.split("@", 1)[0].split("/")
+    return f"{parts[1]} try {parts[-1].removeprefix('try-')}" if len(parts) >= 5 else holder
+
+
+def grant_lines(ledger: Ledger) -> list[str]:
+    """Return one line per grant the ledger made, oldest first: task, node, slice, seconds held.
+
+    :param ledger: the ledger
+    """
+    ended = _ended_at(ledger)
+    lines = []
+    granted: list[Reservation] = [r for r in reversed(ledger.history(limit=1000)) if r.grant is not None]
+    for r in granted:
+        assert r.grant is not None
+        end = ended.get(r.id)
+        held = f"{end - r.grant.granted_at:6.1f} s" if end is not None else "  still held"
+        lines.append(
+            f"  {_task_of(r.holder):<22} {r.grant.node:<11} {_slice(r.grant):<44} {held}  {r.state.value}"
+        )
+    return lines
+
+
+def _env_of(pod: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e.get("value") for e in pod["spec"]["containers"][0].get("env", [])}
+
+
+def _train_note(dag_run: Any, ti: Any, ledger: Ledger, k8s: KubernetesEmulatorServer) -> str:
+    from airflow_gpupool.ledger.attempts import TaskAttempts
+
+    notes = []
+    for attempt in TaskAttempts(ledger).history(f"{DAG_ID}/train/{dag_run.run_id}/map--1"):
+        notes.append(
+            f"try {attempt.try_number} failed ({attempt.failure_class}, exit {attempt.exit_code}) "
+            f"after checkpoint step {attempt.checkpoint_step}"
+        )
+    resumed = [
+        _env_of(p)["GPUPOOL_RESUME_FROM"]
+        for p in k8s.created_pods()
+        if p["metadata"]["name"].startswith("train") and "GPUPOOL_RESUME_FROM" in _env_of(p)
+    ]
+    for where in resumed:
+        notes.append(f"retry resumed from checkpoint step {int(where.rstrip('/').rsplit('-', 1)[1])}")
+    return "; ".join(notes)
+
+
+def task_lines(dag_run: Any, ledger: Ledger, k8s: KubernetesEmulatorServer) -> list[str]:
+    """Return one line per task: its outcome, tries, and what happened.
+
+    :param dag_run: the finished DagRun
+    :param ledger: the ledger
+    :param k8s: the emulator
+    """
+    order = ["prepare_data", "train", "watch_checkpoints", "evaluate", "decide", "promote", "keep_current"]
+    tis = sorted(
+        dag_run.get_task_instances(), key=lambda ti: order.index(ti.task_id) if ti.task_id in order else 99
+    )
+    lines = []
+    for ti in tis:
+        note = ""
+        if ti.task_id == "train":
+            note = _train_note(dag_run, ti, ledger, k8s)
+        elif ti.task_id == "watch_checkpoints":
+            manifest = ti.xcom_pull(task_ids=ti.task_id) or {}
+            if manifest:
+                note = f"final checkpoint step {manifest['step']}, loss {manifest['metrics'].get('loss')}"
+        elif ti.task_id == "decide":
+            chosen = [
+                t.task_id
+                for t in tis
+                if t.task_id in ("promote", "keep_current") and str(t.state) != "skipped"
+            ]
+            note = f"chose {', '.join(chosen) or 'nothing'} (final loss vs the current_loss param)"
+        tries = ti.try_number if str(ti.state) != "skipped" else 0
+        lines.append(f"  {ti.task_id:<18} {str(ti.state):<8} {tries:>5}   {note}".rstrip())
+    return lines
+
+
+NEXT_STEPS = """\
+Next:
+  make ui        the Airflow UI (airflow standalone) with the emulator and the example DAGs:
+                 http://localhost:8080 (the admin password is printed by airflow standalone)
+  Real cluster:  KUBECONFIG=~/.kube/config (or run in-cluster), unset GPUPOOL_EMULATOR, and
+                 `gpupool inventory sync --url URL` to load its GPU nodes into the ledger.
+  PostgreSQL:    AIRFLOW_CONN_GPUPOOL_DEFAULT='{"conn_type": "gpupool", "extra":
+                 {"ledger_url": "postgresql://gpupool@db:5432/gpupool"}}' (see docker/compose.yaml),
+                 after `gpupool ledger --url postgresql://...` creates it.
+"""
+
+
+def summarize(
+    dag_run: Any, ledger: Ledger, k8s: KubernetesEmulatorServer, workdir: Path, seconds: float, out: IO[str]
+) -> bool:
+    """Print the summary; return whether the run succeeded and left nothing behind.
+
+    :param dag_run: the finished DagRun
+    :param ledger: the ledger
+    :param k8s: the emulator
+    :param workdir: the demo's directory
+    :param seconds: how long the DAG run took
+    :param out: where to print
+    """
+    snap = ledger.snapshot()
+    violations = ledger.check_invariants()
+    state = str(dag_run.state)
+    p = out.write
+    p(f"\nDAG {DAG_ID}, run {dag_run.run_id}: {state} in {seconds:.1f} s\n")
+    p(f"  {'task':<18} {'outcome':<8} {'tries':>5}   notes\n")
+    p("\n".join(task_lines(dag_run, ledger, k8s)) + "\n")
+    p("\nGrants made (ledger history, oldest first)\n")
+    p(f"  {'task':<22} {'node':<11} {'GPUs or slice':<44} {'held':>8}  final state\n")
+    p("\n".join(grant_lines(ledger)) + "\n")
+    p(
+        f"\ngrants leaked: {len(snap.grants)}   (queue {len(snap.queue)}, invariant violations {len(violations)})\n"
+    )
+    p(f"Checkpoints under {workdir / 'checkpoints'}; Airflow's log in {workdir / 'demo.log'}\n\n")
+    p(NEXT_STEPS)
+    return state == "success" and not snap.grants and not snap.queue and not violations
+
+
+def run_demo(workdir: Path, out: IO[str]) -> bool:
+    """Set up the embedded parts under ``workdir``, run the DAG, print the summary; return whether it passed.
+
+    :param workdir: the demo's directory (wiped first)
+    :param out: where to print progress and the summary
+    """
+    from airflow_gpupool.inventory.kubernetes import core_v1_api, sync_inventory
+
+    shutil.rmtree(workdir, ignore_errors=True)
+    (workdir / "airflow").mkdir(parents=True)
+    log_path = workdir / "demo.log"
+    url = f"sqlite:///{workdir / 'ledger.db'}"
+    out.write(f"airflow-gpupool demo in {workdir}\n")
+    with KubernetesEmulatorServer(nodes=demo_nodes(), default_duration_seconds=0.3) as k8s:
+        set_environment(workdir, k8s.kubeconfig_path, url)
+        out.write(f"  Kubernetes emulator at {k8s.url}\n")
+        ledger = Ledger.create(url)
+        try:
+            synced = sync_inventory(ledger, core_v1_api(k8s.kubeconfig_path))
+            out.write(f"  ledger {url}: {len(synced.added)} GPU nodes synced from the cluster\n")
+            for node in synced.nodes:
+                out.write(f"    {node.name:<11} pool {node.node_pool:<10} {_gpu_cell(node)}\n")
+            with open(log_path, "a") as log:
+                out.write("  migrating the Airflow database (SQLite) ...\n")
+                migrate_airflow_db(log)
+            out.write(f"  running {DAG_ID} with dag.test() (Airflow output in {log_path}) ...\n")
+            started = time.monotonic()
+            with output_to(log_path):
+                dag_run = run_dag()
+            return summarize(dag_run, ledger, k8s, workdir, time.monotonic() - started, out)
+        finally:
+            ledger.close()
+
+
+def _gpu_cell(node: Any) -> str:
+    whole = [g for g in node.gpus if not g.mig_slices]
+    mig = [s.profile for g in node.gpus for s in g.mig_slices]
+    parts = []
+    if whole:
+        parts.append(f"{len(whole)} x {whole[0].model}")
+    if mig:
+        parts.append(f"MIG {len(mig)} x {mig[0]}")
+    if NODE_POOL_BINDINGS.find(f"{node.node_pool}=hami") >= 0:
+        parts.append("shared through HAMi")
+    return ", ".join(parts)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the demo; return the exit code."""
     parser = argparse.ArgumentParser(prog="python -m airflow_gpupool.demo", description=__doc__)
     parser.add_argument("--dir", default=".demo", help="working directory (wiped first)")
+    parser.add_argument(
+        "--write-nodes", metavar="FILE", help="only write the demo cluster's nodes (JSON) and exit"
+    )
     args = parser.parse_args(argv)
-    workdir = Path(args.dir).resolve()
-    shutil.rmtree(workdir, ignore_errors=True)
-    workdir.mkdir(parents=True)
-    url = f"sqlite:///{workdir / 'ledger.db'}"
-
-    ledger = Ledger.create(url)
-    nodes = _inventory()
-    change = ledger.upsert_nodes(nodes)
-    print(f"Ledger {url}\nLoaded {len(change.added)} nodes from the example inventory.\n")
-    for holder, request in REQUESTS:
-        reservation = ledger.reserve(request, holder, ttl=3600, timeout=3600)
-        if reservation.grant is not None:
-            g = reservation.grant
-            where = g.mig_slice or ",".join(map(str, g.gpu_indices))
-            print(f"  {holder:<22} {request.describe():<55} granted on {g.node} GPU {where}")
-        else:
-            print(f"  {holder:<22} {request.describe():<55} queued at position {reservation.position}")
-            print(f"  {'':<22} {ledger.explain(reservation.id)}")
-    print()
-    print(format_status(ledger.snapshot()))
-    violations = ledger.check_invariants()
-    print(f"\ninvariant violations: {len(violations)}")
-    print(f"\nTry it yourself:  .venv/bin/gpupool status --url {url}")
-    ledger.close()
-    return 1 if violations else 0
+    if args.write_nodes:
+        Path(args.write_nodes).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.write_nodes).write_text(json.dumps({"nodes": demo_nodes()}, indent=1))
+        return 0
+    if "airflow" in sys.modules:
+        parser.error("Airflow is already imported in this process: run the demo in a process of its own")
+    return 0 if run_demo(Path(args.dir).resolve(), sys.stdout) else 1
 
 
 if __name__ == "__main__":

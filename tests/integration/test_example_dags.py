@@ -41,7 +41,9 @@ def _no_io(*args: Any, **kwargs: Any) -> None:
 
 
 @pytest.mark.parametrize("filename", EXAMPLES)
-def test_example_imports_fast_without_io(filename: str, airflow_db: None, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_example_imports_fast_without_io(
+    filename: str, airflow_db: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from airflow.dag_processing.dagbag import DagBag
     from kubernetes import config as k8s_config
 

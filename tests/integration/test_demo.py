@@ -1,0 +1,38 @@
+"""`make demo` end to end: ``python -m airflow_gpupool.demo`` in a process of its own (it sets up Airflow)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_demo_runs_the_retraining_dag_and_summarizes_it(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "GPUPOOL_", "KUBECONFIG"))}
+    done = subprocess.run(
+        [sys.executable, "-m", "airflow_gpupool.demo", "--dir", str(tmp_path / "demo")],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr[-3000:]
+    for task in ("prepare_data", "train", "watch_checkpoints", "evaluate", "decide", "promote"):
+        assert re.search(rf"^  {task} +success ", out, re.MULTILINE), (task, out)
+    assert re.search(r"^  keep_current +skipped ", out, re.MULTILINE), out
+    assert re.search(r"^  train +success +2 .*retry resumed from checkpoint step 3$", out, re.MULTILINE), out
+    assert re.search(r"^  train try 1 +gpu-a100-\d .* released$", out, re.MULTILINE), out
+    assert re.search(r"^  evaluate try 1 +gpu-t4 +GPU \d: 250 milli-GPU", out, re.MULTILINE), out
+    assert "grants leaked: 0 " in out and "invariant violations 0" in out
+    assert "make ui" in out and "postgresql://" in out
+    assert "INFO" not in out, "Airflow's logs belong in demo.log"
+    assert (tmp_path / "demo" / "demo.log").stat().st_size > 0
