@@ -34,6 +34,7 @@ def get_provider_info() -> dict[str, Any]:
         ],
         "sensors": [{"integration-name": "GPU pool", "python-modules": ["airflow_gpupool.sensors.checkpoint"]}],
         "notifications": ["airflow_gpupool.notifiers.escalation.EscalationNotifier"],
+        "plugins": [{"name": "gpupool", "plugin-class": "airflow_gpupool.plugins.gpupool.GpuPoolPlugin"}],
         "config": {
             "gpupool": {
                 "description": "Settings of the airflow-gpupool provider.",

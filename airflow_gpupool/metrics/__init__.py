@@ -1,0 +1,7 @@
+"""Prometheus metrics of the GPU ledger, computed from a snapshot on each scrape."""
+
+from __future__ import annotations
+
+from airflow_gpupool.metrics.collector import METRIC_NAMES, GpuPoolCollector, ledger_metrics
+
+__all__ = ["METRIC_NAMES", "GpuPoolCollector", "ledger_metrics"]

@@ -1,0 +1,72 @@
+"""``gpupool metrics serve``: a Prometheus exporter for deployments without the Airflow UI."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import threading
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+log = logging.getLogger(__name__)
+
+
+def make_registry(url: str | None = None) -> CollectorRegistry:
+    """Return a registry holding only a :class:`GpuPoolCollector` for the ledger at ``url``.
+
+    :param url: ledger URL; default from :func:`airflow_gpupool.settings.ledger_url`
+    """
+    from prometheus_client import CollectorRegistry
+
+    from airflow_gpupool import settings
+    from airflow_gpupool.ledger import Ledger
+    from airflow_gpupool.metrics.collector import GpuPoolCollector
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(GpuPoolCollector(Ledger(settings.ledger_url(url))))
+    return registry
+
+
+def serve(port: int, url: str | None = None, addr: str = "0.0.0.0", stop: threading.Event | None = None) -> None:
+    """Serve ``/metrics`` on ``addr:port`` until ``stop`` is set (forever when None).
+
+    :param port: TCP port
+    :param url: ledger URL; default from :func:`airflow_gpupool.settings.ledger_url`
+    :param addr: address to bind
+    :param stop: set it to shut the server down (tests)
+    """
+    from prometheus_client import start_http_server
+
+    server, thread = start_http_server(port, addr=addr, registry=make_registry(url))
+    log.info("Serving GPU pool metrics on http://%s:%d/metrics", addr, port)
+    try:
+        (stop or threading.Event()).wait()
+    finally:
+        server.shutdown()
+        thread.join()
+
+
+def cmd_metrics_serve(args: argparse.Namespace) -> int:
+    """Serve the ledger's Prometheus metrics over HTTP (``/metrics``)."""
+    try:
+        serve(args.port, args.url, args.addr)
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    """Add ``metrics serve`` to an argparse ``subparsers`` object.
+
+    :param subparsers: what ``add_subparsers()`` returned for the ``gpupool`` command
+    """
+    metrics = subparsers.add_parser("metrics", help="Prometheus metrics of the ledger")
+    sub = metrics.add_subparsers(dest="metrics_command", metavar="WHAT")
+    sub.required = True
+    p = sub.add_parser("serve", help="serve /metrics over HTTP", description=cmd_metrics_serve.__doc__)
+    p.add_argument("--port", type=int, default=9464, help="TCP port (default: 9464)")
+    p.add_argument("--addr", default="0.0.0.0", help="address to bind (default: 0.0.0.0)")
+    p.add_argument("--url", help="ledger SQLAlchemy URL (default: GPUPOOL_LEDGER_URL or [gpupool] ledger_url)")
+    p.set_defaults(func=cmd_metrics_serve)

@@ -1,0 +1,250 @@
+"""The GPU pool FastAPI app: the page, its JSON API and ``/metrics``, behind Airflow's login.
+
+Mounted by :class:`~airflow_gpupool.plugins.gpupool.GpuPoolPlugin` at ``/gpupool`` on the
+Airflow API server:
+
+* ``GET /gpupool/`` the page (``?partial=1``: only its body, for the page's refresh)
+* ``GET /gpupool/api/v1/snapshot`` nodes, GPUs, grants and the queue (with why each waits)
+* ``GET /gpupool/api/v1/history?limit=&state=`` recent reservations, newest first
+* ``GET /gpupool/api/v1/series?hours=`` allocation and fragmentation over time
+* ``GET /gpupool/api/v1/explain/{reservation_id}`` why a reservation waits or how it ended
+* ``GET /gpupool/metrics`` Prometheus exposition
+
+Every route needs an authenticated Airflow user: Airflow's own ``get_user`` dependency
+reads the JWT from ``Authorization: Bearer`` or the UI's ``_token`` cookie (which the
+browser sends to the page embedded in the Airflow UI), and answers 401 without one.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+# FastAPI reads the route functions' annotations at runtime: what they name is imported here,
+# and this module is imported only when the app is built (see plugins.gpupool._LazyApp).
+from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi.responses import HTMLResponse, PlainTextResponse
+
+from airflow_gpupool.plugins import URL_PREFIX
+
+if TYPE_CHECKING:
+    from airflow_gpupool.ledger import Ledger, LedgerSnapshot
+
+_ENDED = ("released", "expired", "timed_out", "cancelled")
+_STATIC = Path(__file__).parent / "static"
+_MAX_EXPLAINED = 50
+
+
+class FragmentationSampler:
+    """Keep recent ``(time, allocation, fragmentation)`` samples taken as the ledger is read.
+
+    Fragmentation depends on every GPU's free capacity, which the ledger does not keep
+    over time, so the chart's fragmentation line is sampled whenever the page, the API
+    or a scrape reads a snapshot (at most once per ``min_interval`` seconds).
+
+    :param maxlen: samples kept
+    :param min_interval: seconds between two samples
+    """
+
+    def __init__(self, maxlen: int = 2880, min_interval: float = 15.0) -> None:
+        self._samples: deque[tuple[float, float, float]] = deque(maxlen=maxlen)
+        self._lock = threading.Lock()
+        self.min_interval = min_interval
+
+    def add(self, at: float, allocation: float, fragmentation: float) -> None:
+        """Record a sample unless the previous one is too recent.
+
+        :param at: the snapshot's time
+        :param allocation: allocation ratio then
+        :param fragmentation: fragmentation ratio then
+        """
+        with self._lock:
+            if self._samples and at - self._samples[-1][0] < self.min_interval:
+                return
+            self._samples.append((at, allocation, fragmentation))
+
+    def since(self, t0: float) -> list[tuple[float, float, float]]:
+        """Return the samples taken at or after ``t0``.
+
+        :param t0: seconds since the epoch
+        """
+        with self._lock:
+            return [s for s in self._samples if s[0] >= t0]
+
+
+def _default_ledger() -> Ledger:
+    from airflow_gpupool.hooks.gpupool import GpuPoolHook
+
+    return GpuPoolHook().ledger
+
+
+class _State:
+    def __init__(self, ledger_factory: Callable[[], Ledger]) -> None:
+        self._factory = ledger_factory
+        self._ledger: Ledger | None = None
+        self._lock = threading.Lock()
+        self.sampler = FragmentationSampler()
+
+    def ledger(self) -> Ledger:
+        with self._lock:
+            if self._ledger is None:
+                self._ledger = self._factory()
+            return self._ledger
+
+    def snapshot(self) -> tuple[LedgerSnapshot, float]:
+        from airflow_gpupool.metrics.collector import fragmentation_ratio
+
+        snapshot = self.ledger().snapshot()
+        frag = fragmentation_ratio(snapshot)
+        self.sampler.add(snapshot.taken_at, snapshot.allocation, frag)
+        return snapshot, frag
+
+    def explanations(self, snapshot: LedgerSnapshot) -> dict[str, str]:
+        from airflow_gpupool.exceptions import GpuPoolError
+
+        ledger = self.ledger()
+        out = {}
+        for r in snapshot.queue[:_MAX_EXPLAINED]:
+            try:
+                out[r.id] = ledger.explain(r.id)
+            except GpuPoolError:
+                # It left the queue since the snapshot; its stored message is what there is.
+                out[r.id] = r.message
+        return out
+
+    def series(self, hours: float) -> dict[str, Any]:
+        from airflow_gpupool.metrics.stats import allocation_series, held_spans
+
+        ledger = self.ledger()
+        snapshot, _ = self.snapshot()
+        t1 = snapshot.taken_at
+        t0 = t1 - hours * 3600
+        spans = held_spans(ledger.url, t0)
+        starts = [s.start for s in spans if s.start > t0]
+        if starts and len(starts) == len(spans):
+            # Everything happened inside the window: zoom to it rather than draw a flat line.
+            t0 = max(t0, min(starts) - max(60.0, (t1 - min(starts)) * 0.05))
+        return {
+            "since": t0,
+            "until": t1,
+            "allocation": allocation_series(spans, snapshot.gpu_capacity_milli, t0, t1),
+            "fragmentation": [(t, f) for t, _a, f in self.sampler.since(t0)],
+        }
+
+
+def _ui_base(root_path: str) -> str:
+    # The page is mounted at <airflow base>/gpupool; the Airflow UI lives at <airflow base>/.
+    return root_path[: -len(URL_PREFIX)] if root_path.endswith(URL_PREFIX) else ""
+
+
+def _body(state: _State, ui_base: str, hours: float) -> str:
+    from airflow_gpupool.ledger import ReservationState
+    from airflow_gpupool.plugins import page
+
+    snapshot, frag = state.snapshot()
+    why = state.explanations(snapshot)
+    series = state.series(hours)
+    history = state.ledger().history(states=[ReservationState(s) for s in _ENDED], limit=20)
+    nodes = "".join(page.node_html(n, snapshot, ui_base) for n in snapshot.nodes) or '<p class="empty">No nodes.</p>'
+    updated = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(snapshot.taken_at))
+    return (
+        f'<section class="summary">{page.summary_html(snapshot, frag)}'
+        f'<div class="figure"><div class="k">Updated</div><div class="v small">{updated}</div></div></section>'
+        f'<section class="map"><h2>GPU map</h2><div class="nodes">{nodes}</div></section>'
+        f'<section class="chart-box"><h2>Allocation and fragmentation</h2>'
+        f'{page.chart_svg(series["allocation"], series["fragmentation"], series["since"], series["until"])}</section>'
+        f'<section class="grants"><h2>Grants ({len(snapshot.grants)})</h2>{page.grants_html(snapshot, ui_base)}</section>'
+        f'<section class="queue"><h2>Queue ({len(snapshot.queue)})</h2>{page.queue_html(snapshot, why, ui_base)}</section>'
+        f'<section class="history"><h2>Recently ended</h2>{page.history_html(history, ui_base)}</section>'
+    )
+
+
+def render_page(body: str) -> str:
+    """Return the whole HTML document around a rendered body.
+
+    :param body: what the page's sections render to
+    """
+    css = (_STATIC / "gpupool.css").read_text()
+    js = (_STATIC / "gpupool.js").read_text()
+    return (
+        '<!doctype html><html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>GPU pool</title><style>{css}</style></head>"
+        f'<body><header class="top"><h1>GPU pool</h1><span class="sub">nodes × GPUs × slices</span></header>'
+        f'<main id="gpupool">{body}</main><script>{js}</script></body></html>'
+    )
+
+
+def create_app(ledger_factory: Callable[[], Ledger] | None = None) -> FastAPI:
+    """Build the FastAPI app.
+
+    :param ledger_factory: returns the ledger to show (called once, on first use); default:
+        the ledger of the ``gpupool_default`` connection, else ``[gpupool] ledger_url``
+    """
+    from airflow.api_fastapi.core_api.security import get_user
+
+    from airflow_gpupool.cli import snapshot_to_dict
+    from airflow_gpupool.exceptions import UnknownReservationError
+
+    state = _State(ledger_factory or _default_ledger)
+    app = FastAPI(
+        title="GPU pool",
+        description="The airflow-gpupool ledger: GPU map, grants, queue, history and metrics.",
+        dependencies=[Depends(get_user)],
+    )
+    app.state.gpupool = state
+
+    @app.get("/", response_class=HTMLResponse)
+    def index(request: Request, partial: bool = False, hours: Annotated[float, Query(gt=0, le=24 * 14)] = 6.0) -> HTMLResponse:
+        body = _body(state, _ui_base(request.scope.get("root_path", "")), hours)
+        return HTMLResponse(body if partial else render_page(body))
+
+    @app.get("/api/v1/snapshot")
+    def api_snapshot() -> dict[str, Any]:
+        snapshot, frag = state.snapshot()
+        out = snapshot_to_dict(snapshot)
+        out["fragmentation"] = frag
+        why = state.explanations(snapshot)
+        for entry in out["queue"]:
+            entry["why"] = why.get(entry["id"], entry["message"])
+        return out
+
+    @app.get("/api/v1/history")
+    def api_history(
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+        state_filter: Annotated[list[str] | None, Query(alias="state")] = None,
+    ) -> dict[str, Any]:
+        from airflow_gpupool.ledger import ReservationState
+
+        try:
+            states = [ReservationState(s) for s in state_filter] if state_filter else None
+        except ValueError as e:
+            raise HTTPException(422, str(e)) from e
+        return {"reservations": [r.to_dict() for r in state.ledger().history(states=states, limit=limit)]}
+
+    @app.get("/api/v1/series")
+    def api_series(hours: Annotated[float, Query(gt=0, le=24 * 14)] = 6.0) -> dict[str, Any]:
+        return state.series(hours)
+
+    @app.get("/api/v1/explain/{reservation_id}")
+    def api_explain(reservation_id: str) -> dict[str, str]:
+        try:
+            return {"id": reservation_id, "explanation": state.ledger().explain(reservation_id)}
+        except UnknownReservationError as e:
+            raise HTTPException(404, f"no reservation {reservation_id}") from e
+
+    @app.get("/metrics", response_class=PlainTextResponse)
+    def metrics() -> PlainTextResponse:
+        from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+        from airflow_gpupool.metrics.collector import GpuPoolCollector
+
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(GpuPoolCollector(state.ledger))
+        return PlainTextResponse(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app

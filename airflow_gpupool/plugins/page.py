@@ -1,0 +1,289 @@
+"""Server-rendered HTML of the GPU pool page: the GPU map, grants, queue, history and chart.
+
+Pure functions from ledger values to HTML strings; every ledger-provided string is escaped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Mapping, Sequence
+from html import escape
+from typing import TYPE_CHECKING, Any
+
+from airflow_gpupool.plugins.holders import parse_holder, task_instance_url
+from airflow_gpupool.resources import MIG_PROFILES, MILLI_PER_GPU
+
+if TYPE_CHECKING:
+    from airflow_gpupool.ledger import LedgerSnapshot, NodeRecord, Reservation
+
+UNHEALTHY = ("quarantined", "cordoned", "draining")
+
+
+def team_colour(team: str) -> str:
+    """Return a stable HSL colour for a team name.
+
+    :param team: the team
+    """
+    hue = int(hashlib.sha1(team.encode()).hexdigest()[:6], 16) % 360
+    return f"hsl({hue} 60% 42%)"
+
+
+def duration(seconds: float) -> str:
+    """Return ``seconds`` as ``45s``, ``12m 5s`` or ``3h 20m``.
+
+    :param seconds: a duration
+    """
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m {s % 60}s"
+    return f"{s // 3600}h {s % 3600 // 60}m"
+
+
+def holder_html(holder: str, ui_base: str) -> str:
+    """Return the holder as a link to its task instance, or as plain text when it is not one.
+
+    :param holder: the reservation's holder string
+    :param ui_base: the Airflow UI's path prefix
+    """
+    ref = parse_holder(holder)
+    if ref is None:
+        return f'<span class="holder">{escape(holder)}</span>'
+    label = f"{ref.dag_id} / {ref.task_id}" + (f" [{ref.map_index}]" if ref.map_index >= 0 else "")
+    return (
+        f'<a class="ti" target="_top" href="{escape(task_instance_url(ref, ui_base))}" '
+        f'title="{escape(holder)}">{escape(label)}</a>'
+    )
+
+
+def _segment(r: Reservation, milli: int, label: str, ui_base: str) -> str:
+    team = r.request.team
+    ref = parse_holder(r.holder)
+    who = f"{ref.dag_id} / {ref.task_id}" if ref else r.holder
+    title = f"{team} · {who} · {label} · {r.id}"
+    body = f'<span class="team">{escape(team)}</span> <span class="who">{escape(who)}</span>'
+    if ref is not None:
+        body = f'<a target="_top" href="{escape(task_instance_url(ref, ui_base))}">{body}</a>'
+    return (
+        f'<div class="seg held" style="flex-basis:{milli / 10:.2f}%;background:{team_colour(team)}" '
+        f'data-reservation="{escape(r.id)}" data-team="{escape(team)}" title="{escape(title)}">{body}</div>'
+    )
+
+
+def _free_segment(milli: int, label: str = "free") -> str:
+    return f'<div class="seg free" style="flex-basis:{milli / 10:.2f}%" title="{escape(label)}">{escape(label)}</div>'
+
+
+def gpu_html(node: NodeRecord, gpu: Mapping[str, Any], held: Sequence[Reservation], mig_free: Sequence[tuple[str, str]], ui_base: str) -> str:
+    """Return one GPU's bar: a segment per slice, filled by its holder.
+
+    :param node: the GPU's node
+    :param gpu: the GPU's record from the snapshot
+    :param held: live grants on this GPU
+    :param mig_free: free MIG slices of this GPU as ``(slice_id, profile)``
+    :param ui_base: the Airflow UI's path prefix
+    """
+    idx = gpu["idx"]
+    segments = []
+    if gpu["partitioned"]:
+        for r in held:
+            g = r.grant
+            profile = str(g.mig_profile if g else "")
+            milli = MIG_PROFILES[profile].milli if profile in MIG_PROFILES else 0
+            segments.append(_segment(r, milli, f"MIG {profile}", ui_base))
+        for _slice_id, profile in mig_free:
+            milli = MIG_PROFILES[profile].milli if profile in MIG_PROFILES else 0
+            segments.append(_free_segment(milli, f"free {profile}"))
+    else:
+        used = 0
+        for r in held:
+            g = r.grant
+            milli = g.milli_per_gpu if g else 0
+            used += milli
+            segments.append(_segment(r, milli, f"{milli / MILLI_PER_GPU:g} GPU", ui_base))
+        if used < MILLI_PER_GPU:
+            segments.append(_free_segment(MILLI_PER_GPU - used, f"free {(MILLI_PER_GPU - used) / MILLI_PER_GPU:g}"))
+    mig = ' <span class="badge mig">MIG</span>' if gpu["partitioned"] else ""
+    mem = f"{int(gpu['memory_mib']) // 1024} GiB"
+    return (
+        f'<div class="gpu" data-node="{escape(node.name)}" data-gpu="{idx}">'
+        f'<div class="gpu-label">GPU {idx} · {escape(str(gpu["model"]))} · {mem}{mig}</div>'
+        f'<div class="bar">{"".join(segments)}</div></div>'
+    )
+
+
+def node_html(node: NodeRecord, snapshot: LedgerSnapshot, ui_base: str) -> str:
+    """Return one node's card: its health, heartbeat and GPUs.
+
+    :param node: the node
+    :param snapshot: the snapshot it comes from (grants and free MIG slices)
+    :param ui_base: the Airflow UI's path prefix
+    """
+    by_gpu: dict[int, list[Reservation]] = {}
+    for r in snapshot.grants:
+        if r.grant is not None and r.grant.node == node.name:
+            for i in r.grant.gpu_indices:
+                by_gpu.setdefault(i, []).append(r)
+    mig_free: dict[int, tuple[tuple[str, str], ...]] = {}
+    for state in snapshot.cluster.nodes:
+        if state.name == node.name:
+            mig_free = {g.index: g.mig_free for g in state.gpus}
+    health = escape(node.health)
+    beat = (
+        f"heartbeat {duration(snapshot.taken_at - node.heartbeat_at)} ago" if node.heartbeat_at is not None else "no heartbeat"
+    )
+    gpus = "".join(gpu_html(node, g, by_gpu.get(g["idx"], []), mig_free.get(g["idx"], ()), ui_base) for g in node.gpus)
+    return (
+        f'<article class="node health-{health}" data-node="{escape(node.name)}">'
+        f'<header><h3>{escape(node.name)}</h3><span class="badge pool">{escape(node.node_pool)}</span>'
+        f'<span class="badge h-{health}">{health}</span></header>'
+        f'<div class="meta">CPU {node.cpu_free / 1000:g}/{node.cpu_milli / 1000:g} free · '
+        f"memory {node.memory_free // 1024}/{node.memory_mib // 1024} GiB free · {beat}</div>"
+        f'{gpus or "<div class=meta>no GPUs</div>"}</article>'
+    )
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], empty: str, css: str) -> str:
+    if not rows:
+        return f'<p class="empty">{escape(empty)}</p>'
+    head = "".join(f"<th>{escape(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
+    return f'<div class="scroll"><table class="{css}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
+
+
+def _where(r: Reservation) -> str:
+    g = r.grant
+    if g is None:
+        return ""
+    slot = f"{g.mig_slice} ({g.mig_profile})" if g.mig_slice else ",".join(map(str, g.gpu_indices))
+    return escape(f"{g.node} / GPU {slot}")
+
+
+def grants_html(snapshot: LedgerSnapshot, ui_base: str) -> str:
+    """Return the table of live grants.
+
+    :param snapshot: a ledger snapshot
+    :param ui_base: the Airflow UI's path prefix
+    """
+    now = snapshot.taken_at
+    rows = [
+        [
+            f"<code>{escape(r.id[:12])}</code>",
+            holder_html(r.holder, ui_base),
+            f'<span class="dot" style="background:{team_colour(r.request.team)}"></span>{escape(r.request.team)}',
+            escape(str(getattr(r.request.workload_class, "value", r.request.workload_class))),
+            escape(r.request.describe()),
+            _where(r),
+            duration(now - r.grant.granted_at) if r.grant else "",
+            duration(r.grant.expires_at - now) if r.grant else "",
+        ]
+        for r in snapshot.grants
+    ]
+    headers = ["ID", "Task", "Team", "Class", "Slice", "Where", "Held", "Lease left"]
+    return _table(headers, rows, "No grants.", "grants")
+
+
+def queue_html(snapshot: LedgerSnapshot, why: Mapping[str, str], ui_base: str) -> str:
+    """Return the queue table: position, what is asked, the wait so far and why it waits.
+
+    :param snapshot: a ledger snapshot
+    :param why: :meth:`~airflow_gpupool.ledger.Ledger.explain` of each waiting reservation
+    :param ui_base: the Airflow UI's path prefix
+    """
+    now = snapshot.taken_at
+    rows = [
+        [
+            str(r.position or ""),
+            f"<code>{escape(r.id[:12])}</code>",
+            holder_html(r.holder, ui_base),
+            escape(r.request.team),
+            str(r.request.priority),
+            escape(r.request.describe()),
+            duration(now - r.created_at),
+            f'<span class="why">{escape(why.get(r.id) or r.message)}</span>',
+        ]
+        for r in snapshot.queue
+    ]
+    headers = ["#", "ID", "Task", "Team", "Priority", "Asks", "Waiting", "Why it waits"]
+    return _table(headers, rows, "Nobody is waiting.", "queue")
+
+
+def history_html(history: Sequence[Reservation], ui_base: str) -> str:
+    """Return the table of recently ended reservations.
+
+    :param history: ended reservations, newest first
+    :param ui_base: the Airflow UI's path prefix
+    """
+    rows = [
+        [
+            f"<code>{escape(r.id[:12])}</code>",
+            holder_html(r.holder, ui_base),
+            escape(r.request.team),
+            escape(r.request.describe()),
+            f'<span class="state s-{escape(r.state.value)}">{escape(r.state.value)}</span>',
+            escape(r.message),
+        ]
+        for r in history
+    ]
+    return _table(["ID", "Task", "Team", "Slice", "Outcome", "Message"], rows, "No ended reservations yet.", "history")
+
+
+def _polyline(points: Sequence[tuple[float, float]], t0: float, t1: float, width: int, height: int) -> str:
+    span = (t1 - t0) or 1.0
+    coords = " ".join(f"{(t - t0) / span * width:.1f},{height - min(max(v, 0.0), 1.0) * height:.1f}" for t, v in points)
+    return coords
+
+
+def chart_svg(
+    allocation: Sequence[tuple[float, float]], fragmentation: Sequence[tuple[float, float]], t0: float, t1: float
+) -> str:
+    """Return an inline SVG of allocation and fragmentation (0–100 %) from ``t0`` to ``t1``.
+
+    :param allocation: ``(time, share)`` points
+    :param fragmentation: ``(time, share)`` samples
+    :param t0: left edge, seconds since the epoch
+    :param t1: right edge
+    """
+    w, h = 600, 160
+    grid = "".join(
+        f'<line x1="0" x2="{w}" y1="{h - p * h:.0f}" y2="{h - p * h:.0f}" class="grid"/>'
+        f'<text x="2" y="{h - p * h - 2:.0f}" class="axis">{int(p * 100)}%</text>'
+        for p in (0.25, 0.5, 0.75, 1.0)
+    )
+    lines = f'<polyline class="alloc" points="{_polyline(allocation, t0, t1, w, h)}"/>'
+    if len(fragmentation) == 1:
+        # One sample so far: hold it to the right edge so that it shows.
+        fragmentation = [fragmentation[0], (t1, fragmentation[0][1])]
+    if fragmentation:
+        lines += f'<polyline class="frag" points="{_polyline(fragmentation, t0, t1, w, h)}"/>'
+    return (
+        f'<svg class="chart" viewBox="0 0 {w} {h}" preserveAspectRatio="none" role="img" '
+        f'aria-label="GPU allocation and fragmentation over the last {duration(t1 - t0)}">{grid}{lines}</svg>'
+        f'<div class="legend"><span class="l-alloc">allocation</span> <span class="l-frag">fragmentation</span>'
+        f" · {_clock(t0)} to {_clock(t1)} UTC (last {duration(t1 - t0)})</div>"
+    )
+
+
+def _clock(at: float) -> str:
+    return time.strftime("%H:%M", time.gmtime(at))
+
+
+def summary_html(snapshot: LedgerSnapshot, fragmentation: float) -> str:
+    """Return the headline figures.
+
+    :param snapshot: a ledger snapshot
+    :param fragmentation: the cluster's fragmentation ratio (0–1)
+    """
+    unhealthy = sum(1 for n in snapshot.nodes if n.health in UNHEALTHY)
+    gpus = sum(len(n.gpus) for n in snapshot.nodes)
+    figures = [
+        ("Allocation", f"{snapshot.allocation:.1%}"),
+        ("Fragmentation", f"{fragmentation:.1%}"),
+        ("Nodes", f"{len(snapshot.nodes)}" + (f" ({unhealthy} not schedulable)" if unhealthy else "")),
+        ("GPUs", str(gpus)),
+        ("Grants", str(len(snapshot.grants))),
+        ("Waiting", str(len(snapshot.queue))),
+    ]
+    return "".join(f'<div class="figure"><div class="k">{k}</div><div class="v">{escape(v)}</div></div>' for k, v in figures)

@@ -1,0 +1,121 @@
+"""The GPU pool page in a real headless Chromium: it renders the GPU map a person would see.
+
+Needs Debian's ``chromium`` (``/usr/bin/chromium``, or ``GPUPOOL_TEST_CHROMIUM``) and the
+``playwright`` package (the test extra; its own browser downloads are not used). Without
+them the test skips with the reason, except under ``CI=true``, where it fails: CI must run
+it (``.ci/run`` installs Chromium). The screenshot lands in ``test-artifacts/``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import uvicorn
+from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+from airflow.api_fastapi.core_api.security import get_user
+from fastapi import FastAPI
+
+from airflow_gpupool.plugins.app import create_app
+from tests.unit.metrics.scenario import Pool, build_pool
+
+CHROMIUM = os.environ.get("GPUPOOL_TEST_CHROMIUM", "/usr/bin/chromium")
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+
+
+def _require_browser() -> None:
+    reason = None
+    if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)) and not shutil.which(CHROMIUM):
+        reason = f"no Chromium at {CHROMIUM} (apt-get install -y chromium, or set GPUPOOL_TEST_CHROMIUM)"
+    else:
+        try:
+            import playwright.sync_api  # noqa: F401
+        except ImportError:
+            reason = "the playwright package is not installed (pip install -e '.[test]')"
+    if reason is None:
+        return
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"CI must run the browser test: {reason}")
+    pytest.skip(reason)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
+    built = build_pool(f"sqlite:///{tmp_path_factory.mktemp('browser')}/ledger.db")
+    yield built
+    built.ledger.close()
+
+
+@pytest.fixture
+def server(pool: Pool) -> Iterator[str]:
+    """Serve the plugin app under ``/gpupool`` on 127.0.0.1, as the Airflow API server mounts it."""
+    root = FastAPI()
+    app = create_app(lambda: pool.ledger)
+    # Login is Airflow's job; here the user is given (the anonymous case is in test_ui_plugin).
+    app.dependency_overrides[get_user] = lambda: SimpleAuthManagerUser(username="viewer", role="viewer")
+    root.mount("/gpupool", app)
+    port = _free_port()
+    config = uvicorn.Config(root, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+    uv = uvicorn.Server(config)
+    thread = threading.Thread(target=uv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not uv.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            pytest.fail("uvicorn did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}/gpupool/"
+    finally:
+        uv.should_exit = True
+        thread.join(timeout=10)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("viewport", "name"), [((1366, 900), "laptop"), ((2560, 1300), "wide")])
+def test_page_renders_the_gpu_map(server: str, viewport: tuple[int, int], name: str) -> None:
+    _require_browser()
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    args = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-dev-shm-usage"]
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=args, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": viewport[0], "height": viewport[1]})
+            errors: list[str] = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(server, wait_until="load")
+            nodes = page.locator("article.node")
+            assert nodes.evaluate_all("els => els.map(e => e.dataset.node)") == ["a100-1", "a100-mig", "t4-1"]
+            assert page.locator("article.node.health-quarantined").get_attribute("data-node") == "t4-1"
+            assert page.locator(".gpu").count() == 4
+            held = page.locator(".seg.held").evaluate_all("els => els.map(e => e.dataset.reservation)")
+            assert sorted(held) == ["r-embed", "r-mig", "r-train"]
+            # Slices are drawn to scale: the whole GPU fills its bar, the quarter about a quarter.
+            bar = page.locator('.gpu[data-node="a100-1"][data-gpu="1"] .bar').bounding_box()
+            quarter = page.locator('.seg[data-reservation="r-embed"]').bounding_box()
+            assert bar is not None and quarter is not None
+            assert 0.2 < quarter["width"] / bar["width"] < 0.3
+            link = page.locator('.seg[data-reservation="r-train"] a')
+            assert link.get_attribute("href") == "/dags/train_dag/runs/manual__2027-01-15T10%3A00%3A00%2B00%3A00/tasks/fit"
+            assert page.locator("section.queue tbody tr").count() == 2
+            assert "needs 2 free GPUs" in page.locator("section.queue").inner_text()
+            # The whole page fits the width: nothing scrolls sideways.
+            assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+            page.screenshot(path=str(ARTIFACTS / f"gpupool-{name}.png"), full_page=True)
+            assert errors == []
+        finally:
+            browser.close()

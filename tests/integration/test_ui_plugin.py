@@ -1,0 +1,164 @@
+"""The GPU pool plugin's FastAPI app: its page and JSON API against a real SQLite ledger, and its login.
+
+The authenticated client replaces Airflow's ``get_user`` dependency (the boundary: JWT
+validation needs the Airflow metadata DB); the anonymous client goes through the real one.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from collections.abc import Iterator
+
+import pytest
+from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+from airflow.api_fastapi.core_api.datamodels.plugins import ExternalViewResponse
+from airflow.api_fastapi.core_api.security import get_user
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from airflow_gpupool.get_provider_info import get_provider_info
+from airflow_gpupool.plugins.app import create_app
+from airflow_gpupool.plugins.gpupool import GpuPoolPlugin
+from airflow_gpupool.plugins.holders import TaskRef, parse_holder, task_instance_url
+from tests.unit.metrics.scenario import EMBED_HOLDER, TRAIN_HOLDER, Pool, build_pool
+
+TRAIN_URL = "/dags/train_dag/runs/manual__2027-01-15T10%3A00%3A00%2B00%3A00/tasks/fit"
+EMBED_URL = "/dags/embed_dag/runs/scheduled__2027-01-15T00%3A00%3A00%2B00%3A00/tasks/embed/mapped/3"
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
+    built = build_pool(f"sqlite:///{tmp_path_factory.mktemp('ui')}/ledger.db")
+    yield built
+    built.ledger.close()
+
+
+@pytest.fixture(scope="module")
+def app(pool: Pool) -> FastAPI:
+    return create_app(lambda: pool.ledger)
+
+
+@pytest.fixture
+def client(app: FastAPI) -> Iterator[TestClient]:
+    app.dependency_overrides[get_user] = lambda: SimpleAuthManagerUser(username="viewer", role="viewer")
+    try:
+        yield TestClient(app)
+    finally:
+        app.dependency_overrides.clear()
+
+
+@pytest.mark.parametrize(
+    "path", ["/", "/api/v1/snapshot", "/api/v1/history", "/api/v1/series", "/api/v1/explain/r-wide", "/metrics"]
+)
+def test_anonymous_requests_are_refused(app: FastAPI, path: str) -> None:
+    response = TestClient(app).get(path)
+    assert response.status_code == 401
+    assert response.json() == {"detail": "Not authenticated"}
+
+
+def test_the_mounted_plugin_app_refuses_anonymous_requests_too() -> None:
+    root = FastAPI()
+    for sub in GpuPoolPlugin.fastapi_apps:
+        root.mount(sub["url_prefix"], sub["app"])
+    response = TestClient(root).get("/gpupool/api/v1/snapshot")
+    assert response.status_code == 401
+
+
+def test_the_plugin_is_registered_with_airflow() -> None:
+    assert get_provider_info()["plugins"] == [
+        {"name": "gpupool", "plugin-class": "airflow_gpupool.plugins.gpupool.GpuPoolPlugin"}
+    ]
+    points = {ep.name: ep.value for ep in importlib.metadata.entry_points(group="airflow.plugins")}
+    assert points.get("gpupool") == "airflow_gpupool.plugins.gpupool:GpuPoolPlugin"
+    [view] = GpuPoolPlugin.external_views
+    assert ExternalViewResponse(**view).href == "/gpupool/"
+    assert [a["url_prefix"] for a in GpuPoolPlugin.fastapi_apps] == ["/gpupool"]
+
+
+def test_page_shows_every_node_gpu_and_slice_with_links(client: TestClient) -> None:
+    response = client.get("/")
+    assert response.status_code == 200
+    html = response.text
+    for name in ("a100-1", "a100-mig", "t4-1"):
+        assert f'data-node="{name}"' in html
+    assert 'class="node health-quarantined" data-node="t4-1"' in html
+    assert html.count('class="gpu"') == 4
+    assert f'href="{TRAIN_URL}"' in html
+    assert f'href="{EMBED_URL}"' in html
+    assert 'data-reservation="r-mig"' in html and "MIG 3g.40gb" in html
+    assert "needs 2 free GPUs, 0 free of 2" in html  # why r-wide waits, from Ledger.explain
+    assert "lease expired without renewal" in html  # recent history
+    assert "<svg" in html and 'class="alloc"' in html
+    partial = client.get("/", params={"partial": 1}).text
+    assert "<html" not in partial and 'data-node="a100-1"' in partial
+
+
+def test_snapshot_api(client: TestClient, pool: Pool) -> None:
+    data = client.get("/api/v1/snapshot").json()
+    assert [n["name"] for n in data["nodes"]] == ["a100-1", "a100-mig", "t4-1"]
+    assert sorted(g["id"] for g in data["grants"]) == ["r-embed", "r-mig", "r-train"]
+    assert [q["id"] for q in data["queue"]] == ["r-wide", "r-wide2"]
+    assert data["queue"][0]["why"] == pool.ledger.explain("r-wide")
+    assert data["fragmentation"] == pytest.approx(1050 / 4000)
+    assert data["allocation"] == pytest.approx((1250 + 429) / 4000)
+
+
+def test_history_api_filters_by_state(client: TestClient) -> None:
+    everything = client.get("/api/v1/history", params={"limit": 100}).json()["reservations"]
+    assert len(everything) == 9
+    expired = client.get("/api/v1/history", params={"state": "expired"}).json()["reservations"]
+    assert [r["id"] for r in expired] == ["r-expired"]
+    assert client.get("/api/v1/history", params={"state": "bogus"}).status_code == 422
+
+
+def test_series_api_steps_through_grants(client: TestClient, pool: Pool) -> None:
+    data = client.get("/api/v1/series", params={"hours": 1}).json()
+    assert data["until"] == pool.clock.now
+    assert data["allocation"][-1] == [pool.clock.now, pytest.approx(1679 / 4000)]
+    # The expired T4 lease held 1000 milli for 10 s, inside the window.
+    assert max(v for _, v in data["allocation"]) >= 1000 / 4000
+    assert data["fragmentation"][-1][1] == pytest.approx(1050 / 4000)
+
+
+def test_explain_api(client: TestClient, pool: Pool) -> None:
+    assert client.get("/api/v1/explain/r-wide").json() == {"id": "r-wide", "explanation": pool.ledger.explain("r-wide")}
+    assert client.get("/api/v1/explain/nope").status_code == 404
+
+
+def test_metrics_under_the_plugin_app(client: TestClient) -> None:
+    response = client.get("/metrics")
+    assert response.status_code == 200
+    families = {f.name: f for f in text_string_to_metric_families(response.text)}
+    assert families["gpupool_ledger_up"].samples[0].value == 1
+    assert {s.labels["state"]: s.value for s in families["gpupool_reservations"].samples if s.name.endswith("_total")} == {
+        "cancelled": 1, "expired": 1, "released": 1, "timed_out": 1,
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("holder", "expected", "url"),
+    [
+        pytest.param(
+            TRAIN_HOLDER,
+            TaskRef("train_dag", "fit", "manual__2027-01-15T10:00:00+00:00", -1, 1, "worker-1"),
+            TRAIN_URL,
+            id="unmapped",
+        ),
+        pytest.param(
+            EMBED_HOLDER,
+            TaskRef("embed_dag", "embed", "scheduled__2027-01-15T00:00:00+00:00", 3, 2, "worker-2"),
+            EMBED_URL,
+            id="mapped",
+        ),
+        pytest.param("d/t/run/with/slash/map-0/try-1@h", TaskRef("d", "t", "run/with/slash", 0, 1, "h"),
+                     "/dags/d/runs/run%2Fwith%2Fslash/tasks/t/mapped/0", id="slash-in-run-id"),  # fmt: skip
+        pytest.param("adhoc-notebook@laptop", None, None, id="not-a-task"),
+        pytest.param("d/t/run/map-x/try-1@h", None, None, id="bad-map-index"),
+    ],
+)
+def test_parse_holder(holder: str, expected: TaskRef | None, url: str | None) -> None:
+    ref = parse_holder(holder)
+    assert ref == expected
+    if ref is not None:
+        assert task_instance_url(ref) == url
