@@ -231,7 +231,7 @@ Next:
                  `gpupool inventory sync --url URL` to load its GPU nodes into the ledger.
   PostgreSQL:    AIRFLOW_CONN_GPUPOOL_DEFAULT='{"conn_type": "gpupool", "extra":
                  {"ledger_url": "postgresql://gpupool@db:5432/gpupool"}}' (see docker/compose.yaml),
-                 after `gpupool ledger --url postgresql://...` creates it.
+                 after `gpupool ledger init --url postgresql://...` creates it.
 """
 
 
