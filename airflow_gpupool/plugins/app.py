@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 # FastAPI reads the route functions' annotations at runtime: what they name is imported here,
 # and this module is imported only when the app is built (see plugins.gpupool._LazyApp).
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
-from fastapi.responses import HTMLResponse, PlainTextResponse
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 
 from airflow_gpupool.plugins import URL_PREFIX
 
@@ -186,9 +186,10 @@ def create_app(ledger_factory: Callable[[], Ledger] | None = None) -> FastAPI:
         the ledger of the ``gpupool_default`` connection, else ``[gpupool] ledger_url``
     """
     from airflow.api_fastapi.core_api.security import get_user
+    from sqlalchemy.exc import SQLAlchemyError
 
     from airflow_gpupool.cli import snapshot_to_dict
-    from airflow_gpupool.exceptions import UnknownReservationError
+    from airflow_gpupool.exceptions import GpuPoolError, UnknownReservationError
 
     state = _State(ledger_factory or _default_ledger)
     app = FastAPI(
@@ -197,6 +198,13 @@ def create_app(ledger_factory: Callable[[], Ledger] | None = None) -> FastAPI:
         dependencies=[Depends(get_user)],
     )
     app.state.gpupool = state
+
+    def ledger_unavailable(request: Request, exc: Exception) -> JSONResponse:
+        # Not the page's fault: say which ledger failed and how, as the CLI would.
+        return JSONResponse({"detail": f"GPU ledger unavailable: {exc}"}, status_code=503)
+
+    app.add_exception_handler(GpuPoolError, ledger_unavailable)
+    app.add_exception_handler(SQLAlchemyError, ledger_unavailable)
 
     @app.get("/", response_class=HTMLResponse)
     def index(request: Request, partial: bool = False, hours: Annotated[float, Query(gt=0, le=24 * 14)] = 6.0) -> HTMLResponse:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.metadata
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
@@ -18,6 +19,7 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from airflow_gpupool.get_provider_info import get_provider_info
+from airflow_gpupool.ledger import Ledger
 from airflow_gpupool.plugins.app import create_app
 from airflow_gpupool.plugins.gpupool import GpuPoolPlugin
 from airflow_gpupool.plugins.holders import TaskRef, parse_holder, task_instance_url
@@ -162,3 +164,30 @@ def test_parse_holder(holder: str, expected: TaskRef | None, url: str | None) ->
     assert ref == expected
     if ref is not None:
         assert task_instance_url(ref) == url
+
+
+@pytest.mark.timeout(120)
+def test_a_real_airflow_token_is_accepted_by_header_and_cookie(app: FastAPI, airflow_db: None) -> None:
+    from airflow.api_fastapi.app import create_auth_manager
+
+    # The API server's own auth manager (simple, by default) issues and checks the JWT; checking
+    # it reads the revoked-token table, hence the migrated Airflow DB.
+    token = create_auth_manager().generate_jwt(SimpleAuthManagerUser(username="viewer", role="viewer"))
+    client = TestClient(app)
+    assert client.get("/api/v1/snapshot", headers={"Authorization": f"Bearer {token}"}).status_code == 200
+    assert client.get("/api/v1/snapshot", headers={"Authorization": "Bearer not-a-jwt"}).status_code == 403
+    client.cookies.set("_token", token)  # what the Airflow UI's login leaves in the browser
+    assert client.get("/").status_code == 200
+
+
+def test_an_unreadable_ledger_is_a_503_that_names_it(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/missing.db"
+    broken = create_app(lambda: Ledger(url))
+    broken.dependency_overrides[get_user] = lambda: SimpleAuthManagerUser(username="viewer", role="viewer")
+    client = TestClient(broken)
+    for path in ("/", "/api/v1/snapshot"):
+        response = client.get(path)
+        assert response.status_code == 503
+        assert response.json()["detail"].startswith(f"GPU ledger unavailable: no GPU ledger at {url}")
+    metrics = client.get("/metrics")
+    assert metrics.status_code == 200 and "gpupool_ledger_up 0.0" in metrics.text
