@@ -116,11 +116,12 @@ class _State:
                 out[r.id] = r.message
         return out
 
-    def series(self, hours: float) -> dict[str, Any]:
+    def series(self, hours: float, snapshot: LedgerSnapshot | None = None) -> dict[str, Any]:
         from airflow_gpupool.metrics.stats import allocation_series, held_spans
 
         ledger = self.ledger()
-        snapshot, _ = self.snapshot()
+        if snapshot is None:
+            snapshot, _ = self.snapshot()
         t1 = snapshot.taken_at
         t0 = t1 - hours * 3600
         spans = held_spans(ledger.url, t0)
@@ -147,7 +148,7 @@ def _body(state: _State, ui_base: str, hours: float) -> str:
 
     snapshot, frag = state.snapshot()
     why = state.explanations(snapshot)
-    series = state.series(hours)
+    series = state.series(hours, snapshot)
     history = state.ledger().history(states=[ReservationState(s) for s in _ENDED], limit=20)
     nodes = "".join(page.node_html(n, snapshot, ui_base) for n in snapshot.nodes) or '<p class="empty">No nodes.</p>'
     updated = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(snapshot.taken_at))
