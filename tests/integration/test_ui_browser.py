@@ -29,7 +29,9 @@ CHROMIUM = os.environ.get("GPUPOOL_TEST_CHROMIUM", "/usr/bin/chromium")
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 
 
-def _require_browser() -> None:
+@pytest.fixture(scope="module")
+def browser_ready() -> None:
+    """Skip (or, under CI=true, fail) before anything starts when there is no browser to drive."""
     reason = None
     if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)) and not shutil.which(CHROMIUM):
         reason = f"no Chromium at {CHROMIUM} (apt-get install -y chromium, or set GPUPOOL_TEST_CHROMIUM)"
@@ -52,14 +54,14 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
+def pool(browser_ready: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
     built = build_pool(f"sqlite:///{tmp_path_factory.mktemp('browser')}/ledger.db")
     yield built
     built.ledger.close()
 
 
 @pytest.fixture
-def server(pool: Pool) -> Iterator[str]:
+def server(browser_ready: None, pool: Pool) -> Iterator[str]:
     """Serve the plugin app under ``/gpupool`` on 127.0.0.1, as the Airflow API server mounts it."""
     root = FastAPI()
     app = create_app(lambda: pool.ledger)
@@ -86,7 +88,6 @@ def server(pool: Pool) -> Iterator[str]:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(("viewport", "name"), [((1366, 900), "laptop"), ((2560, 1300), "wide")])
 def test_page_renders_the_gpu_map(server: str, viewport: tuple[int, int], name: str) -> None:
-    _require_browser()
     from playwright.sync_api import sync_playwright
 
     ARTIFACTS.mkdir(exist_ok=True)
