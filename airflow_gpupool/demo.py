@@ -219,7 +219,8 @@ def task_lines(dag_run: Any, ledger: Ledger, k8s: KubernetesEmulatorServer) -> l
             ]
             note = f"chose {', '.join(chosen) or 'nothing'} (final loss vs the current_loss param)"
         tries = ti.try_number if str(ti.state) != "skipped" else 0
-        lines.append(f"  {ti.task_id:<18} {str(ti.state):<8} {tries:>5}   {note}".rstrip())
+        took = f"{ti.duration:5.1f} s" if ti.duration is not None else "      -"
+        lines.append(f"  {ti.task_id:<18} {str(ti.state):<8} {tries:>5}  {took}   {note}".rstrip())
     return lines
 
 
@@ -252,8 +253,9 @@ def summarize(
     state = str(dag_run.state)
     p = out.write
     p(f"\nDAG {DAG_ID}, run {dag_run.run_id}: {state} in {seconds:.1f} s\n")
-    p(f"  {'task':<18} {'outcome':<8} {'tries':>5}   notes\n")
+    p(f"  {'task':<18} {'outcome':<8} {'tries':>5}  {'time':>7}   notes\n")
     p("\n".join(task_lines(dag_run, ledger, k8s)) + "\n")
+    p("  (the first task's time includes starting Airflow's in-process task API)\n")
     p("\nGrants made (ledger history, oldest first)\n")
     p(f"  {'task':<22} {'node':<11} {'GPUs or slice':<44} {'held':>8}  final state\n")
     p("\n".join(grant_lines(ledger)) + "\n")
