@@ -45,7 +45,7 @@ from airflow_gpupool.ledger.models import (
 from airflow_gpupool.placement.accounting import allocate, deallocate
 from airflow_gpupool.placement.fit import choices
 from airflow_gpupool.placement.policy import PlacementPolicy, get_policy
-from airflow_gpupool.placement.queue import QueueEntry, serve
+from airflow_gpupool.placement.queue import QueueEntry, hold_node, serve
 from airflow_gpupool.placement.snapshot import ClusterSnapshot, NodeState
 from airflow_gpupool.placement.verdict import Assignment, NoFit, NoFitReason
 from airflow_gpupool.resources import MILLI_PER_GPU, GpuRequest, NodeHealth, NodeInventory, WorkloadClass
@@ -769,18 +769,25 @@ class Ledger:
             return
         entries = [QueueEntry(row.id, self._request_of(row), row.seq, row.overtakes) for row in rows]
 
-        def try_place(entry: QueueEntry) -> Assignment | None:
-            verdict = self.policy.place(self._equivalence.representatives(tx.nodes.values()), entry.request)
+        def try_place(entry: QueueEntry, held: frozenset[str]) -> Assignment | None:
+            nodes = (n for n in tx.nodes.values() if n.name not in held) if held else tx.nodes.values()
+            verdict = self.policy.place(self._equivalence.representatives(nodes), entry.request)
             if isinstance(verdict, NoFit):
                 return None
             self._grant(tx, entry, verdict)
             return verdict
 
-        outcome = serve(entries, try_place, self.max_overtakes)
+        def hold(entry: QueueEntry, held: frozenset[str]) -> str | None:
+            current = list(tx.nodes.values())
+            return hold_node(current, self._cache.empty_snapshot(current).nodes, entry.request, held)
+
+        outcome = serve(entries, try_place, self.max_overtakes, hold)
         for rid, count in outcome.overtakes.items():
             tx.conn.execute(sql.SET_OVERTAKES, {"rid": rid, "overtake_count": count})
+        for rid, node in outcome.holds.items():
+            log.info("Queue holds node %s for %s: its overtake budget (%d) is spent", node, rid, self.max_overtakes)
         if outcome.barrier is not None:
-            log.info("Queue held for %s: its overtake budget (%d) is spent", outcome.barrier, self.max_overtakes)
+            log.info("Queue held for %s: its overtake budget is spent and no node can be held", outcome.barrier)
 
     # -- reading ----------------------------------------------------------------------------
 

@@ -4,8 +4,10 @@ Waiting requests are served in order: higher ``priority`` first, then first come
 served (``seq``). A request that does not fit is *blocked*; requests behind it may still
 be granted (backfill), but each such grant counts as one overtake of every blocked
 request ahead of it. Once a blocked request has been overtaken ``max_overtakes`` times,
-nothing behind it is granted until it is: the capacity that frees up is kept for it, so a
-large request is never starved by a stream of small ones (apache/airflow#29474).
+it gets a *hold* on one node, the one closest to fitting it: requests behind it are no
+longer placed on that node, so the node drains for it while the rest of the cluster keeps
+working (Slurm's backfill with a reservation). A large request is never starved by a
+stream of small ones (apache/airflow#29474), and it does not idle the whole pool either.
 A higher-priority request arriving later is served before, not "past", a blocked one, so
 it never counts as an overtake.
 """
@@ -15,7 +17,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from airflow_gpupool.placement.verdict import Assignment
+from airflow_gpupool.placement.fit import choices
+from airflow_gpupool.placement.snapshot import NodeState
+from airflow_gpupool.placement.verdict import Assignment, NoFitReason
 from airflow_gpupool.resources import GpuRequest
 
 
@@ -35,11 +39,14 @@ class ServeOutcome:
 
     :param granted: requests to grant, in the order they were placed
     :param overtakes: new overtake counts of the requests that stayed blocked (changed ones only)
-    :param barrier: the request id that stopped the pass (its overtake budget is spent), if any
+    :param holds: node held for each blocked request whose overtake budget is spent
+    :param barrier: a request whose budget is spent but that no node can be held for; the
+        pass stopped there
     """
 
     granted: list[tuple[QueueEntry, Assignment]] = field(default_factory=list)
     overtakes: dict[str, int] = field(default_factory=dict)
+    holds: dict[str, str] = field(default_factory=dict)
     barrier: str | None = None
 
 
@@ -50,27 +57,32 @@ def queue_order(entries: Iterable[QueueEntry]) -> list[QueueEntry]:
 
 def serve(
     entries: Iterable[QueueEntry],
-    try_place: Callable[[QueueEntry], Assignment | None],
+    try_place: Callable[[QueueEntry, frozenset[str]], Assignment | None],
     max_overtakes: int,
+    hold: Callable[[QueueEntry, frozenset[str]], str | None],
 ) -> ServeOutcome:
     """Run one pass of the queue rule.
 
     :param entries: the waiting requests, in any order
-    :param try_place: places one request on the working snapshot and returns its assignment,
-        or None when it does not fit now; it must apply a successful placement before returning
-    :param max_overtakes: overtakes a blocked request tolerates before it blocks the queue
+    :param try_place: places one request on the working snapshot, avoiding the held nodes
+        given, and returns its assignment, or None when it does not fit now; it must apply a
+        successful placement before returning
+    :param max_overtakes: overtakes a blocked request tolerates before it holds a node
+    :param hold: picks the node to hold for a blocked request (not one already held), or None
     """
     outcome = ServeOutcome()
     # A blocked request's overtakes are its count when blocked plus the grants since, so
     # each is kept as ``base = count − grants so far``: a grant then costs O(1), not O(blocked).
     blocked: list[tuple[QueueEntry, int]] = []
     grants = 0
-    top = None  # the largest base among the blocked
+    top = None  # the largest base among the blocked requests without a hold
+    held: frozenset[str] = frozenset()
     for entry in queue_order(entries):
         if top is not None and top + grants >= max_overtakes:
-            outcome.barrier = next(e.request_id for e, base in blocked if base + grants >= max_overtakes)
-            break
-        assignment = try_place(entry)
+            top, held = _take_holds(outcome, blocked, grants, max_overtakes, hold, held)
+            if outcome.barrier is not None:
+                break
+        assignment = try_place(entry, held)
         if assignment is None:
             base = entry.overtakes - grants
             blocked.append((entry, base))
@@ -80,3 +92,47 @@ def serve(
         grants += 1
     outcome.overtakes = {e.request_id: base + grants for e, base in blocked if base + grants != e.overtakes}
     return outcome
+
+
+def _take_holds(
+    outcome: ServeOutcome,
+    blocked: list[tuple[QueueEntry, int]],
+    grants: int,
+    max_overtakes: int,
+    hold: Callable[[QueueEntry, frozenset[str]], str | None],
+    held: frozenset[str],
+) -> tuple[int | None, frozenset[str]]:
+    """Give a held node to every blocked request whose budget is spent; return the new ``top``."""
+    top = None
+    for entry, base in blocked:
+        if entry.request_id in outcome.holds:
+            continue
+        if base + grants < max_overtakes:
+            top = base if top is None else max(top, base)
+            continue
+        node = hold(entry, held)
+        if node is None:
+            outcome.barrier = entry.request_id
+            return top, held
+        outcome.holds[entry.request_id] = node
+        held = held | {node}
+    return top, held
+
+
+def hold_node(current: Iterable[NodeState], empty: Iterable[NodeState], request: GpuRequest, held: frozenset[str]) -> str | None:
+    """Return the node to hold for ``request``: of those that could hold it once emptied, the closest now.
+
+    :param current: the nodes as they are
+    :param empty: the same nodes, in the same order, with nothing granted
+    :param request: the blocked request
+    :param held: nodes already held for other requests
+    """
+    best: tuple[float, str] | None = None
+    for node, blank in zip(current, empty, strict=True):
+        if node.name in held or isinstance(choices(blank, request), NoFitReason):
+            continue
+        now = choices(node, request)
+        shortfall = now.shortfall if isinstance(now, NoFitReason) else 0.0
+        if best is None or shortfall < best[0]:
+            best = (shortfall, node.name)
+    return best[1] if best else None

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from airflow_gpupool.placement.policy import get_policy
-from airflow_gpupool.placement.queue import QueueEntry, serve
+from airflow_gpupool.placement.queue import QueueEntry, hold_node, serve
 from airflow_gpupool.placement.snapshot import ClusterSnapshot, NodeState
 from airflow_gpupool.placement.verdict import Assignment
 from airflow_gpupool.resources import GpuKind, GpuRequest
@@ -191,6 +191,7 @@ class _QueueSim:
 
     def __init__(self, nodes: list[NodeState], place: Callable[..., Any], shapes: Any, max_overtakes: int) -> None:
         self.nodes = nodes
+        self.empty = tuple(nodes)  # the cluster starts empty: what each node could ever hold
         self.where = {n.name: i for i, n in enumerate(nodes)}
         self.place = place
         self.max_overtakes = max_overtakes
@@ -240,12 +241,13 @@ class _QueueSim:
         failed: set[tuple[Any, ...]] = set()
         self.failed, self.fresh, self.freed = failed, set(), False
 
-        def try_place(entry: QueueEntry) -> Assignment | None:
+        def try_place(entry: QueueEntry, held: frozenset[str]) -> Assignment | None:
             r = entry.request
             key = _key(r)
             if key in failed:
-                return None  # capacity only shrinks during a pass
-            verdict = self.place(ClusterSnapshot(tuple(self.nodes)), r)
+                return None  # capacity (and the nodes left unheld) only shrink during a pass
+            nodes = tuple(n for n in self.nodes if n.name not in held) if held else tuple(self.nodes)
+            verdict = self.place(ClusterSnapshot(nodes), r)
             if not isinstance(verdict, Assignment):
                 failed.add(key)
                 return None
@@ -253,7 +255,10 @@ class _QueueSim:
             self.nodes[i] = take(self.nodes[i], r, verdict)
             return verdict
 
-        outcome = serve(self.waiting.values(), try_place, self.max_overtakes)
+        def hold(entry: QueueEntry, held: frozenset[str]) -> str | None:
+            return hold_node(self.nodes, self.empty, entry.request, held)
+
+        outcome = serve(self.waiting.values(), try_place, self.max_overtakes, hold)
         started = []
         for entry, assignment in outcome.granted:
             k = entry.seq

@@ -354,3 +354,35 @@ def test_two_ledgers_in_one_postgres_database_do_not_share_a_lock(pg_schema_url:
         holder.join()
         engine.dispose()
         first.close()
+
+
+def test_spent_budget_holds_one_node_while_the_others_keep_working(make_ledger) -> None:
+    ledger = make_ledger(max_overtakes=1)
+    ledger.upsert_nodes(
+        [
+            node("n1", gpus=2, labels={"zone": "a"}),
+            node("n2", gpus=2, labels={"zone": "b"}),
+            node("n3", gpus=1, labels={"zone": "c"}),
+        ]
+    )
+
+    def small(zone: str, holder: str):
+        return ledger.reserve(GpuRequest(gpus=1, node_labels={"zone": zone}), holder)
+
+    small("a", "on-n1")
+    on_n2 = small("b", "on-n2")
+    big = ledger.reserve(GpuRequest(gpus=2), "big")
+    assert big.state is WAITING
+    assert small("a", "passes-big").state is GRANTED  # its one overtake: the budget is spent
+
+    # Now n2 (closest to fitting the big one) is held: zone-b work waits, zone-c work goes on.
+    waits = small("b", "would-take-n2")
+    elsewhere = small("c", "on-n3")
+    assert waits.state is WAITING
+    assert elsewhere.state is GRANTED and elsewhere.grant.node == "n3"
+
+    ledger.release(on_n2.id)
+    granted = ledger.get(big.id)
+    assert granted.state is GRANTED and granted.grant.node == "n2"
+    assert ledger.get(waits.id).state is WAITING
+    assert ledger.check_invariants() == []

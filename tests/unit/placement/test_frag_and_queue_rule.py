@@ -97,7 +97,8 @@ def test_serve_matches_reference_rule(seed):
     def placer():
         free = {"gpus": rng.randint(0, 20)}
 
-        def place(entry):
+        def place(entry, held):
+            assert held == frozenset(), "nothing can be held when no node can be"
             if entry.request.gpus <= free["gpus"]:
                 free["gpus"] -= entry.request.gpus
                 return Assignment("n", (), 1000, 0)
@@ -106,9 +107,48 @@ def test_serve_matches_reference_rule(seed):
         return place
 
     state = rng.getstate()
-    out = serve(entries, placer(), 3)
+    out = serve(entries, placer(), 3, hold=lambda entry, held: None)
     rng.setstate(state)
-    granted, overtakes, barrier = _reference_serve(entries, placer(), 3)
+    reference_placer = placer()
+    granted, overtakes, barrier = _reference_serve(entries, lambda e: reference_placer(e, frozenset()), 3)
     assert [e.request_id for e, _ in out.granted] == granted
     assert out.overtakes == overtakes
     assert out.barrier == barrier
+
+
+def test_spent_budget_holds_one_node_and_backfill_goes_on_elsewhere():
+    # Two 2-GPU nodes, each half used; a 2-GPU request waits behind a stream of 1-GPU ones.
+    free = {"a": 1, "b": 1}
+
+    def place(entry, held):
+        for name in ("a", "b"):
+            if name not in held and free[name] >= entry.request.gpus:
+                free[name] -= entry.request.gpus
+                return Assignment(name, (), 1000, 0)
+        return None
+
+    big = QueueEntry("big", GpuRequest(gpus=2), 0, overtakes=2)
+    smalls = [QueueEntry(f"s{k}", GpuRequest(gpus=1), k + 1) for k in range(3)]
+
+    out = serve([big, *smalls], place, max_overtakes=2, hold=lambda entry, held: "a")
+
+    assert out.holds == {"big": "a"}
+    assert out.barrier is None
+    assert [(e.request_id, a.node) for e, a in out.granted] == [("s0", "b")], "backfill only off the held node"
+    assert free == {"a": 1, "b": 0}
+
+
+def test_hold_node_picks_the_closest_node_that_could_ever_fit():
+    from airflow_gpupool.placement.queue import hold_node
+
+    def gpu_node(name, total, free_gpus, cpu=64000):
+        gpus = tuple(GpuState(i, "A100", 81920, 1000 if i < free_gpus else 0) for i in range(total))
+        return NodeState(name, cpu, 262144, gpus)
+
+    current = [gpu_node("small", 2, 2), gpu_node("far", 8, 1), gpu_node("near", 8, 6)]
+    empty = [gpu_node("small", 2, 2), gpu_node("far", 8, 8), gpu_node("near", 8, 8)]
+    request = GpuRequest(gpus=8)
+
+    assert hold_node(current, empty, request, frozenset()) == "near"
+    assert hold_node(current, empty, request, frozenset({"near"})) == "far"
+    assert hold_node(current, empty, request, frozenset({"near", "far"})) is None
