@@ -134,16 +134,6 @@ def _slice(grant: Grant) -> str:
     return f"GPU {gpus} ({grant.gpu_model})"
 
 
-def _ended_at(ledger: Ledger) -> dict[str, float | None]:
-    from sqlalchemy import select
-
-    from airflow_gpupool.ledger import schema
-
-    # Reservation carries no end time; the row does.
-    r = schema.reservations.c
-    return ledger._read(lambda conn: {row.id: row.ended_at for row in conn.execute(select(r.id, r.ended_at))})
-
-
 def _task_of(holder: str) -> str:
     # holder: dag/task/run/map-N/try-K@host
     parts = holder.split("@", 1)[0].split("/")
@@ -155,12 +145,11 @@ def grant_lines(ledger: Ledger) -> list[str]:
 
     :param ledger: the ledger
     """
-    ended = _ended_at(ledger)
     lines = []
     granted: list[Reservation] = [r for r in reversed(ledger.history(limit=1000)) if r.grant is not None]
     for r in granted:
         assert r.grant is not None
-        end = ended.get(r.id)
+        end = r.ended_at
         held = f"{end - r.grant.granted_at:6.1f} s" if end is not None else "  still held"
         lines.append(
             f"  {_task_of(r.holder):<22} {r.grant.node:<11} {_slice(r.grant):<44} {held}  {r.state.value}"

@@ -815,6 +815,7 @@ class Ledger:
             grant=grant,
             position=position,
             message=row.message or "",
+            ended_at=row.ended_at,
         )
 
     def _grant_of(self, conn: Connection, row: Row[Any]) -> Grant:

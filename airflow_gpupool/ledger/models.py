@@ -68,6 +68,7 @@ class Reservation:
 
     :param position: 1-based place in the queue while waiting
     :param message: why it waits, or how it ended
+    :param ended_at: when it was released, expired, timed out or withdrawn
     """
 
     id: str
@@ -79,6 +80,7 @@ class Reservation:
     grant: Grant | None = None
     position: int | None = None
     message: str = ""
+    ended_at: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Return primitives only (XCom, trigger events, JSON)."""
@@ -92,6 +94,7 @@ class Reservation:
             "grant": self.grant.to_dict() if self.grant else None,
             "position": self.position,
             "message": self.message,
+            "ended_at": self.ended_at,
         }
 
 
