@@ -351,22 +351,9 @@ class GpuPodOperator(KubernetesPodOperator):
         renewer = _LeaseRenewer(self.gpu_hook, rid, ttl, self.log, lambda: self._reconcile_own_grant(rid))
         renewer.start()
         try:
-            result = super().execute(context)
-        except TaskDeferred:
-            raise  # the pod runs on; LeasedPodTrigger renews the lease, trigger_reentry releases
-        except Exception as e:
-            try:
-                outcome = self._failed(context, rid, e)
-            finally:
-                self._release(rid, f"task failed: {type(e).__name__}")
-            raise outcome  # noqa: B904 (_failed sets the cause)
-        except BaseException as e:
-            self._release(rid, f"task failed: {type(e).__name__}")
-            raise
+            return self._run_then_release(context, rid, lambda: super(GpuPodOperator, self).execute(context), "task")
         finally:
             renewer.stop()
-        self._release(rid, "pod succeeded")
-        return result
 
     def _reconcile_own_grant(self, rid: str) -> str | None:
         from airflow_gpupool.inventory.kubernetes import reconcile_grant
@@ -446,18 +433,24 @@ class GpuPodOperator(KubernetesPodOperator):
         rid = self.reservation_id_for(context)
         self._held_id = rid
         self._load_escalated_request(context)
+        return self._run_then_release(
+            context, rid, lambda: super(GpuPodOperator, self).trigger_reentry(context, event), "pod"
+        )
+
+    def _run_then_release(self, context: Context, rid: str, run: Callable[[], Any], what: str) -> Any:
+        """Run the pod part; record how it ended, then release the slice, on every path but deferral."""
         try:
-            result = super().trigger_reentry(context, event)
+            result = run()
         except TaskDeferred:
-            raise
+            raise  # the pod runs on; LeasedPodTrigger renews the lease, trigger_reentry releases
         except Exception as e:
             try:
                 outcome = self._failed(context, rid, e)
             finally:
-                self._release(rid, f"pod failed: {type(e).__name__}")
+                self._release(rid, f"{what} failed: {type(e).__name__}")
             raise outcome  # noqa: B904 (_failed sets the cause)
         except BaseException as e:
-            self._release(rid, f"pod failed: {type(e).__name__}")
+            self._release(rid, f"{what} failed: {type(e).__name__}")
             raise
         self._release(rid, "pod succeeded")
         return result
