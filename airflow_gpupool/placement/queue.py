@@ -4,10 +4,12 @@ Waiting requests are served in order: higher ``priority`` first, then first come
 served (``seq``). A request that does not fit is *blocked*; requests behind it may still
 be granted (backfill), but each such grant counts as one overtake of every blocked
 request ahead of it. Once a blocked request has been overtaken ``max_overtakes`` times,
-it gets a *hold* on one node, the one closest to fitting it: requests behind it are no
-longer placed on that node, so the node drains for it while the rest of the cluster keeps
-working (Slurm's backfill with a reservation). A large request is never starved by a
-stream of small ones (apache/airflow#29474), and it does not idle the whole pool either.
+the first such request in service order gets a *hold* on one node, the one closest to
+fitting it: requests behind it are no longer placed on that node, so the node drains for it
+while the rest of the cluster keeps working (Slurm's backfill with a reservation for the top
+job). Once it is granted, the next request whose budget is spent holds a node in turn, so a
+large request is never starved by a stream of small ones (apache/airflow#29474), and the
+pool is never idled for it beyond one node.
 A higher-priority request arriving later is served before, not "past", a blocked one, so
 it never counts as an overtake.
 """
@@ -39,7 +41,7 @@ class ServeOutcome:
 
     :param granted: requests to grant, in the order they were placed
     :param overtakes: new overtake counts of the requests that stayed blocked (changed ones only)
-    :param holds: node held for each blocked request whose overtake budget is spent
+    :param holds: the node held for the first blocked request whose overtake budget is spent
     :param barrier: a request whose budget is spent but that no node can be held for; the
         pass stopped there
     """
@@ -102,11 +104,14 @@ def _take_holds(
     hold: Callable[[QueueEntry, frozenset[str]], str | None],
     held: frozenset[str],
 ) -> tuple[int | None, frozenset[str]]:
-    """Give a held node to every blocked request whose budget is spent; return the new ``top``."""
+    """Give the first blocked request whose budget is spent a held node; return the new ``top``.
+
+    Once one node is held, later spent requests wait like any other (``top`` None: no more checks).
+    """
     top = None
     for entry, base in blocked:
-        if entry.request_id in outcome.holds:
-            continue
+        if outcome.holds:
+            return None, held
         if base + grants < max_overtakes:
             top = base if top is None else max(top, base)
             continue

@@ -23,10 +23,11 @@ from typing import Any
 
 import numpy as np
 
+from airflow_gpupool.placement.fit import choices
 from airflow_gpupool.placement.policy import get_policy
 from airflow_gpupool.placement.queue import QueueEntry, hold_node, serve
 from airflow_gpupool.placement.snapshot import ClusterSnapshot, NodeState
-from airflow_gpupool.placement.verdict import Assignment
+from airflow_gpupool.placement.verdict import Assignment, NoFitReason
 from airflow_gpupool.resources import GpuKind, GpuRequest
 from airflow_gpupool.sim.replay import ClusterFrag, quick, take, trace_shapes
 from airflow_gpupool.sim.trace import TracePod
@@ -51,7 +52,10 @@ def give(node: NodeState, request: GpuRequest, assignment: Assignment) -> NodeSt
         for g in node.gpus
     )
     return replace(
-        node, gpus=gpus, cpu_free=node.cpu_free + request.cpu_milli, memory_free=node.memory_free + request.memory_mib
+        node,
+        gpus=gpus,
+        cpu_free=node.cpu_free + request.cpu_milli,
+        memory_free=node.memory_free + request.memory_mib,
     )
 
 
@@ -69,7 +73,8 @@ def _workload(pods: Sequence[TracePod]) -> tuple[list[TracePod], np.ndarray]:
         if p.creation_time is not None and p.deletion_time is not None and p.deletion_time > p.creation_time
     ]
     durations = np.array(
-        [min(int(p.deletion_time or 0) - int(p.creation_time or 0), MAX_DURATION_S) for p in usable], dtype=np.float64
+        [min(int(p.deletion_time or 0) - int(p.creation_time or 0), MAX_DURATION_S) for p in usable],
+        dtype=np.float64,
     )
     return usable, durations
 
@@ -163,7 +168,9 @@ def simulate_queue(
             progress(k / arrivals)
     waits = sim.waits(horizon, warm)
     span = max(horizon - warm, 1e-9)
-    offered = float(np.sum([usable[int(i)].gpu_milli * durations[int(i)] for i in picks])) / (capacity * horizon)
+    offered = float(np.sum([usable[int(i)].gpu_milli * durations[int(i)] for i in picks])) / (
+        capacity * horizon
+    )
     return {
         "policy": policy,
         "load": load,
@@ -189,9 +196,12 @@ def _key(r: GpuRequest) -> tuple[Any, ...]:
 class _QueueSim:
     """State of one queue simulation: nodes, waiting and running requests, accumulators."""
 
-    def __init__(self, nodes: list[NodeState], place: Callable[..., Any], shapes: Any, max_overtakes: int) -> None:
+    def __init__(
+        self, nodes: list[NodeState], place: Callable[..., Any], shapes: Any, max_overtakes: int
+    ) -> None:
         self.nodes = nodes
         self.empty = tuple(nodes)  # the cluster starts empty: what each node could ever hold
+        self.eligible: dict[tuple[Any, ...], list[int]] = {}
         self.where = {n.name: i for i, n in enumerate(nodes)}
         self.place = place
         self.max_overtakes = max_overtakes
@@ -256,7 +266,18 @@ class _QueueSim:
             return verdict
 
         def hold(entry: QueueEntry, held: frozenset[str]) -> str | None:
-            return hold_node(self.nodes, self.empty, entry.request, held)
+            # Which nodes could ever hold a shape does not change: look it up once per shape.
+            key = _key(entry.request)
+            eligible = self.eligible.get(key)
+            if eligible is None:
+                eligible = self.eligible[key] = [
+                    i
+                    for i, blank in enumerate(self.empty)
+                    if not isinstance(choices(blank, entry.request), NoFitReason)
+                ]
+            return hold_node(
+                [self.nodes[i] for i in eligible], [self.empty[i] for i in eligible], entry.request, held
+            )
 
         outcome = serve(self.waiting.values(), try_place, self.max_overtakes, hold)
         started = []
@@ -272,7 +293,5 @@ class _QueueSim:
         return started
 
     def waits(self, horizon: float, warm: float) -> np.ndarray:
-        out = [
-            self.started_at.get(k, horizon) - t for k, t in self.arrived_at.items() if t >= warm
-        ]
+        out = [self.started_at.get(k, horizon) - t for k, t in self.arrived_at.items() if t >= warm]
         return np.asarray(out or [0.0])
