@@ -192,6 +192,14 @@ class Ledger:
         return self._write_once(fn)
 
     def _write_once(self, fn: Callable[[_Tx], T]) -> T:
+        try:
+            return self._write_in_transaction(fn)
+        except BaseException:
+            # The cache may hold rows of the rolled-back transaction: start over next time.
+            self._cache.invalidate()
+            raise
+
+    def _write_in_transaction(self, fn: Callable[[_Tx], T]) -> T:
         with write_transaction(self._engine, self._synchronous_commit) as conn:
             self._check_schema(conn)
             meta = _read_meta(conn)
@@ -242,6 +250,10 @@ class Ledger:
                 {"added": added, "updated": updated, "unchanged": unchanged}[outcome].append(node.name)
             if added or updated:
                 tx.dirty = tx.inventory_changed = True
+                # Serve the queue on the nodes as they are now, not as the cache last saw them.
+                self._cache.invalidate()
+                self._cache.refresh(tx.conn, tx.version, -2)
+                tx.nodes = dict(self._cache.nodes)
                 self._serve(tx)
             return InventoryChange(tuple(added), tuple(updated), tuple(unchanged))
 
@@ -328,11 +340,15 @@ class Ledger:
     @staticmethod
     def _check_not_losing_grants(node: NodeInventory, held: list[dict[str, Any]], mig_rows: list[dict[str, Any]]) -> None:
         gpus = {g.index: g for g in node.gpus}
-        slices = {m["slice_id"] for m in mig_rows}
+        slices = {m["slice_id"]: (m["gpu_idx"], m["profile"]) for m in mig_rows}
         for h in held:
             a: Assignment = h["assignment"]
             missing = [i for i in a.gpu_indices if i not in gpus]
-            if missing or (a.mig_slice is not None and a.mig_slice not in slices):
+            slice_kept = a.mig_slice is None or slices.get(a.mig_slice) == (
+                a.gpu_indices[0],
+                h["request"].mig_profile,
+            )
+            if missing or not slice_kept:
                 raise InvalidInventoryError(
                     f"node {node.name}",
                     f"GPUs {missing or a.mig_slice}",

@@ -283,6 +283,7 @@ def test_label_and_field_selectors(k8s: KubernetesEmulatorServer, core: Any) -> 
     assert names(field_selector="metadata.name=sel-c") == ["sel-c"]
     created = core.read_namespaced_pod("sel-a", "default").metadata
     assert created.uid and created.creation_timestamp and int(created.resource_version) > 0
+    k8s.wait_for_pod("sel-b", phases={"Running"}, timeout=10)  # its Scheduled event exists by then
     events = core.list_namespaced_event("default", field_selector="involvedObject.name=sel-b").items
     assert events and {e.involved_object.name for e in events} == {"sel-b"}
 

@@ -386,3 +386,24 @@ def test_spent_budget_holds_one_node_while_the_others_keep_working(make_ledger) 
     assert granted.state is GRANTED and granted.grant.node == "n2"
     assert ledger.get(waits.id).state is WAITING
     assert ledger.check_invariants() == []
+
+
+def test_inventory_growth_serves_the_queue_at_once(ledger: Ledger) -> None:
+    ledger.upsert_nodes([node("n1", gpus=1)])
+    ledger.reserve(GpuRequest(gpus=1), "holder")
+    waiting = ledger.reserve(GpuRequest(gpus=1), "waiter")
+    assert waiting.state is WAITING
+
+    ledger.upsert_nodes([node("n1", gpus=2)])  # a GPU added to the node
+
+    assert ledger.get(waiting.id).state is GRANTED
+    assert ledger.check_invariants() == []
+
+
+def test_repartitioning_a_held_mig_slice_is_refused(ledger: Ledger) -> None:
+    ledger.upsert_nodes([node("n1", gpus=1, mig={0: ["3g.40gb"]})])
+    ledger.reserve(GpuRequest(mig_profile="3g.40gb"), "holder")
+    before = state_of(ledger)
+    with pytest.raises(InvalidInventoryError, match="drain the node"):
+        ledger.upsert_nodes([node("n1", gpus=1, mig={0: ["2g.20gb"]})])  # same slice id, new profile
+    assert state_of(ledger) == before

@@ -185,8 +185,11 @@ class LedgerMachine(RuleBasedStateMachine):
             self.reserve_one(request, ttl, timeout)
 
     def reserve_one(self, request: GpuRequest, ttl: int, timeout: int) -> None:
+        # Ids in arrival order: generation draws from them, so they must not be random.
+        rid = f"r{self.arrivals + 1:05d}"
         reservation = self.expect_unchanged_on(
-            (NoCapacityError,), lambda: self.ledger.reserve(request, "holder", ttl=ttl, timeout=timeout)
+            (NoCapacityError,),
+            lambda: self.ledger.reserve(request, "holder", ttl=ttl, timeout=timeout, reservation_id=rid),
         )
         if reservation is None:
             return
@@ -243,6 +246,7 @@ class LedgerMachine(RuleBasedStateMachine):
 
     @rule(name=st.sampled_from(sorted(VARIANTS)))
     def remove_node(self, name: str) -> None:
+        self.ledger.reap()  # any write first expires what is due, which may finish a drain
         present = name in {n.name for n in self.ledger.snapshot().nodes}
         outcome = self.ledger.remove_node(name)
         assert outcome in (("removed", "draining") if present else ("absent",))
@@ -251,6 +255,7 @@ class LedgerMachine(RuleBasedStateMachine):
 
     @rule(name=st.sampled_from(sorted(VARIANTS)), health=st.sampled_from(list(NodeHealth)))
     def set_health(self, name: str, health: NodeHealth) -> None:
+        self.ledger.reap()  # any write first expires what is due, which may finish a drain
         present = name in {n.name for n in self.ledger.snapshot().nodes}
         before = state_of(self.ledger)
         try:
