@@ -14,3 +14,11 @@ os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "True")
 os.environ.pop("GPUPOOL_LEDGER_URL", None)
 
 pytest_plugins = ["tests.ledger_fixtures"]
+
+# CI runs the same property-test examples every time (a red CI must mean a change broke
+# something); local runs draw new ones, which is how the state machine finds new bugs.
+from hypothesis import settings as _hypothesis_settings  # noqa: E402
+
+_hypothesis_settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI", "").lower() == "true":
+    _hypothesis_settings.load_profile("ci")
