@@ -1,22 +1,31 @@
 """A per-process copy of the ledger's free capacity, refreshed by version.
 
-Every write transaction stamps the rows it touches with a new ``version``; a writer that
-holds the lock reads only the nodes changed since its copy was made, so a decision over
-thousands of nodes does not reload them all.
+Every write stamps the node rows it touches with a ``version``, and a copy remembers a
+*watermark*: rows stamped at or above it may have changed since the copy was made. A
+refresh reads only those rows, so a decision over thousands of nodes does not reload
+them all. On SQLite, where writers take turns, the version is a counter bumped by each
+write transaction. On PostgreSQL, where grants and releases commit concurrently, it is
+the writer's transaction id, and the watermark is the oldest transaction still running
+when the copy was read: any change the copy could not see was made by a transaction at
+or above it (the same rule logical replication and ``txid_current_snapshot`` polling use).
 """
 
 from __future__ import annotations
 
 import json
+import math
+import time
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
-from dataclasses import replace
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
-from sqlalchemy import Connection, Row, select
+from sqlalchemy import Connection, select, text
 
 from airflow_gpupool.ledger import schema
+from airflow_gpupool.ledger import statements as sql
 from airflow_gpupool.placement.snapshot import ClusterSnapshot, GpuState, NodeState
+from airflow_gpupool.placement.verdict import Assignment
 from airflow_gpupool.resources import MILLI_PER_GPU, NodeHealth, WorkloadClass
 
 
@@ -30,12 +39,57 @@ def classes_from_counts(n_training: int, n_inference: int) -> frozenset[str]:
     return frozenset(out)
 
 
+@dataclass(frozen=True)
+class Stamp:
+    """Where the ledger stood when a transaction began.
+
+    :param generation: the inventory generation (nodes added or removed)
+    :param watermark: a copy read now has seen every row stamped below this
+    :param version: the stamp this transaction writes rows with (0 for readers)
+    :param counter: whether versions are a counter (SQLite): an unchanged watermark then
+        means nothing changed
+    """
+
+    generation: int
+    watermark: int
+    version: int
+    counter: bool
+
+    @property
+    def watermark_after_commit(self) -> int:
+        """The watermark of a copy that adopts this transaction's result once it commits."""
+        # A counter moves on by this transaction; transaction ids are re-read from the old watermark.
+        return self.version + 1 if self.counter else self.watermark
+
+
+# One statement, so one snapshot: the stamp and every row that changed since ``since``.
+_PG_CHANGES = """
+SELECT
+    (SELECT value FROM gpupool_meta WHERE key = 'inventory_generation') AS generation,
+    pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS watermark,
+    {version} AS version,
+    (SELECT json_agg(n ORDER BY n.name) FROM gpupool_nodes n WHERE n.version >= :since) AS nodes,
+    (SELECT json_agg(g) FROM gpupool_gpus g
+     WHERE g.node = ANY (ARRAY(SELECT name FROM gpupool_nodes WHERE version >= :since))) AS gpus,
+    (SELECT json_agg(m) FROM gpupool_mig_slices m
+     WHERE m.node = ANY (ARRAY(SELECT name FROM gpupool_nodes WHERE version >= :since))) AS migs
+"""
+_PG_READ = text(_PG_CHANGES.format(version="0"))
+_PG_WRITE = text(_PG_CHANGES.format(version="pg_current_xact_id()::text::bigint"))
+_EVERYTHING = -(2**62)
+
+# Rows as mappings: SQLAlchemy rows on SQLite, decoded JSON objects on PostgreSQL.
+_Row = Mapping[Any, Any]
+_Rows = Sequence[_Row]
+
+
 class CapacityCache:
     """Nodes as :class:`NodeState`, plus the GPU UUIDs and MIG slices grants need."""
 
     def __init__(self) -> None:
-        self.version = -1
+        self.watermark = _EVERYTHING
         self.generation = -1
+        self.refreshed_at = -math.inf
         self.nodes: dict[str, NodeState] = {}
         self.gpu_info: dict[tuple[str, int], tuple[str, str]] = {}
         self.mig_profiles: dict[tuple[str, str], str] = {}
@@ -46,77 +100,119 @@ class CapacityCache:
         """Forget everything; the next refresh reloads the whole inventory."""
         self.__init__()  # type: ignore[misc]
 
-    def adopt(self, nodes: dict[str, NodeState], version: int) -> None:
-        """Take the nodes a committed transaction computed as the state at ``version``."""
+    def adopt(self, nodes: dict[str, NodeState], watermark: int) -> None:
+        """Take the nodes a committed transaction computed (see :attr:`Stamp.watermark_after_commit`)."""
         self.nodes = nodes
-        self.version = version
+        self.watermark = watermark
 
-    def refresh(self, conn: Connection, version: int, generation: int) -> None:
-        """Bring the copy to ``version``, reading only what changed since the last refresh."""
-        if generation != self.generation:
-            self.invalidate()
-            self._load(conn, None)
-        elif version != self.version:
-            self._load(conn, self.version)
-        self.version, self.generation = version, generation
+    def refresh(self, conn: Connection, *, writing: bool = False) -> Stamp:
+        """Bring the copy up to date, reading only what may have changed since the last refresh.
 
-    def _load(self, conn: Connection, since: int | None) -> None:
-        query = select(schema.nodes)
+        :param writing: the caller writes in this transaction; the stamp then carries the
+            version its rows get
+        """
+        stamp = self._read(conn, writing, self.watermark)
+        if stamp.generation != self.generation:
+            self.invalidate()  # nodes came or went: read them all
+            stamp = self._read(conn, writing, _EVERYTHING)
+        self.watermark, self.generation = stamp.watermark, stamp.generation
+        self.refreshed_at = time.monotonic()
+        return stamp
+
+    def gpu_model(self, assignment: Assignment) -> str | None:
+        """The model of the first GPU an assignment takes (None for CPU-only work)."""
+        if not assignment.gpu_indices:
+            return None
+        return self.gpu_info.get((assignment.node, assignment.gpu_indices[0]), ("", None))[1]
+
+    def fresh(self, seconds: float) -> bool:
+        """Whether the copy was refreshed within the last ``seconds``."""
+        return time.monotonic() - self.refreshed_at < seconds
+
+    def reload(self, conn: Connection) -> Stamp:
+        """Read the whole inventory again."""
+        self.invalidate()
+        return self.refresh(conn)
+
+    def _read(self, conn: Connection, writing: bool, since: int) -> Stamp:
+        """Read the stamp and apply the rows stamped at or above ``since``."""
+        if conn.dialect.name == "postgresql":
+            row = conn.execute(_PG_WRITE if writing else _PG_READ, {"since": since}).one()
+            self._apply(row.nodes or [], row.gpus or [], row.migs or [])
+            return Stamp(row.generation, row.watermark, row.version, counter=False)
+        meta = dict(conn.execute(sql.READ_META).tuples().all())
+        version = meta["version"] + 1
+        stamp = Stamp(meta["inventory_generation"], version, version if writing else 0, counter=True)
+        if since != version:  # on a counter, an unchanged watermark means nothing changed
+            self._apply(*self._select(conn, None if since == _EVERYTHING else since))
+        return stamp
+
+    @staticmethod
+    def _select(conn: Connection, since: int | None) -> tuple[_Rows, _Rows, _Rows]:
+        query = select(schema.nodes).order_by(schema.nodes.c.name)
         if since is not None:
-            query = query.where(schema.nodes.c.version > since)
-        node_rows = conn.execute(query.order_by(schema.nodes.c.name)).all()
-        if not node_rows:
-            return
-        names = [r.name for r in node_rows]
+            query = query.where(schema.nodes.c.version >= since)
+        nodes = [r._mapping for r in conn.execute(query)]
+        if not nodes:
+            return [], [], []
         gpu_query = select(schema.gpus)
         mig_query = select(schema.mig_slices)
         if since is not None:
+            names = [r["name"] for r in nodes]
             gpu_query = gpu_query.where(schema.gpus.c.node.in_(names))
             mig_query = mig_query.where(schema.mig_slices.c.node.in_(names))
-        gpus_by_node: dict[str, list[Row[Any]]] = defaultdict(list)
-        for row in conn.execute(gpu_query):
-            gpus_by_node[row.node].append(row)
-        migs_by_node: dict[str, list[Row[Any]]] = defaultdict(list)
-        for row in conn.execute(mig_query):
-            migs_by_node[row.node].append(row)
-        for row in node_rows:
-            self.nodes[row.name] = self._node_state(row, gpus_by_node[row.name], migs_by_node[row.name])
+        return (
+            nodes,
+            [r._mapping for r in conn.execute(gpu_query)],
+            [r._mapping for r in conn.execute(mig_query)],
+        )
 
-    def _node_state(self, row: Row[Any], gpu_rows: Sequence[Row[Any]], mig_rows: Sequence[Row[Any]]) -> NodeState:
+    def _apply(self, nodes: _Rows, gpus: _Rows, migs: _Rows) -> None:
+        gpus_by_node: dict[str, list[_Row]] = defaultdict(list)
+        for g in gpus:
+            gpus_by_node[g["node"]].append(g)
+        migs_by_node: dict[str, list[_Row]] = defaultdict(list)
+        for m in migs:
+            migs_by_node[m["node"]].append(m)
+        for row in nodes:
+            name = row["name"]
+            self.nodes[name] = self._node_state(row, gpus_by_node[name], migs_by_node[name])
+
+    def _node_state(self, row: _Row, gpu_rows: _Rows, mig_rows: _Rows) -> NodeState:
         free_migs: dict[int, list[tuple[str, str]]] = defaultdict(list)
         all_migs: dict[int, list[tuple[str, str]]] = defaultdict(list)
         for mig in mig_rows:
-            all_migs[mig.gpu_idx].append((mig.slice_id, mig.profile))
-            self.mig_profiles[(row.name, mig.slice_id)] = mig.profile
-            if mig.holder is None:
-                free_migs[mig.gpu_idx].append((mig.slice_id, mig.profile))
-        self.all_migs[row.name] = {idx: tuple(sorted(s)) for idx, s in all_migs.items()}
+            all_migs[mig["gpu_idx"]].append((mig["slice_id"], mig["profile"]))
+            self.mig_profiles[(row["name"], mig["slice_id"])] = mig["profile"]
+            if mig["holder"] is None:
+                free_migs[mig["gpu_idx"]].append((mig["slice_id"], mig["profile"]))
+        self.all_migs[row["name"]] = {idx: tuple(sorted(s)) for idx, s in all_migs.items()}
         gpus = []
-        for g in sorted(gpu_rows, key=lambda r: r.idx):
-            self.gpu_info[(row.name, g.idx)] = (g.uuid, g.model)
+        for g in sorted(gpu_rows, key=lambda r: r["idx"]):
+            self.gpu_info[(row["name"], g["idx"])] = (g["uuid"], g["model"])
             gpus.append(
                 GpuState(
-                    index=g.idx,
-                    model=g.model,
-                    memory_mib=g.memory_mib,
-                    free_milli=g.free_milli,
-                    free_memory_mib=g.free_memory_mib,
-                    mig_free=tuple(sorted(free_migs.get(g.idx, ()))),
-                    partitioned=bool(g.partitioned),
+                    index=g["idx"],
+                    model=g["model"],
+                    memory_mib=g["memory_mib"],
+                    free_milli=g["free_milli"],
+                    free_memory_mib=g["free_memory_mib"],
+                    mig_free=tuple(sorted(free_migs.get(g["idx"], ()))),
+                    partitioned=bool(g["partitioned"]),
                 )
             )
-        self.health[row.name] = row.health
+        self.health[row["name"]] = row["health"]
         return NodeState(
-            name=row.name,
-            cpu_milli=row.cpu_milli,
-            memory_mib=row.memory_mib,
+            name=row["name"],
+            cpu_milli=row["cpu_milli"],
+            memory_mib=row["memory_mib"],
             gpus=tuple(gpus),
-            cpu_free=row.cpu_free,
-            memory_free=row.memory_free,
-            labels=tuple(sorted(json.loads(row.labels).items())),
-            classes=classes_from_counts(row.n_training, row.n_inference),
-            schedulable=row.health == NodeHealth.HEALTHY.value,
-            node_pool=row.node_pool,
+            cpu_free=row["cpu_free"],
+            memory_free=row["memory_free"],
+            labels=tuple(sorted(json.loads(row["labels"]).items())),
+            classes=classes_from_counts(row["n_training"], row["n_inference"]),
+            schedulable=row["health"] == NodeHealth.HEALTHY.value,
+            node_pool=row["node_pool"],
         )
 
     def empty_snapshot(self, nodes: Iterable[NodeState]) -> ClusterSnapshot:

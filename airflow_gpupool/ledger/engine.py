@@ -43,7 +43,7 @@ def normalize_url(url: str) -> str:
     raise ConfigurationError(f"ledger URL {url!r}: only sqlite and postgresql ledgers are supported")
 
 
-def make_engine(url: str) -> Engine:
+def make_engine(url: str, **options: Any) -> Engine:
     """Create the engine for a ledger URL.
 
     On SQLite the connection runs in WAL mode with a busy timeout, and write transactions
@@ -52,7 +52,7 @@ def make_engine(url: str) -> Engine:
     """
     url = normalize_url(url)
     if url.startswith("sqlite"):
-        engine = create_engine(url, connect_args={"timeout": 60, "isolation_level": None})
+        engine = create_engine(url, connect_args={"timeout": 60, "isolation_level": None}, **options)
 
         @event.listens_for(engine, "connect")
         def _pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -69,7 +69,7 @@ def make_engine(url: str) -> Engine:
         return engine
     # No pre-ping (a round trip per transaction): a dropped connection fails the transaction,
     # which transient_retry runs again on a fresh one.
-    return create_engine(url, pool_size=2, max_overflow=4)
+    return create_engine(url, pool_size=2, max_overflow=4, **options)
 
 
 @contextmanager

@@ -9,7 +9,9 @@ nodes costs what a few dozen cost.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import heapq
+from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 from airflow_gpupool.placement.snapshot import ClusterSnapshot, NodeState
@@ -43,33 +45,74 @@ def node_signature(node: NodeState) -> tuple[Any, ...]:
 
 
 class EquivalenceIndex:
-    """Remembers each (immutable) NodeState's class number, so a snapshot is deduplicated cheaply."""
+    """The classes of the ledger's nodes, kept up to date as node states change.
+
+    Node states are immutable and the ledger replaces a node's state when it changes, so a
+    sync re-classifies only the nodes whose state object is new. Each class keeps its
+    members in a heap by inventory position, with entries of members that left dropped
+    when they reach the top; a representative is then found without a scan.
+    """
 
     def __init__(self) -> None:
-        self._class_of: dict[int, tuple[NodeState, int]] = {}
-        self._classes: dict[tuple[Any, ...], int] = {}
+        self._states: dict[str, NodeState] = {}
+        self._class_of: dict[str, tuple[Any, ...]] = {}
+        self._position: dict[str, int] = {}
+        self._members: dict[tuple[Any, ...], list[tuple[int, str]]] = {}
+        self._size: dict[tuple[Any, ...], int] = {}
 
-    def class_of(self, node: NodeState) -> int:
-        """Return the number of ``node``'s equivalence class."""
-        cached = self._class_of.get(id(node))
-        if cached is not None and cached[0] is node:
-            return cached[1]
-        number = self._classes.setdefault(node_signature(node), len(self._classes))
-        self._class_of[id(node)] = (node, number)
-        return number
+    def representatives(
+        self, nodes: Mapping[str, NodeState], skipped: AbstractSet[str] = frozenset()
+    ) -> ClusterSnapshot:
+        """Return the first node of each class, in inventory order, leaving out ``skipped`` nodes."""
+        self._sync(nodes)
+        firsts = []
+        for signature, heap in self._members.items():
+            first = self._first(signature, heap, skipped)
+            if first is not None:
+                firsts.append(first)
+        firsts.sort()
+        return ClusterSnapshot(tuple(nodes[name] for _, name in firsts))
 
-    def representatives(self, nodes: Iterable[NodeState]) -> ClusterSnapshot:
-        """Return a snapshot of the first node of each equivalence class, in the given order."""
-        nodes = list(nodes)
-        if len(self._class_of) > 4 * len(nodes) + 1024:
-            # Forget states no longer in use; class numbers restart.
-            self._class_of.clear()
-            self._classes.clear()
-        seen: set[int] = set()
-        out = []
-        for node in nodes:
-            number = self.class_of(node)
-            if number not in seen:
-                seen.add(number)
-                out.append(node)
-        return ClusterSnapshot(tuple(out))
+    def _sync(self, nodes: Mapping[str, NodeState]) -> None:
+        states = self._states
+        for name, node in nodes.items():
+            if states.get(name) is not node:
+                self._classify(name, node)
+        if len(states) != len(nodes):  # nodes left the inventory: start over
+            self.__init__()  # type: ignore[misc]
+            for name, node in nodes.items():
+                self._classify(name, node)
+
+    def _classify(self, name: str, node: NodeState) -> None:
+        self._states[name] = node
+        signature = node_signature(node)
+        old = self._class_of.get(name)
+        if old == signature:
+            return
+        if old is not None:
+            self._size[old] -= 1
+            if not self._size[old]:
+                del self._size[old], self._members[old]
+        self._class_of[name] = signature
+        position = self._position.setdefault(name, len(self._position))
+        heap = self._members.setdefault(signature, [])
+        self._size[signature] = self._size.get(signature, 0) + 1
+        heapq.heappush(heap, (position, name))
+        if len(heap) > 2 * self._size[signature] + 64:
+            # Entries of members that left pile up in a busy class: keep the live ones.
+            heap[:] = [(p, n) for p, n in heap if self._class_of.get(n) == signature]
+            heapq.heapify(heap)
+
+    def _first(
+        self, signature: tuple[Any, ...], heap: list[tuple[int, str]], skipped: AbstractSet[str]
+    ) -> tuple[int, str] | None:
+        while heap and self._class_of.get(heap[0][1]) != signature:
+            heapq.heappop(heap)  # a member that moved to another class
+        if not heap:
+            return None
+        if heap[0][1] not in skipped:
+            return heap[0]
+        for entry in sorted(heap):
+            if entry[1] not in skipped and self._class_of.get(entry[1]) == signature:
+                return entry
+        return None

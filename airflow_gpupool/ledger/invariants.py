@@ -21,7 +21,9 @@ def _node_violations(node: Row[Any], used: dict[str, Any]) -> list[str]:
     out = []
     cpu, mem = used["cpu"], used["mem"]
     if cpu > node.cpu_milli or mem > node.memory_mib:
-        out.append(f"node {node.name}: granted {cpu}m CPU / {mem} MiB of {node.cpu_milli}m / {node.memory_mib} MiB")
+        out.append(
+            f"node {node.name}: granted {cpu}m CPU / {mem} MiB of {node.cpu_milli}m / {node.memory_mib} MiB"
+        )
     if node.cpu_free != node.cpu_milli - cpu or node.memory_free != node.memory_mib - mem:
         out.append(f"node {node.name}: free CPU/memory columns disagree with its grants")
     if (node.n_training, node.n_inference) != (used["training"], used["inference"]):
@@ -48,14 +50,14 @@ def _gpu_violations(gpu: Row[Any], milli: int, memory: int) -> list[str]:
 
 def find_violations(conn: Connection, request_of: Callable[[Row[Any]], GpuRequest]) -> list[str]:
     """Return every invariant violation in the ledger (empty when consistent)."""
-    grants = conn.execute(
-        select(schema.reservations).where(schema.reservations.c.state == "granted")
-    ).all()
+    grants = conn.execute(select(schema.reservations).where(schema.reservations.c.state == "granted")).all()
     nodes = {r.name: r for r in conn.execute(select(schema.nodes))}
     gpus = {(r.node, r.idx): r for r in conn.execute(select(schema.gpus))}
     migs = {(r.node, r.slice_id): r for r in conn.execute(select(schema.mig_slices))}
     out: list[str] = []
-    node_use: dict[str, dict[str, Any]] = defaultdict(lambda: {"cpu": 0, "mem": 0, "training": 0, "inference": 0})
+    node_use: dict[str, dict[str, Any]] = defaultdict(
+        lambda: {"cpu": 0, "mem": 0, "training": 0, "inference": 0}
+    )
     gpu_use: dict[tuple[str, int], list[int]] = defaultdict(lambda: [0, 0])
     slice_holders: dict[tuple[str, str], list[str]] = defaultdict(list)
     for g in grants:
@@ -84,14 +86,18 @@ def find_violations(conn: Connection, request_of: Callable[[Row[Any]], GpuReques
     return out + _mig_violations(migs, slice_holders)
 
 
-def _mig_violations(migs: dict[tuple[str, str], Row[Any]], slice_holders: dict[tuple[str, str], list[str]]) -> list[str]:
+def _mig_violations(
+    migs: dict[tuple[str, str], Row[Any]], slice_holders: dict[tuple[str, str], list[str]]
+) -> list[str]:
     out = []
     for key, mig in migs.items():
         holders = slice_holders.get(key, [])
         if len(holders) > 1:
             out.append(f"MIG slice {key[0]}/{key[1]}: granted to {len(holders)} reservations {holders}")
         if mig.holder != (holders[0] if holders else None):
-            out.append(f"MIG slice {key[0]}/{key[1]}: holder column {mig.holder!r} disagrees with grants {holders}")
+            out.append(
+                f"MIG slice {key[0]}/{key[1]}: holder column {mig.holder!r} disagrees with grants {holders}"
+            )
     for key in slice_holders:
         if key not in migs:
             out.append(f"MIG slice {key[0]}/{key[1]}: granted but not in the inventory")

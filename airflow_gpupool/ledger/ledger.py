@@ -5,6 +5,10 @@ lock, or SQLite's ``BEGIN IMMEDIATE``): a request is granted whole or not at all
 queue is served by whichever client holds the lock when capacity changes. Each write
 transaction first expires dead leases and overdue requests, so a pool heals itself as
 long as anyone uses it; :meth:`Ledger.reap` does the same on demand.
+
+On PostgreSQL, a grant or release that needs no queue decision (nothing waits, no lease
+is overdue) takes the lock in shared mode instead and commits alongside others: see
+:mod:`airflow_gpupool.ledger.pg_functions`. Anything else takes it exclusively.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Iterable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
@@ -30,6 +35,7 @@ from airflow_gpupool.exceptions import (
 from airflow_gpupool.ledger import schema
 from airflow_gpupool.ledger import statements as sql
 from airflow_gpupool.ledger.cache import CapacityCache, classes_from_counts
+from airflow_gpupool.ledger.concurrent import ConcurrentPath
 from airflow_gpupool.ledger.engine import make_engine, read_transaction, transient_retry, write_transaction
 from airflow_gpupool.ledger.equivalence import EquivalenceIndex
 from airflow_gpupool.ledger.migrations import migrate, require_current
@@ -56,6 +62,11 @@ T = TypeVar("T")
 _WAITING = ReservationState.WAITING.value
 _GRANTED = ReservationState.GRANTED.value
 _MAX_HOLDER = 512
+# Nodes a concurrent grant tries before it takes the serialized path (each try is one round trip).
+_CONCURRENT_ATTEMPTS = 4
+# How old the capacity copy may be when a concurrent grant places on it. Older copies are
+# refreshed first; a wrong guess costs one more try, never a wrong grant.
+_CACHE_FRESH_FOR_S = 0.5
 
 
 class _StaleCacheError(Exception):
@@ -119,6 +130,9 @@ class Ledger:
     :param policy: placement policy name or instance; default ``[gpupool] placement_policy``
     :param clock: seconds since the epoch; tests pass a fake one
     :param max_overtakes: the no-starvation bound, see :mod:`airflow_gpupool.placement.queue`
+    :param concurrent: on PostgreSQL, grant and release under the shared lock when no queue
+        decision is needed (see :mod:`airflow_gpupool.ledger.pg_functions`); False makes
+        every write take the exclusive lock, as on SQLite
     """
 
     def __init__(
@@ -128,6 +142,7 @@ class Ledger:
         policy: str | PlacementPolicy | None = None,
         clock: Callable[[], float] = time.time,
         max_overtakes: int | None = None,
+        concurrent: bool = True,
     ) -> None:
         self.url = settings.ledger_url(url)
         self._engine = make_engine(self.url)
@@ -141,6 +156,7 @@ class Ledger:
         self._equivalence = EquivalenceIndex()
         self._requests: dict[str, GpuRequest] = {}
         self._schema_checked = False
+        self._concurrent = ConcurrentPath(self.url) if concurrent and self.dialect == "postgresql" else None
 
     @classmethod
     def create(cls, url: str | None = None, **options: Any) -> Ledger:
@@ -158,6 +174,8 @@ class Ledger:
     def close(self) -> None:
         """Close the database connections."""
         self._engine.dispose()
+        if self._concurrent is not None:
+            self._concurrent.close()
 
     def __enter__(self) -> Ledger:
         return self
@@ -202,17 +220,16 @@ class Ledger:
     def _write_in_transaction(self, fn: Callable[[_Tx], T]) -> T:
         with write_transaction(self._engine, self._synchronous_commit) as conn:
             self._check_schema(conn)
-            meta = _read_meta(conn)
-            self._cache.refresh(conn, meta["version"], meta["inventory_generation"])
-            tx = _Tx(conn, self._clock(), meta["version"] + 1, dict(self._cache.nodes))
+            stamp = self._cache.refresh(conn, writing=True)
+            tx = _Tx(conn, self._clock(), stamp.version, dict(self._cache.nodes))
             self._expire_due(tx)
             result = fn(tx)
-            if tx.dirty:
+            if tx.dirty and stamp.counter:
                 self._bump(conn, "version", tx.version)
             if tx.inventory_changed:
-                self._bump(conn, "inventory_generation", meta["inventory_generation"] + 1)
+                self._bump(conn, "inventory_generation", stamp.generation + 1)
         if tx.dirty and tx.exact and not tx.inventory_changed:
-            self._cache.adopt(tx.nodes, tx.version)
+            self._cache.adopt(tx.nodes, stamp.watermark_after_commit)
         return result
 
     @staticmethod
@@ -239,7 +256,9 @@ class Ledger:
             if not isinstance(node, NodeInventory):
                 raise InvalidInventoryError("node", node, "a NodeInventory")
         if len(set(names)) != len(names):
-            raise InvalidInventoryError("nodes", sorted(n for n in names if names.count(n) > 1), "unique node names")
+            raise InvalidInventoryError(
+                "nodes", sorted(n for n in names if names.count(n) > 1), "unique node names"
+            )
 
         def run(tx: _Tx) -> InventoryChange:
             added: list[str] = []
@@ -251,13 +270,20 @@ class Ledger:
             if added or updated:
                 tx.dirty = tx.inventory_changed = True
                 # Serve the queue on the nodes as they are now, not as the cache last saw them.
-                self._cache.invalidate()
-                self._cache.refresh(tx.conn, tx.version, -2)
+                self._cache.reload(tx.conn)
                 tx.nodes = dict(self._cache.nodes)
                 self._serve(tx)
             return InventoryChange(tuple(added), tuple(updated), tuple(unchanged))
 
-        return self._write(run)
+        change = self._write(run)
+        if change.added and self.dialect == "postgresql":
+            self._analyze()
+        return change
+
+    def _analyze(self) -> None:
+        """Refresh the planner's statistics, so lookups by version and node use the indexes at once."""
+        with self._engine.connect() as conn, conn.begin():
+            conn.exec_driver_sql("ANALYZE gpupool_nodes, gpupool_gpus, gpupool_mig_slices")
 
     def _upsert_node(self, tx: _Tx, node: NodeInventory) -> str:
         conn = tx.conn
@@ -305,7 +331,11 @@ class Ledger:
 
     @staticmethod
     def _same_inventory(
-        conn: Connection, existing: Row[Any], node: NodeInventory, gpu_rows: list[dict[str, Any]], mig_rows: list[dict[str, Any]]
+        conn: Connection,
+        existing: Row[Any],
+        node: NodeInventory,
+        gpu_rows: list[dict[str, Any]],
+        mig_rows: list[dict[str, Any]],
     ) -> bool:
         same_node = (
             existing.cpu_milli == node.cpu_milli
@@ -338,7 +368,9 @@ class Ledger:
         return [{"row": r, "request": self._request_of(r), "assignment": _assignment_of(r)} for r in rows]
 
     @staticmethod
-    def _check_not_losing_grants(node: NodeInventory, held: list[dict[str, Any]], mig_rows: list[dict[str, Any]]) -> None:
+    def _check_not_losing_grants(
+        node: NodeInventory, held: list[dict[str, Any]], mig_rows: list[dict[str, Any]]
+    ) -> None:
         gpus = {g.index: g for g in node.gpus}
         slices = {m["slice_id"]: (m["gpu_idx"], m["profile"]) for m in mig_rows}
         for h in held:
@@ -437,7 +469,9 @@ class Ledger:
             changed = tx.conn.execute(
                 update(schema.nodes)
                 .where(schema.nodes.c.name == name)
-                .values(health=value, version=tx.version, remove_when_drained=value == NodeHealth.DRAINING.value)
+                .values(
+                    health=value, version=tx.version, remove_when_drained=value == NodeHealth.DRAINING.value
+                )
             ).rowcount
             if not changed:
                 raise InvalidInventoryError("node", name, "a node of the inventory")
@@ -483,16 +517,24 @@ class Ledger:
         if not isinstance(request, GpuRequest):
             raise InvalidRequestError("request", request, "a GpuRequest")
         if not isinstance(holder, str) or not holder or len(holder) > _MAX_HOLDER:
-            raise InvalidRequestError("holder", holder, f"a non-empty string of at most {_MAX_HOLDER} characters")
+            raise InvalidRequestError(
+                "holder", holder, f"a non-empty string of at most {_MAX_HOLDER} characters"
+            )
         ttl = _positive_seconds("ttl", ttl, settings.lease_ttl_seconds)
         timeout = _positive_seconds("timeout", timeout, settings.reservation_timeout_seconds)
         rid = reservation_id or uuid.uuid4().hex
         if not isinstance(rid, str) or not 0 < len(rid) <= 64:
             raise InvalidRequestError("reservation_id", rid, "a string of 1 to 64 characters")
+        if self._concurrent is not None:
+            granted = self._reserve_concurrently(request, rid, holder, ttl, timeout)
+            if granted is not None:
+                return granted
 
         def run(tx: _Tx) -> Reservation:
             if reservation_id is not None:
-                existing = tx.conn.execute(select(schema.reservations).where(schema.reservations.c.id == rid)).first()
+                existing = tx.conn.execute(
+                    select(schema.reservations).where(schema.reservations.c.id == rid)
+                ).first()
                 if existing is not None:
                     return self._reservation(tx.conn, existing)
             tx.conn.execute(
@@ -515,19 +557,85 @@ class Ledger:
             tx.dirty = True
             self._serve(tx)
             if rid in tx.assignments:
-                grant = self._new_grant(tx, tx.assignments[rid], request, ttl)
-                return Reservation(rid, holder, ReservationState.GRANTED, request, tx.now, tx.now + timeout, grant)
+                assignment = tx.assignments[rid]
+                grant = self._new_grant(assignment, request, tx.nodes[assignment.node].node_pool, tx.now, ttl)
+                return Reservation(
+                    rid, holder, ReservationState.GRANTED, request, tx.now, tx.now + timeout, grant
+                )
             self._refuse_if_never_fits(tx, request)
             row = tx.conn.execute(select(schema.reservations).where(schema.reservations.c.id == rid)).one()
             return self._reservation(tx.conn, row)
 
         return self._write(run)
 
-    def _new_grant(self, tx: _Tx, assignment: Assignment, request: GpuRequest, ttl: float) -> Grant:
+    @transient_retry
+    def _reserve_concurrently(
+        self, request: GpuRequest, rid: str, holder: str, ttl: float, timeout: float
+    ) -> Reservation | None:
+        """Grant ``request`` under the shared lock if it fits now; None: take the serialized path.
+
+        Placement runs on this process's copy of the capacity, refreshed when it is older
+        than ``_CACHE_FRESH_FOR_S``; the database function checks the choice against the
+        node's row. A node the copy had wrong is left out and the request placed again on a
+        refreshed copy, a few times at most.
+        """
+        assert self._concurrent is not None
+        with self._concurrent.connect() as conn:
+            self._check_schema(conn)
+            skipped: set[str] = set()
+            refreshed = False
+            for _ in range(_CONCURRENT_ATTEMPTS):
+                if not refreshed and not self._cache.fresh(_CACHE_FRESH_FOR_S):
+                    self._cache.refresh(conn)
+                    refreshed = True
+                verdict = self._place(self._cache.nodes, request, skipped)
+                if isinstance(verdict, NoFit):
+                    if refreshed or skipped:
+                        return None  # the serialized path queues it, or says it can never fit
+                    self._cache.refresh(conn)
+                    refreshed = True
+                    continue
+                now = self._clock()
+                model = self._cache.gpu_model(verdict)
+                outcome, taken = self._concurrent.take(
+                    conn,
+                    rid,
+                    holder,
+                    request,
+                    verdict,
+                    model,
+                    self._cache.generation,
+                    now,
+                    ttl,
+                    now + timeout,
+                )
+                if taken is not None:
+                    self._requests[rid] = request
+                    node = self._cache.nodes[verdict.node]
+                    self._cache.nodes[verdict.node] = allocate(node, request, taken)
+                    grant = self._new_grant(taken, request, node.node_pool, now, ttl)
+                    return Reservation(
+                        rid, holder, ReservationState.GRANTED, request, now, now + timeout, grant
+                    )
+                if outcome == "serialize":
+                    return None
+                log.debug("Node %s no longer fits %s: refreshing and placing again", verdict.node, rid)
+                skipped.add(verdict.node)
+                refreshed = False
+        return None
+
+    def _place(
+        self, nodes: dict[str, NodeState], request: GpuRequest, skipped: AbstractSet[str]
+    ) -> Assignment | NoFit:
+        return self.policy.place(self._equivalence.representatives(nodes, skipped), request)
+
+    def _new_grant(
+        self, assignment: Assignment, request: GpuRequest, node_pool: str, now: float, ttl: float
+    ) -> Grant:
         info = [self._cache.gpu_info.get((assignment.node, i), ("", "")) for i in assignment.gpu_indices]
         return Grant(
             node=assignment.node,
-            node_pool=tx.nodes[assignment.node].node_pool,
+            node_pool=node_pool,
             gpu_indices=assignment.gpu_indices,
             gpu_uuids=tuple(uuid for uuid, _ in info),
             gpu_model=info[0][1] if info else None,
@@ -535,8 +643,8 @@ class Ledger:
             gpu_memory_mib=assignment.gpu_memory_mib,
             mig_slice=assignment.mig_slice,
             mig_profile=request.mig_profile,
-            granted_at=tx.now,
-            expires_at=tx.now + ttl,
+            granted_at=now,
+            expires_at=now + ttl,
         )
 
     def _refuse_if_never_fits(self, tx: _Tx, request: GpuRequest) -> None:
@@ -565,9 +673,8 @@ class Ledger:
             if row.state != _WAITING:
                 return f"reservation is {row.state}"
             cache = CapacityCache()
-            meta = _read_meta(conn)
-            cache.refresh(conn, meta["version"], meta["inventory_generation"])
-            tx = _Tx(conn, self._clock(), meta["version"], dict(cache.nodes))
+            cache.reload(conn)
+            tx = _Tx(conn, self._clock(), 0, dict(cache.nodes))
             return self._blocked_message(tx, row)
 
         return self._read(run)
@@ -614,6 +721,9 @@ class Ledger:
 
         :raises UnknownReservationError: no such id
         """
+        if self._concurrent is not None and self._release_concurrently(reservation_id, reason):
+            state = ReservationState.GRANTED
+            return ReleaseResult(reservation_id, True, state, f"{state.value} reservation released: {reason}")
 
         def run(tx: _Tx) -> ReleaseResult:
             row = self._row(tx.conn, reservation_id)
@@ -631,6 +741,14 @@ class Ledger:
             return ReleaseResult(reservation_id, True, state, f"{state.value} reservation released: {reason}")
 
         return self._write(run)
+
+    @transient_retry
+    def _release_concurrently(self, reservation_id: str, reason: str) -> bool:
+        """Give a grant back under the shared lock; False: the serialized path must (queue, expiry, drain)."""
+        assert self._concurrent is not None
+        with self._concurrent.connect() as conn:
+            self._check_schema(conn)
+            return self._concurrent.give_back(conn, reservation_id, self._clock(), reason) == "released"
 
     def reap(self) -> ReapResult:
         """Expire dead leases and overdue requests, then serve the queue."""
@@ -687,7 +805,9 @@ class Ledger:
         return f"waited {waited:.0f}s with {ahead} request(s) ahead; {blocked}"
 
     def _end_waiting(self, tx: _Tx, row: Row[Any], state: ReservationState, message: str) -> None:
-        tx.conn.execute(sql.END_ROW, {"rid": row.id, "new_state": state.value, "now": tx.now, "end_message": message})
+        tx.conn.execute(
+            sql.END_ROW, {"rid": row.id, "new_state": state.value, "now": tx.now, "end_message": message}
+        )
         tx.dirty = True
 
     def _end_grant(self, tx: _Tx, row: Row[Any], state: ReservationState, message: str) -> None:
@@ -718,7 +838,9 @@ class Ledger:
                     "gmem": assignment.gpu_memory_mib,
                 },
             )
-        conn.execute(sql.END_ROW, {"rid": row.id, "new_state": state.value, "now": tx.now, "end_message": message})
+        conn.execute(
+            sql.END_ROW, {"rid": row.id, "new_state": state.value, "now": tx.now, "end_message": message}
+        )
         tx.dirty = True
         if counts is None:
             return
@@ -786,8 +908,7 @@ class Ledger:
         entries = [QueueEntry(row.id, self._request_of(row), row.seq, row.overtakes) for row in rows]
 
         def try_place(entry: QueueEntry, held: frozenset[str]) -> Assignment | None:
-            nodes = (n for n in tx.nodes.values() if n.name not in held) if held else tx.nodes.values()
-            verdict = self.policy.place(self._equivalence.representatives(nodes), entry.request)
+            verdict = self._place(tx.nodes, entry.request, held)
             if isinstance(verdict, NoFit):
                 return None
             self._grant(tx, entry, verdict)
@@ -801,9 +922,13 @@ class Ledger:
         for rid, count in outcome.overtakes.items():
             tx.conn.execute(sql.SET_OVERTAKES, {"rid": rid, "overtake_count": count})
         for rid, node in outcome.holds.items():
-            log.info("Queue holds node %s for %s: its overtake budget (%d) is spent", node, rid, self.max_overtakes)
+            log.info(
+                "Queue holds node %s for %s: its overtake budget (%d) is spent", node, rid, self.max_overtakes
+            )
         if outcome.barrier is not None:
-            log.info("Queue held for %s: its overtake budget is spent and no node can be held", outcome.barrier)
+            log.info(
+                "Queue held for %s: its overtake budget is spent and no node can be held", outcome.barrier
+            )
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -815,12 +940,15 @@ class Ledger:
             grant = self._grant_of(conn, row)
         if row.state == _WAITING:
             r = schema.reservations.c
-            position = 1 + conn.execute(
-                select(func.count()).where(
-                    r.state == _WAITING,
-                    or_(r.priority > row.priority, and_(r.priority == row.priority, r.seq < row.seq)),
-                )
-            ).scalar_one()
+            position = (
+                1
+                + conn.execute(
+                    select(func.count()).where(
+                        r.state == _WAITING,
+                        or_(r.priority > row.priority, and_(r.priority == row.priority, r.seq < row.seq)),
+                    )
+                ).scalar_one()
+            )
         return Reservation(
             id=row.id,
             holder=row.holder,
@@ -864,7 +992,9 @@ class Ledger:
             expires_at=row.expires_at,
         )
 
-    def history(self, states: Iterable[ReservationState] | None = None, limit: int = 100) -> list[Reservation]:
+    def history(
+        self, states: Iterable[ReservationState] | None = None, limit: int = 100
+    ) -> list[Reservation]:
         """Return the most recent reservations (newest first), optionally only in ``states``."""
         r = schema.reservations.c
         query = select(schema.reservations).order_by(r.seq.desc()).limit(limit)
@@ -877,8 +1007,7 @@ class Ledger:
 
         def run(conn: Connection) -> ClusterSnapshot:
             cache = CapacityCache()
-            meta = _read_meta(conn)
-            cache.refresh(conn, meta["version"], meta["inventory_generation"])
+            cache.reload(conn)
             return cache.empty_snapshot(cache.nodes.values())
 
         return self._read(run)
@@ -889,8 +1018,7 @@ class Ledger:
 
     def _snapshot(self, conn: Connection) -> LedgerSnapshot:
         cache = CapacityCache()
-        meta = _read_meta(conn)
-        cache.refresh(conn, meta["version"], meta["inventory_generation"])
+        cache.reload(conn)
         gpu_rows: dict[str, list[dict[str, Any]]] = {}
         for g in conn.execute(select(schema.gpus).order_by(schema.gpus.c.node, schema.gpus.c.idx)):
             gpu_rows.setdefault(g.node, []).append(dict(g._mapping))
@@ -912,7 +1040,9 @@ class Ledger:
             )
         r = schema.reservations.c
         live = conn.execute(
-            select(schema.reservations).where(r.state.in_([_WAITING, _GRANTED])).order_by(r.priority.desc(), r.seq)
+            select(schema.reservations)
+            .where(r.state.in_([_WAITING, _GRANTED]))
+            .order_by(r.priority.desc(), r.seq)
         ).all()
         grants = tuple(self._reservation(conn, row) for row in live if row.state == _GRANTED)
         queue = tuple(self._reservation(conn, row) for row in live if row.state == _WAITING)
@@ -933,10 +1063,6 @@ class Ledger:
         from airflow_gpupool.ledger.invariants import find_violations
 
         return self._read(lambda conn: find_violations(conn, self._request_of))
-
-
-def _read_meta(conn: Connection) -> dict[str, int]:
-    return {key: value for key, value in conn.execute(sql.READ_META)}
 
 
 def _positive_seconds(name: str, value: float | None, default: Callable[[], float]) -> float:

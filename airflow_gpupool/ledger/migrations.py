@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 from alembic.operations import Operations
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import Connection, Engine, insert, inspect, select
+from sqlalchemy import Connection, Engine, insert, inspect, select, update
 
 from airflow_gpupool.exceptions import LedgerSchemaError
-from airflow_gpupool.ledger import schema
+from airflow_gpupool.ledger import pg_functions, schema
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,8 @@ def _v1(op: Operations, conn: Connection) -> None:
     tables = [schema.ledger_meta, schema.nodes, schema.gpus, schema.mig_slices, schema.reservations]
     schema.metadata.create_all(conn, tables=tables)
     conn.execute(
-        insert(schema.ledger_meta), [{"key": "version", "value": 0}, {"key": "inventory_generation", "value": 0}]
+        insert(schema.ledger_meta),
+        [{"key": "version", "value": 0}, {"key": "inventory_generation", "value": 0}],
     )
 
 
@@ -44,9 +45,18 @@ def _v2(op: Operations, conn: Connection) -> None:
     schema.metadata.create_all(conn, tables=[schema.task_attempts])
 
 
+def _v3(op: Operations, conn: Connection) -> None:
+    if conn.dialect.name != "postgresql":
+        return  # SQLite has one writer at a time: it keeps the serialized path and its counter.
+    # Node versions become transaction ids; counter values from v2 might exceed them.
+    conn.execute(update(schema.nodes).values(version=0))
+    pg_functions.install(conn)
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial schema: inventory, reservations, queue", _v1),
     Migration(2, "task attempts: failure class, next request and escalation per task try", _v2),
+    Migration(3, "PostgreSQL: concurrent grants and releases under a shared lock", _v3),
 )
 LATEST = MIGRATIONS[-1].version
 

@@ -17,7 +17,9 @@ _r = schema.reservations.c
 
 READ_META = select(schema.ledger_meta.c.key, schema.ledger_meta.c.value)
 BUMP_META = (
-    update(schema.ledger_meta).where(schema.ledger_meta.c.key == bindparam("meta_key")).values(value=bindparam("meta_value"))
+    update(schema.ledger_meta)
+    .where(schema.ledger_meta.c.key == bindparam("meta_key"))
+    .values(value=bindparam("meta_value"))
 )
 ROW_BY_ID = select(schema.reservations).where(_r.id == bindparam("id"))
 DUE = select(schema.reservations).where(
@@ -26,12 +28,20 @@ DUE = select(schema.reservations).where(
         and_(_r.state == "waiting", _r.deadline < bindparam("now")),
     )
 )
-WAITING = select(_r.id, _r.request, _r.seq, _r.overtakes).where(_r.state == "waiting").order_by(_r.priority.desc(), _r.seq)
-SET_OVERTAKES = update(schema.reservations).where(_r.id == bindparam("rid")).values(overtakes=bindparam("overtake_count"))
+WAITING = (
+    select(_r.id, _r.request, _r.seq, _r.overtakes)
+    .where(_r.state == "waiting")
+    .order_by(_r.priority.desc(), _r.seq)
+)
+SET_OVERTAKES = (
+    update(schema.reservations).where(_r.id == bindparam("rid")).values(overtakes=bindparam("overtake_count"))
+)
 
 TAKE_NODE = (
     update(schema.nodes)
-    .where(_n.name == bindparam("at_node"), _n.cpu_free >= bindparam("cpu"), _n.memory_free >= bindparam("mem"))
+    .where(
+        _n.name == bindparam("at_node"), _n.cpu_free >= bindparam("cpu"), _n.memory_free >= bindparam("mem")
+    )
     .values(
         cpu_free=_n.cpu_free - bindparam("cpu"),
         memory_free=_n.memory_free - bindparam("mem"),
@@ -61,12 +71,16 @@ TAKE_GPUS = (
         _g.free_memory_mib >= bindparam("gmem"),
         _g.partitioned.is_(False),
     )
-    .values(free_milli=_g.free_milli - bindparam("milli"), free_memory_mib=_g.free_memory_mib - bindparam("gmem"))
+    .values(
+        free_milli=_g.free_milli - bindparam("milli"), free_memory_mib=_g.free_memory_mib - bindparam("gmem")
+    )
 )
 RETURN_GPUS = (
     update(schema.gpus)
     .where(_g.node == bindparam("at_node"), _g.idx.in_(bindparam("indices", expanding=True)))
-    .values(free_milli=_g.free_milli + bindparam("milli"), free_memory_mib=_g.free_memory_mib + bindparam("gmem"))
+    .values(
+        free_milli=_g.free_milli + bindparam("milli"), free_memory_mib=_g.free_memory_mib + bindparam("gmem")
+    )
 )
 TAKE_MIG = (
     update(schema.mig_slices)

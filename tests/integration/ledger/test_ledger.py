@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
+from sqlalchemy import create_engine
+from sqlalchemy.exc import DBAPIError
 
 from airflow_gpupool.exceptions import (
     InvalidInventoryError,
@@ -13,6 +17,7 @@ from airflow_gpupool.exceptions import (
     UnknownReservationError,
 )
 from airflow_gpupool.ledger import Ledger, ReservationState
+from airflow_gpupool.ledger.engine import normalize_url
 from airflow_gpupool.resources import GpuRequest
 from tests.ledger_fixtures import node
 
@@ -61,8 +66,9 @@ def test_multi_gpu_request_is_all_or_nothing(ledger: Ledger) -> None:
 
 
 def test_failure_inside_the_transaction_leaves_ledger_unchanged(
-    ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+    make_ledger: Callable[..., Ledger], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    ledger = make_ledger(concurrent=False)  # Python code inside the transaction: the serialized path
     ledger.upsert_nodes([node("n1", gpus=4)])
     ledger.reserve(GpuRequest(gpus=1), "a")
     before = state_of(ledger)
@@ -79,6 +85,46 @@ def test_failure_inside_the_transaction_leaves_ledger_unchanged(
     assert state_of(ledger) == before
     assert ledger.check_invariants() == []
     assert ledger.reserve(GpuRequest(gpus=3), "c").state is GRANTED
+
+
+def fail_grant_rows(ledger: Ledger) -> None:
+    """Make the database refuse to write a granted reservation: a crash after the GPUs were taken."""
+    engine = create_engine(normalize_url(ledger.url))
+    with engine.begin() as conn:
+        if conn.dialect.name == "postgresql":
+            conn.exec_driver_sql(
+                "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS "
+                "$$ BEGIN RAISE EXCEPTION 'disk full mid-grant'; END $$"
+            )
+            conn.exec_driver_sql(
+                "CREATE TRIGGER refuse BEFORE INSERT OR UPDATE ON gpupool_reservations "
+                "FOR EACH ROW WHEN (NEW.state = 'granted') EXECUTE FUNCTION refuse()"
+            )
+        else:
+            for event in ("INSERT", "UPDATE"):
+                conn.exec_driver_sql(
+                    f"CREATE TRIGGER refuse_{event} BEFORE {event} ON gpupool_reservations "
+                    "WHEN NEW.state = 'granted' BEGIN SELECT RAISE(ABORT, 'disk full mid-grant'); END"
+                )
+    engine.dispose()
+
+
+@pytest.mark.parametrize("concurrent", [True, False], ids=["concurrent", "serialized"])
+def test_database_failure_mid_grant_leaves_ledger_unchanged(
+    make_ledger: Callable[..., Ledger], concurrent: bool
+) -> None:
+    ledger = make_ledger(concurrent=concurrent)
+    ledger.upsert_nodes([node("n1", gpus=4, mig={3: ["3g.40gb", "3g.40gb"]})])
+    ledger.reserve(GpuRequest(gpus=1), "a")
+    before = state_of(ledger)
+    fail_grant_rows(ledger)
+
+    for request in (GpuRequest(gpus=2), GpuRequest(gpu_milli=500), GpuRequest(mig_profile="3g.40gb")):
+        with pytest.raises(DBAPIError, match="disk full mid-grant"):
+            ledger.reserve(request, "b")
+
+    assert state_of(ledger) == before
+    assert ledger.check_invariants() == []
 
 
 def test_queue_serves_priority_first_then_fifo(ledger: Ledger) -> None:
@@ -285,9 +331,19 @@ def test_empty_inventory_is_a_clear_error(ledger: Ledger) -> None:
     [
         pytest.param(lambda ledger: ledger.reserve("1 gpu", "a"), "request", id="request-not-a-GpuRequest"),
         pytest.param(lambda ledger: ledger.reserve(GpuRequest(gpus=1), ""), "holder", id="empty-holder"),
-        pytest.param(lambda ledger: ledger.reserve(GpuRequest(gpus=1), "a", ttl=-5), "ttl", id="negative-ttl"),
-        pytest.param(lambda ledger: ledger.reserve(GpuRequest(gpus=1), "a", timeout="soon"), "timeout", id="timeout-str"),
-        pytest.param(lambda ledger: ledger.reserve(GpuRequest(gpus=1), "a", reservation_id="x" * 65), "reservation_id", id="id-too-long"),
+        pytest.param(
+            lambda ledger: ledger.reserve(GpuRequest(gpus=1), "a", ttl=-5), "ttl", id="negative-ttl"
+        ),
+        pytest.param(
+            lambda ledger: ledger.reserve(GpuRequest(gpus=1), "a", timeout="soon"),
+            "timeout",
+            id="timeout-str",
+        ),
+        pytest.param(
+            lambda ledger: ledger.reserve(GpuRequest(gpus=1), "a", reservation_id="x" * 65),
+            "reservation_id",
+            id="id-too-long",
+        ),
     ],
 )
 def test_bad_arguments_are_typed_errors_and_change_nothing(ledger: Ledger, call, field: str) -> None:
@@ -346,8 +402,12 @@ def test_two_ledgers_in_one_postgres_database_do_not_share_a_lock(pg_schema_url:
     try:
         # Same schema: the lock is taken; a write of the same ledger would wait.
         with engine.connect() as conn:
-            got = conn.exec_driver_sql("SELECT pg_try_advisory_xact_lock(7243000, hashtext(current_schema()))").scalar()
-            other = conn.exec_driver_sql("SELECT pg_try_advisory_xact_lock(7243000, hashtext('some_other_schema'))").scalar()
+            got = conn.exec_driver_sql(
+                "SELECT pg_try_advisory_xact_lock(7243000, hashtext(current_schema()))"
+            ).scalar()
+            other = conn.exec_driver_sql(
+                "SELECT pg_try_advisory_xact_lock(7243000, hashtext('some_other_schema'))"
+            ).scalar()
         assert (got, other) == (False, True)
     finally:
         done.set()

@@ -28,7 +28,9 @@ def cluster(*nodes: NodeState) -> ClusterSnapshot:
     return ClusterSnapshot(nodes)
 
 
-def gpu_node(name: str, model: str, memory_mib: int, n: int = 2, mig: tuple[tuple[str, str], ...] = ()) -> NodeState:
+def gpu_node(
+    name: str, model: str, memory_mib: int, n: int = 2, mig: tuple[tuple[str, str], ...] = ()
+) -> NodeState:
     gpus = tuple(GpuState(i, model, memory_mib) for i in range(n))
     if mig:
         gpus += (GpuState(n, model, memory_mib, free_milli=0, mig_free=mig, partitioned=True),)
@@ -84,9 +86,16 @@ def test_whole_gpu_moves_to_a_model_of_gpu_models_with_more_memory() -> None:
         (FailureClass.OUT_OF_MEMORY, False, (Remedy.RETRY_LARGER, False, True)),
     ],
 )
-def test_default_ladder(failure: FailureClass, retries_left: bool, expected: tuple[Remedy, bool, bool]) -> None:
+def test_default_ladder(
+    failure: FailureClass, retries_left: bool, expected: tuple[Remedy, bool, bool]
+) -> None:
     decision = decide(
-        EscalationPolicy(), failure, GpuRequest(gpu_milli=500), retries_left=retries_left, failed_model=T4, cluster=MIXED
+        EscalationPolicy(),
+        failure,
+        GpuRequest(gpu_milli=500),
+        retries_left=retries_left,
+        failed_model=T4,
+        cluster=MIXED,
     )
 
     assert (decision.remedy, decision.retry, decision.escalate) == expected
@@ -96,8 +105,12 @@ def test_default_ladder(failure: FailureClass, retries_left: bool, expected: tup
 
 def test_out_of_memory_with_no_larger_slice_escalates() -> None:
     decision = decide(
-        EscalationPolicy(), FailureClass.OUT_OF_MEMORY, GpuRequest(gpus=1, gpu_models=[H100]),
-        retries_left=True, failed_model=H100, cluster=MIXED,
+        EscalationPolicy(),
+        FailureClass.OUT_OF_MEMORY,
+        GpuRequest(gpus=1, gpu_models=[H100]),
+        retries_left=True,
+        failed_model=H100,
+        cluster=MIXED,
     )
 
     assert (decision.retry, decision.escalate, decision.next_request) == (False, True, None)
@@ -120,14 +133,24 @@ def test_attempts_cross_tries_in_the_ledger_and_escalate_once(tmp_path: Path) ->
     attempts = TaskAttempts(ledger)
     key = "dag/train/run/map--1"
     first = TaskAttempt(
-        task_key=key, try_number=1, reservation_id="gp-1", failure_class="out_of_memory", remedy="retry_larger",
-        request=GpuRequest(gpu_milli=250), message="OOMKilled", exit_code=137,
-        next_request=GpuRequest(gpu_milli=500), gpu_model="A100", checkpoint_step=3,
+        task_key=key,
+        try_number=1,
+        reservation_id="gp-1",
+        failure_class="out_of_memory",
+        remedy="retry_larger",
+        request=GpuRequest(gpu_milli=250),
+        message="OOMKilled",
+        exit_code=137,
+        next_request=GpuRequest(gpu_milli=500),
+        gpu_model="A100",
+        checkpoint_step=3,
     )
 
     attempts.record(first)
     attempts.record(first)  # a second record of a try changes nothing
-    attempts.record(TaskAttempt(key, 2, "gp-2", "application_error", "retry", GpuRequest(gpu_milli=500), "exit 1"))
+    attempts.record(
+        TaskAttempt(key, 2, "gp-2", "application_error", "retry", GpuRequest(gpu_milli=500), "exit 1")
+    )
 
     history = attempts.history(key)
     assert [(a.try_number, a.next_request) for a in history] == [(1, GpuRequest(gpu_milli=500)), (2, None)]
@@ -140,7 +163,9 @@ def test_attempts_cross_tries_in_the_ledger_and_escalate_once(tmp_path: Path) ->
     ledger.close()
 
 
-def test_a_v1_ledger_migrates_to_v2_and_keeps_its_reservations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_v1_ledger_migrates_to_the_latest_and_keeps_its_reservations(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from airflow_gpupool.exceptions import LedgerSchemaError
     from airflow_gpupool.ledger import migrations
 
@@ -152,11 +177,11 @@ def test_a_v1_ledger_migrates_to_v2_and_keeps_its_reservations(tmp_path: Path, m
         old.upsert_nodes([node("n1", gpus=1)])
         held = old.reserve(GpuRequest(gpus=1), "old-holder")
         old.close()
-    with pytest.raises(LedgerSchemaError, match="v1, this code needs v2"):
+    with pytest.raises(LedgerSchemaError, match=f"v1, this code needs v{migrations.LATEST}"):
         Ledger(url).snapshot()
 
     ledger = Ledger(url)
-    assert ledger.migrate() == [2]
+    assert ledger.migrate() == list(range(2, migrations.LATEST + 1))
     assert ledger.get(held.id).holder == "old-holder"
     assert TaskAttempts(ledger).history("any") == []
     ledger.close()

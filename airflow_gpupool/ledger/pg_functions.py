@@ -1,0 +1,173 @@
+"""PostgreSQL functions of the ledger's concurrent path (schema v3).
+
+A grant or release that needs no queue decision does not have to wait for every other
+writer: it takes the ledger lock in *shared* mode, locks only its node's row, and commits
+on its own, so PostgreSQL commits many of them together. Each function is one round trip
+and one transaction. When the queue is not empty, a lease is overdue, the inventory
+changed, or anything else needs the serialized path, a function changes nothing and
+answers ``serialize``: the caller then takes the exclusive lock (see
+:mod:`airflow_gpupool.ledger.ledger`).
+
+Why this is safe:
+
+* Queue decisions, expiry and inventory changes hold the lock exclusively, so while one
+  runs no function does, and a function sees everything they committed (it takes the
+  shared lock before it reads anything).
+* Every writer locks a node's row before it touches the node's GPUs or MIG slices, so
+  the capacity a function checks cannot change before it commits. A grant whose chosen
+  GPU or MIG slice was taken meanwhile takes an equivalent one on the same node; if the
+  node no longer fits at all it answers ``stale`` and the caller places again.
+* Rows are stamped with the writer's transaction id (``version``), so a reader finds what
+  changed since its last look from the oldest transaction running then
+  (:class:`airflow_gpupool.ledger.cache.CapacityCache`).
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import Connection
+
+# Same key as airflow_gpupool.ledger.engine.ADVISORY_LOCK_KEY: the shared side of that lock.
+_TAKE = """
+CREATE OR REPLACE FUNCTION gpupool_take(
+    p_id text, p_holder text, p_request text, p_priority integer, p_team text, p_class text,
+    p_now double precision, p_deadline double precision, p_ttl double precision, p_generation bigint,
+    p_node text, p_cpu bigint, p_mem bigint, p_indices integer[], p_model text,
+    p_milli integer, p_gmem bigint, p_slice text, p_profile text,
+    OUT outcome text, OUT taken_indices integer[], OUT taken_slice text
+) LANGUAGE plpgsql AS $$
+DECLARE
+    v_node record;
+    v_gpu integer;
+    v_xid bigint;
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(7243000, hashtext(current_schema()));
+    -- Queue order, expiry and new inventory are decided with the lock held exclusively.
+    IF EXISTS (SELECT 1 FROM gpupool_reservations WHERE state = 'waiting')
+       OR EXISTS (SELECT 1 FROM gpupool_reservations WHERE state = 'granted' AND expires_at < p_now)
+       OR (SELECT value FROM gpupool_meta WHERE key = 'inventory_generation') IS DISTINCT FROM p_generation
+       OR EXISTS (SELECT 1 FROM gpupool_reservations WHERE id = p_id) THEN
+        outcome := 'serialize';
+        RETURN;
+    END IF;
+    -- Wait for a writer that holds the node: its commit is a few milliseconds away.
+    SELECT * INTO v_node FROM gpupool_nodes WHERE name = p_node FOR UPDATE;
+    -- The caller placed on its copy of the capacity: check it against the row it now holds.
+    IF NOT FOUND OR v_node.health <> 'healthy' OR v_node.cpu_free < p_cpu OR v_node.memory_free < p_mem
+       OR (p_class = 'training' AND v_node.n_inference > 0)
+       OR (p_class = 'inference' AND v_node.n_training > 0) THEN
+        outcome := 'stale';
+        RETURN;
+    END IF;
+    -- The slice chosen, or, if a concurrent grant took it, an equivalent one on this node:
+    -- another free MIG slice of the profile, or GPUs of the same model (fullest first).
+    IF p_slice IS NOT NULL THEN
+        SELECT slice_id, gpu_idx INTO taken_slice, v_gpu FROM gpupool_mig_slices
+        WHERE node = p_node AND holder IS NULL AND profile = p_profile
+        ORDER BY slice_id = p_slice DESC, gpu_idx, slice_id
+        LIMIT 1;
+        IF NOT FOUND THEN
+            outcome := 'stale';
+            RETURN;
+        END IF;
+        taken_indices := ARRAY[v_gpu];
+    ELSIF cardinality(p_indices) > 0 THEN
+        SELECT array_agg(idx ORDER BY idx) INTO taken_indices FROM (
+            SELECT idx FROM gpupool_gpus
+            WHERE node = p_node AND NOT partitioned AND model = p_model
+              AND free_milli >= p_milli AND free_memory_mib >= p_gmem
+            ORDER BY idx = ANY (p_indices) DESC, free_milli, idx
+            LIMIT cardinality(p_indices)
+        ) AS fitting;
+        IF coalesce(cardinality(taken_indices), 0) < cardinality(p_indices) THEN
+            outcome := 'stale';
+            taken_indices := NULL;
+            RETURN;
+        END IF;
+    ELSE
+        taken_indices := '{}';
+    END IF;
+    v_xid := pg_current_xact_id()::text::bigint;
+    UPDATE gpupool_nodes SET
+        cpu_free = cpu_free - p_cpu,
+        memory_free = memory_free - p_mem,
+        n_training = n_training + (p_class = 'training')::integer,
+        n_inference = n_inference + (p_class = 'inference')::integer,
+        version = v_xid
+    WHERE name = p_node;
+    IF taken_slice IS NOT NULL THEN
+        UPDATE gpupool_mig_slices SET holder = p_id WHERE node = p_node AND slice_id = taken_slice;
+    ELSE
+        UPDATE gpupool_gpus SET free_milli = free_milli - p_milli, free_memory_mib = free_memory_mib - p_gmem
+        WHERE node = p_node AND idx = ANY (taken_indices);
+    END IF;
+    INSERT INTO gpupool_reservations (
+        id, holder, request, priority, seq, state, team, workload_class, created_at, deadline, ttl,
+        overtakes, granted_at, expires_at, node, gpu_indices, milli_per_gpu, gpu_memory_mib, mig_slice
+    ) VALUES (
+        p_id, p_holder, p_request, p_priority, v_xid, 'granted', p_team, p_class, p_now, p_deadline, p_ttl,
+        0, p_now, p_now + p_ttl, p_node, array_to_json(taken_indices)::text, p_milli, p_gmem, taken_slice
+    );
+    outcome := 'granted';
+END
+$$;
+"""
+
+_GIVE_BACK = """
+CREATE OR REPLACE FUNCTION gpupool_give_back(p_id text, p_now double precision, p_message text)
+RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+    v_res record;
+    v_node record;
+    v_request json;
+    v_xid bigint;
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(7243000, hashtext(current_schema()));
+    -- Freed capacity goes to the queue first, and overdue leases expire first: both serialized.
+    IF EXISTS (SELECT 1 FROM gpupool_reservations WHERE state = 'waiting')
+       OR EXISTS (SELECT 1 FROM gpupool_reservations WHERE state = 'granted' AND expires_at < p_now) THEN
+        RETURN 'serialize';
+    END IF;
+    SELECT * INTO v_res FROM gpupool_reservations WHERE id = p_id;
+    IF NOT FOUND OR v_res.state <> 'granted' THEN
+        RETURN 'serialize';  -- unknown, or already ended: the serialized path says which
+    END IF;
+    -- Node first, like every writer; then the grant, which a concurrent release may have ended.
+    SELECT * INTO v_node FROM gpupool_nodes WHERE name = v_res.node FOR UPDATE;
+    IF NOT FOUND OR v_node.remove_when_drained THEN
+        RETURN 'serialize';
+    END IF;
+    UPDATE gpupool_reservations SET state = 'released', ended_at = p_now, message = p_message
+    WHERE id = p_id AND state = 'granted';
+    IF NOT FOUND THEN
+        RETURN 'serialize';
+    END IF;
+    v_request := v_res.request::json;
+    v_xid := pg_current_xact_id()::text::bigint;
+    UPDATE gpupool_nodes SET
+        cpu_free = cpu_free + (v_request ->> 'cpu_milli')::bigint,
+        memory_free = memory_free + (v_request ->> 'memory_mib')::bigint,
+        n_training = n_training - (v_res.workload_class = 'training')::integer,
+        n_inference = n_inference - (v_res.workload_class = 'inference')::integer,
+        version = v_xid
+    WHERE name = v_res.node;
+    IF v_res.mig_slice IS NOT NULL THEN
+        UPDATE gpupool_mig_slices SET holder = NULL WHERE node = v_res.node AND slice_id = v_res.mig_slice;
+    ELSE
+        UPDATE gpupool_gpus SET
+            free_milli = free_milli + v_res.milli_per_gpu,
+            free_memory_mib = free_memory_mib + v_res.gpu_memory_mib
+        WHERE node = v_res.node
+          AND idx IN (SELECT value::integer FROM json_array_elements_text(v_res.gpu_indices::json));
+    END IF;
+    RETURN 'released';
+END
+$$;
+"""
+
+FUNCTIONS = (_TAKE, _GIVE_BACK)
+
+
+def install(conn: Connection) -> None:
+    """Create or replace the functions in the ledger's schema (the first of the search path)."""
+    for ddl in FUNCTIONS:
+        conn.exec_driver_sql(ddl)
