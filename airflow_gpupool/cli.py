@@ -45,7 +45,10 @@ def cmd_ledger_init(args: argparse.Namespace) -> int:
     """Create or migrate the ledger schema."""
     ledger = _ledger(args)
     applied = ledger.migrate()
-    print(f"ledger at {ledger.url}: " + (f"applied schema {', '.join(f'v{v}' for v in applied)}" if applied else "already up to date"))
+    print(
+        f"ledger at {ledger.url}: "
+        + (f"applied schema {', '.join(f'v{v}' for v in applied)}" if applied else "already up to date")
+    )
     return 0
 
 
@@ -96,23 +99,49 @@ def format_status(snapshot: Any) -> str:
         for n in snapshot.nodes
     ]
     out.append(f"Nodes ({len(rows)}), GPU allocation {snapshot.allocation:.1%}")
-    out.append(_table(["NODE", "POOL", "HEALTH", "GPUS", "FREE PER GPU", "FREE MIG", "CPU FREE", "MEM FREE GiB"], rows))
+    out.append(
+        _table(
+            ["NODE", "POOL", "HEALTH", "GPUS", "FREE PER GPU", "FREE MIG", "CPU FREE", "MEM FREE GiB"], rows
+        )
+    )
     now = snapshot.taken_at
     grant_rows = []
     for r in snapshot.grants:
         g = r.grant
-        where = f"{g.node}/" + (f"{g.mig_slice}({g.mig_profile})" if g.mig_slice else ",".join(map(str, g.gpu_indices)))
+        where = f"{g.node}/" + (
+            f"{g.mig_slice}({g.mig_profile})" if g.mig_slice else ",".join(map(str, g.gpu_indices))
+        )
         grant_rows.append(
-            [r.id[:12], r.holder[:40], r.request.team, r.request.describe().split(",")[0], where, f"{g.expires_at - now:.0f}s"]
+            [
+                r.id[:12],
+                r.holder[:40],
+                r.request.team,
+                r.request.describe().split(",")[0],
+                where,
+                f"{g.expires_at - now:.0f}s",
+            ]
         )
     out.append(f"\nGrants ({len(grant_rows)})")
-    out.append(_table(["ID", "HOLDER", "TEAM", "SLICE", "WHERE", "LEASE LEFT"], grant_rows) if grant_rows else "  none")
+    out.append(
+        _table(["ID", "HOLDER", "TEAM", "SLICE", "WHERE", "LEASE LEFT"], grant_rows)
+        if grant_rows
+        else "  none"
+    )
     queue_rows = [
-        [r.position, r.id[:12], r.holder[:40], r.request.priority, r.request.describe().split(",")[0], f"{now - r.created_at:.0f}s"]
+        [
+            r.position,
+            r.id[:12],
+            r.holder[:40],
+            r.request.priority,
+            r.request.describe().split(",")[0],
+            f"{now - r.created_at:.0f}s",
+        ]
         for r in snapshot.queue
     ]
     out.append(f"\nQueue ({len(queue_rows)})")
-    out.append(_table(["POS", "ID", "HOLDER", "PRIO", "ASKS", "WAITING"], queue_rows) if queue_rows else "  empty")
+    out.append(
+        _table(["POS", "ID", "HOLDER", "PRIO", "ASKS", "WAITING"], queue_rows) if queue_rows else "  empty"
+    )
     return "\n".join(out)
 
 
@@ -180,7 +209,10 @@ def cmd_reserve(args: argparse.Namespace) -> int:
         _print_json(reservation.to_dict())
     elif reservation.grant:
         g = reservation.grant
-        print(f"{reservation.id} granted on {g.node} GPUs {list(g.gpu_indices)}" + (f" slice {g.mig_slice}" if g.mig_slice else ""))
+        print(
+            f"{reservation.id} granted on {g.node} GPUs {list(g.gpu_indices)}"
+            + (f" slice {g.mig_slice}" if g.mig_slice else "")
+        )
     else:
         print(f"{reservation.id} {reservation.state.value}, position {reservation.position} in the queue")
     return 0
@@ -212,7 +244,9 @@ def cmd_bench_ledger(args: argparse.Namespace) -> int:
     from airflow_gpupool.bench.ledger_bench import run_ledger_bench
 
     url = settings.ledger_url(args.url)
-    result = run_ledger_bench(url, clients=args.clients, seconds=args.seconds, nodes=args.nodes, hold_ms=args.hold_ms)
+    result = run_ledger_bench(
+        url, clients=args.clients, seconds=args.seconds, nodes=args.nodes, hold_ms=args.hold_ms
+    )
     if args.json:
         print(json.dumps(result, sort_keys=True))
     else:
@@ -225,7 +259,10 @@ def cmd_bench_ledger(args: argparse.Namespace) -> int:
 
 
 def _url_arg(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--url", help="ledger URL (default: GPUPOOL_LEDGER_URL, [gpupool] ledger_url, or SQLite under AIRFLOW_HOME)")
+    parser.add_argument(
+        "--url",
+        help="ledger URL (default: GPUPOOL_LEDGER_URL, [gpupool] ledger_url, or SQLite under AIRFLOW_HOME)",
+    )
 
 
 def _reserve_parser(sub: Any) -> None:
@@ -253,14 +290,20 @@ def _reserve_parser(sub: Any) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """Return the argument parser of the ``gpupool`` command."""
-    parser = argparse.ArgumentParser(prog="gpupool", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="gpupool", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="log what happens")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
-    ledger = sub.add_parser("ledger", help="create or migrate the ledger").add_subparsers(dest="ledger_command", metavar="ACTION")
+    ledger = sub.add_parser("ledger", help="create or migrate the ledger").add_subparsers(
+        dest="ledger_command", metavar="ACTION"
+    )
     ledger.required = True
-    p = ledger.add_parser("init", help="create the ledger schema or migrate it", description=cmd_ledger_init.__doc__)
+    p = ledger.add_parser(
+        "init", help="create the ledger schema or migrate it", description=cmd_ledger_init.__doc__
+    )
     _url_arg(p)
     p.set_defaults(func=cmd_ledger_init)
 
@@ -268,21 +311,29 @@ def build_parser() -> argparse.ArgumentParser:
         dest="inventory_command", metavar="ACTION"
     )
     inventory.required = True
-    p = inventory.add_parser("load", help="load a static YAML inventory", description=cmd_inventory_load.__doc__)
+    p = inventory.add_parser(
+        "load", help="load a static YAML inventory", description=cmd_inventory_load.__doc__
+    )
     p.add_argument("file", help="inventory YAML (see README, 'Static inventory')")
     p.add_argument("--prune", action="store_true", help="remove (or drain) ledger nodes absent from the file")
-    p.add_argument("--no-init", dest="init", action="store_false", help="fail if the ledger does not exist yet")
+    p.add_argument(
+        "--no-init", dest="init", action="store_false", help="fail if the ledger does not exist yet"
+    )
     _url_arg(p)
     p.set_defaults(func=cmd_inventory_load)
     _register_optional(inventory, "airflow_gpupool.inventory.kubernetes", "register_sync")
 
-    p = sub.add_parser("status", help="show nodes, GPUs, grants and the queue", description=cmd_status.__doc__)
+    p = sub.add_parser(
+        "status", help="show nodes, GPUs, grants and the queue", description=cmd_status.__doc__
+    )
     _url_arg(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_status)
 
     _reserve_parser(sub)
-    p = sub.add_parser("release", help="release a grant or withdraw a request", description=cmd_release.__doc__)
+    p = sub.add_parser(
+        "release", help="release a grant or withdraw a request", description=cmd_release.__doc__
+    )
     _url_arg(p)
     p.add_argument("id", help="reservation id")
     p.add_argument("--reason", default="released from the gpupool CLI")
@@ -293,7 +344,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench_command", metavar="WHAT")
     bench.required = True
-    p = bench.add_parser("ledger", help="ledger throughput and invariants under contention", description=cmd_bench_ledger.__doc__)
+    p = bench.add_parser(
+        "ledger",
+        help="ledger throughput and invariants under contention",
+        description=cmd_bench_ledger.__doc__,
+    )
     _url_arg(p)
     p.add_argument("--clients", type=int, default=16, help="concurrent client processes")
     p.add_argument("--seconds", type=float, default=10, help="measured duration")

@@ -7,8 +7,16 @@ from typing import Any
 from airflow_gpupool import __version__
 
 
-def _option(description: str, default: str, type_: str = "string", example: str | None = None) -> dict[str, Any]:
-    return {"description": description, "version_added": "0.1.0", "type": type_, "example": example, "default": default}
+def _option(
+    description: str, default: str, type_: str = "string", example: str | None = None
+) -> dict[str, Any]:
+    return {
+        "description": description,
+        "version_added": "0.1.0",
+        "type": type_,
+        "example": example,
+        "default": default,
+    }
 
 
 def get_provider_info() -> dict[str, Any]:
@@ -32,7 +40,9 @@ def get_provider_info() -> dict[str, Any]:
                 ],
             }
         ],
-        "sensors": [{"integration-name": "GPU pool", "python-modules": ["airflow_gpupool.sensors.checkpoint"]}],
+        "sensors": [
+            {"integration-name": "GPU pool", "python-modules": ["airflow_gpupool.sensors.checkpoint"]}
+        ],
         "notifications": ["airflow_gpupool.notifiers.escalation.EscalationNotifier"],
         "plugins": [{"name": "gpupool", "plugin-class": "airflow_gpupool.plugins.gpupool.GpuPoolPlugin"}],
         "config": {

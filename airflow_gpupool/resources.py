@@ -264,9 +264,15 @@ class GpuRequest:
         """Rebuild a request from :meth:`to_dict` output; unknown keys are an error."""
         unknown = set(data) - set(cls.__dataclass_fields__)
         if unknown:
-            raise InvalidRequestError("request", sorted(unknown), f"keys among {sorted(cls.__dataclass_fields__)}")
+            raise InvalidRequestError(
+                "request", sorted(unknown), f"keys among {sorted(cls.__dataclass_fields__)}"
+            )
         values = dict(data)
-        if "gpu_models" in values and values["gpu_models"] is not None and not isinstance(values["gpu_models"], str):
+        if (
+            "gpu_models" in values
+            and values["gpu_models"] is not None
+            and not isinstance(values["gpu_models"], str)
+        ):
             values["gpu_models"] = frozenset(values["gpu_models"])
         return cls(**values)
 
@@ -306,7 +312,9 @@ class GpuDevice:
         compute = sum(MIG_PROFILES[s.profile].compute_slices for s in self.mig_slices)
         if compute > 7:
             raise InvalidInventoryError(
-                f"gpu {self.index} mig_slices", [s.profile for s in self.mig_slices], "at most 7 compute slices"
+                f"gpu {self.index} mig_slices",
+                [s.profile for s in self.mig_slices],
+                "at most 7 compute slices",
             )
         ids = [s.slice_id for s in self.mig_slices]
         if len(set(ids)) != len(ids):

@@ -31,7 +31,9 @@ SHAPES = (
     GpuRequest(gpu_milli=250, cpu_milli=2000, memory_mib=8192, workload_class=WorkloadClass.INFERENCE),
     GpuRequest(gpu_milli=500, gpu_memory_mib=20480, cpu_milli=4000, memory_mib=16384),
     GpuRequest(mig_profile="1g.10gb", cpu_milli=2000, memory_mib=8192),
-    GpuRequest(mig_profile="3g.40gb", cpu_milli=4000, memory_mib=16384, workload_class=WorkloadClass.TRAINING),
+    GpuRequest(
+        mig_profile="3g.40gb", cpu_milli=4000, memory_mib=16384, workload_class=WorkloadClass.TRAINING
+    ),
 )
 
 
@@ -50,7 +52,10 @@ def bench_inventory(count: int) -> list[NodeInventory]:
                     f"GPU-b{i}-{g}",
                     "A100-SXM4-80GB",
                     81920,
-                    tuple(MigSlice(f"g{g}-m{k}", p) for k, p in enumerate(("3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb")))
+                    tuple(
+                        MigSlice(f"g{g}-m{k}", p)
+                        for k, p in enumerate(("3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"))
+                    )
                     if kind == 3 and g < 2
                     else (),
                 )
@@ -124,7 +129,9 @@ def _gather(queue: Any, procs: list[Any], timeout: float = 300) -> list[Any]:
             if dead or time.time() > deadline:
                 for p in procs:
                     p.terminate()
-                raise RuntimeError(f"bench clients failed (exit codes {[p.exitcode for p in procs]})") from None
+                raise RuntimeError(
+                    f"bench clients failed (exit codes {[p.exitcode for p in procs]})"
+                ) from None
     return items
 
 
@@ -135,7 +142,9 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def run_ledger_bench(url: str, *, clients: int, seconds: float, nodes: int, hold_ms: float = 2.0) -> dict[str, Any]:
+def run_ledger_bench(
+    url: str, *, clients: int, seconds: float, nodes: int, hold_ms: float = 2.0
+) -> dict[str, Any]:
     """Run the benchmark and return its numbers (see the module docstring)."""
     bench_schema = f"gpupool_bench_{os.getpid()}"  # two benches on one database don't collide
     bench_url = _bench_url(url, bench_schema)

@@ -67,7 +67,9 @@ class CheckpointManifest:
     location: str = field(compare=False, default="")
 
     @classmethod
-    def parse(cls, raw: bytes | str, *, location: str, expected_step: int | None = None) -> CheckpointManifest:
+    def parse(
+        cls, raw: bytes | str, *, location: str, expected_step: int | None = None
+    ) -> CheckpointManifest:
         """Parse a manifest's bytes; raise :class:`CorruptCheckpointError` if it breaks the contract.
 
         :param raw: the content of ``manifest.json``
@@ -84,15 +86,24 @@ class CheckpointManifest:
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise CorruptCheckpointError(location, f"step {step!r} is not a non-negative integer")
         if expected_step is not None and step != expected_step:
-            raise CorruptCheckpointError(location, f"manifest says step {step}, the directory says {expected_step}")
+            raise CorruptCheckpointError(
+                location, f"manifest says step {step}, the directory says {expected_step}"
+            )
         metrics = data.get("metrics", {})
         if not isinstance(metrics, dict):
             raise CorruptCheckpointError(location, f"metrics {metrics!r} is not an object")
-        return cls(step=step, time=_parse_time(data.get("time"), location), metrics=metrics, location=location)
+        return cls(
+            step=step, time=_parse_time(data.get("time"), location), metrics=metrics, location=location
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """Return primitives only (XCom, trigger events, notifications)."""
-        return {"step": self.step, "time": self.time.isoformat(), "metrics": self.metrics, "location": self.location}
+        return {
+            "step": self.step,
+            "time": self.time.isoformat(),
+            "metrics": self.metrics,
+            "location": self.location,
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CheckpointManifest:
@@ -115,7 +126,9 @@ def _parse_time(value: Any, location: str) -> datetime.datetime:
     return when if when.tzinfo else when.replace(tzinfo=datetime.UTC)
 
 
-def manifest_bytes(step: int, metrics: dict[str, Any] | None = None, *, when: datetime.datetime | None = None) -> bytes:
+def manifest_bytes(
+    step: int, metrics: dict[str, Any] | None = None, *, when: datetime.datetime | None = None
+) -> bytes:
     """Return the manifest of ``step`` as a training container should write it (last, atomically).
 
     :param step: the step number
@@ -123,4 +136,6 @@ def manifest_bytes(step: int, metrics: dict[str, Any] | None = None, *, when: da
     :param when: the time to record (default now, UTC)
     """
     moment = when or datetime.datetime.now(tz=datetime.UTC)
-    return json.dumps({"step": step, "time": moment.isoformat(), "metrics": metrics or {}}, sort_keys=True).encode()
+    return json.dumps(
+        {"step": step, "time": moment.isoformat(), "metrics": metrics or {}}, sort_keys=True
+    ).encode()

@@ -90,15 +90,21 @@ def options_from(extras: dict[str, Any], overrides: dict[str, Any], source: str)
         ledger_url=settings.ledger_url(merged.get("ledger_url")),
         placement_policy=str(merged.get("placement_policy") or settings.placement_policy()),
         binding=str(merged.get("binding") or settings.binding()),
-        node_pool_bindings=_pool_bindings(merged.get("node_pool_bindings", settings.node_pool_bindings()), source),
-        lease_ttl_seconds=_number("lease_ttl_seconds", merged.get("lease_ttl_seconds", settings.lease_ttl_seconds()), source),
+        node_pool_bindings=_pool_bindings(
+            merged.get("node_pool_bindings", settings.node_pool_bindings()), source
+        ),
+        lease_ttl_seconds=_number(
+            "lease_ttl_seconds", merged.get("lease_ttl_seconds", settings.lease_ttl_seconds()), source
+        ),
         reservation_timeout_seconds=_number(
             "reservation_timeout_seconds",
             merged.get("reservation_timeout_seconds", settings.reservation_timeout_seconds()),
             source,
         ),
         poll_interval_seconds=_number(
-            "poll_interval_seconds", merged.get("poll_interval_seconds", settings.poll_interval_seconds()), source
+            "poll_interval_seconds",
+            merged.get("poll_interval_seconds", settings.poll_interval_seconds()),
+            source,
         ),
     )
     from airflow_gpupool.operators.binding import check_binding_name
@@ -116,7 +122,9 @@ def _extras_of(conn: Any) -> dict[str, Any]:
         if conn.password:
             auth += f":{conn.password}"
         port = f":{conn.port}" if conn.port else ""
-        extras["ledger_url"] = f"postgresql://{auth}{'@' if auth else ''}{conn.host}{port}/{conn.schema or 'gpupool'}"
+        extras["ledger_url"] = (
+            f"postgresql://{auth}{'@' if auth else ''}{conn.host}{port}/{conn.schema or 'gpupool'}"
+        )
     return extras
 
 
@@ -133,7 +141,9 @@ class GpuPoolHook(BaseHook):
     conn_type = "gpupool"
     hook_name = "GPU pool"
 
-    def __init__(self, ledger_conn_id: str | None = default_conn_name, ledger_url: str | None = None, **options: Any) -> None:
+    def __init__(
+        self, ledger_conn_id: str | None = default_conn_name, ledger_url: str | None = None, **options: Any
+    ) -> None:
         super().__init__()
         self.ledger_conn_id = ledger_conn_id
         self._overrides = {"ledger_url": ledger_url, **options}
@@ -144,7 +154,9 @@ class GpuPoolHook(BaseHook):
         return {
             "hidden_fields": [],
             "relabeling": {"schema": "Database", "host": "PostgreSQL host (or set ledger_url in Extra)"},
-            "placeholders": {"extra": '{"ledger_url": "postgresql://gpupool@db:5432/gpupool", "binding": "whole"}'},
+            "placeholders": {
+                "extra": '{"ledger_url": "postgresql://gpupool@db:5432/gpupool", "binding": "whole"}'
+            },
         }
 
     @cached_property
@@ -176,7 +188,15 @@ class GpuPoolHook(BaseHook):
 
         return Ledger(self.options.ledger_url, policy=self.options.placement_policy)
 
-    def reserve(self, request: GpuRequest, holder: str, *, reservation_id: str, ttl: float | None = None, timeout: float | None = None) -> Reservation:
+    def reserve(
+        self,
+        request: GpuRequest,
+        holder: str,
+        *,
+        reservation_id: str,
+        ttl: float | None = None,
+        timeout: float | None = None,
+    ) -> Reservation:
         """Reserve ``request`` (idempotent by ``reservation_id``)."""
         return self.ledger.reserve(
             request,
@@ -233,7 +253,9 @@ class AsyncGpuPoolHook(GpuPoolHook):
                     conn = await self.aget_connection(str(self.ledger_conn_id))
                 except Exception as e:
                     if self.ledger_conn_id != self.default_conn_name:
-                        raise ConfigurationError(f"GPU pool connection {self.ledger_conn_id!r} not found") from e
+                        raise ConfigurationError(
+                            f"GPU pool connection {self.ledger_conn_id!r} not found"
+                        ) from e
                     conn = _NoConnection()
                 extras = _extras_of(conn)
                 source = f"connection {self.ledger_conn_id!r}"
@@ -254,4 +276,3 @@ class AsyncGpuPoolHook(GpuPoolHook):
         """Renew a lease without blocking the triggerer's loop."""
         await self.aoptions()
         return await asyncio.to_thread(self.ledger.renew, reservation_id, ttl)
-

@@ -90,6 +90,8 @@ class CapacityCache:
         self.watermark = _EVERYTHING
         self.generation = -1
         self.refreshed_at = -math.inf
+        # Names of the nodes whose state changed since the last take_changes(); None: unknown.
+        self.changed: set[str] | None = None
         self.nodes: dict[str, NodeState] = {}
         self.gpu_info: dict[tuple[str, int], tuple[str, str]] = {}
         self.mig_profiles: dict[tuple[str, str], str] = {}
@@ -104,6 +106,18 @@ class CapacityCache:
         """Take the nodes a committed transaction computed (see :attr:`Stamp.watermark_after_commit`)."""
         self.nodes = nodes
         self.watermark = watermark
+        self.changed = None
+
+    def put(self, state: NodeState) -> None:
+        """Replace one node's state (after this process changed it)."""
+        self.nodes[state.name] = state
+        if self.changed is not None:
+            self.changed.add(state.name)
+
+    def take_changes(self) -> set[str] | None:
+        """Return the nodes changed since the last call (None: any may have), and start over."""
+        changed, self.changed = self.changed, set()
+        return changed
 
     def refresh(self, conn: Connection, *, writing: bool = False) -> Stamp:
         """Bring the copy up to date, reading only what may have changed since the last refresh.
@@ -177,6 +191,8 @@ class CapacityCache:
         for row in nodes:
             name = row["name"]
             self.nodes[name] = self._node_state(row, gpus_by_node[name], migs_by_node[name])
+            if self.changed is not None:
+                self.changed.add(name)
 
     def _node_state(self, row: _Row, gpu_rows: _Rows, mig_rows: _Rows) -> NodeState:
         free_migs: dict[int, list[tuple[str, str]]] = defaultdict(list)

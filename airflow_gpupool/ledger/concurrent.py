@@ -1,7 +1,11 @@
 """Calls into the PostgreSQL functions of the concurrent path (:mod:`.pg_functions`).
 
 Each call is its own transaction on an autocommit connection: one round trip, and the
-shared lock it takes is held only until that call commits.
+shared lock it takes is held only until that call commits. The calls run on the
+driver's cursor with a server-side prepared statement: at hundreds of calls a second,
+SQLAlchemy's statement handling would cost as much as the call itself. Errors are
+wrapped as SQLAlchemy's, and a lost connection is invalidated, so callers and
+:func:`~airflow_gpupool.ledger.engine.transient_retry` see what they see elsewhere.
 """
 
 from __future__ import annotations
@@ -10,27 +14,38 @@ import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
+from typing import Any
 
-from sqlalchemy import Connection, text
+import psycopg
+from sqlalchemy import Connection, event
+from sqlalchemy.exc import DBAPIError
 
 from airflow_gpupool.ledger.engine import make_engine
 from airflow_gpupool.placement.verdict import Assignment
 from airflow_gpupool.resources import GpuRequest
 
-_TAKE = text(
-    "SELECT outcome, taken_indices, taken_slice FROM gpupool_take(:id, :holder, :request, :priority, :team,"
-    " :class, :now, :deadline, :ttl, :generation, :node, :cpu, :mem, :indices, :model, :milli, :gmem,"
-    " :slice, :profile)"
+_TAKE = (
+    "SELECT outcome, taken_indices, taken_slice FROM gpupool_take("
+    "%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
 )
-_GIVE_BACK = text("SELECT gpupool_give_back(:id, :now, :message)")
+_GIVE_BACK = "SELECT gpupool_give_back(%s, %s, %s)"
 
 
 class ConcurrentPath:
-    """Grants and releases that commit without waiting for each other (PostgreSQL only)."""
+    """Grants and releases that commit without waiting for each other (PostgreSQL only).
 
-    def __init__(self, url: str) -> None:
+    :param synchronous_commit: False commits without waiting for the WAL flush, as
+        ``[gpupool] synchronous_commit`` does for the serialized path
+    """
+
+    def __init__(self, url: str, synchronous_commit: bool = True) -> None:
         # An engine of its own: its connections stay in autocommit instead of switching per call.
         self._engine = make_engine(url, isolation_level="AUTOCOMMIT")
+        if not synchronous_commit:
+
+            @event.listens_for(self._engine, "connect")
+            def _asynchronous_commit(dbapi_conn: Any, _record: Any) -> None:
+                dbapi_conn.execute("SET synchronous_commit = off")
 
     def close(self) -> None:
         """Close the connections."""
@@ -65,38 +80,54 @@ class ConcurrentPath:
             path (the queue is not empty, a lease is overdue, the inventory is no longer at
             ``generation``, or the id exists)
         """
-        row = conn.execute(
+        outcome, indices, mig_slice = _call(
+            conn,
             _TAKE,
-            {
-                "id": reservation_id,
-                "holder": holder,
-                "request": json.dumps(request.to_dict(), sort_keys=True),
-                "priority": request.priority,
-                "team": request.team,
-                "class": request.workload_class.value,
-                "now": now,
-                "deadline": deadline,
-                "ttl": ttl,
-                "generation": generation,
-                "node": assignment.node,
-                "cpu": request.cpu_milli,
-                "mem": request.memory_mib,
-                "indices": list(assignment.gpu_indices),
-                "model": gpu_model,
-                "milli": assignment.milli_per_gpu,
-                "gmem": assignment.gpu_memory_mib,
-                "slice": assignment.mig_slice,
-                "profile": request.mig_profile,
-            },
-        ).one()
-        if row.outcome != "granted":
-            return str(row.outcome), None
-        taken = replace(assignment, gpu_indices=tuple(row.taken_indices), mig_slice=row.taken_slice)
-        return "granted", taken
+            (
+                reservation_id,
+                holder,
+                json.dumps(request.to_dict(), sort_keys=True),
+                request.priority,
+                request.team,
+                request.workload_class.value,
+                now,
+                deadline,
+                ttl,
+                generation,
+                assignment.node,
+                request.cpu_milli,
+                request.memory_mib,
+                list(assignment.gpu_indices),
+                gpu_model,
+                assignment.milli_per_gpu,
+                assignment.gpu_memory_mib,
+                assignment.mig_slice,
+                request.mig_profile,
+            ),
+        )
+        if outcome != "granted":
+            return str(outcome), None
+        return "granted", replace(assignment, gpu_indices=tuple(indices), mig_slice=mig_slice)
 
     @staticmethod
     def give_back(conn: Connection, reservation_id: str, now: float, message: str) -> str:
         """End a grant and return its capacity: ``released``, or ``serialize`` (nothing changed)."""
-        return str(
-            conn.execute(_GIVE_BACK, {"id": reservation_id, "now": now, "message": message}).scalar_one()
-        )
+        return str(_call(conn, _GIVE_BACK, (reservation_id, now, message))[0])
+
+
+def _call(conn: Connection, statement: str, params: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Run ``statement`` on the driver's cursor; return its one row."""
+    dbapi: psycopg.Connection[Any] = conn.connection.driver_connection  # type: ignore[assignment]
+    try:
+        with dbapi.cursor() as cursor:
+            cursor.execute(statement, params, prepare=True)
+            row = cursor.fetchone()
+    except psycopg.Error as error:
+        lost = conn.dialect.is_disconnect(error, dbapi, None)  # type: ignore[arg-type]
+        if lost:
+            conn.invalidate(error)
+        raise DBAPIError.instance(
+            statement, params, error, psycopg.Error, connection_invalidated=lost, dialect=conn.dialect
+        ) from error
+    assert row is not None
+    return tuple(row)

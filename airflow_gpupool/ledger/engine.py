@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import sqlite3
 from collections.abc import Callable, Iterator
@@ -122,11 +123,26 @@ def is_transient(error: BaseException) -> bool:
 
 
 def transient_retry(fn: Callable[..., T]) -> Callable[..., T]:
-    """Retry ``fn`` on transient database errors only, with jittered backoff; re-raise the last."""
-    return retry(
+    """Retry ``fn`` on transient database errors only, with jittered backoff; re-raise the last.
+
+    The first call runs bare: on the hot path a retry policy costs more than the call.
+    """
+    retrying = retry(
         retry=retry_if_exception(is_transient),
-        stop=stop_after_attempt(6),
+        stop=stop_after_attempt(5),
         wait=wait_exponential_jitter(multiplier=0.05, max=2.0, jitter=0.05),
         before_sleep=before_sleep_log(log, logging.WARNING),
         reraise=True,
     )(fn)
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> T:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as error:
+            if not is_transient(error):
+                raise
+            log.warning("Transient database error in %s, retrying: %s", fn.__qualname__, error)
+            return retrying(*args, **kwargs)
+
+    return call

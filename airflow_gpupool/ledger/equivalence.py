@@ -10,7 +10,7 @@ nodes costs what a few dozen cost.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from collections.abc import Set as AbstractSet
 from typing import Any
 
@@ -27,7 +27,7 @@ def node_signature(node: NodeState) -> tuple[Any, ...]:
             g.free_milli,
             g.free_memory_mib,
             g.partitioned,
-            tuple(sorted(profile for _, profile in g.mig_free)),
+            tuple(sorted(profile for _, profile in g.mig_free)) if g.mig_free else (),
         )
         for g in node.gpus
     )
@@ -48,12 +48,14 @@ class EquivalenceIndex:
     """The classes of the ledger's nodes, kept up to date as node states change.
 
     Node states are immutable and the ledger replaces a node's state when it changes, so a
-    sync re-classifies only the nodes whose state object is new. Each class keeps its
+    sync re-classifies only the nodes whose state object is new, and looks only at the
+    nodes the caller names as changed when it knows them. Each class keeps its
     members in a heap by inventory position, with entries of members that left dropped
     when they reach the top; a representative is then found without a scan.
     """
 
     def __init__(self) -> None:
+        self._synced: Mapping[str, NodeState] | None = None
         self._states: dict[str, NodeState] = {}
         self._class_of: dict[str, tuple[Any, ...]] = {}
         self._position: dict[str, int] = {}
@@ -61,10 +63,23 @@ class EquivalenceIndex:
         self._size: dict[tuple[Any, ...], int] = {}
 
     def representatives(
-        self, nodes: Mapping[str, NodeState], skipped: AbstractSet[str] = frozenset()
+        self,
+        nodes: Mapping[str, NodeState],
+        skipped: AbstractSet[str] = frozenset(),
+        changed: Iterable[str] | None = None,
     ) -> ClusterSnapshot:
-        """Return the first node of each class, in inventory order, leaving out ``skipped`` nodes."""
-        self._sync(nodes)
+        """Return the first node of each class, in inventory order, leaving out ``skipped`` nodes.
+
+        :param changed: the nodes whose state changed since the last call with the same
+            ``nodes`` mapping; None when unknown (every node is checked)
+        """
+        if changed is not None and nodes is self._synced:
+            for name in changed:
+                if self._states.get(name) is not nodes[name]:
+                    self._classify(name, nodes[name])
+        else:
+            self._sync(nodes)
+            self._synced = nodes
         firsts = []
         for signature, heap in self._members.items():
             first = self._first(signature, heap, skipped)
@@ -80,6 +95,7 @@ class EquivalenceIndex:
                 self._classify(name, node)
         if len(states) != len(nodes):  # nodes left the inventory: start over
             self.__init__()  # type: ignore[misc]
+            states = self._states
             for name, node in nodes.items():
                 self._classify(name, node)
 

@@ -156,7 +156,11 @@ class Ledger:
         self._equivalence = EquivalenceIndex()
         self._requests: dict[str, GpuRequest] = {}
         self._schema_checked = False
-        self._concurrent = ConcurrentPath(self.url) if concurrent and self.dialect == "postgresql" else None
+        self._concurrent = (
+            ConcurrentPath(self.url, self._synchronous_commit)
+            if concurrent and self.dialect == "postgresql"
+            else None
+        )
 
     @classmethod
     def create(cls, url: str | None = None, **options: Any) -> Ledger:
@@ -588,7 +592,7 @@ class Ledger:
                 if not refreshed and not self._cache.fresh(_CACHE_FRESH_FOR_S):
                     self._cache.refresh(conn)
                     refreshed = True
-                verdict = self._place(self._cache.nodes, request, skipped)
+                verdict = self._place(self._cache.nodes, request, skipped, self._cache.take_changes())
                 if isinstance(verdict, NoFit):
                     if refreshed or skipped:
                         return None  # the serialized path queues it, or says it can never fit
@@ -612,7 +616,7 @@ class Ledger:
                 if taken is not None:
                     self._requests[rid] = request
                     node = self._cache.nodes[verdict.node]
-                    self._cache.nodes[verdict.node] = allocate(node, request, taken)
+                    self._cache.put(allocate(node, request, taken))
                     grant = self._new_grant(taken, request, node.node_pool, now, ttl)
                     return Reservation(
                         rid, holder, ReservationState.GRANTED, request, now, now + timeout, grant
@@ -625,9 +629,13 @@ class Ledger:
         return None
 
     def _place(
-        self, nodes: dict[str, NodeState], request: GpuRequest, skipped: AbstractSet[str]
+        self,
+        nodes: dict[str, NodeState],
+        request: GpuRequest,
+        skipped: AbstractSet[str],
+        changed: set[str] | None = None,
     ) -> Assignment | NoFit:
-        return self.policy.place(self._equivalence.representatives(nodes, skipped), request)
+        return self.policy.place(self._equivalence.representatives(nodes, skipped, changed), request)
 
     def _new_grant(
         self, assignment: Assignment, request: GpuRequest, node_pool: str, now: float, ttl: float

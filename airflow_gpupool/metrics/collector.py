@@ -125,10 +125,18 @@ def ledger_metrics(snapshot: LedgerSnapshot, counts: dict[str, int]) -> list[Met
 
     now = snapshot.taken_at
     pool_labels = ["node_pool", "model"]
-    cap = GaugeMetricFamily("gpupool_gpu_capacity_milli", "GPU compute installed, milli-GPU", labels=pool_labels)
-    alloc = GaugeMetricFamily("gpupool_gpu_allocated_milli", "GPU compute granted, milli-GPU", labels=pool_labels)
-    ratio = GaugeMetricFamily("gpupool_gpu_allocation_ratio", "Granted share of GPU compute", labels=pool_labels)
-    free = GaugeMetricFamily("gpupool_gpu_free_milli", "GPU compute not granted, milli-GPU", labels=pool_labels)
+    cap = GaugeMetricFamily(
+        "gpupool_gpu_capacity_milli", "GPU compute installed, milli-GPU", labels=pool_labels
+    )
+    alloc = GaugeMetricFamily(
+        "gpupool_gpu_allocated_milli", "GPU compute granted, milli-GPU", labels=pool_labels
+    )
+    ratio = GaugeMetricFamily(
+        "gpupool_gpu_allocation_ratio", "Granted share of GPU compute", labels=pool_labels
+    )
+    free = GaugeMetricFamily(
+        "gpupool_gpu_free_milli", "GPU compute not granted, milli-GPU", labels=pool_labels
+    )
     for (pool, model), (c, a) in pool_usage(snapshot).items():
         cap.add_metric([pool, model], c)
         alloc.add_metric([pool, model], a)
@@ -158,8 +166,12 @@ def ledger_metrics(snapshot: LedgerSnapshot, counts: dict[str, int]) -> list[Met
     for state, n in sorted(counts.items()):
         ended.add_metric([state], n)
 
-    age = GaugeMetricFamily("gpupool_node_heartbeat_age_seconds", "Seconds since the node's last heartbeat", labels=["node"])
-    health = GaugeMetricFamily("gpupool_node_health", "1 for the node's current health", labels=["node", "health"])
+    age = GaugeMetricFamily(
+        "gpupool_node_heartbeat_age_seconds", "Seconds since the node's last heartbeat", labels=["node"]
+    )
+    health = GaugeMetricFamily(
+        "gpupool_node_health", "1 for the node's current health", labels=["node", "health"]
+    )
     for node in snapshot.nodes:
         if node.heartbeat_at is not None:
             age.add_metric([node.name], max(0.0, now - node.heartbeat_at))

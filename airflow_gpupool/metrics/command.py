@@ -29,7 +29,9 @@ def make_registry(url: str | None = None) -> CollectorRegistry:
     return registry
 
 
-def serve(port: int, url: str | None = None, addr: str = "0.0.0.0", stop: threading.Event | None = None) -> None:
+def serve(
+    port: int, url: str | None = None, addr: str = "0.0.0.0", stop: threading.Event | None = None
+) -> None:
     """Serve ``/metrics`` on ``addr:port`` until ``stop`` is set (forever when None).
 
     :param port: TCP port
@@ -68,5 +70,7 @@ def register(subparsers: Any) -> None:
     p = sub.add_parser("serve", help="serve /metrics over HTTP", description=cmd_metrics_serve.__doc__)
     p.add_argument("--port", type=int, default=9464, help="TCP port (default: 9464)")
     p.add_argument("--addr", default="0.0.0.0", help="address to bind (default: 0.0.0.0)")
-    p.add_argument("--url", help="ledger SQLAlchemy URL (default: GPUPOOL_LEDGER_URL or [gpupool] ledger_url)")
+    p.add_argument(
+        "--url", help="ledger SQLAlchemy URL (default: GPUPOOL_LEDGER_URL or [gpupool] ledger_url)"
+    )
     p.set_defaults(func=cmd_metrics_serve)

@@ -59,7 +59,11 @@ class EscalationNotifier(BaseNotifier):
     template_fields = ("subject",)
 
     def __init__(
-        self, *, notifiers: Sequence[Any] = (), subject: str = "GPU task escalation", log_level: int = logging.ERROR
+        self,
+        *,
+        notifiers: Sequence[Any] = (),
+        subject: str = "GPU task escalation",
+        log_level: int = logging.ERROR,
     ) -> None:
         super().__init__()
         self.notifiers = tuple(notifiers)

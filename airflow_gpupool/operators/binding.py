@@ -130,7 +130,9 @@ def check_binding_name(name: str, source: str) -> SliceBinding:
     try:
         return BINDINGS[name]
     except KeyError:
-        raise ConfigurationError(f"{source}: unknown binding {name!r}; choose one of {sorted(BINDINGS)}") from None
+        raise ConfigurationError(
+            f"{source}: unknown binding {name!r}; choose one of {sorted(BINDINGS)}"
+        ) from None
 
 
 def binding_for(request: GpuRequest, name: str, source: str) -> SliceBinding:

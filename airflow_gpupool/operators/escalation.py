@@ -110,7 +110,11 @@ class Decision:
 def _mig_ladder(request: GpuRequest) -> list[GpuRequest]:
     current = MIG_PROFILES[str(request.mig_profile)]
     bigger = sorted(
-        (p for p in MIG_PROFILES.values() if p.family_gb == current.family_gb and p.memory_gb > current.memory_gb),
+        (
+            p
+            for p in MIG_PROFILES.values()
+            if p.family_gb == current.family_gb and p.memory_gb > current.memory_gb
+        ),
         key=lambda p: (p.memory_gb, p.compute_slices),
     )
     out = [replace(request, mig_profile=p.name) for p in bigger]
@@ -129,7 +133,9 @@ def _fraction_ladder(request: GpuRequest) -> list[GpuRequest]:
     return out
 
 
-def _bigger_models(request: GpuRequest, failed_model: str | None, cluster: ClusterSnapshot) -> list[GpuRequest]:
+def _bigger_models(
+    request: GpuRequest, failed_model: str | None, cluster: ClusterSnapshot
+) -> list[GpuRequest]:
     memory = {g.model: g.memory_mib for n in cluster.nodes for g in n.gpus}
     if failed_model is None or failed_model not in memory:
         return []
@@ -142,7 +148,9 @@ def _bigger_models(request: GpuRequest, failed_model: str | None, cluster: Clust
     return [replace(whole, gpu_models=frozenset(bigger))]
 
 
-def larger_requests(request: GpuRequest, failed_model: str | None, cluster: ClusterSnapshot) -> list[GpuRequest]:
+def larger_requests(
+    request: GpuRequest, failed_model: str | None, cluster: ClusterSnapshot
+) -> list[GpuRequest]:
     """Return the rungs above ``request``, smallest first (not yet checked against the inventory).
 
     :param request: the request that ran out of memory
@@ -174,7 +182,9 @@ def next_larger(request: GpuRequest, failed_model: str | None, cluster: ClusterS
     :param failed_model: the GPU model it ran on
     :param cluster: the inventory as if nothing were granted (:meth:`Ledger.empty_cluster`)
     """
-    return next((r for r in larger_requests(request, failed_model, cluster) if fits_somewhere(r, cluster)), None)
+    return next(
+        (r for r in larger_requests(request, failed_model, cluster) if fits_somewhere(r, cluster)), None
+    )
 
 
 def decide(
@@ -198,7 +208,9 @@ def decide(
     remedy = policy.remedy(failure_class)
     exhausted = policy.escalate_when_exhausted
     if remedy is Remedy.FAIL:
-        return Decision(remedy, False, False, None, f"{failure_class.value}: retrying cannot help; failing now")
+        return Decision(
+            remedy, False, False, None, f"{failure_class.value}: retrying cannot help; failing now"
+        )
     if remedy is Remedy.ESCALATE:
         return Decision(remedy, False, True, None, f"{failure_class.value}: escalating to a person")
     next_request = None
@@ -206,7 +218,11 @@ def decide(
         next_request = next_larger(request, failed_model, cluster or ClusterSnapshot(()))
         if next_request is None:
             return Decision(
-                remedy, False, True, None, f"{failure_class.value}: no larger slice fits the inventory; escalating"
+                remedy,
+                False,
+                True,
+                None,
+                f"{failure_class.value}: no larger slice fits the inventory; escalating",
             )
     if not retries_left:
         return Decision(remedy, False, exhausted, None, f"{failure_class.value}: retries exhausted")

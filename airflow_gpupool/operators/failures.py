@@ -32,7 +32,14 @@ class FailureClass(str, Enum):
 
 #: Pod (``status.reason``), condition and event reasons of a pod that was taken away.
 PREEMPTION_REASONS = frozenset(
-    {"Evicted", "Preempted", "Preempting", "PreemptionByScheduler", "EvictionByEvictionAPI", "TerminationByKubelet"}
+    {
+        "Evicted",
+        "Preempted",
+        "Preempting",
+        "PreemptionByScheduler",
+        "EvictionByEvictionAPI",
+        "TerminationByKubelet",
+    }
 )
 NODE_LOST_REASONS = frozenset({"NodeLost", "NodeNotReady", "NodeShutdown", "DeletionByPodGC"})
 IMAGE_PULL_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"})
@@ -70,7 +77,9 @@ def _container_state(pod: Mapping[str, Any], container: str | None) -> tuple[dic
 def _pod_reasons(pod: Mapping[str, Any], events: Iterable[Mapping[str, Any]]) -> set[str]:
     status = pod.get("status") or {}
     reasons = {status.get("reason") or ""}
-    reasons |= {c.get("reason") or "" for c in status.get("conditions") or [] if c.get("type") == "DisruptionTarget"}
+    reasons |= {
+        c.get("reason") or "" for c in status.get("conditions") or [] if c.get("type") == "DisruptionTarget"
+    }
     reasons |= {e.get("reason") or "" for e in events}
     return reasons - {""}
 
@@ -122,7 +131,9 @@ def classify(
         return found(FailureClass.OUT_OF_MEMORY, oom.group(0))
     if exit_code not in (None, 0):
         return found(FailureClass.APPLICATION_ERROR, terminated.get("reason") or f"exit code {exit_code}")
-    return found(FailureClass.UNKNOWN, terminated.get("reason") or (pod.get("status") or {}).get("phase") or "unknown")
+    return found(
+        FailureClass.UNKNOWN, terminated.get("reason") or (pod.get("status") or {}).get("phase") or "unknown"
+    )
 
 
 class PodFailureError(GpuPoolError):
@@ -135,7 +146,9 @@ class PodFailureError(GpuPoolError):
 
     failure_class = FailureClass.UNKNOWN
 
-    def __init__(self, classification: Classification, *, last_checkpoint: int | None = None, log_tail: str = "") -> None:
+    def __init__(
+        self, classification: Classification, *, last_checkpoint: int | None = None, log_tail: str = ""
+    ) -> None:
         self.classification = classification
         self.pod_name = classification.pod_name
         self.exit_code = classification.exit_code
@@ -143,8 +156,12 @@ class PodFailureError(GpuPoolError):
         self.log_tail = log_tail
         where = f"pod {self.pod_name}" if self.pod_name else "the task"
         code = f", exit code {self.exit_code}" if self.exit_code is not None else ""
-        step = f", last checkpoint step {last_checkpoint}" if last_checkpoint is not None else ", no checkpoint"
-        super().__init__(f"{where} failed: {classification.failure_class.value} ({classification.reason}{code}{step})")
+        step = (
+            f", last checkpoint step {last_checkpoint}" if last_checkpoint is not None else ", no checkpoint"
+        )
+        super().__init__(
+            f"{where} failed: {classification.failure_class.value} ({classification.reason}{code}{step})"
+        )
 
 
 class OutOfMemoryError(PodFailureError):
@@ -189,11 +206,20 @@ class UnknownPodFailureError(PodFailureError):
 
 _ERRORS: dict[FailureClass, type[PodFailureError]] = {
     cls.failure_class: cls
-    for cls in (OutOfMemoryError, PreemptedError, NodeLostError, ImagePullError, DeadlineExceededError, ApplicationError)
+    for cls in (
+        OutOfMemoryError,
+        PreemptedError,
+        NodeLostError,
+        ImagePullError,
+        DeadlineExceededError,
+        ApplicationError,
+    )
 }
 
 
-def error_for(classification: Classification, *, last_checkpoint: int | None = None, log_tail: str = "") -> PodFailureError:
+def error_for(
+    classification: Classification, *, last_checkpoint: int | None = None, log_tail: str = ""
+) -> PodFailureError:
     """Return the typed exception of a classification.
 
     :param classification: why it failed

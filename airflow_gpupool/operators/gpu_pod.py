@@ -62,10 +62,21 @@ class _LeaseRenewer(threading.Thread):
     """
 
     def __init__(
-        self, hook: GpuPoolHook, reservation_id: str, ttl: float, log: Any, reconcile: Callable[[], str | None]
+        self,
+        hook: GpuPoolHook,
+        reservation_id: str,
+        ttl: float,
+        log: Any,
+        reconcile: Callable[[], str | None],
     ) -> None:
         super().__init__(name=f"gpupool-lease-{reservation_id}", daemon=True)
-        self._hook, self._id, self._ttl, self._log, self._reconcile = hook, reservation_id, ttl, log, reconcile
+        self._hook, self._id, self._ttl, self._log, self._reconcile = (
+            hook,
+            reservation_id,
+            ttl,
+            log,
+            reconcile,
+        )
         self._stopped = threading.Event()
 
     def run(self) -> None:
@@ -186,9 +197,13 @@ class GpuPodOperator(KubernetesPodOperator):
         self._resume_from: CheckpointManifest | None = None
         self._failure: tuple[Classification, str] | None = None
         if keep_checkpoints is not None and (isinstance(keep_checkpoints, bool) or keep_checkpoints < 1):
-            raise InvalidRequestError("keep_checkpoints", keep_checkpoints, "an integer of at least 1, or None")
+            raise InvalidRequestError(
+                "keep_checkpoints", keep_checkpoints, "an integer of at least 1, or None"
+            )
         for name, value in (("reservation_timeout", reservation_timeout), ("lease_ttl", lease_ttl)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or value <= 0):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int | float) or value <= 0
+            ):
                 raise InvalidRequestError(name, value, "a positive number of seconds")
         # Parse-time validation, no I/O: fail the DAG import, not the run, on a bad request.
         if not any(_templated(getattr(self, f)) for f in self._request_fields()):
@@ -200,7 +215,16 @@ class GpuPodOperator(KubernetesPodOperator):
 
     @staticmethod
     def _request_fields() -> tuple[str, ...]:
-        return ("gpus", "gpu_milli", "gpu_memory_mib", "mig_profile", "gpu_models", "node_labels", "priority", "team")
+        return (
+            "gpus",
+            "gpu_milli",
+            "gpu_memory_mib",
+            "mig_profile",
+            "gpu_models",
+            "node_labels",
+            "priority",
+            "team",
+        )
 
     def gpu_request(self) -> GpuRequest:
         """Return this try's request: the task's own, or the larger one an earlier try's escalation chose."""
@@ -299,7 +323,9 @@ class GpuPodOperator(KubernetesPodOperator):
         self.log.info("No GPU slice fits now; %s", self.gpu_hook.ledger.explain(rid))
         if self._defer_reservation():
             self.defer(
-                trigger=ReservationTrigger(rid, self.ledger_conn_id, poll_interval=options.poll_interval_seconds),
+                trigger=ReservationTrigger(
+                    rid, self.ledger_conn_id, poll_interval=options.poll_interval_seconds
+                ),
                 method_name="execute_granted",
                 timeout=timedelta(seconds=timeout + 5 * options.poll_interval_seconds + 60),
             )
@@ -315,9 +341,13 @@ class GpuPodOperator(KubernetesPodOperator):
             if reservation.state is ReservationState.GRANTED and reservation.grant is not None:
                 return reservation.grant
             if reservation.state is ReservationState.TIMED_OUT:
-                raise ReservationTimeoutError(rid, time.time() - reservation.created_at, [reservation.message])
+                raise ReservationTimeoutError(
+                    rid, time.time() - reservation.created_at, [reservation.message]
+                )
             if reservation.state.ended:
-                raise GpuPoolError(f"reservation {rid} ended as {reservation.state.value}: {reservation.message}")
+                raise GpuPoolError(
+                    f"reservation {rid} ended as {reservation.state.value}: {reservation.message}"
+                )
             self.log.info("Waiting for a GPU slice; %s", self.gpu_hook.ledger.explain(rid))
             time.sleep(poll_interval)
 
@@ -344,14 +374,18 @@ class GpuPodOperator(KubernetesPodOperator):
             self._release(rid, "the slice cannot be bound to a pod")
             raise
         where = grant.mig_slice or ",".join(map(str, grant.gpu_indices))
-        self.log.info("Granted %s on node %s GPU %s; launching the pod", request.describe(), grant.node, where)
+        self.log.info(
+            "Granted %s on node %s GPU %s; launching the pod", request.describe(), grant.node, where
+        )
         context["ti"].xcom_push(key=XCOM_GRANT_KEY, value={"reservation_id": rid, **grant.to_dict()})
         self._find_resume_point(context, rid)
         ttl = self.lease_ttl or self.gpu_hook.options.lease_ttl_seconds
         renewer = _LeaseRenewer(self.gpu_hook, rid, ttl, self.log, lambda: self._reconcile_own_grant(rid))
         renewer.start()
         try:
-            return self._run_then_release(context, rid, lambda: super(GpuPodOperator, self).execute(context), "task")
+            return self._run_then_release(
+                context, rid, lambda: super(GpuPodOperator, self).execute(context), "task"
+            )
         finally:
             renewer.stop()
 
@@ -402,7 +436,8 @@ class GpuPodOperator(KubernetesPodOperator):
         )
         if self._resume_from is not None:
             container = next(
-                (c for c in pinned.spec.containers if c.name == self.base_container_name), pinned.spec.containers[0]
+                (c for c in pinned.spec.containers if c.name == self.base_container_name),
+                pinned.spec.containers[0],
             )
             from kubernetes.client import models as k8s_models
 
@@ -419,7 +454,11 @@ class GpuPodOperator(KubernetesPodOperator):
         timeout: timedelta | int | float | None = None,
     ) -> Any:
         """Defer; a pod trigger is swapped for one that also renews the grant's lease."""
-        if isinstance(trigger, KubernetesPodTrigger) and not isinstance(trigger, LeasedPodTrigger) and self._held_id:
+        if (
+            isinstance(trigger, KubernetesPodTrigger)
+            and not isinstance(trigger, LeasedPodTrigger)
+            and self._held_id
+        ):
             trigger = LeasedPodTrigger.wrap(
                 trigger,
                 reservation_id=self._held_id,
@@ -543,7 +582,10 @@ class GpuPodOperator(KubernetesPodOperator):
         events: list[dict[str, Any]] = []
         tail = ""
         try:
-            events = [{"reason": e.reason, "message": e.message} for e in self.pod_manager.read_pod_events(pod).items]
+            events = [
+                {"reason": e.reason, "message": e.message}
+                for e in self.pod_manager.read_pod_events(pod).items
+            ]
         except Exception:
             self.log.warning("Could not read the events of pod %s", pod.metadata.name)
         try:
@@ -632,10 +674,14 @@ class GpuPodOperator(KubernetesPodOperator):
             return decision.escalate and self.attempts.claim_escalation(key, ti.try_number)
         except Exception:
             # The pod's failure must still surface; a person hears of it, even if twice.
-            self.log.exception("Recording try %s in the ledger failed; the next try will not know it", ti.try_number)
+            self.log.exception(
+                "Recording try %s in the ledger failed; the next try will not know it", ti.try_number
+            )
             return decision.escalate
 
-    def _notify(self, context: Context, classification: Classification, step: int | None, tail: str, why: str) -> None:
+    def _notify(
+        self, context: Context, classification: Classification, step: int | None, tail: str, why: str
+    ) -> None:
         from airflow_gpupool.notifiers.escalation import (
             ESCALATION_KEY,
             MESSAGE_KEY,

@@ -99,7 +99,11 @@ def pin_pod(
         LABEL_RESERVATION: reservation_id,
         LABEL_WORKLOAD_CLASS: request.workload_class.value,
     }
-    where = f"{grant.mig_slice} ({grant.mig_profile})" if grant.mig_slice else ",".join(map(str, grant.gpu_indices))
+    where = (
+        f"{grant.mig_slice} ({grant.mig_profile})"
+        if grant.mig_slice
+        else ",".join(map(str, grant.gpu_indices))
+    )
     meta.annotations = {
         **(meta.annotations or {}),
         **binding.annotations,

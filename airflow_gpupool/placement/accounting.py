@@ -24,7 +24,9 @@ def _gpu_after(gpu: GpuState, assignment: Assignment, request: GpuRequest, sign:
     )
 
 
-def _shift(node: NodeState, request: GpuRequest, assignment: Assignment, sign: int, classes: frozenset[str]) -> NodeState:
+def _shift(
+    node: NodeState, request: GpuRequest, assignment: Assignment, sign: int, classes: frozenset[str]
+) -> NodeState:
     taken = set(assignment.gpu_indices)
     gpus = tuple(_gpu_after(g, assignment, request, sign) if g.index in taken else g for g in node.gpus)
     return replace(
@@ -44,6 +46,8 @@ def allocate(node: NodeState, request: GpuRequest, assignment: Assignment) -> No
     return _shift(node, request, assignment, -1, classes)
 
 
-def deallocate(node: NodeState, request: GpuRequest, assignment: Assignment, classes: frozenset[str]) -> NodeState:
+def deallocate(
+    node: NodeState, request: GpuRequest, assignment: Assignment, classes: frozenset[str]
+) -> NodeState:
     """Return ``node`` with ``assignment`` given back; ``classes`` are the classes still on the node."""
     return _shift(node, request, assignment, +1, classes)

@@ -172,7 +172,9 @@ class GpuPoolPolicy(FragmentationPolicy):
         mix = self.demand_mix
         return Fragmentation(
             tuple(
-                replace(s, weight=(1 - mix) * s.weight / total + mix * s.weight * s.gpu_milli * s.gpus / demand)
+                replace(
+                    s, weight=(1 - mix) * s.weight / total + mix * s.weight * s.gpu_milli * s.gpus / demand
+                )
                 for s in shapes
             )
         )

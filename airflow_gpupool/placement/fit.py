@@ -38,7 +38,9 @@ def check_node(node: NodeState, request: GpuRequest) -> NoFitReason | None:
             return NoFitReason(2.0, node.name, f"node lacks label {key}={value}")
     conflicting = EXCLUSIVE_CLASSES.get(request.workload_class.value)
     if conflicting is not None and conflicting in node.classes:
-        return NoFitReason(1.5, node.name, f"node runs {conflicting} work; {request.workload_class.value} may not share it")
+        return NoFitReason(
+            1.5, node.name, f"node runs {conflicting} work; {request.workload_class.value} may not share it"
+        )
     if request.cpu_milli > node.cpu_free:
         return NoFitReason(
             _short(request.cpu_milli, node.cpu_free),

@@ -132,7 +132,13 @@ class Fragmentation:
         return ge.sum(axis=1), (ge * gpu_free[:, :, None]).sum(axis=1)
 
     def evaluate(
-        self, table: NodeTable, free: np.ndarray, cpu: np.ndarray, model: np.ndarray, cnt: np.ndarray, amount: np.ndarray
+        self,
+        table: NodeTable,
+        free: np.ndarray,
+        cpu: np.ndarray,
+        model: np.ndarray,
+        cnt: np.ndarray,
+        amount: np.ndarray,
     ) -> np.ndarray:
         """Return the fragmentation of node states given by their summaries.
 
@@ -163,7 +169,9 @@ class Fragmentation:
         cnt, amount = self.counts(g)
         free = np.where(g > 0, g, 0).sum(axis=1)
         self.cnt[rows], self.amount[rows], self.free[rows] = cnt, amount, free
-        self.value[rows] = self.evaluate(table, free, table.cpu_free[rows], table.node_model[rows], cnt, amount)
+        self.value[rows] = self.evaluate(
+            table, free, table.cpu_free[rows], table.node_model[rows], cnt, amount
+        )
 
     def after(
         self, table: NodeTable, node: np.ndarray, gpu: np.ndarray, milli: int, whole: int, cpu: int

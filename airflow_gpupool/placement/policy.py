@@ -87,7 +87,9 @@ def get_policy(name: str, **options: Any) -> PlacementPolicy:
     try:
         factory = _REGISTRY[name]
     except KeyError:
-        raise ConfigurationError(f"unknown placement policy {name!r}: choose one of {sorted(_REGISTRY)}") from None
+        raise ConfigurationError(
+            f"unknown placement policy {name!r}: choose one of {sorted(_REGISTRY)}"
+        ) from None
     return factory(**options)
 
 

@@ -124,7 +124,9 @@ def _take_holds(
     return top, held
 
 
-def hold_node(current: Iterable[NodeState], empty: Iterable[NodeState], request: GpuRequest, held: frozenset[str]) -> str | None:
+def hold_node(
+    current: Iterable[NodeState], empty: Iterable[NodeState], request: GpuRequest, held: frozenset[str]
+) -> str | None:
     """Return the node to hold for ``request``: of those that could hold it once emptied, the closest now.
 
     :param current: the nodes as they are

@@ -137,8 +137,14 @@ def _mig_candidates(table: NodeTable, request: GpuRequest, ok: np.ndarray) -> Ca
                 slices.append(slice_id)
     milli = MIG_PROFILES[profile].milli
     return Candidates(
-        np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64), GpuKind.MIG, milli, 0,
-        request.cpu_milli, request.memory_mib, tuple(slices),
+        np.asarray(rows, dtype=np.int64),
+        np.asarray(cols, dtype=np.int64),
+        GpuKind.MIG,
+        milli,
+        0,
+        request.cpu_milli,
+        request.memory_mib,
+        tuple(slices),
     )
 
 
@@ -184,7 +190,9 @@ class ScoredPolicy:
         """
         raise NotImplementedError
 
-    def place(self, snapshot: ClusterSnapshot, request: GpuRequest, *, explain_no_fit: bool = True) -> Verdict:
+    def place(
+        self, snapshot: ClusterSnapshot, request: GpuRequest, *, explain_no_fit: bool = True
+    ) -> Verdict:
         """Return the cheapest assignment, or a NoFit with sorted reasons.
 
         :param snapshot: the cluster now

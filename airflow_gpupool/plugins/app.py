@@ -150,14 +150,17 @@ def _body(state: _State, ui_base: str, hours: float) -> str:
     why = state.explanations(snapshot)
     series = state.series(hours, snapshot)
     history = state.ledger().history(states=[ReservationState(s) for s in _ENDED], limit=20)
-    nodes = "".join(page.node_html(n, snapshot, ui_base) for n in snapshot.nodes) or '<p class="empty">No nodes.</p>'
+    nodes = (
+        "".join(page.node_html(n, snapshot, ui_base) for n in snapshot.nodes)
+        or '<p class="empty">No nodes.</p>'
+    )
     updated = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(snapshot.taken_at))
     return (
         f'<section class="summary">{page.summary_html(snapshot, frag)}'
         f'<div class="figure"><div class="k">Updated</div><div class="v small">{updated}</div></div></section>'
         f'<section class="map"><h2>GPU map</h2><div class="nodes">{nodes}</div></section>'
         f'<section class="chart-box"><h2>Allocation and fragmentation</h2>'
-        f'{page.chart_svg(series["allocation"], series["fragmentation"], series["since"], series["until"])}</section>'
+        f"{page.chart_svg(series['allocation'], series['fragmentation'], series['since'], series['until'])}</section>"
         f'<section class="grants"><h2>Grants ({len(snapshot.grants)})</h2>{page.grants_html(snapshot, ui_base)}</section>'
         f'<section class="queue"><h2>Queue ({len(snapshot.queue)})</h2>{page.queue_html(snapshot, why, ui_base)}</section>'
         f'<section class="history"><h2>Recently ended</h2>{page.history_html(history, ui_base)}</section>'
@@ -208,7 +211,9 @@ def create_app(ledger_factory: Callable[[], Ledger] | None = None) -> FastAPI:
     app.add_exception_handler(SQLAlchemyError, ledger_unavailable)
 
     @app.get("/", response_class=HTMLResponse)
-    def index(request: Request, partial: bool = False, hours: Annotated[float, Query(gt=0, le=24 * 14)] = 6.0) -> HTMLResponse:
+    def index(
+        request: Request, partial: bool = False, hours: Annotated[float, Query(gt=0, le=24 * 14)] = 6.0
+    ) -> HTMLResponse:
         body = _body(state, _ui_base(request.scope.get("root_path", "")), hours)
         return HTMLResponse(body if partial else render_page(body))
 

@@ -76,7 +76,13 @@ def _free_segment(milli: int, label: str = "free") -> str:
     return f'<div class="seg free" style="flex-basis:{milli / 10:.2f}%" title="{escape(label)}">{escape(label)}</div>'
 
 
-def gpu_html(node: NodeRecord, gpu: Mapping[str, Any], held: Sequence[Reservation], mig_free: Sequence[tuple[str, str]], ui_base: str) -> str:
+def gpu_html(
+    node: NodeRecord,
+    gpu: Mapping[str, Any],
+    held: Sequence[Reservation],
+    mig_free: Sequence[tuple[str, str]],
+    ui_base: str,
+) -> str:
     """Return one GPU's bar: a segment per slice, filled by its holder.
 
     :param node: the GPU's node
@@ -104,7 +110,9 @@ def gpu_html(node: NodeRecord, gpu: Mapping[str, Any], held: Sequence[Reservatio
             used += milli
             segments.append(_segment(r, milli, f"{milli / MILLI_PER_GPU:g} GPU", ui_base))
         if used < MILLI_PER_GPU:
-            segments.append(_free_segment(MILLI_PER_GPU - used, f"free {(MILLI_PER_GPU - used) / MILLI_PER_GPU:g}"))
+            segments.append(
+                _free_segment(MILLI_PER_GPU - used, f"free {(MILLI_PER_GPU - used) / MILLI_PER_GPU:g}")
+            )
     mig = ' <span class="badge mig">MIG</span>' if gpu["partitioned"] else ""
     mem = f"{int(gpu['memory_mib']) // 1024} GiB"
     return (
@@ -132,16 +140,20 @@ def node_html(node: NodeRecord, snapshot: LedgerSnapshot, ui_base: str) -> str:
             mig_free = {g.index: g.mig_free for g in state.gpus}
     health = escape(node.health)
     beat = (
-        f"heartbeat {duration(snapshot.taken_at - node.heartbeat_at)} ago" if node.heartbeat_at is not None else "no heartbeat"
+        f"heartbeat {duration(snapshot.taken_at - node.heartbeat_at)} ago"
+        if node.heartbeat_at is not None
+        else "no heartbeat"
     )
-    gpus = "".join(gpu_html(node, g, by_gpu.get(g["idx"], []), mig_free.get(g["idx"], ()), ui_base) for g in node.gpus)
+    gpus = "".join(
+        gpu_html(node, g, by_gpu.get(g["idx"], []), mig_free.get(g["idx"], ()), ui_base) for g in node.gpus
+    )
     return (
         f'<article class="node health-{health}" data-node="{escape(node.name)}">'
         f'<header><h3>{escape(node.name)}</h3><span class="badge pool">{escape(node.node_pool)}</span>'
         f'<span class="badge h-{health}">{health}</span></header>'
         f'<div class="meta">CPU {node.cpu_free / 1000:g}/{node.cpu_milli / 1000:g} free · '
         f"memory {node.memory_free // 1024}/{node.memory_mib // 1024} GiB free · {beat}</div>"
-        f'{gpus or "<div class=meta>no GPUs</div>"}</article>'
+        f"{gpus or '<div class=meta>no GPUs</div>'}</article>"
     )
 
 
@@ -227,17 +239,24 @@ def history_html(history: Sequence[Reservation], ui_base: str) -> str:
         ]
         for r in history
     ]
-    return _table(["ID", "Task", "Team", "Slice", "Outcome", "Message"], rows, "No ended reservations yet.", "history")
+    return _table(
+        ["ID", "Task", "Team", "Slice", "Outcome", "Message"], rows, "No ended reservations yet.", "history"
+    )
 
 
 def _polyline(points: Sequence[tuple[float, float]], t0: float, t1: float, width: int, height: int) -> str:
     span = (t1 - t0) or 1.0
-    coords = " ".join(f"{(t - t0) / span * width:.1f},{height - min(max(v, 0.0), 1.0) * height:.1f}" for t, v in points)
+    coords = " ".join(
+        f"{(t - t0) / span * width:.1f},{height - min(max(v, 0.0), 1.0) * height:.1f}" for t, v in points
+    )
     return coords
 
 
 def chart_svg(
-    allocation: Sequence[tuple[float, float]], fragmentation: Sequence[tuple[float, float]], t0: float, t1: float
+    allocation: Sequence[tuple[float, float]],
+    fragmentation: Sequence[tuple[float, float]],
+    t0: float,
+    t1: float,
 ) -> str:
     """Return an inline SVG of allocation and fragmentation (0–100 %) from ``t0`` to ``t1``.
 
@@ -286,4 +305,7 @@ def summary_html(snapshot: LedgerSnapshot, fragmentation: float) -> str:
         ("Grants", str(len(snapshot.grants))),
         ("Waiting", str(len(snapshot.queue))),
     ]
-    return "".join(f'<div class="figure"><div class="k">{k}</div><div class="v">{escape(v)}</div></div>' for k, v in figures)
+    return "".join(
+        f'<div class="figure"><div class="k">{k}</div><div class="v">{escape(v)}</div></div>'
+        for k, v in figures
+    )

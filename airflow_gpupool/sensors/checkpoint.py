@@ -91,7 +91,9 @@ class CheckpointSensor(BaseSensorOperator):
             raise ConfigurationError(f"keep_checkpoints={keep_checkpoints!r}: expected at least 1, or None")
         if self.mode == "reschedule" and max_interval is not None:
             # Between reschedules the sensor keeps no memory of when it last saw progress.
-            raise ConfigurationError("max_interval needs mode='poke' or deferrable=True, not mode='reschedule'")
+            raise ConfigurationError(
+                "max_interval needs mode='poke' or deferrable=True, not mode='reschedule'"
+            )
         self.checkpoint_dir = checkpoint_dir
         self.conn_id = conn_id
         self.max_interval = _seconds("max_interval", max_interval)
@@ -113,7 +115,11 @@ class CheckpointSensor(BaseSensorOperator):
         if self._since is None:
             self._since = now
         verdict = assess(
-            self._store().scan(), last_step=self._last_step, since=self._since, now=now, max_interval=self.max_interval
+            self._store().scan(),
+            last_step=self._last_step,
+            since=self._since,
+            now=now,
+            max_interval=self.max_interval,
         )
         newest = verdict.newest
         done = self._handle(context, verdict.status, newest, verdict.message)
@@ -122,7 +128,11 @@ class CheckpointSensor(BaseSensorOperator):
         return False
 
     def _handle(
-        self, context: Context, status: CheckpointEventStatus | None, newest: CheckpointManifest | None, message: str
+        self,
+        context: Context,
+        status: CheckpointEventStatus | None,
+        newest: CheckpointManifest | None,
+        message: str,
     ) -> bool:
         """Act on one assessment; return whether the training is complete."""
         if status is CheckpointEventStatus.ERROR:

@@ -30,7 +30,9 @@ def register(subparsers: Any) -> None:
         ),
     )
     parser.add_argument("--mode", choices=("fgd", "queue"), default="fgd", help="protocol (default: fgd)")
-    parser.add_argument("--nodes", default="nodes", help="node list CSV (default: the bundled Alibaba cluster)")
+    parser.add_argument(
+        "--nodes", default="nodes", help="node list CSV (default: the bundled Alibaba cluster)"
+    )
     parser.add_argument(
         "--pods",
         default="default",
@@ -42,8 +44,12 @@ def register(subparsers: Any) -> None:
         help=f"placement policy, repeatable, or 'all' (default: {DEFAULT_POLICY}; "
         f"queue mode also accepts airflow-pool); one of {', '.join(policy_names())}",
     )
-    parser.add_argument("--seed", type=int, default=42, help="shuffle, arrival and tie-break seed (default: 42)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object per policy (one line each)")
+    parser.add_argument(
+        "--seed", type=int, default=42, help="shuffle, arrival and tie-break seed (default: 42)"
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print one JSON object per policy (one line each)"
+    )
     parser.add_argument("--plot", metavar="FILE.png", help="draw allocation vs arrived %% (fgd mode)")
     parser.add_argument("--load", type=float, default=1.0, help="queue mode: offered GPU load (default: 1.0)")
     parser.add_argument(
@@ -65,7 +71,9 @@ def register(subparsers: Any) -> None:
         default=24.0,
         help="queue mode: simulated hours before the measured window (default: 24, the longest duration)",
     )
-    parser.add_argument("--hours", type=float, default=48.0, help="queue mode: simulated hours measured (default: 48)")
+    parser.add_argument(
+        "--hours", type=float, default=48.0, help="queue mode: simulated hours measured (default: 48)"
+    )
     parser.add_argument(
         "--max-overtakes",
         type=int,
@@ -102,7 +110,9 @@ def _run_fgd(args: argparse.Namespace) -> int:
     results = []
     for name in _policies(args):
         if name not in policy_names():
-            print(f"gpupool simulate: unknown policy {name!r}: choose among {policy_names()}", file=sys.stderr)
+            print(
+                f"gpupool simulate: unknown policy {name!r}: choose among {policy_names()}", file=sys.stderr
+            )
             return 2
         progress = None if args.quiet else stderr_progress(f"{name} seed {args.seed}")
         result = replay(nodes, pods, name, args.seed, shapes=shapes, progress=progress)
@@ -126,7 +136,9 @@ def format_table(results: Sequence[ReplayResult]) -> str:
         lines.append(r.policy.ljust(12) + "".join(f"{r.alloc_at(p):8.2f}" for p in REPORT_POINTS))
     lines += ["", "fragmentation % at arrived %", head]
     for r in results:
-        lines.append(r.policy.ljust(12) + "".join(f"{r.frag.get(p, float('nan')):8.2f}" for p in REPORT_POINTS))
+        lines.append(
+            r.policy.ljust(12) + "".join(f"{r.frag.get(p, float('nan')):8.2f}" for p in REPORT_POINTS)
+        )
     lines += ["", "policy".ljust(12) + "    pods  failed  seconds  decision ms p50/p99"]
     for r in results:
         s = r.summary()
@@ -177,8 +189,15 @@ def _run_queue(args: argparse.Namespace) -> int:
             return 2
         progress = None if args.quiet else stderr_progress(f"{name} load {args.load}")
         out = simulate_queue(
-            nodes, pods, name, load=args.load, seed=args.seed, sample_nodes=args.queue_nodes,
-            arrivals=args.arrivals, warmup_s=args.warmup_hours * 3600, window_s=args.hours * 3600,
+            nodes,
+            pods,
+            name,
+            load=args.load,
+            seed=args.seed,
+            sample_nodes=args.queue_nodes,
+            arrivals=args.arrivals,
+            warmup_s=args.warmup_hours * 3600,
+            window_s=args.hours * 3600,
             max_overtakes=MAX_OVERTAKES if args.max_overtakes is None else args.max_overtakes,
             progress=progress,
         )

@@ -156,7 +156,11 @@ class ClusterFrag:
         """Return Σ node fragmentation / GPU capacity, in %."""
         self.frag.refresh(self.table, self.table.sync(snapshot))
         capacity = snapshot.gpu_capacity_milli or 1
-        return float(self.frag.value.sum()) / self.frag.weight_total * 100 / capacity if self.frag.shapes else 0.0
+        return (
+            float(self.frag.value.sum()) / self.frag.weight_total * 100 / capacity
+            if self.frag.shapes
+            else 0.0
+        )
 
 
 def replay(
@@ -213,7 +217,9 @@ def replay(
         if progress is not None and k % 500 == 0:
             progress(k / len(arrivals))
     seconds = time.perf_counter() - start
-    return ReplayResult(policy, seed, len(arrivals), failed, arrived, alloc, frag, seconds, ms, tuple(current))
+    return ReplayResult(
+        policy, seed, len(arrivals), failed, arrived, alloc, frag, seconds, ms, tuple(current)
+    )
 
 
 def where_lost(nodes: Sequence[NodeState], cpu_short_milli: int = 4000, top: int = 8) -> dict[str, object]:

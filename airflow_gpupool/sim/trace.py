@@ -81,12 +81,16 @@ def bundled(filename: str) -> io.TextIOBase:
     return io.StringIO(ref.read_text(encoding="utf-8"))
 
 
-def _rows(name: str, handle: Iterable[str], required: tuple[str, ...]) -> Iterable[tuple[int, dict[str, str]]]:
+def _rows(
+    name: str, handle: Iterable[str], required: tuple[str, ...]
+) -> Iterable[tuple[int, dict[str, str]]]:
     reader = csv.DictReader(handle)
     header = reader.fieldnames or []
     for column in required:
         if column not in header:
-            raise TraceFormatError(name, 0, column, f"missing column (the header has {', '.join(header) or 'nothing'})")
+            raise TraceFormatError(
+                name, 0, column, f"missing column (the header has {', '.join(header) or 'nothing'})"
+            )
     for row in reader:
         yield reader.line_num, row
 
@@ -113,7 +117,9 @@ def load_nodes(source: str | Path = "nodes") -> tuple[NodeState, ...]:
             gpus = _int(name, line, row, "gpu")
             model = (row.get("model") or "").strip()
             if gpus < 0 or (gpus and not model):
-                raise TraceFormatError(name, line, "gpu" if gpus < 0 else "model", "needs a GPU count >= 0 and a model")
+                raise TraceFormatError(
+                    name, line, "gpu" if gpus < 0 else "model", "needs a GPU count >= 0 and a model"
+                )
             memory = GPU_MEMORY_MIB.get(model, DEFAULT_GPU_MEMORY_MIB)
             nodes.append(
                 NodeState(
@@ -139,7 +145,9 @@ def _request(name: str, line: int, row: dict[str, str]) -> GpuRequest:
         "priority": QOS_PRIORITY.get(qos, 1),
     }
     if not 0 <= milli <= MILLI_PER_GPU or (num > 1 and 0 < milli < MILLI_PER_GPU):
-        raise TraceFormatError(name, line, "gpu_milli", f"expected 0-1000, and 1000 (or 0) with num_gpu > 1, got {milli}")
+        raise TraceFormatError(
+            name, line, "gpu_milli", f"expected 0-1000, and 1000 (or 0) with num_gpu > 1, got {milli}"
+        )
     if num == 1 and 0 < milli < MILLI_PER_GPU:
         fields["gpu_milli"] = milli
     else:
@@ -147,7 +155,9 @@ def _request(name: str, line: int, row: dict[str, str]) -> GpuRequest:
     try:
         return GpuRequest(**fields)
     except InvalidRequestError as e:
-        raise TraceFormatError(name, line, e.field, f"invalid value {e.value!r}: expected {e.expected}") from e
+        raise TraceFormatError(
+            name, line, e.field, f"invalid value {e.value!r}: expected {e.expected}"
+        ) from e
 
 
 def load_pods(source: str | Path = "default") -> list[TracePod]:

@@ -62,7 +62,9 @@ class CheckpointTrigger(BaseTrigger):
     def _scan(self) -> CheckpointListing:
         return CheckpointStore(self.checkpoint_dir, conn_id=self.conn_id).scan()
 
-    def _event(self, status: CheckpointEventStatus, message: str, verdict: Assessment | None = None) -> TriggerEvent:
+    def _event(
+        self, status: CheckpointEventStatus, message: str, verdict: Assessment | None = None
+    ) -> TriggerEvent:
         newest = verdict.newest if verdict else None
         return TriggerEvent(
             {
@@ -80,7 +82,11 @@ class CheckpointTrigger(BaseTrigger):
             while True:
                 listing = await asyncio.to_thread(self._scan)
                 verdict = assess(
-                    listing, last_step=self.last_step, since=self.since, now=time.time(), max_interval=self.max_interval
+                    listing,
+                    last_step=self.last_step,
+                    since=self.since,
+                    now=time.time(),
+                    max_interval=self.max_interval,
                 )
                 if verdict.status is not None:
                     yield self._event(verdict.status, verdict.message, verdict)

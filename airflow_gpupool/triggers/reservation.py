@@ -60,7 +60,9 @@ class ReservationTrigger(BaseTrigger):
         )
 
     def _event(self, status: ReservationEventStatus, message: str, **extra: Any) -> TriggerEvent:
-        return TriggerEvent({"status": status.value, "reservation_id": self.reservation_id, "message": message, **extra})
+        return TriggerEvent(
+            {"status": status.value, "reservation_id": self.reservation_id, "message": message, **extra}
+        )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Yield one event: granted (with the grant), timeout (with what blocked it) or error."""
@@ -87,7 +89,9 @@ class ReservationTrigger(BaseTrigger):
                     )
                     return
                 self.log.info(
-                    "Reservation %s waits at position %s of the queue", self.reservation_id, reservation.position
+                    "Reservation %s waits at position %s of the queue",
+                    self.reservation_id,
+                    reservation.position,
                 )
                 await asyncio.sleep(self.poll_interval)
         except Exception as e:  # the trigger contract: failures become an error event
