@@ -245,7 +245,12 @@ def cmd_bench_ledger(args: argparse.Namespace) -> int:
 
     url = settings.ledger_url(args.url)
     result = run_ledger_bench(
-        url, clients=args.clients, seconds=args.seconds, nodes=args.nodes, hold_ms=args.hold_ms
+        url,
+        clients=args.clients,
+        seconds=args.seconds,
+        nodes=args.nodes,
+        hold_ms=args.hold_ms,
+        concurrent=not args.serialized,
     )
     if args.json:
         print(json.dumps(result, sort_keys=True))
@@ -354,6 +359,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seconds", type=float, default=10, help="measured duration")
     p.add_argument("--nodes", type=int, default=1000, help="nodes in the bench inventory")
     p.add_argument("--hold-ms", type=float, default=2.0, help="how long each grant is held")
+    p.add_argument(
+        "--serialized",
+        action="store_true",
+        help="on PostgreSQL, every write takes the exclusive lock (for comparison with the concurrent path)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_bench_ledger)
     _register_optional(bench, "airflow_gpupool.bench.operator_bench", "register")

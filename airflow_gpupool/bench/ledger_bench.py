@@ -90,9 +90,11 @@ def _pg_schema(url: str, bench_schema: str, create: bool) -> None:
     engine.dispose()
 
 
-def _client(url: str, index: int, seconds: float, hold_s: float, ready: Any, go: Any, out: Any) -> None:
+def _client(
+    url: str, index: int, seconds: float, hold_s: float, concurrent: bool, ready: Any, go: Any, out: Any
+) -> None:
     rng = random.Random(index)
-    ledger = Ledger(url)
+    ledger = Ledger(url, concurrent=concurrent)
     ledger.reap()  # connect, check the schema and load the capacity cache before the clock starts
     ready.put(index)
     go.wait()
@@ -143,9 +145,12 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 def run_ledger_bench(
-    url: str, *, clients: int, seconds: float, nodes: int, hold_ms: float = 2.0
+    url: str, *, clients: int, seconds: float, nodes: int, hold_ms: float = 2.0, concurrent: bool = True
 ) -> dict[str, Any]:
-    """Run the benchmark and return its numbers (see the module docstring)."""
+    """Run the benchmark and return its numbers (see the module docstring).
+
+    :param concurrent: False makes every PostgreSQL write take the exclusive lock
+    """
     bench_schema = f"gpupool_bench_{os.getpid()}"  # two benches on one database don't collide
     bench_url = _bench_url(url, bench_schema)
     backend = make_url(bench_url).get_backend_name()
@@ -157,7 +162,9 @@ def run_ledger_bench(
         ctx = mp.get_context("spawn")
         ready, out, go = ctx.Queue(), ctx.Queue(), ctx.Event()
         procs = [
-            ctx.Process(target=_client, args=(bench_url, i, seconds, hold_ms / 1000, ready, go, out))
+            ctx.Process(
+                target=_client, args=(bench_url, i, seconds, hold_ms / 1000, concurrent, ready, go, out)
+            )
             for i in range(clients)
         ]
         for p in procs:
@@ -185,6 +192,7 @@ def run_ledger_bench(
     wall = max(r["elapsed"] for r in results)
     return {
         "backend": backend,
+        "path": "concurrent" if concurrent and backend == "postgresql" else "serialized",
         "clients": clients,
         "nodes": nodes,
         "seconds": round(wall, 2),

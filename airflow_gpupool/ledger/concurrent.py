@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import psycopg
@@ -28,7 +28,20 @@ _TAKE = (
     "SELECT outcome, taken_indices, taken_slice FROM gpupool_take("
     "%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
 )
-_GIVE_BACK = "SELECT gpupool_give_back(%s, %s, %s)"
+_GIVE_BACK = (
+    "SELECT outcome, released_request, released_node, released_indices, released_milli, released_gmem,"
+    " released_slice, node_training, node_inference FROM gpupool_give_back(%s, %s, %s)"
+)
+
+
+@dataclass(frozen=True)
+class GivenBack:
+    """A grant the concurrent path ended: what it held, and the classes left on its node."""
+
+    request: GpuRequest
+    assignment: Assignment
+    node_training: int
+    node_inference: int
 
 
 class ConcurrentPath:
@@ -110,9 +123,14 @@ class ConcurrentPath:
         return "granted", replace(assignment, gpu_indices=tuple(indices), mig_slice=mig_slice)
 
     @staticmethod
-    def give_back(conn: Connection, reservation_id: str, now: float, message: str) -> str:
-        """End a grant and return its capacity: ``released``, or ``serialize`` (nothing changed)."""
-        return str(_call(conn, _GIVE_BACK, (reservation_id, now, message))[0])
+    def give_back(conn: Connection, reservation_id: str, now: float, message: str) -> GivenBack | None:
+        """End a grant and return its capacity; None: nothing changed, take the exclusive path."""
+        row = _call(conn, _GIVE_BACK, (reservation_id, now, message))
+        if row[0] != "released":
+            return None
+        _, request, node, indices, milli, gmem, mig_slice, training, inference = row
+        assignment = Assignment(node, tuple(json.loads(indices or "[]")), milli or 0, gmem or 0, mig_slice)
+        return GivenBack(GpuRequest.from_dict(json.loads(request)), assignment, training, inference)
 
 
 def _call(conn: Connection, statement: str, params: tuple[Any, ...]) -> tuple[Any, ...]:

@@ -756,7 +756,14 @@ class Ledger:
         assert self._concurrent is not None
         with self._concurrent.connect() as conn:
             self._check_schema(conn)
-            return self._concurrent.give_back(conn, reservation_id, self._clock(), reason) == "released"
+            given = self._concurrent.give_back(conn, reservation_id, self._clock(), reason)
+        if given is None:
+            return False
+        node = self._cache.nodes.get(given.assignment.node)
+        if node is not None:  # this process's copy gives it back too, until the next refresh
+            classes = classes_from_counts(given.node_training, given.node_inference)
+            self._cache.put(deallocate(node, given.request, given.assignment, classes))
+        return True
 
     def reap(self) -> ReapResult:
         """Expire dead leases and overdue requests, then serve the queue."""

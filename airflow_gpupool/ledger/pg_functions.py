@@ -113,8 +113,12 @@ $$;
 """
 
 _GIVE_BACK = """
-CREATE OR REPLACE FUNCTION gpupool_give_back(p_id text, p_now double precision, p_message text)
-RETURNS text LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION gpupool_give_back(
+    p_id text, p_now double precision, p_message text,
+    OUT outcome text, OUT released_request text, OUT released_node text, OUT released_indices text,
+    OUT released_milli integer, OUT released_gmem bigint, OUT released_slice text,
+    OUT node_training integer, OUT node_inference integer
+) LANGUAGE plpgsql AS $$
 DECLARE
     v_res record;
     v_node record;
@@ -125,21 +129,25 @@ BEGIN
     -- Freed capacity goes to the queue first, and overdue leases expire first: both serialized.
     IF EXISTS (SELECT 1 FROM gpupool_reservations WHERE state = 'waiting')
        OR EXISTS (SELECT 1 FROM gpupool_reservations WHERE state = 'granted' AND expires_at < p_now) THEN
-        RETURN 'serialize';
+        outcome := 'serialize';
+        RETURN;
     END IF;
     SELECT * INTO v_res FROM gpupool_reservations WHERE id = p_id;
     IF NOT FOUND OR v_res.state <> 'granted' THEN
-        RETURN 'serialize';  -- unknown, or already ended: the serialized path says which
+        outcome := 'serialize';  -- unknown, or already ended: the serialized path says which
+        RETURN;
     END IF;
     -- Node first, like every writer; then the grant, which a concurrent release may have ended.
     SELECT * INTO v_node FROM gpupool_nodes WHERE name = v_res.node FOR UPDATE;
     IF NOT FOUND OR v_node.remove_when_drained THEN
-        RETURN 'serialize';
+        outcome := 'serialize';
+        RETURN;
     END IF;
     UPDATE gpupool_reservations SET state = 'released', ended_at = p_now, message = p_message
     WHERE id = p_id AND state = 'granted';
     IF NOT FOUND THEN
-        RETURN 'serialize';
+        outcome := 'serialize';
+        RETURN;
     END IF;
     v_request := v_res.request::json;
     v_xid := pg_current_xact_id()::text::bigint;
@@ -149,7 +157,8 @@ BEGIN
         n_training = n_training - (v_res.workload_class = 'training')::integer,
         n_inference = n_inference - (v_res.workload_class = 'inference')::integer,
         version = v_xid
-    WHERE name = v_res.node;
+    WHERE name = v_res.node
+    RETURNING n_training, n_inference INTO node_training, node_inference;
     IF v_res.mig_slice IS NOT NULL THEN
         UPDATE gpupool_mig_slices SET holder = NULL WHERE node = v_res.node AND slice_id = v_res.mig_slice;
     ELSE
@@ -159,7 +168,14 @@ BEGIN
         WHERE node = v_res.node
           AND idx IN (SELECT value::integer FROM json_array_elements_text(v_res.gpu_indices::json));
     END IF;
-    RETURN 'released';
+    -- What was given back, so the caller's copy of the capacity can give it back too.
+    outcome := 'released';
+    released_request := v_res.request;
+    released_node := v_res.node;
+    released_indices := v_res.gpu_indices;
+    released_milli := v_res.milli_per_gpu;
+    released_gmem := v_res.gpu_memory_mib;
+    released_slice := v_res.mig_slice;
 END
 $$;
 """

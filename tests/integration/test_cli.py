@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from airflow_gpupool.cli import main
+from tests.ledger_fixtures import POSTGRES_URL, require_postgres
 
 INVENTORY = """
 nodes:
@@ -65,7 +66,9 @@ def test_ledger_init_creates_then_reports_up_to_date(url: str, capsys: pytest.Ca
     assert (code, out) == (0, f"ledger at {url}: already up to date\n")
 
 
-def test_inventory_load_is_idempotent(url: str, inventory_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_inventory_load_is_idempotent(
+    url: str, inventory_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     code, out, _ = run(capsys, "inventory", "load", str(inventory_file), "--url", url)
     assert (code, out) == (0, f"inventory {inventory_file}: 2 added, 0 updated, 0 unchanged\n")
 
@@ -79,12 +82,28 @@ def test_inventory_load_prunes_nodes_absent_from_the_file(
     smaller = tmp_path / "smaller.yaml"
     smaller.write_text("nodes: [{name: gpu-b, cpu: 8, memory: 64Gi, gpus: [{model: T4, memory: 16Gi}]}]")
     code, out, _ = run(capsys, "inventory", "load", str(smaller), "--prune", "--url", loaded)
-    assert (code, out) == (0, f"inventory {smaller}: 0 added, 0 updated, 1 unchanged, pruned gpu-a (removed)\n")
+    assert (code, out) == (
+        0,
+        f"inventory {smaller}: 0 added, 0 updated, 1 unchanged, pruned gpu-a (removed)\n",
+    )
 
 
 def test_status_table_shows_nodes_grants_and_queue(loaded: str, capsys: pytest.CaptureFixture[str]) -> None:
     run(capsys, "reserve", "--gpus", "2", "--holder", "trainer", "--id", "big-one", "--url", loaded)
-    run(capsys, "reserve", "--gpus", "2", "--holder", "waiter", "--id", "queued-one", "--priority", "3", "--url", loaded)
+    run(
+        capsys,
+        "reserve",
+        "--gpus",
+        "2",
+        "--holder",
+        "waiter",
+        "--id",
+        "queued-one",
+        "--priority",
+        "3",
+        "--url",
+        loaded,
+    )
 
     code, out, _ = run(capsys, "status", "--url", loaded)
 
@@ -101,7 +120,9 @@ def test_status_table_shows_nodes_grants_and_queue(loaded: str, capsys: pytest.C
 
 
 def test_status_json_reports_allocation_and_grants(loaded: str, capsys: pytest.CaptureFixture[str]) -> None:
-    run(capsys, "reserve", "--mig-profile", "3g.40gb", "--holder", "infer", "--id", "mig-one", "--url", loaded)
+    run(
+        capsys, "reserve", "--mig-profile", "3g.40gb", "--holder", "infer", "--id", "mig-one", "--url", loaded
+    )
     run(capsys, "reserve", "--gpu-milli", "250", "--holder", "small", "--id", "frac-one", "--url", loaded)
 
     code, out, _ = run(capsys, "status", "--json", "--url", loaded)
@@ -137,7 +158,9 @@ def test_reserve_json_then_release_twice(loaded: str, capsys: pytest.CaptureFixt
     assert out.startswith("nothing to release: reservation released at ")
 
 
-def test_reserve_that_must_wait_prints_its_queue_position(loaded: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_reserve_that_must_wait_prints_its_queue_position(
+    loaded: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     run(capsys, "reserve", "--gpus", "2", "--url", loaded)
     code, out, _ = run(capsys, "reserve", "--gpus", "2", "--id", "second", "--url", loaded)
     assert (code, out) == (0, "second waiting, position 1 in the queue\n")
@@ -158,7 +181,11 @@ def test_release_of_unknown_id_is_an_error(loaded: str, capsys: pytest.CaptureFi
     ("yaml_text", "message"),
     [
         pytest.param("nodes: [name: n1", "expected valid YAML", id="malformed-yaml"),
-        pytest.param("nodes: [{name: n1, gpus: [{model: A100, mig: [9g.90gb]}]}]", "invalid nodes[0].gpus[0]: mig profile='9g.90gb'", id="unknown-mig"),
+        pytest.param(
+            "nodes: [{name: n1, gpus: [{model: A100, mig: [9g.90gb]}]}]",
+            "invalid nodes[0].gpus[0]: mig profile='9g.90gb'",
+            id="unknown-mig",
+        ),
         pytest.param("nodes: []", "expected at least one node", id="empty-node-list"),
     ],
 )
@@ -171,7 +198,9 @@ def test_bad_inventory_file_exits_2(
     assert (code, out) == (2, "")
     assert err.startswith("gpupool: error: invalid ")
     assert message in err
-    assert not Path(url.removeprefix("sqlite:///")).exists(), "nothing is created for a file that does not parse"
+    assert not Path(url.removeprefix("sqlite:///")).exists(), (
+        "nothing is created for a file that does not parse"
+    )
 
 
 def test_unknown_mig_profile_in_reserve_exits_2(loaded: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -183,7 +212,9 @@ def test_unknown_mig_profile_in_reserve_exits_2(loaded: str, capsys: pytest.Capt
 def test_missing_ledger_says_how_to_create_it(url: str, capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(capsys, "status", "--url", url)
     assert code == 2
-    assert err == f"gpupool: error: no GPU ledger at {url}: create it with `gpupool ledger init --url {url}`\n"
+    assert (
+        err == f"gpupool: error: no GPU ledger at {url}: create it with `gpupool ledger init --url {url}`\n"
+    )
 
 
 def test_url_precedence_flag_then_env_then_airflow_home(
@@ -222,6 +253,20 @@ def test_bench_ledger_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert result["cycles"] > 0
     assert result["cycles_per_s"] == pytest.approx(result["cycles"] / result["seconds"], rel=0.01, abs=0.1)
     assert 0 < result["reserve_p50_ms"] <= result["reserve_p99_ms"]
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("flags", [[], ["--serialized"]], ids=["concurrent", "serialized"])
+def test_bench_ledger_on_postgresql(capsys: pytest.CaptureFixture[str], flags: list[str]) -> None:
+    require_postgres()
+    code, out, _ = run(
+        capsys, "bench", "ledger", "--url", POSTGRES_URL, "--clients", "3", "--seconds", "1", "--nodes", "30",
+        "--json", *flags,
+    )  # fmt: skip
+    result = json_out(out)
+    assert code == 0 and result["violations"] == 0 and result["grants_left"] == 0
+    assert (result["backend"], result["path"]) == ("postgresql", "serialized" if flags else "concurrent")
+    assert result["cycles"] > 0
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,243 @@
+"""PostgreSQL's concurrent path: grants and releases under the shared lock (schema v3).
+
+The parametrized suite runs every ledger behaviour through this path already; these tests
+pin what is particular to it: the database functions' answers, a stale capacity copy,
+the transaction-id watermark, migration from v2, and a lost connection.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from airflow_gpupool.ledger import Ledger, ReservationState, migrations
+from airflow_gpupool.ledger import ledger as ledger_module
+from airflow_gpupool.ledger.cache import CapacityCache
+from airflow_gpupool.ledger.concurrent import ConcurrentPath
+from airflow_gpupool.ledger.engine import normalize_url
+from airflow_gpupool.placement.verdict import Assignment
+from airflow_gpupool.resources import GpuRequest
+from tests.ledger_fixtures import FakeClock, node
+
+GRANTED = ReservationState.GRANTED
+
+
+@pytest.fixture
+def open_ledger(pg_schema_url: str) -> Iterator[Callable[..., Ledger]]:
+    """Open ledgers (several processes' worth) on one fresh PostgreSQL schema."""
+    opened: list[Ledger] = []
+
+    def open_(**options: object) -> Ledger:
+        options.setdefault("policy", "bestfit")
+        options.setdefault("max_overtakes", 4)
+        options.setdefault("clock", FakeClock())  # the same start as ``take``'s ``now``
+        ledger = Ledger.create(pg_schema_url, **options)  # type: ignore[arg-type]
+        opened.append(ledger)
+        return ledger
+
+    yield open_
+    for ledger in opened:
+        ledger.close()
+
+
+@pytest.fixture
+def take(pg_schema_url: str) -> Iterator[Callable[..., tuple[str, Assignment | None]]]:
+    """Call ``gpupool_take`` directly, as a process whose copy of the capacity is wrong would."""
+    path = ConcurrentPath(normalize_url(pg_schema_url))
+
+    def call(
+        rid: str,
+        request: GpuRequest,
+        assignment: Assignment,
+        model: str | None = "A100",
+        generation: int = 1,
+        now: float = 1_800_000_000.0,
+    ) -> tuple[str, Assignment | None]:
+        with path.connect() as conn:
+            return path.take(conn, rid, "direct", request, assignment, model, generation, now, 60.0, now + 60)
+
+    yield call
+    path.close()
+
+
+def test_take_falls_back_to_an_equivalent_slice_on_the_same_node(
+    open_ledger: Callable[..., Ledger], take: Callable[..., tuple[str, Assignment | None]]
+) -> None:
+    ledger = open_ledger()
+    ledger.upsert_nodes([node("n1", gpus=4, mig={3: ["3g.40gb", "3g.40gb"]})])
+    first = ledger.reserve(GpuRequest(gpus=1), "a")
+    mig = ledger.reserve(GpuRequest(mig_profile="3g.40gb"), "b")
+    half = ledger.reserve(GpuRequest(gpu_milli=500), "c")
+    assert first.grant is not None and mig.grant is not None and half.grant is not None
+    assert (first.grant.gpu_indices, half.grant.gpu_indices) == ((0,), (1,))
+
+    # A copy that missed those grants names the slices they took; the function takes others.
+    whole = take("whole", GpuRequest(gpus=1), Assignment("n1", (0,), 1000, 81920))
+    mig_slice = Assignment("n1", (3,), 429, 40960, mig.grant.mig_slice)
+    other_slice = take("mig", GpuRequest(mig_profile="3g.40gb"), mig_slice)
+    fraction = take("fraction", GpuRequest(gpu_milli=600), Assignment("n1", (1,), 600, 49152))
+
+    assert whole == ("granted", Assignment("n1", (2,), 1000, 81920))
+    assert other_slice[0] == "granted" and other_slice[1] is not None
+    assert other_slice[1].mig_slice not in (None, mig.grant.mig_slice)
+    assert fraction == ("stale", None)  # GPU 1 has 500 free; GPU 2 was just taken, GPU 3 is MIG
+    assert take("mig-2", GpuRequest(mig_profile="3g.40gb"), mig_slice) == ("stale", None)
+    assert ledger.check_invariants() == []
+
+
+def test_take_checks_the_node_and_leaves_queue_decisions_to_the_exclusive_path(
+    open_ledger: Callable[..., Ledger], take: Callable[..., tuple[str, Assignment | None]]
+) -> None:
+    clock = FakeClock()
+    ledger = open_ledger(clock=clock)
+    ledger.upsert_nodes([node("n1", gpus=1), node("n2", gpus=1, model="T4", memory_mib=15360)])
+    generation = 1
+    one_gpu = Assignment("n1", (0,), 1000, 81920)
+
+    assert take("ok", GpuRequest(gpus=1), one_gpu, now=clock.now) == ("granted", one_gpu)
+    assert take("ok", GpuRequest(gpus=1), one_gpu, now=clock.now) == ("serialize", None)  # id exists
+    assert take("full", GpuRequest(gpus=1), one_gpu, now=clock.now) == ("stale", None)
+    t4 = Assignment("n2", (0,), 1000, 15360)
+    assert take("old-inventory", GpuRequest(gpus=1), t4, "T4", generation + 1, clock.now) == (
+        "serialize",
+        None,
+    )
+
+    waiting = ledger.reserve(GpuRequest(gpus=1, gpu_models=["A100"]), "waits")
+    assert waiting.state is ReservationState.WAITING
+    assert take("behind-queue", GpuRequest(gpus=1), t4, "T4", now=clock.now) == ("serialize", None)
+    ledger.release(waiting.id)
+    assert take("overdue", GpuRequest(gpus=1), t4, "T4", now=clock.now + 61) == ("serialize", None)
+    assert take("t4", GpuRequest(gpus=1), t4, "T4", now=clock.now) == ("granted", t4)
+    assert ledger.check_invariants() == []
+
+
+def test_a_process_with_a_stale_copy_places_again_elsewhere(
+    open_ledger: Callable[..., Ledger], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(ledger_module, "_CACHE_FRESH_FOR_S", 3600.0)  # B never refreshes by age
+    a, b = open_ledger(), open_ledger()
+    a.upsert_nodes([node("n1", gpus=1), node("n2", gpus=1)])
+    b.release(b.reserve(GpuRequest(gpus=1), "warm-up").id)  # B's copy: both nodes free again
+
+    on_a = a.reserve(GpuRequest(gpus=1), "a")
+    with caplog.at_level(logging.DEBUG, logger="airflow_gpupool.ledger.ledger"):
+        on_b = b.reserve(GpuRequest(gpus=1), "b")  # B's copy still has n1 free
+
+    assert f"Node {on_a.grant.node if on_a.grant else ''} no longer fits" in caplog.text
+
+    assert on_a.grant is not None and on_b.grant is not None
+    assert {on_a.grant.node, on_b.grant.node} == {"n1", "n2"}
+    assert b.check_invariants() == []
+    assert b.reserve(GpuRequest(gpus=1), "c").state is ReservationState.WAITING
+
+
+def test_release_under_the_shared_lock_unless_the_queue_or_a_drain_needs_the_exclusive_one(
+    open_ledger: Callable[..., Ledger],
+) -> None:
+    ledger = open_ledger()
+    ledger.upsert_nodes([node("n1", gpus=1), node("n2", gpus=1)])
+    path = ConcurrentPath(normalize_url(ledger.url))
+    held = ledger.reserve(GpuRequest(gpus=1), "a")
+    other = ledger.reserve(GpuRequest(gpus=1), "b")
+    with path.connect() as conn:
+        assert path.give_back(conn, "no-such-id", ledger.now(), "x") is None
+        given = path.give_back(conn, held.id, ledger.now(), "done")
+        assert held.grant is not None and given is not None
+        assert (given.assignment, given.request) == (
+            Assignment(held.grant.node, held.grant.gpu_indices, 1000, 81920),
+            GpuRequest(gpus=1),
+        )
+        # Ended already: the serialized path says so.
+        assert path.give_back(conn, held.id, ledger.now(), "again") is None
+    assert ledger.release(held.id).released is False
+
+    ledger.reserve(GpuRequest(gpus=1), "c")
+    queued = ledger.reserve(GpuRequest(gpus=1), "d")
+    assert queued.state is ReservationState.WAITING
+    with path.connect() as conn:
+        assert path.give_back(conn, other.id, ledger.now(), "x") is None  # freed GPUs go to the queue
+    ledger.release(other.id)
+    assert ledger.get(queued.id).state is GRANTED
+
+    assert ledger.remove_node(ledger.get(queued.id).grant.node) == "draining"  # type: ignore[union-attr]
+    with path.connect() as conn:
+        assert path.give_back(conn, queued.id, ledger.now(), "x") is None  # the drained node must go
+    path.close()
+    assert ledger.check_invariants() == []
+
+
+def test_the_capacity_copy_sees_a_transaction_that_commits_after_it_refreshed(pg_schema_url: str) -> None:
+    ledger = Ledger.create(pg_schema_url)
+    ledger.upsert_nodes([node("n1", gpus=1), node("n2", gpus=1)])
+    engine = create_engine(normalize_url(pg_schema_url))
+    reader = create_engine(normalize_url(pg_schema_url), isolation_level="AUTOCOMMIT")
+    stamp_cpu = text(
+        "UPDATE gpupool_nodes SET cpu_free = :cpu, version = pg_current_xact_id()::text::bigint WHERE name = :name"
+    )
+    cache = CapacityCache()
+    with reader.connect() as read, engine.connect() as slow, engine.connect() as fast:
+        cache.refresh(read)
+        slow_tx = slow.begin()
+        slow.execute(stamp_cpu, {"cpu": 111, "name": "n1"})  # started first, commits last
+        with fast.begin():
+            fast.execute(stamp_cpu, {"cpu": 222, "name": "n2"})
+        cache.refresh(read)
+        assert (cache.nodes["n1"].cpu_free, cache.nodes["n2"].cpu_free) == (64000, 222)
+        slow_tx.commit()
+        cache.refresh(read)
+        assert (cache.nodes["n1"].cpu_free, cache.nodes["n2"].cpu_free) == (111, 222)
+    engine.dispose()
+    reader.dispose()
+    ledger.close()
+
+
+def test_a_v2_ledger_with_live_grants_migrates_to_v3(
+    pg_schema_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with monkeypatch.context() as m:
+        m.setattr(migrations, "MIGRATIONS", migrations.MIGRATIONS[:2])
+        m.setattr(migrations, "LATEST", 2)
+        old = Ledger.create(pg_schema_url, concurrent=False)
+        old.upsert_nodes([node("n1", gpus=2)])
+        held = old.reserve(GpuRequest(gpus=1), "from-v2")
+        old.close()
+
+    ledger = Ledger(pg_schema_url)
+    assert ledger.migrate() == [3]
+    assert ledger.release(held.id).released is True
+    again = ledger.reserve(GpuRequest(gpus=2), "on-v3")
+    assert again.state is GRANTED
+    assert ledger.check_invariants() == []
+    ledger.close()
+
+
+def test_a_lost_connection_is_replaced_and_the_call_retried(
+    pg_schema_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = f"{pg_schema_url}&application_name=gpupool-victim"
+    ledger = Ledger.create(url, policy="bestfit")
+    ledger.upsert_nodes([node("n1", gpus=2)])
+    first = ledger.reserve(GpuRequest(gpus=1), "before")  # the concurrent path's connection is pooled now
+    admin = create_engine(normalize_url(pg_schema_url))
+    with admin.begin() as conn:
+        killed = conn.execute(
+            text(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                " WHERE application_name = 'gpupool-victim'"
+            )
+        ).scalar_one()
+    admin.dispose()
+    assert killed >= 1
+
+    with caplog.at_level(logging.WARNING, logger="airflow_gpupool.ledger.engine"):
+        second = ledger.reserve(GpuRequest(gpus=1), "after")
+        released = ledger.release(first.id)
+
+    assert second.state is GRANTED and released.released is True
+    assert "Transient database error in Ledger._reserve_concurrently" in caplog.text
+    assert ledger.check_invariants() == []
+    ledger.close()
