@@ -17,6 +17,7 @@ install: $(STAMP)
 
 lint: install
 	$(BIN)/ruff check airflow_gpupool tests benchmarks dags
+	$(BIN)/ruff format --check airflow_gpupool tests benchmarks dags
 	$(BIN)/mypy
 
 test: lint

@@ -21,10 +21,38 @@ from airflow_gpupool.sim.replay import ReplayResult, replay, trace_shapes, where
 from airflow_gpupool.sim.trace import TRACES, load_nodes, load_pods
 
 PUBLISHED_130 = {
-    "default": {"random": 87.47, "dotprod": 90.85, "clustering": 91.88, "packing": 92.00, "bestfit": 93.08, "fgd": 95.39},
-    "gpushare100": {"random": 79.44, "dotprod": 82.42, "clustering": 82.65, "packing": 82.57, "bestfit": 85.01, "fgd": 86.90},
-    "multigpu50": {"random": 90.27, "dotprod": 94.85, "clustering": 95.81, "packing": 96.18, "bestfit": 95.74, "fgd": 97.18},
-    "gpuspec33": {"random": 86.46, "dotprod": 89.14, "clustering": 92.12, "packing": 93.22, "bestfit": 93.09, "fgd": 94.55},
+    "default": {
+        "random": 87.47,
+        "dotprod": 90.85,
+        "clustering": 91.88,
+        "packing": 92.00,
+        "bestfit": 93.08,
+        "fgd": 95.39,
+    },
+    "gpushare100": {
+        "random": 79.44,
+        "dotprod": 82.42,
+        "clustering": 82.65,
+        "packing": 82.57,
+        "bestfit": 85.01,
+        "fgd": 86.90,
+    },
+    "multigpu50": {
+        "random": 90.27,
+        "dotprod": 94.85,
+        "clustering": 95.81,
+        "packing": 96.18,
+        "bestfit": 95.74,
+        "fgd": 97.18,
+    },
+    "gpuspec33": {
+        "random": 86.46,
+        "dotprod": 89.14,
+        "clustering": 92.12,
+        "packing": 93.22,
+        "bestfit": 93.09,
+        "fgd": 94.55,
+    },
 }
 SEEDS = (42, 43, 44)
 OUT = Path(__file__).parent / "results"
@@ -41,8 +69,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--policies", nargs="+", default=list(ALL_POLICIES))
     parser.add_argument("--traces", nargs="+", default=list(TRACES))
     parser.add_argument("--seeds", nargs="+", type=int, default=list(SEEDS))
-    parser.add_argument("--jobs", type=int, default=1, help="parallel replays (default 1: timings on shared cores)")
-    parser.add_argument("--losses", action="store_true", help="also print where the unallocated capacity is at the end")
+    parser.add_argument(
+        "--jobs", type=int, default=1, help="parallel replays (default 1: timings on shared cores)"
+    )
+    parser.add_argument(
+        "--losses", action="store_true", help="also print where the unallocated capacity is at the end"
+    )
     args = parser.parse_args(argv)
     jobs = [(t, p, s) for t in args.traces for p in args.policies for s in args.seeds]
     results: dict[tuple[str, str], list[ReplayResult]] = {}
@@ -51,7 +83,10 @@ def main(argv: list[str] | None = None) -> int:
             results.setdefault((trace, policy), []).append(result)
             print(json.dumps({"trace": trace, **result.summary()}), flush=True)
             if args.losses:
-                print(json.dumps({"trace": trace, "policy": policy, "seed": _seed, **where_lost(result.nodes)}), flush=True)
+                print(
+                    json.dumps({"trace": trace, "policy": policy, "seed": _seed, **where_lost(result.nodes)}),
+                    flush=True,
+                )
     OUT.mkdir(exist_ok=True)
     lines = [
         f"Allocation % at 130 % arrived, mean of seeds {', '.join(map(str, args.seeds))} "
@@ -67,7 +102,11 @@ def main(argv: list[str] | None = None) -> int:
             published = PUBLISHED_130.get(trace, {}).get(policy)
             cells.append(f"{mean:.2f}" + (f" ({published:.2f})" if published else ""))
         lines.append(f"| {trace} | " + " | ".join(cells) + " |")
-    lines += ["", "| trace | policy | seconds (median) | decision ms p50 | decision ms p99 |", "|---|---|---|---|---|"]
+    lines += [
+        "",
+        "| trace | policy | seconds (median) | decision ms p50 | decision ms p99 |",
+        "|---|---|---|---|---|",
+    ]
     for (trace, policy), runs in sorted(results.items()):
         s = [r.summary() for r in runs]
         lines.append(
@@ -77,7 +116,11 @@ def main(argv: list[str] | None = None) -> int:
     table = "\n".join(lines)
     (OUT / "placement.md").write_text(table + "\n")
     if "default" in args.traces:
-        plot([results[("default", p)][0] for p in args.policies], str(OUT / "placement.png"), "default trace, seed 42")
+        plot(
+            [results[("default", p)][0] for p in args.policies],
+            str(OUT / "placement.png"),
+            "default trace, seed 42",
+        )
     print(table)
     return 0
 

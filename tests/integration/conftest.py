@@ -37,7 +37,9 @@ def ledger_inventory() -> list[Any]:
     """The same cluster as the ledger sees it."""
     return [
         node("gpu-a100", gpus=4, model=A100, cpu=96000, mem=1048576, pool="a100"),
-        node("gpu-mig", gpus=1, model=A100, cpu=96000, mem=1048576, mig={0: ["1g.10gb"] * 7}, pool="a100-mig"),
+        node(
+            "gpu-mig", gpus=1, model=A100, cpu=96000, mem=1048576, mig={0: ["1g.10gb"] * 7}, pool="a100-mig"
+        ),
         node("gpu-t4", gpus=2, model=T4, memory_mib=15360, cpu=96000, mem=1048576, pool="t4-shared"),
     ]
 
@@ -47,7 +49,10 @@ def airflow_db() -> None:
     """Migrate the session's Airflow metadata DB (SQLite under the test AIRFLOW_HOME)."""
     assert os.environ["AIRFLOW__CORE__DAGS_FOLDER"] == str(DAGS_FOLDER), "set in tests/conftest.py"
     subprocess.run(
-        [sys.executable, "-m", "airflow", "db", "migrate"], check=True, capture_output=True, env=os.environ.copy()
+        [sys.executable, "-m", "airflow", "db", "migrate"],
+        check=True,
+        capture_output=True,
+        env=os.environ.copy(),
     )
 
 
@@ -80,7 +85,11 @@ def gpu_ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Ledg
     url = f"sqlite:///{tmp_path}/ledger.db"
     ledger = Ledger.create(url)
     ledger.upsert_nodes(ledger_inventory())
-    extra = {"ledger_url": url, "poll_interval_seconds": 0.2, "node_pool_bindings": "a100-mig=mig,t4-shared=hami"}
+    extra = {
+        "ledger_url": url,
+        "poll_interval_seconds": 0.2,
+        "node_pool_bindings": "a100-mig=mig,t4-shared=hami",
+    }
     monkeypatch.setenv("AIRFLOW_CONN_GPUPOOL_DEFAULT", json.dumps({"conn_type": "gpupool", "extra": extra}))
     yield ledger
     ledger.close()

@@ -68,7 +68,9 @@ def test_failed_step_retries_and_resumes_from_newest_checkpoint(run_dag, k8s, gp
     assert_nothing_held(gpu_ledger)
 
 
-def test_out_of_memory_retries_on_the_next_larger_slice(run_dag, k8s: KubernetesEmulatorServer, gpu_ledger) -> None:
+def test_out_of_memory_retries_on_the_next_larger_slice(
+    run_dag, k8s: KubernetesEmulatorServer, gpu_ledger
+) -> None:
     k8s.configure_pod(predicate=lambda pod: env_of(pod).get("GPUPOOL_GPU_MILLI") == "250", oom_killed=True)
 
     dag_run = run_dag("ckpt_oom")
@@ -143,4 +145,9 @@ def test_retention_prunes_to_newest_n_but_never_a_pinned_step(tmp_path: Path) ->
     store.pin(2, "gp-retry")
 
     assert store.prune(3) == [1, 3, 4]
-    assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-000002", "step-000005", "step-000006", "step-000007"]
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == [
+        "step-000002",
+        "step-000005",
+        "step-000006",
+        "step-000007",
+    ]

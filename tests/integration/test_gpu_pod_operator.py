@@ -92,7 +92,9 @@ def test_whole_gpus_pod_is_pinned_and_released(run_dag, k8s, gpu_ledger: Ledger)
         "GPUPOOL_GPU_MEMORY_MIB": "81920",
     }
     assert pod["spec"]["priorityClassName"] == "gpupool-training"
-    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["spec"]["tolerations"]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["spec"][
+        "tolerations"
+    ]
     assert pod["metadata"]["labels"]["gpupool.io/workload-class"] == "training"
     assert pod["metadata"]["annotations"]["gpupool.io/team"] == "vision"
     assert pod["metadata"]["annotations"]["gpupool.io/gpus"] == "0,1"
@@ -226,7 +228,6 @@ def test_reservation_timeout_fails_and_names_the_blocker(run_dag, k8s, gpu_ledge
     assert_nothing_held(gpu_ledger)
 
 
-
 class FakeTaskInstance:
     """The task-instance fields GpuPodOperator and KubernetesPodOperator read, with an in-memory XCom."""
 
@@ -242,7 +243,9 @@ class FakeTaskInstance:
         self.xcoms[key] = value
 
 
-def test_on_kill_deletes_the_pod_and_releases(k8s, gpu_ledger: Ledger, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_on_kill_deletes_the_pod_and_releases(
+    k8s, gpu_ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from types import SimpleNamespace
 
     from airflow_gpupool.operators import GpuPodOperator

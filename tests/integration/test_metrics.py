@@ -24,7 +24,12 @@ def _free_port() -> int:
 
 def test_cli_parses_metrics_serve() -> None:
     args = build_parser().parse_args(["metrics", "serve", "--port", "9999", "--url", "sqlite:////tmp/x.db"])
-    assert (args.func, args.port, args.url, args.addr) == (cmd_metrics_serve, 9999, "sqlite:////tmp/x.db", "0.0.0.0")
+    assert (args.func, args.port, args.url, args.addr) == (
+        cmd_metrics_serve,
+        9999,
+        "sqlite:////tmp/x.db",
+        "0.0.0.0",
+    )
 
 
 @pytest.mark.timeout(30)

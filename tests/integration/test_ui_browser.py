@@ -91,7 +91,13 @@ def test_page_renders_the_gpu_map(server: str, viewport: tuple[int, int], name: 
     from playwright.sync_api import sync_playwright
 
     ARTIFACTS.mkdir(exist_ok=True)
-    args = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-dev-shm-usage"]
+    args = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-dev-shm-usage",
+    ]
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=args, headless=True)
         try:
@@ -111,7 +117,10 @@ def test_page_renders_the_gpu_map(server: str, viewport: tuple[int, int], name: 
             assert bar is not None and quarter is not None
             assert 0.2 < quarter["width"] / bar["width"] < 0.3
             link = page.locator('.seg[data-reservation="r-train"] a')
-            assert link.get_attribute("href") == "/dags/train_dag/runs/manual__2027-01-15T10%3A00%3A00%2B00%3A00/tasks/fit"
+            assert (
+                link.get_attribute("href")
+                == "/dags/train_dag/runs/manual__2027-01-15T10%3A00%3A00%2B00%3A00/tasks/fit"
+            )
             assert page.locator("section.queue tbody tr").count() == 2
             assert "needs 2 free GPUs" in page.locator("section.queue").inner_text()
             # The whole page fits the width: nothing scrolls sideways.

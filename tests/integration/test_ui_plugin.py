@@ -51,7 +51,8 @@ def client(app: FastAPI) -> Iterator[TestClient]:
 
 
 @pytest.mark.parametrize(
-    "path", ["/", "/api/v1/snapshot", "/api/v1/history", "/api/v1/series", "/api/v1/explain/r-wide", "/metrics"]
+    "path",
+    ["/", "/api/v1/snapshot", "/api/v1/history", "/api/v1/series", "/api/v1/explain/r-wide", "/metrics"],
 )
 def test_anonymous_requests_are_refused(app: FastAPI, path: str) -> None:
     response = TestClient(app).get(path)
@@ -124,7 +125,10 @@ def test_series_api_steps_through_grants(client: TestClient, pool: Pool) -> None
 
 
 def test_explain_api(client: TestClient, pool: Pool) -> None:
-    assert client.get("/api/v1/explain/r-wide").json() == {"id": "r-wide", "explanation": pool.ledger.explain("r-wide")}
+    assert client.get("/api/v1/explain/r-wide").json() == {
+        "id": "r-wide",
+        "explanation": pool.ledger.explain("r-wide"),
+    }
     assert client.get("/api/v1/explain/nope").status_code == 404
 
 
@@ -153,8 +157,12 @@ def test_metrics_under_the_plugin_app(client: TestClient) -> None:
             EMBED_URL,
             id="mapped",
         ),
-        pytest.param("d/t/run/with/slash/map-0/try-1@h", TaskRef("d", "t", "run/with/slash", 0, 1, "h"),
-                     "/dags/d/runs/run%2Fwith%2Fslash/tasks/t/mapped/0", id="slash-in-run-id"),  # fmt: skip
+        pytest.param(
+            "d/t/run/with/slash/map-0/try-1@h",
+            TaskRef("d", "t", "run/with/slash", 0, 1, "h"),
+            "/dags/d/runs/run%2Fwith%2Fslash/tasks/t/mapped/0",
+            id="slash-in-run-id",
+        ),  # fmt: skip
         pytest.param("adhoc-notebook@laptop", None, None, id="not-a-task"),
         pytest.param("d/t/run/map-x/try-1@h", None, None, id="bad-map-index"),
     ],

@@ -20,7 +20,9 @@ def test_provider_info_matches_airflows_schema() -> None:
 
 
 def test_entry_point_points_at_get_provider_info() -> None:
-    (entry,) = [e for e in metadata.entry_points(group="apache_airflow_provider") if e.dist.name == "airflow-gpupool"]
+    (entry,) = [
+        e for e in metadata.entry_points(group="apache_airflow_provider") if e.dist.name == "airflow-gpupool"
+    ]
     assert entry.load() is get_provider_info
 
 

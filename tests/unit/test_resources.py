@@ -45,7 +45,9 @@ def a100(index: int = 0, uuid: str | None = None, mig: tuple[str, ...] = ()) -> 
         pytest.param({"gpu_milli": 500, "mig_profile": "1g.10gb"}, "mig_profile", id="fraction-and-mig"),
         pytest.param({"mig_profile": "9g.99gb"}, "mig_profile", id="unknown-mig-profile"),
         pytest.param({"mig_profile": "1g.10gb", "gpus": 2}, "gpus", id="mig-with-two-gpus"),
-        pytest.param({"mig_profile": "1g.10gb", "gpu_memory_mib": 1024}, "gpu_memory_mib", id="mig-and-gpu-memory"),
+        pytest.param(
+            {"mig_profile": "1g.10gb", "gpu_memory_mib": 1024}, "gpu_memory_mib", id="mig-and-gpu-memory"
+        ),
         pytest.param({"gpu_memory_mib": 1024}, "gpu_memory_mib", id="gpu-memory-without-gpu"),
         pytest.param({"gpus": 1, "gpu_memory_mib": 0}, "gpu_memory_mib", id="gpu-memory-zero"),
         pytest.param({"gpus": 1, "gpu_memory_mib": 2 * 1024 * 1024}, "gpu_memory_mib", id="gpu-memory-huge"),
@@ -73,7 +75,10 @@ def test_bad_workload_class_lists_the_allowed_values() -> None:
         GpuRequest(workload_class="serving")
     assert info.value.value == "serving"
     assert info.value.expected == "one of ['training', 'inference', 'batch']"
-    assert str(info.value) == "invalid workload_class='serving': expected one of ['training', 'inference', 'batch']"
+    assert (
+        str(info.value)
+        == "invalid workload_class='serving': expected one of ['training', 'inference', 'batch']"
+    )
 
 
 def test_unknown_mig_profile_lists_the_known_ones() -> None:
@@ -99,8 +104,12 @@ def test_from_dict_rejects_unknown_keys() -> None:
         pytest.param(lambda: NodeInventory("n1", True, 1024), "node n1 cpu_milli", id="bool-cpu"),
         pytest.param(lambda: NodeInventory("n1", 1000, "1Gi"), "node n1 memory_mib", id="str-memory"),
         pytest.param(lambda: NodeInventory("n1", 1000, 1024, health="broken"), "health", id="unknown-health"),
-        pytest.param(lambda: NodeInventory("n1", 1000, 1024, node_pool="a pool"), "node_pool", id="bad-node-pool"),
-        pytest.param(lambda: NodeInventory("n1", 1000, 1024, labels={"a b": "x"}), "labels['a b']", id="bad-label-key"),
+        pytest.param(
+            lambda: NodeInventory("n1", 1000, 1024, node_pool="a pool"), "node_pool", id="bad-node-pool"
+        ),
+        pytest.param(
+            lambda: NodeInventory("n1", 1000, 1024, labels={"a b": "x"}), "labels['a b']", id="bad-label-key"
+        ),
         pytest.param(
             lambda: NodeInventory("n1", 1000, 1024, (a100(0, "GPU-a"), a100(0, "GPU-b"))),
             "node n1 gpu indices",
@@ -114,12 +123,18 @@ def test_from_dict_rejects_unknown_keys() -> None:
         pytest.param(lambda: GpuDevice(0, "GPU-0", "A100", 0), "gpu memory_mib", id="gpu-memory-zero"),
         pytest.param(lambda: GpuDevice(0, "GPU 0", "A100", 1024), "gpu uuid", id="gpu-uuid-with-space"),
         pytest.param(lambda: GpuDevice(0, "GPU-0", "", 1024), "gpu model", id="empty-gpu-model"),
-        pytest.param(lambda: a100(0, mig=("7g.80gb", "1g.10gb")), "gpu 0 mig_slices", id="eight-compute-slices"),
         pytest.param(
-            lambda: a100(2, mig=("3g.40gb", "3g.40gb", "2g.20gb")), "gpu 2 mig_slices", id="three-plus-three-plus-two"
+            lambda: a100(0, mig=("7g.80gb", "1g.10gb")), "gpu 0 mig_slices", id="eight-compute-slices"
         ),
         pytest.param(
-            lambda: GpuDevice(0, "GPU-0", "A100", 81920, (MigSlice("s", "1g.10gb"), MigSlice("s", "1g.10gb"))),
+            lambda: a100(2, mig=("3g.40gb", "3g.40gb", "2g.20gb")),
+            "gpu 2 mig_slices",
+            id="three-plus-three-plus-two",
+        ),
+        pytest.param(
+            lambda: GpuDevice(
+                0, "GPU-0", "A100", 81920, (MigSlice("s", "1g.10gb"), MigSlice("s", "1g.10gb"))
+            ),
             "gpu 0 mig_slices",
             id="duplicate-slice-ids",
         ),
@@ -137,7 +152,9 @@ def test_bad_inventory_names_the_field(build: Callable[[], object], field: str) 
     ("request_", "kind", "gpus", "milli", "description"),
     [
         pytest.param(GpuRequest(), GpuKind.NONE, 0, 0, "no GPU, 1000m CPU, 1024 MiB", id="cpu-only"),
-        pytest.param(GpuRequest(gpus=2), GpuKind.WHOLE, 2, 2000, "2 GPU, 1000m CPU, 1024 MiB", id="two-whole"),
+        pytest.param(
+            GpuRequest(gpus=2), GpuKind.WHOLE, 2, 2000, "2 GPU, 1000m CPU, 1024 MiB", id="two-whole"
+        ),
         pytest.param(
             GpuRequest(gpus=1, gpu_memory_mib=40960, gpu_models="A100|H100"),
             GpuKind.WHOLE,
@@ -163,10 +180,29 @@ def test_bad_inventory_names_the_field(build: Callable[[], object], field: str) 
             id="half-with-memory",
         ),
         pytest.param(
-            GpuRequest(mig_profile="3g.40gb", gpus=1), GpuKind.MIG, 0, 429, "MIG 3g.40gb, 1000m CPU, 1024 MiB", id="mig-3g"
+            GpuRequest(mig_profile="3g.40gb", gpus=1),
+            GpuKind.MIG,
+            0,
+            429,
+            "MIG 3g.40gb, 1000m CPU, 1024 MiB",
+            id="mig-3g",
         ),
-        pytest.param(GpuRequest(mig_profile="1g.10gb"), GpuKind.MIG, 0, 143, "MIG 1g.10gb, 1000m CPU, 1024 MiB", id="mig-1g"),
-        pytest.param(GpuRequest(mig_profile="7g.141gb"), GpuKind.MIG, 0, 1000, "MIG 7g.141gb, 1000m CPU, 1024 MiB", id="mig-7g"),
+        pytest.param(
+            GpuRequest(mig_profile="1g.10gb"),
+            GpuKind.MIG,
+            0,
+            143,
+            "MIG 1g.10gb, 1000m CPU, 1024 MiB",
+            id="mig-1g",
+        ),
+        pytest.param(
+            GpuRequest(mig_profile="7g.141gb"),
+            GpuKind.MIG,
+            0,
+            1000,
+            "MIG 7g.141gb, 1000m CPU, 1024 MiB",
+            id="mig-7g",
+        ),
     ],
 )
 def test_request_shape(request_: GpuRequest, kind: GpuKind, gpus: int, milli: int, description: str) -> None:
@@ -193,9 +229,16 @@ def test_request_normalizes_constraints() -> None:
     [
         pytest.param(GpuRequest(), id="cpu-only"),
         pytest.param(GpuRequest(gpus=3, gpu_memory_mib=40960, priority=-7, team="vision"), id="whole"),
-        pytest.param(GpuRequest(gpu_milli=125, gpu_memory_mib=4096, workload_class="inference"), id="fraction"),
         pytest.param(
-            GpuRequest(mig_profile="2g.20gb", gpu_models=["A100-SXM4-80GB"], node_labels={"zone": "a"}, preemptible=True),
+            GpuRequest(gpu_milli=125, gpu_memory_mib=4096, workload_class="inference"), id="fraction"
+        ),
+        pytest.param(
+            GpuRequest(
+                mig_profile="2g.20gb",
+                gpu_models=["A100-SXM4-80GB"],
+                node_labels={"zone": "a"},
+                preemptible=True,
+            ),
             id="mig-with-constraints",
         ),
     ],
@@ -209,7 +252,9 @@ def test_to_dict_round_trips(request_: GpuRequest) -> None:
 
 
 def test_to_dict_is_primitive_values() -> None:
-    request = GpuRequest(gpu_milli=500, gpu_models=["T4", "A100"], node_labels={"zone": "a"}, workload_class="inference")
+    request = GpuRequest(
+        gpu_milli=500, gpu_models=["T4", "A100"], node_labels={"zone": "a"}, workload_class="inference"
+    )
     assert request.to_dict() == {
         "cpu_milli": 1000,
         "memory_mib": 1024,

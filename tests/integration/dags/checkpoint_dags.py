@@ -55,7 +55,9 @@ def emulate(**behaviour: str) -> dict[str, str]:
 
 def training_dag(dag_id: str, *, watch: bool = False, **kwargs: Any) -> DAG:
     """Return a DAG whose task ``train`` is a GpuPodOperator, optionally followed by a CheckpointSensor."""
-    with DAG(dag_id, schedule=None, start_date=datetime(2026, 1, 1), catchup=False, tags=["gpupool-test"]) as dag:
+    with DAG(
+        dag_id, schedule=None, start_date=datetime(2026, 1, 1), catchup=False, tags=["gpupool-test"]
+    ) as dag:
         train = GpuPodOperator(
             task_id="train",
             name=dag_id.replace("_", "-"),
@@ -83,7 +85,12 @@ resume = training_dag(
     annotations=emulate(checkpoint_steps="5", fail_after_step="3"),
 )
 oom = training_dag(
-    "ckpt_oom", gpu_milli=250, gpu_memory_mib=4096, gpu_models=T4, retries=1, annotations=emulate(checkpoint_steps="2")
+    "ckpt_oom",
+    gpu_milli=250,
+    gpu_memory_mib=4096,
+    gpu_models=T4,
+    retries=1,
+    annotations=emulate(checkpoint_steps="2"),
 )
 image_pull = training_dag("ckpt_image_pull", gpus=1, retries=2, annotations=emulate(image_pull_error="true"))
 preempted = training_dag(
@@ -95,6 +102,8 @@ exhausted = training_dag(
     retries=1,
     deferrable=True,  # the pod is watched by the trigger: classification through trigger_reentry
     annotations=emulate(
-        checkpoint_steps="2", exit_code="1", log_lines='["epoch 1", "Traceback (most recent call last):", "RuntimeError: boom"]'
+        checkpoint_steps="2",
+        exit_code="1",
+        log_lines='["epoch 1", "Traceback (most recent call last):", "RuntimeError: boom"]',
     ),
 )

@@ -28,7 +28,9 @@ COMMON: dict[str, Any] = {
 
 def gpu_dag(dag_id: str, **kwargs: Any) -> DAG:
     """Return a DAG of one GpuPodOperator task ``train``."""
-    with DAG(dag_id, schedule=None, start_date=datetime(2026, 1, 1), catchup=False, tags=["gpupool-test"]) as dag:
+    with DAG(
+        dag_id, schedule=None, start_date=datetime(2026, 1, 1), catchup=False, tags=["gpupool-test"]
+    ) as dag:
         GpuPodOperator(task_id="train", name=dag_id.replace("_", "-"), **{**COMMON, **kwargs})
     return dag
 
@@ -57,4 +59,6 @@ queued = gpu_dag("gpu_queued", gpus=1, gpu_models=A100, reservation_deferrable=T
 queued_in_place = gpu_dag(
     "gpu_queued_in_place", gpus=1, gpu_models=A100, reservation_deferrable=False, reservation_timeout=60
 )
-times_out = gpu_dag("gpu_times_out", gpus=1, gpu_models=A100, reservation_deferrable=True, reservation_timeout=1)
+times_out = gpu_dag(
+    "gpu_times_out", gpus=1, gpu_models=A100, reservation_deferrable=True, reservation_timeout=1
+)

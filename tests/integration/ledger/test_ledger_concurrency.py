@@ -59,7 +59,10 @@ def race_client(url: str, index: int, ready: Any, go: Any, seconds: float, out: 
                 if reservation.state is ReservationState.WAITING:
                     stats["queued"] += 1
                     patience = time.time() + rng.uniform(0.0, 0.3)
-                    while time.time() < patience and ledger.get(reservation.id).state is ReservationState.WAITING:
+                    while (
+                        time.time() < patience
+                        and ledger.get(reservation.id).state is ReservationState.WAITING
+                    ):
                         time.sleep(0.02)
                 else:
                     time.sleep(rng.uniform(0.0, 0.02))
@@ -94,7 +97,9 @@ def states_in_database(url: str) -> Counter[str]:
     engine = create_engine(normalize_url(url))
     r = ledger_schema.reservations.c
     with engine.connect() as conn:
-        counts = Counter({state: n for state, n in conn.execute(select(r.state, func.count()).group_by(r.state))})
+        counts = Counter(
+            {state: n for state, n in conn.execute(select(r.state, func.count()).group_by(r.state))}
+        )
     engine.dispose()
     return counts
 

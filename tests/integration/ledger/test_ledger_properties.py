@@ -214,7 +214,11 @@ class LedgerMachine(RuleBasedStateMachine):
         elif before.ended:
             assert result.state is before is after
         else:  # the release transaction first expired it: the lease ran out, or the wait did
-            assert result.state is after is {GRANTED: ReservationState.EXPIRED, WAITING: ReservationState.TIMED_OUT}[before]
+            assert (
+                result.state
+                is after
+                is {GRANTED: ReservationState.EXPIRED, WAITING: ReservationState.TIMED_OUT}[before]
+            )
 
     @precondition(lambda self: self.tracked)
     @rule(data=st.data(), ttl=st.sampled_from([None, 45]))
@@ -327,7 +331,9 @@ class LedgerMachine(RuleBasedStateMachine):
         pytest.param("postgresql", 10, id="postgresql", marks=pytest.mark.postgres),
     ],
 )
-def test_random_operation_sequences_keep_the_ledger_consistent(backend: str, examples: int, tmp_path: Path) -> None:
+def test_random_operation_sequences_keep_the_ledger_consistent(
+    backend: str, examples: int, tmp_path: Path
+) -> None:
     if backend == "postgresql":
         require_postgres()
     machine = type(f"LedgerMachine_{backend}", (LedgerMachine,), {"database": Database(backend, tmp_path)})

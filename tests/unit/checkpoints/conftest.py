@@ -23,22 +23,35 @@ class Location:
     fs: AbstractFileSystem
     root: str
 
-    def write(self, step: int, *, manifest: Any = "valid", loss: float = 1.0, time: str = "2026-01-01T00:00:00+00:00") -> None:
+    def write(
+        self,
+        step: int,
+        *,
+        manifest: Any = "valid",
+        loss: float = 1.0,
+        time: str = "2026-01-01T00:00:00+00:00",
+    ) -> None:
         step_dir = posixpath.join(self.root, f"step-{step:06d}")
         self.fs.makedirs(step_dir, exist_ok=True)
         self.fs.pipe_file(posixpath.join(step_dir, "model.bin"), b"weights")
         if manifest is None:
             return  # incomplete: the writer died before the manifest
-        body = manifest if isinstance(manifest, bytes) else json.dumps(
-            {"step": step, "time": time, "metrics": {"loss": loss}} if manifest == "valid" else manifest
-        ).encode()
+        body = (
+            manifest
+            if isinstance(manifest, bytes)
+            else json.dumps(
+                {"step": step, "time": time, "metrics": {"loss": loss}} if manifest == "valid" else manifest
+            ).encode()
+        )
         self.fs.pipe_file(posixpath.join(step_dir, "manifest.json"), body)
 
     def complete(self) -> None:
         self.fs.pipe_file(posixpath.join(self.root, "COMPLETE"), b"{}")
 
     def steps(self) -> list[str]:
-        return sorted(posixpath.basename(p.rstrip("/")) for p in self.fs.ls(self.root, detail=False) if "step-" in p)
+        return sorted(
+            posixpath.basename(p.rstrip("/")) for p in self.fs.ls(self.root, detail=False) if "step-" in p
+        )
 
 
 @pytest.fixture(params=["local", "memory"])

@@ -35,12 +35,24 @@ def test_lists_valid_checkpoints_oldest_first_and_newest(location) -> None:
     [
         pytest.param(None, "incomplete: no manifest.json yet", id="no-manifest"),
         pytest.param(b"{not json", "manifest.json is not JSON", id="not-json"),
-        pytest.param({"step": 4, "time": "yesterday", "metrics": {}}, "time 'yesterday' is not ISO 8601", id="bad-time"),
-        pytest.param({"step": 3, "time": "2026-01-01T00:00:00Z"}, "manifest says step 3, the directory says 4", id="wrong-step"),
-        pytest.param({"step": 4, "time": "2026-01-01T00:00:00Z", "metrics": [1]}, "metrics [1] is not an object", id="bad-metrics"),
+        pytest.param(
+            {"step": 4, "time": "yesterday", "metrics": {}}, "time 'yesterday' is not ISO 8601", id="bad-time"
+        ),
+        pytest.param(
+            {"step": 3, "time": "2026-01-01T00:00:00Z"},
+            "manifest says step 3, the directory says 4",
+            id="wrong-step",
+        ),
+        pytest.param(
+            {"step": 4, "time": "2026-01-01T00:00:00Z", "metrics": [1]},
+            "metrics [1] is not an object",
+            id="bad-metrics",
+        ),
     ],
 )
-def test_incomplete_or_corrupt_checkpoint_is_skipped_with_a_warning(location, caplog, manifest, reason) -> None:
+def test_incomplete_or_corrupt_checkpoint_is_skipped_with_a_warning(
+    location, caplog, manifest, reason
+) -> None:
     location.write(3)
     location.write(4, manifest=manifest)
 
@@ -80,7 +92,9 @@ def test_prune_keeps_the_newest_n_pinned_steps_and_in_flight_writes(location) ->
 
 def test_manifest_round_trip_and_contract_writer() -> None:
     when = datetime.datetime(2026, 5, 1, 12, tzinfo=datetime.UTC)
-    manifest = CheckpointManifest.parse(manifest_bytes(7, {"loss": 0.1}, when=when), location="memory://x/step-000007")
+    manifest = CheckpointManifest.parse(
+        manifest_bytes(7, {"loss": 0.1}, when=when), location="memory://x/step-000007"
+    )
     assert manifest == CheckpointManifest(7, when, {"loss": 0.1}, "memory://x/step-000007")
     assert CheckpointManifest.from_dict(manifest.to_dict()).to_dict() == manifest.to_dict()
     with pytest.raises(CorruptCheckpointError) as error:
@@ -93,11 +107,16 @@ def test_assess_progress_completion_stall(location) -> None:
     listing = CheckpointStore(location.url).scan()
     t1 = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC).timestamp()
 
-    assert assess(listing, last_step=-1, since=t1, now=t1, max_interval=60).status is CheckpointEventStatus.PROGRESS
+    assert (
+        assess(listing, last_step=-1, since=t1, now=t1, max_interval=60).status
+        is CheckpointEventStatus.PROGRESS
+    )
     assert assess(listing, last_step=1, since=t1, now=t1 + 59, max_interval=60).status is None
     stalled = assess(listing, last_step=1, since=t1, now=t1 + 61, max_interval=60)
     assert stalled.status is CheckpointEventStatus.STALLED and "newest: step 1" in stalled.message
     assert assess(listing, last_step=1, since=t1, now=t1 + 10_000, max_interval=None).status is None
     location.complete()
-    done = assess(CheckpointStore(location.url).scan(), last_step=1, since=t1, now=t1 + 10_000, max_interval=60)
+    done = assess(
+        CheckpointStore(location.url).scan(), last_step=1, since=t1, now=t1 + 10_000, max_interval=60
+    )
     assert done.status is CheckpointEventStatus.COMPLETED and done.message == "training complete at step 1"

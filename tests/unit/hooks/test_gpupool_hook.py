@@ -18,7 +18,12 @@ def test_extras_are_read_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
     set_conn(
         monkeypatch,
         "pool_eu",
-        extra={"ledger_url": "sqlite:////tmp/eu.db", "binding": "hami", "node_pool_bindings": "a100=mig", "lease_ttl_seconds": 90},
+        extra={
+            "ledger_url": "sqlite:////tmp/eu.db",
+            "binding": "hami",
+            "node_pool_bindings": "a100=mig",
+            "lease_ttl_seconds": 90,
+        },
     )
     options = GpuPoolHook("pool_eu").options
     assert options.ledger_url == "sqlite:////tmp/eu.db"
@@ -34,7 +39,15 @@ def test_constructor_arguments_beat_extras(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_host_fields_make_a_postgresql_url(monkeypatch: pytest.MonkeyPatch) -> None:
-    set_conn(monkeypatch, "pool_pg", host="db.internal", port=5433, login="gpupool", password="s3cret", schema="ledger")
+    set_conn(
+        monkeypatch,
+        "pool_pg",
+        host="db.internal",
+        port=5433,
+        login="gpupool",
+        password="s3cret",
+        schema="ledger",
+    )
     assert GpuPoolHook("pool_pg").options.ledger_url == "postgresql://gpupool:s3cret@db.internal:5433/ledger"
 
 

@@ -57,7 +57,11 @@ def test_documented_format_parses_to_exact_nodes() -> None:
                     "GPU-gpu-a100-0-2",
                     a100,
                     81920,
-                    (MigSlice("gpu2-mig0", "3g.40gb"), MigSlice("gpu2-mig1", "2g.20gb"), MigSlice("gpu2-mig2", "1g.10gb")),
+                    (
+                        MigSlice("gpu2-mig0", "3g.40gb"),
+                        MigSlice("gpu2-mig1", "2g.20gb"),
+                        MigSlice("gpu2-mig2", "1g.10gb"),
+                    ),
                 ),
             ),
             (("topology.kubernetes.io/zone", "zone-a"),),
@@ -65,7 +69,13 @@ def test_documented_format_parses_to_exact_nodes() -> None:
             NodeHealth.HEALTHY,
         ),
         NodeInventory(
-            "gpu-t4-0", 500, 512, (GpuDevice(0, "GPU-1234-abcd", "T4", 15360),), (), "default", NodeHealth.CORDONED
+            "gpu-t4-0",
+            500,
+            512,
+            (GpuDevice(0, "GPU-1234-abcd", "T4", 15360),),
+            (),
+            "default",
+            NodeHealth.CORDONED,
         ),
         NodeInventory("cpu-0", 2500, 4096),
     ]
@@ -115,28 +125,42 @@ def test_cpu_quantities(cpu: str, milli: int) -> None:
         pytest.param("nodes: [n1]", "nodes[0]", id="node-not-a-mapping"),
         pytest.param("nodes: [{name: n1, cpus: 4}]", "nodes[0]", id="unknown-node-key"),
         pytest.param("nodes: [{cpu: 4}]", "nodes[0].name", id="missing-name"),
-        pytest.param("nodes: [{name: n1}, {name: n2, memory: 12XB}]", "nodes[1].memory", id="bad-node-memory"),
+        pytest.param(
+            "nodes: [{name: n1}, {name: n2, memory: 12XB}]", "nodes[1].memory", id="bad-node-memory"
+        ),
         pytest.param("nodes: [{name: n1, memory_mib: 1.5}]", "nodes[0].memory_mib", id="float-memory-mib"),
         pytest.param("nodes: [{name: n1, cpu: four}]", "nodes[0].cpu", id="bad-cpu"),
         pytest.param("nodes: [{name: n1, cpu: 4xm}]", "nodes[0].cpu", id="bad-milli-cpu"),
         pytest.param("nodes: [{name: n1, cpu_milli: '4000'}]", "nodes[0].cpu_milli", id="str-cpu-milli"),
         pytest.param("nodes: [{name: n1, gpus: {model: T4}}]", "nodes[0].gpus", id="gpus-not-a-list"),
         pytest.param("nodes: [{name: n1, gpus: [T4]}]", "nodes[0].gpus[0]", id="gpu-not-a-mapping"),
-        pytest.param("nodes: [{name: n1, gpus: [{memory: 16Gi}]}]", "nodes[0].gpus[0].model", id="missing-model"),
-        pytest.param("nodes: [{name: n1, gpus: [{model: T4, cores: 2}]}]", "nodes[0].gpus[0]", id="unknown-gpu-key"),
+        pytest.param(
+            "nodes: [{name: n1, gpus: [{memory: 16Gi}]}]", "nodes[0].gpus[0].model", id="missing-model"
+        ),
+        pytest.param(
+            "nodes: [{name: n1, gpus: [{model: T4, cores: 2}]}]", "nodes[0].gpus[0]", id="unknown-gpu-key"
+        ),
         pytest.param(
             "nodes: [{name: n0}, {name: n1, gpus: [{model: T4, memory: lots}]}]",
             "nodes[1].gpus[0].memory",
             id="bad-gpu-memory",
         ),
-        pytest.param("nodes: [{name: n1, gpus: [{model: T4, count: 0}]}]", "nodes[0].gpus[0].count", id="count-zero"),
-        pytest.param("nodes: [{name: n1, gpus: [{model: T4, count: '2'}]}]", "nodes[0].gpus[0].count", id="count-str"),
+        pytest.param(
+            "nodes: [{name: n1, gpus: [{model: T4, count: 0}]}]", "nodes[0].gpus[0].count", id="count-zero"
+        ),
+        pytest.param(
+            "nodes: [{name: n1, gpus: [{model: T4, count: '2'}]}]", "nodes[0].gpus[0].count", id="count-str"
+        ),
         pytest.param(
             "nodes: [{name: n1, gpus: [{model: T4, count: 2, uuid: GPU-x}]}]",
             "nodes[0].gpus[0].count",
             id="count-with-uuid",
         ),
-        pytest.param("nodes: [{name: n1, gpus: [{model: A100, mig: 3g.40gb}]}]", "nodes[0].gpus[0].mig", id="mig-not-a-list"),
+        pytest.param(
+            "nodes: [{name: n1, gpus: [{model: A100, mig: 3g.40gb}]}]",
+            "nodes[0].gpus[0].mig",
+            id="mig-not-a-list",
+        ),
     ],
 )
 def test_malformed_inventory_names_the_path(text: str, field: str) -> None:
@@ -149,7 +173,9 @@ def test_malformed_inventory_names_the_path(text: str, field: str) -> None:
 @pytest.mark.parametrize(
     ("text", "value"),
     [
-        pytest.param("nodes: [{name: n1, gpus: [{model: A100, mig: [9g.90gb]}]}]", "9g.90gb", id="unknown-mig-profile"),
+        pytest.param(
+            "nodes: [{name: n1, gpus: [{model: A100, mig: [9g.90gb]}]}]", "9g.90gb", id="unknown-mig-profile"
+        ),
         pytest.param(
             "nodes: [{name: n1, gpus: [{model: A100, mig: [7g.80gb, 1g.10gb]}]}]",
             ["7g.80gb", "1g.10gb"],

@@ -54,10 +54,21 @@ def build_pool(url: str) -> Pool:
         ids[key] = ledger.reserve(request, holder, reservation_id=f"r-{key}", **kw).id
 
     # History first: released, expired (lease not renewed), timed out, cancelled.
-    reserve("released", "adhoc-notebook@laptop", GpuRequest(gpu_milli=500, gpu_models=frozenset({"T4"}), team="ops"))
+    reserve(
+        "released",
+        "adhoc-notebook@laptop",
+        GpuRequest(gpu_milli=500, gpu_models=frozenset({"T4"}), team="ops"),
+    )
     ledger.release(ids["released"])
-    reserve("expired", "lost/task/run/map--1/try-1@gone", GpuRequest(gpus=1, gpu_models=frozenset({"T4"})), ttl=10)
-    reserve("timed_out", "big/task/run/map--1/try-1@w", GpuRequest(gpus=1, gpu_models=frozenset({"T4"})), timeout=5)
+    reserve(
+        "expired", "lost/task/run/map--1/try-1@gone", GpuRequest(gpus=1, gpu_models=frozenset({"T4"})), ttl=10
+    )
+    reserve(
+        "timed_out",
+        "big/task/run/map--1/try-1@w",
+        GpuRequest(gpus=1, gpu_models=frozenset({"T4"})),
+        timeout=5,
+    )
     reserve("cancelled", "cancel/task/run/map--1/try-1@w", GpuRequest(gpus=1, gpu_models=frozenset({"T4"})))
     ledger.release(ids["cancelled"])
     clock.advance(20)
@@ -68,12 +79,16 @@ def build_pool(url: str) -> Pool:
     reserve(
         "train",
         TRAIN_HOLDER,
-        GpuRequest(gpus=1, gpu_models=frozenset({"A100"}), workload_class=WorkloadClass.TRAINING, team="vision"),
+        GpuRequest(
+            gpus=1, gpu_models=frozenset({"A100"}), workload_class=WorkloadClass.TRAINING, team="vision"
+        ),
         ttl=3600,
     )
     reserve("embed", EMBED_HOLDER, GpuRequest(gpu_milli=250, node_labels=(), team="nlp"), ttl=3600)
     reserve("mig", "mig/task/run/map--1/try-1@w", GpuRequest(mig_profile="3g.40gb", team="nlp"), ttl=3600)
-    reserve("wide", "wide/task/run/map--1/try-1@w", GpuRequest(gpus=2, priority=5, team="vision"), timeout=3600)
+    reserve(
+        "wide", "wide/task/run/map--1/try-1@w", GpuRequest(gpus=2, priority=5, team="vision"), timeout=3600
+    )
     clock.advance(100)
     reserve("wide2", "wide2/task/run/map--1/try-1@w", GpuRequest(gpus=2, team="vision"), timeout=3600)
     ledger.heartbeat("a100-1", at=clock.now - 10)

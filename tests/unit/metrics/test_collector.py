@@ -111,5 +111,7 @@ def test_an_empty_ledger_has_no_fragmentation_and_no_queue(tmp_path: Path) -> No
         pytest.param([HeldSpan(-50, -10, 1000)], [(0, 0.0), (100, 0.0)], id="ended-before-the-window"),
     ],
 )
-def test_allocation_series_steps_at_grants_and_ends(spans: list[HeldSpan], expected: list[tuple[float, float]]) -> None:
+def test_allocation_series_steps_at_grants_and_ends(
+    spans: list[HeldSpan], expected: list[tuple[float, float]]
+) -> None:
     assert allocation_series(spans, 2000, 0, 100) == expected

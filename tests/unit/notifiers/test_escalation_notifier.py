@@ -51,7 +51,9 @@ def test_report_names_task_run_class_checkpoint_tries_and_log_tail() -> None:
 
 
 def test_logs_and_forwards_to_wrapped_notifiers() -> None:
-    slack = Templated("{{ gpupool_escalation.task_id }} stuck at step {{ gpupool_escalation.last_checkpoint_step }}")
+    slack = Templated(
+        "{{ gpupool_escalation.task_id }} stuck at step {{ gpupool_escalation.last_checkpoint_step }}"
+    )
     calls: list[Any] = []
     notifier = EscalationNotifier(notifiers=[slack, calls.append])
 
@@ -61,4 +63,6 @@ def test_logs_and_forwards_to_wrapped_notifiers() -> None:
 
     assert slack.sent == ["train stuck at step 42"]
     assert calls[0][ESCALATION_KEY] is ESCALATION
-    log.log.assert_called_once_with(logging.ERROR, "%s\n%s", "GPU task escalation", format_escalation(ESCALATION))
+    log.log.assert_called_once_with(
+        logging.ERROR, "%s\n%s", "GPU task escalation", format_escalation(ESCALATION)
+    )

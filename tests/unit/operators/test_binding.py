@@ -8,7 +8,9 @@ from airflow_gpupool.exceptions import ConfigurationError
 from airflow_gpupool.operators.binding import PodBinding, SliceFacts, binding_for
 from airflow_gpupool.resources import GpuRequest
 
-WHOLE2 = SliceFacts(gpus=2, gpu_uuids=("GPU-a", "GPU-b"), milli_per_gpu=1000, gpu_memory_mib=81920, mig_profile=None)
+WHOLE2 = SliceFacts(
+    gpus=2, gpu_uuids=("GPU-a", "GPU-b"), milli_per_gpu=1000, gpu_memory_mib=81920, mig_profile=None
+)
 QUARTER = SliceFacts(gpus=1, gpu_uuids=("GPU-a",), milli_per_gpu=250, gpu_memory_mib=10240, mig_profile=None)
 MIG = SliceFacts(gpus=0, gpu_uuids=("GPU-a",), milli_per_gpu=143, gpu_memory_mib=10240, mig_profile="1g.10gb")
 
@@ -16,14 +18,26 @@ MIG = SliceFacts(gpus=0, gpu_uuids=("GPU-a",), milli_per_gpu=143, gpu_memory_mib
 @pytest.mark.parametrize(
     ("name", "request_", "facts", "expected"),
     [
-        pytest.param("whole", GpuRequest(gpus=2), WHOLE2, PodBinding(limits={"nvidia.com/gpu": "2"}), id="whole"),
-        pytest.param("mig", GpuRequest(mig_profile="1g.10gb"), MIG, PodBinding(limits={"nvidia.com/mig-1g.10gb": "1"}), id="mig"),
-        pytest.param("mig", GpuRequest(gpus=2), WHOLE2, PodBinding(limits={"nvidia.com/gpu": "2"}), id="mig-pool-whole"),
+        pytest.param(
+            "whole", GpuRequest(gpus=2), WHOLE2, PodBinding(limits={"nvidia.com/gpu": "2"}), id="whole"
+        ),
+        pytest.param(
+            "mig",
+            GpuRequest(mig_profile="1g.10gb"),
+            MIG,
+            PodBinding(limits={"nvidia.com/mig-1g.10gb": "1"}),
+            id="mig",
+        ),
+        pytest.param(
+            "mig", GpuRequest(gpus=2), WHOLE2, PodBinding(limits={"nvidia.com/gpu": "2"}), id="mig-pool-whole"
+        ),
         pytest.param(
             "hami",
             GpuRequest(gpu_milli=250),
             QUARTER,
-            PodBinding(limits={"nvidia.com/gpu": "1", "nvidia.com/gpumem": "10240", "nvidia.com/gpucores": "25"}),
+            PodBinding(
+                limits={"nvidia.com/gpu": "1", "nvidia.com/gpumem": "10240", "nvidia.com/gpucores": "25"}
+            ),
             id="hami-fraction",
         ),
         pytest.param(
@@ -34,11 +48,17 @@ MIG = SliceFacts(gpus=0, gpu_uuids=("GPU-a",), milli_per_gpu=143, gpu_memory_mib
             id="kai-fraction",
         ),
         pytest.param(
-            "device", GpuRequest(gpus=2), WHOLE2, PodBinding(env={"NVIDIA_VISIBLE_DEVICES": "GPU-a,GPU-b"}), id="device"
+            "device",
+            GpuRequest(gpus=2),
+            WHOLE2,
+            PodBinding(env={"NVIDIA_VISIBLE_DEVICES": "GPU-a,GPU-b"}),
+            id="device",
         ),
     ],
 )
-def test_binding_pod_changes(name: str, request_: GpuRequest, facts: SliceFacts, expected: PodBinding) -> None:
+def test_binding_pod_changes(
+    name: str, request_: GpuRequest, facts: SliceFacts, expected: PodBinding
+) -> None:
     assert binding_for(request_, name, "test").bind(facts) == expected
 
 
@@ -56,5 +76,7 @@ def test_binding_refuses_what_it_cannot_express(name: str, request_: GpuRequest)
 
 
 def test_unknown_binding_lists_the_choices() -> None:
-    with pytest.raises(ConfigurationError, match=r"choose one of \['device', 'hami', 'kai', 'mig', 'whole'\]"):
+    with pytest.raises(
+        ConfigurationError, match=r"choose one of \['device', 'hami', 'kai', 'mig', 'whole'\]"
+    ):
         binding_for(GpuRequest(gpus=1), "nvlink", "test")

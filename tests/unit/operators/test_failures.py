@@ -20,7 +20,11 @@ from airflow_gpupool.operators.failures import (
 
 
 def pod(
-    *, phase: str = "Failed", reason: str | None = None, terminated: dict | None = None, waiting: str | None = None
+    *,
+    phase: str = "Failed",
+    reason: str | None = None,
+    terminated: dict | None = None,
+    waiting: str | None = None,
 ) -> dict[str, Any]:
     state: dict[str, Any] = {}
     if terminated is not None:
@@ -34,23 +38,72 @@ def pod(
 
 
 CASES = [
-    ("oom-killed", pod(terminated={"reason": "OOMKilled", "exitCode": 137}), [], "", FailureClass.OUT_OF_MEMORY, 137),
-    ("cuda-oom-in-log", pod(terminated={"reason": "Error", "exitCode": 1}), [],
-     "step 9\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", FailureClass.OUT_OF_MEMORY, 1),
-    ("evicted", pod(reason="Evicted", terminated={"exitCode": 137}), [{"reason": "Evicted"}], "", FailureClass.PREEMPTED, 137),
-    ("preempted-condition", {**pod(terminated={"exitCode": 143}), "status": {**pod()["status"], "conditions": [
-        {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}]}}, [], "",
-     FailureClass.PREEMPTED, None),
+    (
+        "oom-killed",
+        pod(terminated={"reason": "OOMKilled", "exitCode": 137}),
+        [],
+        "",
+        FailureClass.OUT_OF_MEMORY,
+        137,
+    ),
+    (
+        "cuda-oom-in-log",
+        pod(terminated={"reason": "Error", "exitCode": 1}),
+        [],
+        "step 9\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+        FailureClass.OUT_OF_MEMORY,
+        1,
+    ),
+    (
+        "evicted",
+        pod(reason="Evicted", terminated={"exitCode": 137}),
+        [{"reason": "Evicted"}],
+        "",
+        FailureClass.PREEMPTED,
+        137,
+    ),
+    (
+        "preempted-condition",
+        {
+            **pod(terminated={"exitCode": 143}),
+            "status": {
+                **pod()["status"],
+                "conditions": [
+                    {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}
+                ],
+            },
+        },
+        [],
+        "",
+        FailureClass.PREEMPTED,
+        None,
+    ),
     ("node-lost", pod(reason="NodeLost"), [], "", FailureClass.NODE_LOST, None),
     ("image-pull", pod(phase="Pending", waiting="ImagePullBackOff"), [], "", FailureClass.IMAGE_PULL, None),
-    ("image-pull-event", pod(phase="Pending"), [{"reason": "ErrImagePull"}], "", FailureClass.IMAGE_PULL, None),
+    (
+        "image-pull-event",
+        pod(phase="Pending"),
+        [{"reason": "ErrImagePull"}],
+        "",
+        FailureClass.IMAGE_PULL,
+        None,
+    ),
     ("deadline", pod(reason="DeadlineExceeded"), [], "", FailureClass.DEADLINE_EXCEEDED, None),
-    ("exit-code", pod(terminated={"reason": "Error", "exitCode": 3}), [], "ValueError", FailureClass.APPLICATION_ERROR, 3),
+    (
+        "exit-code",
+        pod(terminated={"reason": "Error", "exitCode": 3}),
+        [],
+        "ValueError",
+        FailureClass.APPLICATION_ERROR,
+        3,
+    ),
     ("nothing-known", pod(phase="Running"), [], "", FailureClass.UNKNOWN, None),
 ]
 
 
-@pytest.mark.parametrize(("name", "the_pod", "events", "tail", "expected", "exit_code"), CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(
+    ("name", "the_pod", "events", "tail", "expected", "exit_code"), CASES, ids=[c[0] for c in CASES]
+)
 def test_classify(name, the_pod, events, tail, expected, exit_code) -> None:
     result = classify(the_pod, events, tail)
 
@@ -66,13 +119,23 @@ def test_reservation_timeout_and_no_pod() -> None:
 
 
 def test_typed_exceptions_carry_class_pod_exit_code_and_checkpoint() -> None:
-    oom = error_for(Classification(FailureClass.OUT_OF_MEMORY, "OOMKilled", 137, "train-abc"), last_checkpoint=3, log_tail="t")
+    oom = error_for(
+        Classification(FailureClass.OUT_OF_MEMORY, "OOMKilled", 137, "train-abc"),
+        last_checkpoint=3,
+        log_tail="t",
+    )
 
     assert isinstance(oom, OutOfMemoryError)
     assert (oom.failure_class, oom.pod_name, oom.exit_code, oom.last_checkpoint, oom.log_tail) == (
-        FailureClass.OUT_OF_MEMORY, "train-abc", 137, 3, "t",
+        FailureClass.OUT_OF_MEMORY,
+        "train-abc",
+        137,
+        3,
+        "t",
     )
-    assert str(oom) == "pod train-abc failed: out_of_memory (OOMKilled, exit code 137, last checkpoint step 3)"
+    assert (
+        str(oom) == "pod train-abc failed: out_of_memory (OOMKilled, exit code 137, last checkpoint step 3)"
+    )
     assert isinstance(error_for(Classification(FailureClass.IMAGE_PULL, "ErrImagePull")), ImagePullError)
     assert isinstance(error_for(Classification(FailureClass.APPLICATION_ERROR, "Error", 1)), ApplicationError)
     assert isinstance(error_for(Classification(FailureClass.UNKNOWN, "?")), UnknownPodFailureError)

@@ -15,11 +15,17 @@ def op(**kwargs: object) -> GpuPodOperator:
 @pytest.mark.parametrize(
     ("kwargs", "error", "field"),
     [
-        pytest.param({"mig_profile": "2g.11gb"}, InvalidRequestError, "mig_profile", id="unknown-mig-profile"),
+        pytest.param(
+            {"mig_profile": "2g.11gb"}, InvalidRequestError, "mig_profile", id="unknown-mig-profile"
+        ),
         pytest.param({"gpu_milli": 500, "gpus": 2}, InvalidRequestError, "gpus", id="fraction-with-2-gpus"),
-        pytest.param({"gpus": 1, "gpu_memory_mib": -5}, InvalidRequestError, "gpu_memory_mib", id="negative-memory"),
+        pytest.param(
+            {"gpus": 1, "gpu_memory_mib": -5}, InvalidRequestError, "gpu_memory_mib", id="negative-memory"
+        ),
         pytest.param({"gpus": -1}, InvalidRequestError, "gpus", id="negative-gpus"),
-        pytest.param({"gpus": 1, "workload_class": "serving"}, InvalidRequestError, "workload_class", id="bad-class"),
+        pytest.param(
+            {"gpus": 1, "workload_class": "serving"}, InvalidRequestError, "workload_class", id="bad-class"
+        ),
         pytest.param({"gpus": 1, "lease_ttl": 0}, InvalidRequestError, "lease_ttl", id="zero-ttl"),
     ],
 )

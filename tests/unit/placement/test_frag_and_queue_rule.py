@@ -17,7 +17,13 @@ from airflow_gpupool.resources import GpuRequest
 
 
 def _node(frees: tuple[int, ...], cpu_free: int = 32000) -> NodeState:
-    return NodeState("n", 64000, 1024, tuple(GpuState(i, "G2", 16000, free_milli=f) for i, f in enumerate(frees)), cpu_free=cpu_free)
+    return NodeState(
+        "n",
+        64000,
+        1024,
+        tuple(GpuState(i, "G2", 16000, free_milli=f) for i, f in enumerate(frees)),
+        cpu_free=cpu_free,
+    )
 
 
 SHAPES = (
@@ -35,7 +41,9 @@ FRAG_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("frees", "cpu", "expected"), [c[1:] for c in FRAG_CASES], ids=[c[0] for c in FRAG_CASES])
+@pytest.mark.parametrize(
+    ("frees", "cpu", "expected"), [c[1:] for c in FRAG_CASES], ids=[c[0] for c in FRAG_CASES]
+)
 def test_node_fragmentation(frees, cpu, expected):
     table = NodeTable()
     table.sync(ClusterSnapshot((_node(frees, cpu),)))
@@ -90,7 +98,9 @@ def _reference_serve(entries, try_place, max_overtakes):
 def test_serve_matches_reference_rule(seed):
     rng = random.Random(seed)
     entries = [
-        QueueEntry(f"r{k}", GpuRequest(gpus=rng.choice([1, 2, 4]), priority=rng.choice([0, 1])), k, rng.randint(0, 3))
+        QueueEntry(
+            f"r{k}", GpuRequest(gpus=rng.choice([1, 2, 4]), priority=rng.choice([0, 1])), k, rng.randint(0, 3)
+        )
         for k in range(30)
     ]
 
@@ -134,7 +144,9 @@ def test_spent_budget_holds_one_node_and_backfill_goes_on_elsewhere():
 
     assert out.holds == {"big": "a"}
     assert out.barrier is None
-    assert [(e.request_id, a.node) for e, a in out.granted] == [("s0", "b")], "backfill only off the held node"
+    assert [(e.request_id, a.node) for e, a in out.granted] == [("s0", "b")], (
+        "backfill only off the held node"
+    )
     assert free == {"a": 1, "b": 0}
 
 

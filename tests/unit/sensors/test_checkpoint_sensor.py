@@ -32,7 +32,9 @@ def context() -> Any:
 
 
 def sensor(url: str, **kwargs: Any) -> CheckpointSensor:
-    return CheckpointSensor(task_id="watch", checkpoint_dir=url, deferrable=False, poke_interval=0.01, **kwargs)
+    return CheckpointSensor(
+        task_id="watch", checkpoint_dir=url, deferrable=False, poke_interval=0.01, **kwargs
+    )
 
 
 def test_poke_reports_each_new_step_to_xcom_and_prunes(location) -> None:
@@ -90,7 +92,12 @@ def test_deferrable_execute_defers_and_redefers_after_progress(location) -> None
     assert isinstance(trigger, CheckpointTrigger) and trigger.last_step == -1 and trigger.max_interval == 30.0
 
     location.write(5, time=NOW)
-    event = {"status": "progress", "message": "new", "step": 5, "manifest": {"step": 5, "time": NOW, "metrics": {}}}
+    event = {
+        "status": "progress",
+        "message": "new",
+        "step": 5,
+        "manifest": {"step": 5, "time": NOW, "metrics": {}},
+    }
     ctx = context()
     with pytest.raises(TaskDeferred) as again:
         task.execute_complete(ctx, event, last_step=-1, since=1.0)

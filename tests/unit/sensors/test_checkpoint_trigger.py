@@ -23,7 +23,12 @@ def first_event(trigger: CheckpointTrigger, timeout: float = 5.0) -> dict[str, A
 
 def test_serialize_is_the_exact_constructor_arguments_and_round_trips() -> None:
     trigger = CheckpointTrigger(
-        "s3://bucket/run", conn_id="aws_default", last_step=3, since=1.5, max_interval=600.0, poll_interval=10.0
+        "s3://bucket/run",
+        conn_id="aws_default",
+        last_step=3,
+        since=1.5,
+        max_interval=600.0,
+        poll_interval=10.0,
     )
     path, kwargs = trigger.serialize()
 

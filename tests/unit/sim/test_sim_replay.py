@@ -13,13 +13,24 @@ from airflow_gpupool.sim.queue import QUEUE_BASELINE, simulate_queue, whole_slot
 from airflow_gpupool.sim.replay import replay, workload
 from airflow_gpupool.sim.trace import load_nodes, load_pods
 
-NODES = "sn,cpu_milli,memory_mib,gpu,model\n" + "".join(f"n{i},32000,131072,{g},{m}\n" for i, (g, m) in enumerate([(2, "T4"), (4, "G2"), (8, "G2"), (1, "V100M16")]))
+NODES = "sn,cpu_milli,memory_mib,gpu,model\n" + "".join(
+    f"n{i},32000,131072,{g},{m}\n"
+    for i, (g, m) in enumerate([(2, "T4"), (4, "G2"), (8, "G2"), (1, "V100M16")])
+)
 PODS = (
     "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n"
     + "".join(
         f"p{i},{2000 + 1000 * (i % 3)},4096,{g},{m},{s},{q},Running,{i * 100},{i * 100 + 3600 * (1 + i % 4)},0\n"
         for i, (g, m, s, q) in enumerate(
-            [(1, 500, "", "LS"), (1, 1000, "", "BE"), (2, 1000, "", "LS"), (0, 0, "", "BE"), (1, 250, "T4", "Burstable"), (4, 1000, "", "LS")] * 3
+            [
+                (1, 500, "", "LS"),
+                (1, 1000, "", "BE"),
+                (2, 1000, "", "LS"),
+                (0, 0, "", "BE"),
+                (1, 250, "T4", "Burstable"),
+                (4, 1000, "", "LS"),
+            ]
+            * 3
         )
     )
 )
@@ -78,7 +89,18 @@ def test_replay_accounts(trace, policy):
     assert 0 < result.alloc[-1] <= 100
     assert result.failed > 0  # 130 % of the capacity cannot all fit
     summary = result.summary()
-    assert {"policy", "seed", "pods", "failed", "alloc_100", "alloc_130", "frag_90", "seconds", "decision_ms_p50", "decision_ms_p99"} <= set(summary)
+    assert {
+        "policy",
+        "seed",
+        "pods",
+        "failed",
+        "alloc_100",
+        "alloc_130",
+        "frag_90",
+        "seconds",
+        "decision_ms_p50",
+        "decision_ms_p99",
+    } <= set(summary)
 
 
 def test_whole_slots_round_fractions_up(trace):
@@ -88,7 +110,9 @@ def test_whole_slots_round_fractions_up(trace):
 
 @pytest.mark.parametrize("policy", ["gpupool", QUEUE_BASELINE])
 def test_queue_mode(trace, policy):
-    out = simulate_queue(load_nodes(trace[0]), load_pods(trace[1]), policy, load=1.0, seed=1, sample_nodes=0, arrivals=300)
+    out = simulate_queue(
+        load_nodes(trace[0]), load_pods(trace[1]), policy, load=1.0, seed=1, sample_nodes=0, arrivals=300
+    )
     assert out["policy"] == policy and out["mean_wait_s"] >= 0 and out["p99_wait_s"] >= out["mean_wait_s"]
     assert 0 < out["mean_alloc"] <= 100
 
@@ -101,7 +125,20 @@ def _command(*argv: str) -> argparse.Namespace:
 
 def test_command_json_and_plot(trace, tmp_path, capsys):
     png = tmp_path / "alloc.png"
-    args = _command("--nodes", trace[0], "--pods", trace[1], "--policy", "fgd", "--policy", "gpupool", "--json", "--plot", str(png), "--quiet")
+    args = _command(
+        "--nodes",
+        trace[0],
+        "--pods",
+        trace[1],
+        "--policy",
+        "fgd",
+        "--policy",
+        "gpupool",
+        "--json",
+        "--plot",
+        str(png),
+        "--quiet",
+    )
     assert args.func(args) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["policy"] for r in rows] == ["fgd", "gpupool"]
@@ -120,7 +157,20 @@ def test_command_table_and_errors(trace, tmp_path, capsys):
 
 
 def test_command_queue_mode(trace, capsys):
-    args = _command("--mode", "queue", "--nodes", trace[0], "--pods", trace[1], "--queue-nodes", "0", "--arrivals", "200", "--json", "--quiet")
+    args = _command(
+        "--mode",
+        "queue",
+        "--nodes",
+        trace[0],
+        "--pods",
+        trace[1],
+        "--queue-nodes",
+        "0",
+        "--arrivals",
+        "200",
+        "--json",
+        "--quiet",
+    )
     assert args.func(args) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["policy"] for r in rows] == ["gpupool", QUEUE_BASELINE]
@@ -143,8 +193,14 @@ def test_offered_rate_is_load_times_capacity_over_mean_work():
 @pytest.mark.parametrize("policy", ["gpupool", QUEUE_BASELINE])
 def test_queue_mode_measures_the_steady_state_window(trace, policy):
     out = simulate_queue(
-        load_nodes(trace[0]), load_pods(trace[1]), policy, load=0.5, seed=3, sample_nodes=0,
-        warmup_s=4 * 3600, window_s=200 * 3600,
+        load_nodes(trace[0]),
+        load_pods(trace[1]),
+        policy,
+        load=0.5,
+        seed=3,
+        sample_nodes=0,
+        warmup_s=4 * 3600,
+        window_s=200 * 3600,
     )
     assert out["warmup_hours"] == 4.0
     assert out["hours"] == pytest.approx(204, rel=0.1)
@@ -158,7 +214,13 @@ def test_where_lost_breaks_down_the_unallocated_capacity():
     from airflow_gpupool.sim.replay import where_lost
 
     nodes = [
-        NodeState("a", 8000, 65536, (GpuState(0, "T4", 15000, free_milli=190), GpuState(1, "T4", 15000, free_milli=0)), cpu_free=1000),
+        NodeState(
+            "a",
+            8000,
+            65536,
+            (GpuState(0, "T4", 15000, free_milli=190), GpuState(1, "T4", 15000, free_milli=0)),
+            cpu_free=1000,
+        ),
         NodeState("b", 8000, 65536, (GpuState(0, "T4", 15000), GpuState(1, "T4", 15000, free_milli=190))),
     ]
     out = where_lost(nodes)

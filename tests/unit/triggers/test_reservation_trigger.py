@@ -16,7 +16,9 @@ from tests.ledger_fixtures import node
 
 
 def test_reservation_trigger_serializes_every_argument() -> None:
-    trigger = ReservationTrigger("gp-1", ledger_conn_id="pool_eu", ledger_url="sqlite:////x.db", poll_interval=2.5)
+    trigger = ReservationTrigger(
+        "gp-1", ledger_conn_id="pool_eu", ledger_url="sqlite:////x.db", poll_interval=2.5
+    )
     classpath, kwargs = trigger.serialize()
     assert classpath == "airflow_gpupool.triggers.reservation.ReservationTrigger"
     assert kwargs == {
@@ -42,7 +44,13 @@ def test_leased_pod_trigger_round_trips_pod_and_lease_arguments() -> None:
     classpath, kwargs = leased.serialize()
     assert classpath == "airflow_gpupool.triggers.pod.LeasedPodTrigger"
     _, pod_kwargs = pod_trigger.serialize()
-    assert kwargs == {**pod_kwargs, "reservation_id": "gp-2", "ledger_conn_id": None, "ledger_url": None, "lease_ttl": 90.0}
+    assert kwargs == {
+        **pod_kwargs,
+        "reservation_id": "gp-2",
+        "ledger_conn_id": None,
+        "ledger_url": None,
+        "lease_ttl": 90.0,
+    }
     assert LeasedPodTrigger(**kwargs).serialize() == (classpath, kwargs)
 
 
@@ -95,7 +103,9 @@ def test_trigger_reports_timeout_with_the_blocker(ledger_url: str) -> None:
     ledger.reserve(GpuRequest(gpus=1), "holder")
     waiting = ledger.reserve(GpuRequest(gpus=1), "waiter", timeout=0.2)
 
-    event = asyncio.run(asyncio.wait_for(first_event(ReservationTrigger(waiting.id, None, poll_interval=0.05)), 10))
+    event = asyncio.run(
+        asyncio.wait_for(first_event(ReservationTrigger(waiting.id, None, poll_interval=0.05)), 10)
+    )
 
     assert event["status"] == "timeout"
     assert "n1: needs 1 free GPUs, 0 free of 1" in event["message"]
