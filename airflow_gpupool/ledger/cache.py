@@ -125,8 +125,9 @@ class CapacityCache:
         :param writing: the caller writes in this transaction; the stamp then carries the
             version its rows get
         """
-        stamp = self._read(conn, writing, self.watermark)
-        if stamp.generation != self.generation:
+        since = self.watermark
+        stamp = self._read(conn, writing, since)
+        if stamp.generation != self.generation and since != _EVERYTHING:
             self.invalidate()  # nodes came or went: read them all
             stamp = self._read(conn, writing, _EVERYTHING)
         self.watermark, self.generation = stamp.watermark, stamp.generation

@@ -115,9 +115,9 @@ class EquivalenceIndex:
         self._size[signature] = self._size.get(signature, 0) + 1
         heapq.heappush(heap, (position, name))
         if len(heap) > 2 * self._size[signature] + 64:
-            # Entries of members that left pile up in a busy class: keep the live ones.
-            heap[:] = [(p, n) for p, n in heap if self._class_of.get(n) == signature]
-            heapq.heapify(heap)
+            # Entries of members that left (or left and came back) pile up: keep one per member.
+            members = {n: p for p, n in heap if self._class_of.get(n) == signature}
+            heap[:] = sorted((p, n) for n, p in members.items())
 
     def _first(
         self, signature: tuple[Any, ...], heap: list[tuple[int, str]], skipped: AbstractSet[str]
