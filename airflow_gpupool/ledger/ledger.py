@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -154,6 +155,9 @@ class Ledger:
         self._synchronous_commit = settings.synchronous_commit()
         self._cache = CapacityCache()
         self._equivalence = EquivalenceIndex()
+        # The copy of the capacity is changed outside the database lock by concurrent grants:
+        # threads sharing this Ledger take turns with it.
+        self._cache_lock = threading.RLock()
         self._requests: dict[str, GpuRequest] = {}
         self._schema_checked = False
         self._concurrent = (
@@ -210,7 +214,8 @@ class Ledger:
                 return self._write_once(fn)
             except _StaleCacheError:
                 log.warning("Capacity cache disagreed with the ledger; reloading (attempt %d)", attempt + 1)
-                self._cache.invalidate()
+                with self._cache_lock:
+                    self._cache.invalidate()
         return self._write_once(fn)
 
     def _write_once(self, fn: Callable[[_Tx], T]) -> T:
@@ -218,23 +223,25 @@ class Ledger:
             return self._write_in_transaction(fn)
         except BaseException:
             # The cache may hold rows of the rolled-back transaction: start over next time.
-            self._cache.invalidate()
+            with self._cache_lock:
+                self._cache.invalidate()
             raise
 
     def _write_in_transaction(self, fn: Callable[[_Tx], T]) -> T:
-        with write_transaction(self._engine, self._synchronous_commit) as conn:
-            self._check_schema(conn)
-            stamp = self._cache.refresh(conn, writing=True)
-            tx = _Tx(conn, self._clock(), stamp.version, dict(self._cache.nodes))
-            self._expire_due(tx)
-            result = fn(tx)
-            if tx.dirty and stamp.counter:
-                self._bump(conn, "version", tx.version)
-            if tx.inventory_changed:
-                self._bump(conn, "inventory_generation", stamp.generation + 1)
-        if tx.dirty and tx.exact and not tx.inventory_changed:
-            self._cache.adopt(tx.nodes, stamp.watermark_after_commit)
-        return result
+        with self._cache_lock:
+            with write_transaction(self._engine, self._synchronous_commit) as conn:
+                self._check_schema(conn)
+                stamp = self._cache.refresh(conn, writing=True)
+                tx = _Tx(conn, self._clock(), stamp.version, dict(self._cache.nodes))
+                self._expire_due(tx)
+                result = fn(tx)
+                if tx.dirty and stamp.counter:
+                    self._bump(conn, "version", tx.version)
+                if tx.inventory_changed:
+                    self._bump(conn, "inventory_generation", stamp.generation + 1)
+            if tx.dirty and tx.exact and not tx.inventory_changed:
+                self._cache.adopt(tx.nodes, stamp.watermark_after_commit)
+            return result
 
     @staticmethod
     def _bump(conn: Connection, key: str, value: int) -> None:
@@ -584,7 +591,7 @@ class Ledger:
         refreshed copy, a few times at most.
         """
         assert self._concurrent is not None
-        with self._concurrent.connect() as conn:
+        with self._cache_lock, self._concurrent.connect() as conn:
             self._check_schema(conn)
             skipped: set[str] = set()
             refreshed = False
@@ -759,10 +766,11 @@ class Ledger:
             given = self._concurrent.give_back(conn, reservation_id, self._clock(), reason)
         if given is None:
             return False
-        node = self._cache.nodes.get(given.assignment.node)
-        if node is not None:  # this process's copy gives it back too, until the next refresh
-            classes = classes_from_counts(given.node_training, given.node_inference)
-            self._cache.put(deallocate(node, given.request, given.assignment, classes))
+        with self._cache_lock:
+            node = self._cache.nodes.get(given.assignment.node)
+            if node is not None:  # this process's copy gives it back too, until the next refresh
+                classes = classes_from_counts(given.node_training, given.node_inference)
+                self._cache.put(deallocate(node, given.request, given.assignment, classes))
         return True
 
     def reap(self) -> ReapResult:

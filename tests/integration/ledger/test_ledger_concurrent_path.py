@@ -8,6 +8,8 @@ the transaction-id watermark, migration from v2, and a lost connection.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -241,3 +243,26 @@ def test_a_lost_connection_is_replaced_and_the_call_retried(
     assert "Transient database error in Ledger._reserve_concurrently" in caplog.text
     assert ledger.check_invariants() == []
     ledger.close()
+
+
+def test_threads_sharing_one_ledger_take_turns_with_its_copy(open_ledger: Callable[..., Ledger]) -> None:
+    ledger = open_ledger(clock=time.time)
+    ledger.upsert_nodes([node(f"n{i}", gpus=2, mig={1: ["3g.40gb", "3g.40gb"]}) for i in range(4)])
+    shapes = [GpuRequest(gpus=1), GpuRequest(gpu_milli=250), GpuRequest(mig_profile="3g.40gb")]
+    errors: list[BaseException] = []
+
+    def cycles(offset: int) -> None:
+        try:
+            for k in range(80):
+                held = ledger.reserve(shapes[(offset + k) % 3], f"thread-{offset}")
+                ledger.release(held.id)
+        except BaseException as e:  # every failure reaches the assertion below
+            errors.append(e)
+
+    threads = [threading.Thread(target=cycles, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert ledger.snapshot().grants == () and ledger.check_invariants() == []
