@@ -63,6 +63,7 @@ BEGIN
     IF p_slice IS NOT NULL THEN
         SELECT slice_id, gpu_idx INTO taken_slice, v_gpu FROM gpupool_mig_slices
         WHERE node = p_node AND holder IS NULL AND profile = p_profile
+          AND gpu_idx IN (SELECT idx FROM gpupool_gpus WHERE node = p_node AND model = p_model)
         ORDER BY slice_id = p_slice DESC, gpu_idx, slice_id
         LIMIT 1;
         IF NOT FOUND THEN

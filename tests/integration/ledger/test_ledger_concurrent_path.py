@@ -21,7 +21,7 @@ from airflow_gpupool.ledger.cache import CapacityCache
 from airflow_gpupool.ledger.concurrent import ConcurrentPath
 from airflow_gpupool.ledger.engine import normalize_url
 from airflow_gpupool.placement.verdict import Assignment
-from airflow_gpupool.resources import GpuRequest
+from airflow_gpupool.resources import GpuDevice, GpuRequest, MigSlice, NodeInventory
 from tests.ledger_fixtures import FakeClock, node
 
 GRANTED = ReservationState.GRANTED
@@ -266,3 +266,26 @@ def test_threads_sharing_one_ledger_take_turns_with_its_copy(open_ledger: Callab
         t.join()
     assert errors == []
     assert ledger.snapshot().grants == () and ledger.check_invariants() == []
+
+
+def test_an_equivalent_mig_slice_is_on_a_gpu_of_the_same_model(
+    open_ledger: Callable[..., Ledger], take: Callable[..., tuple[str, Assignment | None]]
+) -> None:
+    ledger = open_ledger()
+    mixed = NodeInventory(
+        "mixed",
+        64000,
+        262144,
+        (
+            GpuDevice(0, "GPU-a", "A100", 81920, (MigSlice("a-m0", "1g.10gb"),)),
+            GpuDevice(1, "GPU-h", "H100", 81920, (MigSlice("h-m0", "1g.10gb"),)),
+        ),
+    )
+    ledger.upsert_nodes([mixed])
+    h100_only = GpuRequest(mig_profile="1g.10gb", gpu_models=["H100"])
+    held = ledger.reserve(h100_only, "a")
+    assert held.grant is not None and held.grant.mig_slice == "h-m0"
+
+    chosen = Assignment("mixed", (1,), 143, 10240, "h-m0")
+    assert take("b", h100_only, chosen, model="H100") == ("stale", None)  # not the A100's slice
+    assert ledger.check_invariants() == []
