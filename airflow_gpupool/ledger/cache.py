@@ -7,7 +7,7 @@ them all. On SQLite, where writers take turns, the version is a counter bumped b
 write transaction. On PostgreSQL, where grants and releases commit concurrently, it is
 the writer's transaction id, and the watermark is the oldest transaction still running
 when the copy was read: any change the copy could not see was made by a transaction at
-or above it (the same rule logical replication and ``txid_current_snapshot`` polling use).
+or above it (the rule of queue readers built on ``txid_current_snapshot``, such as PgQ).
 """
 
 from __future__ import annotations

@@ -26,7 +26,8 @@ from __future__ import annotations
 
 from sqlalchemy import Connection
 
-# Same key as airflow_gpupool.ledger.engine.ADVISORY_LOCK_KEY: the shared side of that lock.
+from airflow_gpupool.ledger.engine import ADVISORY_LOCK_KEY
+
 _TAKE = """
 CREATE OR REPLACE FUNCTION gpupool_take(
     p_id text, p_holder text, p_request text, p_priority integer, p_team text, p_class text,
@@ -40,7 +41,7 @@ DECLARE
     v_gpu integer;
     v_xid bigint;
 BEGIN
-    PERFORM pg_advisory_xact_lock_shared(7243000, hashtext(current_schema()));
+    PERFORM pg_advisory_xact_lock_shared(__LOCK_KEY__, hashtext(current_schema()));
     -- Queue order, expiry and new inventory are decided with the lock held exclusively.
     IF EXISTS (SELECT 1 FROM gpupool_reservations WHERE state = 'waiting')
        OR EXISTS (SELECT 1 FROM gpupool_reservations WHERE state = 'granted' AND expires_at < p_now)
@@ -126,7 +127,7 @@ DECLARE
     v_request json;
     v_xid bigint;
 BEGIN
-    PERFORM pg_advisory_xact_lock_shared(7243000, hashtext(current_schema()));
+    PERFORM pg_advisory_xact_lock_shared(__LOCK_KEY__, hashtext(current_schema()));
     -- Freed capacity goes to the queue first, and overdue leases expire first: both serialized.
     IF EXISTS (SELECT 1 FROM gpupool_reservations WHERE state = 'waiting')
        OR EXISTS (SELECT 1 FROM gpupool_reservations WHERE state = 'granted' AND expires_at < p_now) THEN
@@ -181,7 +182,8 @@ END
 $$;
 """
 
-FUNCTIONS = (_TAKE, _GIVE_BACK)
+# The shared side of the lock the serialized path takes exclusively.
+FUNCTIONS = tuple(ddl.replace("__LOCK_KEY__", str(ADVISORY_LOCK_KEY)) for ddl in (_TAKE, _GIVE_BACK))
 
 
 def install(conn: Connection) -> None:

@@ -7,6 +7,7 @@ the transaction-id watermark, migration from v2, and a lost connection.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -19,7 +20,7 @@ from airflow_gpupool.ledger import Ledger, ReservationState, migrations
 from airflow_gpupool.ledger import ledger as ledger_module
 from airflow_gpupool.ledger.cache import CapacityCache
 from airflow_gpupool.ledger.concurrent import ConcurrentPath
-from airflow_gpupool.ledger.engine import normalize_url
+from airflow_gpupool.ledger.engine import ADVISORY_LOCK_KEY, normalize_url
 from airflow_gpupool.placement.verdict import Assignment
 from airflow_gpupool.resources import GpuDevice, GpuRequest, MigSlice, NodeInventory
 from tests.ledger_fixtures import FakeClock, node
@@ -289,3 +290,43 @@ def test_an_equivalent_mig_slice_is_on_a_gpu_of_the_same_model(
     chosen = Assignment("mixed", (1,), 143, 10240, "h-m0")
     assert take("b", h100_only, chosen, model="H100") == ("stale", None)  # not the A100's slice
     assert ledger.check_invariants() == []
+
+
+def test_a_grant_waits_for_a_serialized_writer_and_then_sees_what_it_queued(
+    open_ledger: Callable[..., Ledger], take: Callable[..., tuple[str, Assignment | None]], pg_schema_url: str
+) -> None:
+    ledger = open_ledger()
+    ledger.upsert_nodes([node("n1", gpus=2)])
+    engine = create_engine(normalize_url(pg_schema_url))
+    outcome: list[tuple[str, Assignment | None]] = []
+    with engine.connect() as writer:
+        queueing = writer.begin()
+        writer.execute(text(f"SELECT pg_advisory_xact_lock({ADVISORY_LOCK_KEY}, hashtext(current_schema()))"))
+        writer.execute(
+            text(
+                "INSERT INTO gpupool_reservations (id, holder, request, priority, seq, state, team,"
+                " workload_class, created_at, deadline, ttl, overtakes) VALUES ('queued', 'w', :request,"
+                " 0, 1, 'waiting', 'default', 'batch', :now, :deadline, 60, 0)"
+            ),
+            {
+                "request": json.dumps(GpuRequest(gpus=4).to_dict()),
+                "now": ledger.now(),
+                "deadline": ledger.now() + 60,
+            },
+        )
+        grant = threading.Thread(
+            target=lambda: outcome.append(
+                take("late", GpuRequest(gpus=1), Assignment("n1", (0,), 1000, 81920))
+            )
+        )
+        grant.start()
+        with engine.connect() as watcher:  # the grant is blocked on the ledger lock, not finished
+            waiting = text(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND mode = 'ShareLock'"
+            )
+            while not watcher.execute(waiting).scalar_one():
+                assert grant.is_alive() and not outcome
+        queueing.commit()
+    grant.join()
+    engine.dispose()
+    assert outcome == [("serialize", None)]  # it saw the queued request: the freed GPUs are the queue's
