@@ -82,8 +82,9 @@ def get_provider_info() -> dict[str, Any]:
                     ),
                     "synchronous_commit": _option(
                         "PostgreSQL ledger: wait for the WAL flush on every commit. false trades the last "
-                        "few hundred milliseconds of ledger changes on a server crash for several times "
-                        "the throughput; leases and `gpupool reconcile` heal what is lost.",
+                        "few hundred milliseconds of ledger changes on a server crash for throughput "
+                        "(about a fifth more in `gpupool bench ledger`); leases and `gpupool reconcile` "
+                        "heal what is lost.",
                         "true",
                         "boolean",
                     ),

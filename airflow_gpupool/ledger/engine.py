@@ -78,8 +78,8 @@ def write_transaction(engine: Engine, synchronous_commit: bool = True) -> Iterat
     """Open a transaction that holds the ledger's write lock until it ends.
 
     :param synchronous_commit: on PostgreSQL, False commits without waiting for the WAL flush
-        (``SET LOCAL synchronous_commit = off``): several times the throughput, at the cost of
-        losing the last few hundred milliseconds of ledger changes if the server crashes
+        (``SET LOCAL synchronous_commit = off``): shorter lock holds, at the cost of losing the
+        last few hundred milliseconds of ledger changes if the server crashes
     """
     with engine.connect() as conn:
         conn.info["gpupool_write"] = True
