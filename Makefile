@@ -46,7 +46,7 @@ ui: install
 		--nodes $(UI_DIR)/nodes.json & emulator=$$!; trap 'kill $$emulator' EXIT INT TERM; \
 	while [ ! -s $(UI_DIR)/kubeconfig ]; do sleep 0.2; done; \
 	$(UI_ENV) $(BIN)/gpupool inventory sync --url sqlite:///$(UI_DIR)/ledger.db --kubeconfig $(UI_DIR)/kubeconfig \
-	&& $(UI_ENV) $(BIN)/airflow standalone
+	&& PATH="$(abspath $(BIN)):$$PATH" $(UI_ENV) $(BIN)/airflow standalone  # it starts `airflow` subcommands from PATH
 
 bench-placement: install
 	$(BIN)/python benchmarks/placement.py
