@@ -89,6 +89,21 @@ BEGIN
         taken_indices := '{}';
     END IF;
     v_xid := pg_current_xact_id()::text::bigint;
+    -- The grant's row first: the same id reserved at the same moment elsewhere (a task run
+    -- twice) waits here for that commit, then finds the row and leaves it to the serialized path.
+    INSERT INTO gpupool_reservations (
+        id, holder, request, priority, seq, state, team, workload_class, created_at, deadline, ttl,
+        overtakes, granted_at, expires_at, node, gpu_indices, milli_per_gpu, gpu_memory_mib, mig_slice
+    ) VALUES (
+        p_id, p_holder, p_request, p_priority, v_xid, 'granted', p_team, p_class, p_now, p_deadline, p_ttl,
+        0, p_now, p_now + p_ttl, p_node, array_to_json(taken_indices)::text, p_milli, p_gmem, taken_slice
+    ) ON CONFLICT (id) DO NOTHING;
+    IF NOT FOUND THEN
+        outcome := 'serialize';
+        taken_indices := NULL;
+        taken_slice := NULL;
+        RETURN;
+    END IF;
     UPDATE gpupool_nodes SET
         cpu_free = cpu_free - p_cpu,
         memory_free = memory_free - p_mem,
@@ -102,13 +117,6 @@ BEGIN
         UPDATE gpupool_gpus SET free_milli = free_milli - p_milli, free_memory_mib = free_memory_mib - p_gmem
         WHERE node = p_node AND idx = ANY (taken_indices);
     END IF;
-    INSERT INTO gpupool_reservations (
-        id, holder, request, priority, seq, state, team, workload_class, created_at, deadline, ttl,
-        overtakes, granted_at, expires_at, node, gpu_indices, milli_per_gpu, gpu_memory_mib, mig_slice
-    ) VALUES (
-        p_id, p_holder, p_request, p_priority, v_xid, 'granted', p_team, p_class, p_now, p_deadline, p_ttl,
-        0, p_now, p_now + p_ttl, p_node, array_to_json(taken_indices)::text, p_milli, p_gmem, taken_slice
-    );
     outcome := 'granted';
 END
 $$;

@@ -330,3 +330,41 @@ def test_a_grant_waits_for_a_serialized_writer_and_then_sees_what_it_queued(
     grant.join()
     engine.dispose()
     assert outcome == [("serialize", None)]  # it saw the queued request: the freed GPUs are the queue's
+
+
+def test_one_id_reserved_twice_at_once_leaves_the_second_to_the_serialized_path(
+    open_ledger: Callable[..., Ledger], take: Callable[..., tuple[str, Assignment | None]], pg_schema_url: str
+) -> None:
+    ledger = open_ledger()
+    ledger.upsert_nodes([node("n1", gpus=2)])
+    engine = create_engine(normalize_url(pg_schema_url))
+    outcome: list[tuple[str, Assignment | None]] = []
+    with engine.connect() as first:
+        other_try = first.begin()  # the same task's other run, between its insert and its commit
+        first.execute(
+            text(
+                "INSERT INTO gpupool_reservations (id, holder, request, priority, seq, state, team,"
+                " workload_class, created_at, deadline, ttl, overtakes) VALUES ('gp-same', 'first', :request,"
+                " 0, 1, 'waiting', 'default', 'batch', :now, :deadline, 60, 0)"
+            ),
+            {
+                "request": json.dumps(GpuRequest(gpus=1).to_dict()),
+                "now": ledger.now(),
+                "deadline": ledger.now() + 60,
+            },
+        )
+        second = threading.Thread(
+            target=lambda: outcome.append(
+                take("gp-same", GpuRequest(gpus=1), Assignment("n1", (0,), 1000, 81920))
+            )
+        )
+        second.start()
+        with engine.connect() as watcher:  # the second run waits on the first one's row
+            blocked = text("SELECT count(*) FROM pg_locks WHERE locktype = 'transactionid' AND NOT granted")
+            while not watcher.execute(blocked).scalar_one():
+                assert second.is_alive() and not outcome
+        other_try.commit()
+    second.join()
+    engine.dispose()
+    assert outcome == [("serialize", None)]
+    assert [g.id for g in ledger.snapshot().grants] == [] and ledger.check_invariants() == []
