@@ -194,13 +194,6 @@ def test_allocation_alert_names_pool_and_model() -> None:
     assert "Scale the node pool up" in annotations["description"]
 
 
-def _validate_rules_in_python() -> None:
-    for rule in _rules().values():
-        assert _DURATION.match(rule["for"]), rule["for"]
-        assert_known_metrics(rule["expr"])
-        assert rule["labels"]["severity"] in {"warning", "critical"}
-
-
 @pytest.mark.parametrize(
     "args",
     [
@@ -213,11 +206,10 @@ def _validate_rules_in_python() -> None:
 def test_promtool(args: list[str]) -> None:
     promtool = shutil.which("promtool")
     if promtool is None:
-        if os.environ.get("CI") != "true":
-            pytest.skip("promtool not installed (apt-get install prometheus); the Python rule checks ran")
-        # A CI runner without promtool still validates the rules, in Python.
-        _validate_rules_in_python()
-        return
+        reason = "promtool not installed (apt-get install prometheus); the rules were checked in Python only"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must run promtool: {reason}")  # .ci/run installs it
+        pytest.skip(reason)
     result = subprocess.run(
         [promtool, *args], cwd=DOCKER / "prometheus", capture_output=True, text=True, timeout=60
     )
