@@ -12,9 +12,10 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import Connection, create_engine, text
 
 from airflow_gpupool.ledger import Ledger, ReservationState, migrations
 from airflow_gpupool.ledger import ledger as ledger_module
@@ -26,6 +27,7 @@ from airflow_gpupool.resources import GpuDevice, GpuRequest, MigSlice, NodeInven
 from tests.ledger_fixtures import FakeClock, node
 
 GRANTED = ReservationState.GRANTED
+T = TypeVar("T")
 
 
 @pytest.fixture
@@ -292,43 +294,58 @@ def test_an_equivalent_mig_slice_is_on_a_gpu_of_the_same_model(
     assert ledger.check_invariants() == []
 
 
+def insert_waiting(conn: Connection, rid: str, request: GpuRequest, now: float) -> None:
+    """Write a waiting reservation row as the serialized path queues one (not committed yet)."""
+    conn.execute(
+        text(
+            "INSERT INTO gpupool_reservations (id, holder, request, priority, seq, state, team,"
+            " workload_class, created_at, deadline, ttl, overtakes) VALUES (:rid, 'other', :request,"
+            " 0, 1, 'waiting', 'default', 'batch', :now, :deadline, 60, 0)"
+        ),
+        {"rid": rid, "request": json.dumps(request.to_dict()), "now": now, "deadline": now + 60},
+    )
+
+
+def take_behind(
+    url: str, hold: Callable[[Connection], None], call: Callable[[], T], waiting_on: str
+) -> list[T]:
+    """Run ``call`` while another transaction holds what ``hold`` took; return what it gave.
+
+    :param waiting_on: a count over ``pg_locks`` that is non-zero once ``call`` waits; the
+        holder commits only then, so the call was blocked and not merely slow
+    """
+    engine = create_engine(normalize_url(url))
+    outcome: list[T] = []
+    with engine.connect() as holder:
+        held = holder.begin()
+        hold(holder)
+        caller = threading.Thread(target=lambda: outcome.append(call()))
+        caller.start()
+        with engine.connect() as watcher:
+            while not watcher.execute(text(waiting_on)).scalar_one():
+                assert caller.is_alive() and not outcome
+        held.commit()
+    caller.join()
+    engine.dispose()
+    return outcome
+
+
 def test_a_grant_waits_for_a_serialized_writer_and_then_sees_what_it_queued(
     open_ledger: Callable[..., Ledger], take: Callable[..., tuple[str, Assignment | None]], pg_schema_url: str
 ) -> None:
     ledger = open_ledger()
     ledger.upsert_nodes([node("n1", gpus=2)])
-    engine = create_engine(normalize_url(pg_schema_url))
-    outcome: list[tuple[str, Assignment | None]] = []
-    with engine.connect() as writer:
-        queueing = writer.begin()
-        writer.execute(text(f"SELECT pg_advisory_xact_lock({ADVISORY_LOCK_KEY}, hashtext(current_schema()))"))
-        writer.execute(
-            text(
-                "INSERT INTO gpupool_reservations (id, holder, request, priority, seq, state, team,"
-                " workload_class, created_at, deadline, ttl, overtakes) VALUES ('queued', 'w', :request,"
-                " 0, 1, 'waiting', 'default', 'batch', :now, :deadline, 60, 0)"
-            ),
-            {
-                "request": json.dumps(GpuRequest(gpus=4).to_dict()),
-                "now": ledger.now(),
-                "deadline": ledger.now() + 60,
-            },
-        )
-        grant = threading.Thread(
-            target=lambda: outcome.append(
-                take("late", GpuRequest(gpus=1), Assignment("n1", (0,), 1000, 81920))
-            )
-        )
-        grant.start()
-        with engine.connect() as watcher:  # the grant is blocked on the ledger lock, not finished
-            waiting = text(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND mode = 'ShareLock'"
-            )
-            while not watcher.execute(waiting).scalar_one():
-                assert grant.is_alive() and not outcome
-        queueing.commit()
-    grant.join()
-    engine.dispose()
+
+    def queue_under_the_lock(conn: Connection) -> None:
+        conn.execute(text(f"SELECT pg_advisory_xact_lock({ADVISORY_LOCK_KEY}, hashtext(current_schema()))"))
+        insert_waiting(conn, "queued", GpuRequest(gpus=4), ledger.now())
+
+    outcome = take_behind(
+        pg_schema_url,
+        queue_under_the_lock,
+        lambda: take("late", GpuRequest(gpus=1), Assignment("n1", (0,), 1000, 81920)),
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND mode = 'ShareLock'",
+    )
     assert outcome == [("serialize", None)]  # it saw the queued request: the freed GPUs are the queue's
 
 
@@ -337,34 +354,13 @@ def test_one_id_reserved_twice_at_once_leaves_the_second_to_the_serialized_path(
 ) -> None:
     ledger = open_ledger()
     ledger.upsert_nodes([node("n1", gpus=2)])
-    engine = create_engine(normalize_url(pg_schema_url))
-    outcome: list[tuple[str, Assignment | None]] = []
-    with engine.connect() as first:
-        other_try = first.begin()  # the same task's other run, between its insert and its commit
-        first.execute(
-            text(
-                "INSERT INTO gpupool_reservations (id, holder, request, priority, seq, state, team,"
-                " workload_class, created_at, deadline, ttl, overtakes) VALUES ('gp-same', 'first', :request,"
-                " 0, 1, 'waiting', 'default', 'batch', :now, :deadline, 60, 0)"
-            ),
-            {
-                "request": json.dumps(GpuRequest(gpus=1).to_dict()),
-                "now": ledger.now(),
-                "deadline": ledger.now() + 60,
-            },
-        )
-        second = threading.Thread(
-            target=lambda: outcome.append(
-                take("gp-same", GpuRequest(gpus=1), Assignment("n1", (0,), 1000, 81920))
-            )
-        )
-        second.start()
-        with engine.connect() as watcher:  # the second run waits on the first one's row
-            blocked = text("SELECT count(*) FROM pg_locks WHERE locktype = 'transactionid' AND NOT granted")
-            while not watcher.execute(blocked).scalar_one():
-                assert second.is_alive() and not outcome
-        other_try.commit()
-    second.join()
-    engine.dispose()
+
+    outcome = take_behind(
+        pg_schema_url,
+        # The same task's other run, between its insert and its commit.
+        lambda conn: insert_waiting(conn, "gp-same", GpuRequest(gpus=1), ledger.now()),
+        lambda: take("gp-same", GpuRequest(gpus=1), Assignment("n1", (0,), 1000, 81920)),
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'transactionid' AND NOT granted",
+    )
     assert outcome == [("serialize", None)]
     assert [g.id for g in ledger.snapshot().grants] == [] and ledger.check_invariants() == []
