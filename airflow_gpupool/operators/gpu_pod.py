@@ -97,6 +97,19 @@ class _LeaseRenewer(threading.Thread):
         self._stopped.set()
 
 
+# The operator arguments that make up the GPU request (templated, so checked at run time if templated).
+_REQUEST_FIELDS = (
+    "gpus",
+    "gpu_milli",
+    "gpu_memory_mib",
+    "mig_profile",
+    "gpu_models",
+    "node_labels",
+    "priority",
+    "team",
+)
+
+
 class GpuPodOperator(KubernetesPodOperator):
     """Reserve a GPU slice from the shared ledger, then run a Kubernetes pod pinned to it.
 
@@ -131,14 +144,7 @@ class GpuPodOperator(KubernetesPodOperator):
 
     template_fields: Sequence[str] = (
         *KubernetesPodOperator.template_fields,
-        "gpus",
-        "gpu_milli",
-        "gpu_memory_mib",
-        "mig_profile",
-        "gpu_models",
-        "node_labels",
-        "priority",
-        "team",
+        *_REQUEST_FIELDS,
         "checkpoint_dir",
     )
     ui_color = "#76b900"
@@ -206,25 +212,12 @@ class GpuPodOperator(KubernetesPodOperator):
             ):
                 raise InvalidRequestError(name, value, "a positive number of seconds")
         # Parse-time validation, no I/O: fail the DAG import, not the run, on a bad request.
-        if not any(_templated(getattr(self, f)) for f in self._request_fields()):
+        if not any(_templated(getattr(self, f)) for f in _REQUEST_FIELDS):
             request = self.gpu_request()
             if binding is not None:
                 binding_for(request, binding, f"task {self.task_id}")
         elif binding is not None:
             check_binding_name(binding, f"task {self.task_id}")
-
-    @staticmethod
-    def _request_fields() -> tuple[str, ...]:
-        return (
-            "gpus",
-            "gpu_milli",
-            "gpu_memory_mib",
-            "mig_profile",
-            "gpu_models",
-            "node_labels",
-            "priority",
-            "team",
-        )
 
     def gpu_request(self) -> GpuRequest:
         """Return this try's request: the task's own, or the larger one an earlier try's escalation chose."""
