@@ -1,0 +1,39 @@
+"""The label, annotation and resource names this project reads and writes on Kubernetes objects.
+
+One place, so the operator that writes a name and the inventory, reconciler or UI that reads it
+can never disagree. Plain strings: importing this module imports nothing else.
+"""
+
+from __future__ import annotations
+
+# -- ours ---------------------------------------------------------------------------------------
+#: The prefix of every label and annotation this project writes.
+ANNOTATION_PREFIX = "gpupool.io/"
+#: On each pod launched for a grant: the reservation it runs under (reconciliation keys on it).
+RESERVATION_LABEL = "gpupool.io/reservation-id"
+#: On each pod launched for a grant: the request's workload class (training, inference, batch).
+WORKLOAD_CLASS_LABEL = "gpupool.io/workload-class"
+#: On a node: the node pool it belongs to (read before the cloud providers' own pool labels).
+POOL_LABEL = "gpupool.io/pool"
+
+# -- Kubernetes ---------------------------------------------------------------------------------
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+#: Node-pool labels, first match wins: ours, then GKE, EKS, AKS and Karpenter.
+POOL_LABELS = (
+    POOL_LABEL,
+    "cloud.google.com/gke-nodepool",
+    "eks.amazonaws.com/nodegroup",
+    "kubernetes.azure.com/agentpool",
+    "karpenter.sh/nodepool",
+)
+
+# -- NVIDIA device plugin, GPU Feature Discovery, HAMi -------------------------------------------
+GPU_RESOURCE = "nvidia.com/gpu"
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+HAMI_MEMORY_RESOURCE = "nvidia.com/gpumem"
+HAMI_CORES_RESOURCE = "nvidia.com/gpucores"
+PRODUCT_LABEL = "nvidia.com/gpu.product"
+MEMORY_LABEL = "nvidia.com/gpu.memory"
+COUNT_LABEL = "nvidia.com/gpu.count"
+MIG_STRATEGY_LABEL = "nvidia.com/mig.strategy"
+GFD_TIMESTAMP_LABEL = "nvidia.com/gfd.timestamp"
