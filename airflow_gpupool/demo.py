@@ -262,7 +262,7 @@ def run_demo(workdir: Path, out: IO[str]) -> bool:
     :param workdir: the demo's directory (wiped first)
     :param out: where to print progress and the summary
     """
-    from airflow_gpupool.inventory.kubernetes import core_v1_api, sync_inventory
+    from airflow_gpupool.inventory.sync import core_v1_api, sync_inventory
 
     shutil.rmtree(workdir, ignore_errors=True)
     (workdir / "airflow").mkdir(parents=True)

@@ -16,7 +16,7 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from airflow_gpupool.sim.command import ALL_POLICIES, plot
+from airflow_gpupool.cli.simulate import ALL_POLICIES, plot
 from airflow_gpupool.sim.replay import ReplayResult, replay, trace_shapes, where_lost
 from airflow_gpupool.sim.trace import TRACES, load_nodes, load_pods
 

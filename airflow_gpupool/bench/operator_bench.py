@@ -8,12 +8,8 @@ reports the median of the per-pair ratios (ours / plain). Nothing waits: the poo
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import datetime
-import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -111,29 +107,3 @@ def run_operator_bench(tasks: int = 10, duration_s: float = 0.5) -> dict[str, An
         "ratio_max": round(max(ratios), 3),
         "grants_leaked": leaked,
     }
-
-
-def _run(args: argparse.Namespace) -> int:
-    # The operators log (and print pod logs) to stdout; keep stdout for the result alone.
-    with contextlib.redirect_stdout(sys.stderr):
-        result = run_operator_bench(tasks=args.tasks, duration_s=args.pod_seconds)
-    if args.json:
-        print(json.dumps(result, sort_keys=True))
-    else:
-        for key, value in result.items():
-            print(f"{key:>16}: {value}")
-    return 0
-
-
-def register(subparsers: Any) -> None:
-    """Add ``gpupool bench operator``."""
-    parser = subparsers.add_parser(
-        "operator",
-        help="GpuPodOperator wall time over a plain KubernetesPodOperator (needs airflow-gpupool[testing])",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--tasks", type=int, default=10, help="pairs of tasks to run")
-    parser.add_argument("--pod-seconds", type=float, default=0.5, help="how long each emulated pod runs")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.set_defaults(func=_run)

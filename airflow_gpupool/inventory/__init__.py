@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from airflow_gpupool.inventory.kubernetes import (
-    ReconcileResult,
-    SyncResult,
-    node_from_kubernetes,
-    reconcile,
-    reconcile_grant,
-    sync_inventory,
-)
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from airflow_gpupool.inventory.nodes import node_from_kubernetes
+from airflow_gpupool.inventory.sync import SyncResult, sync_inventory
 from airflow_gpupool.inventory.yaml_file import load_inventory, parse_inventory
+
+if TYPE_CHECKING:
+    from airflow_gpupool.controller.reconcile import ReconcileResult, reconcile, reconcile_grant
 
 __all__ = [
     "ReconcileResult",
@@ -22,3 +22,13 @@ __all__ = [
     "reconcile_grant",
     "sync_inventory",
 ]
+
+#: Names that moved to :mod:`airflow_gpupool.controller.reconcile`, still importable from here. Resolved on
+#: first use: the controller imports this package, so an eager import would be circular.
+_CONTROLLER_NAMES = frozenset({"ReconcileResult", "reconcile", "reconcile_grant"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _CONTROLLER_NAMES:
+        return getattr(importlib.import_module("airflow_gpupool.controller.reconcile"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

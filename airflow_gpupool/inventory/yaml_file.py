@@ -20,50 +20,40 @@ Format (every key but ``name`` optional; see README "Static inventory")::
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from airflow_gpupool import quantity
 from airflow_gpupool.exceptions import InvalidInventoryError, InvalidRequestError
 from airflow_gpupool.resources import GpuDevice, MigSlice, NodeInventory
 
-_QUANTITY = re.compile(r"^(?P<number>[0-9]+(\.[0-9]+)?)(?P<unit>Ki|Mi|Gi|Ti|k|M|G|T)?$")
-_MIB_PER_UNIT = {
-    None: 1 / (1024 * 1024),
-    "Ki": 1 / 1024,
-    "Mi": 1,
-    "Gi": 1024,
-    "Ti": 1024 * 1024,
-    "k": 1000 / (1024 * 1024),
-    "M": 1e6 / (1024 * 1024),
-    "G": 1e9 / (1024 * 1024),
-    "T": 1e12 / (1024 * 1024),
-}
 _NODE_KEYS = {"name", "cpu", "cpu_milli", "memory", "memory_mib", "node_pool", "labels", "health", "gpus"}
 _GPU_KEYS = {"model", "memory", "memory_mib", "count", "uuid", "mig"}
 
 
 def memory_to_mib(where: str, value: Any) -> int:
-    """Convert a Kubernetes memory quantity (``80Gi``, ``512Mi``, bytes) to MiB."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value // (1024 * 1024)
-    match = _QUANTITY.match(str(value).strip())
-    if not match:
-        raise InvalidInventoryError(where, value, "a memory quantity such as 80Gi or 512Mi")
-    return int(float(match["number"]) * _MIB_PER_UNIT[match["unit"]])
+    """Convert a Kubernetes memory quantity (``80Gi``, ``512Mi``, bytes) to MiB.
+
+    :param where: what the value is, for the error
+    :param value: the quantity
+    :raises InvalidInventoryError: the value is not a memory quantity
+    """
+    try:
+        return quantity.memory_mib(value)
+    except ValueError:
+        raise InvalidInventoryError(where, value, "a memory quantity such as 80Gi or 512Mi") from None
 
 
 def _cpu_milli(where: str, spec: Mapping[str, Any]) -> int:
     if "cpu_milli" in spec:
         return _int(f"{where}.cpu_milli", spec["cpu_milli"])
     raw = spec.get("cpu", 0)
-    text = str(raw)
     try:
-        return int(text[:-1]) if text.endswith("m") else int(float(text) * 1000)
-    except (ValueError, OverflowError):
+        return quantity.cpu_milli(raw)
+    except ValueError:
         raise InvalidInventoryError(f"{where}.cpu", raw, "cores (64, 0.5) or milli-cores (500m)") from None
 
 
@@ -79,13 +69,7 @@ def _gpus(where: str, node: str, specs: Any) -> list[GpuDevice]:
     out: list[GpuDevice] = []
     for k, spec in enumerate(specs):
         at = f"{where}.gpus[{k}]"
-        if not isinstance(spec, Mapping):
-            raise InvalidInventoryError(at, spec, "a mapping with model, memory and count")
-        unknown = set(spec) - _GPU_KEYS
-        if unknown:
-            raise InvalidInventoryError(at, sorted(unknown), f"keys among {sorted(_GPU_KEYS)}")
-        if "model" not in spec:
-            raise InvalidInventoryError(f"{at}.model", None, "a GPU model name")
+        _check_gpu_keys(at, spec)
         memory = _int(f"{at}.memory_mib", spec["memory_mib"]) if "memory_mib" in spec else None
         if memory is None:
             memory = memory_to_mib(f"{at}.memory", spec.get("memory", "16Gi"))
@@ -104,6 +88,16 @@ def _gpus(where: str, node: str, specs: Any) -> list[GpuDevice]:
             except InvalidRequestError as e:
                 raise InvalidInventoryError(f"{at}: {e.field}", e.value, e.expected) from None
     return out
+
+
+def _check_gpu_keys(at: str, spec: Any) -> None:
+    if not isinstance(spec, Mapping):
+        raise InvalidInventoryError(at, spec, "a mapping with model, memory and count")
+    unknown = set(spec) - _GPU_KEYS
+    if unknown:
+        raise InvalidInventoryError(at, sorted(unknown), f"keys among {sorted(_GPU_KEYS)}")
+    if "model" not in spec:
+        raise InvalidInventoryError(f"{at}.model", None, "a GPU model name")
 
 
 def _node(k: int, spec: Any) -> NodeInventory:

@@ -150,3 +150,29 @@ class LedgerSnapshot:
     def allocation(self) -> float:
         """Share of the GPU compute that is granted (0–1)."""
         return self.gpu_allocated_milli / self.gpu_capacity_milli if self.gpu_capacity_milli else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return primitives only: the one JSON form of a snapshot (``gpupool status --json``, the UI's API)."""
+        return {
+            "taken_at": self.taken_at,
+            "gpu_capacity_milli": self.gpu_capacity_milli,
+            "gpu_allocated_milli": self.gpu_allocated_milli,
+            "allocation": self.allocation,
+            "nodes": [
+                {
+                    "name": n.name,
+                    "node_pool": n.node_pool,
+                    "health": n.health,
+                    "labels": n.labels,
+                    "cpu_milli": n.cpu_milli,
+                    "cpu_free": n.cpu_free,
+                    "memory_mib": n.memory_mib,
+                    "memory_free": n.memory_free,
+                    "heartbeat_at": n.heartbeat_at,
+                    "gpus": [{k: v for k, v in g.items() if k != "node"} for g in n.gpus],
+                }
+                for n in self.nodes
+            ],
+            "grants": [r.to_dict() for r in self.grants],
+            "queue": [r.to_dict() for r in self.queue],
+        }

@@ -383,7 +383,7 @@ class GpuPodOperator(KubernetesPodOperator):
             renewer.stop()
 
     def _reconcile_own_grant(self, rid: str) -> str | None:
-        from airflow_gpupool.inventory.kubernetes import reconcile_grant
+        from airflow_gpupool.controller.reconcile import reconcile_grant
 
         # The pod may take up to the launch timeout to appear; only then is "no pod" news.
         grace = float(self.startup_timeout_seconds) + 60

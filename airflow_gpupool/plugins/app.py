@@ -192,7 +192,6 @@ def create_app(ledger_factory: Callable[[], Ledger] | None = None) -> FastAPI:
     from airflow.api_fastapi.core_api.security import get_user
     from sqlalchemy.exc import SQLAlchemyError
 
-    from airflow_gpupool.cli import snapshot_to_dict
     from airflow_gpupool.exceptions import GpuPoolError, UnknownReservationError
 
     state = _State(ledger_factory or _default_ledger)
@@ -220,7 +219,7 @@ def create_app(ledger_factory: Callable[[], Ledger] | None = None) -> FastAPI:
     @app.get("/api/v1/snapshot")
     def api_snapshot() -> dict[str, Any]:
         snapshot, frag = state.snapshot()
-        out = snapshot_to_dict(snapshot)
+        out = snapshot.to_dict()
         out["fragmentation"] = frag
         why = state.explanations(snapshot)
         for entry in out["queue"]:

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from airflow_gpupool.inventory import reconcile, reconcile_grant, sync_inventory
-from airflow_gpupool.inventory.kubernetes import RESERVATION_LABEL, core_v1_api
+from airflow_gpupool.inventory.sync import core_v1_api
+from airflow_gpupool.labels import RESERVATION_LABEL
 from airflow_gpupool.ledger import Ledger
 from airflow_gpupool.resources import GpuRequest
 from airflow_gpupool.testing import KubernetesEmulatorServer, cpu_node, gpu_node

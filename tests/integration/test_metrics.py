@@ -12,7 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from airflow_gpupool.cli import build_parser
-from airflow_gpupool.metrics.command import cmd_metrics_serve, serve
+from airflow_gpupool.cli.metrics import cmd_metrics_serve, serve
 from tests.unit.metrics.scenario import build_pool
 
 

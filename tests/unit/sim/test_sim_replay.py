@@ -7,8 +7,8 @@ import json
 
 import pytest
 
+from airflow_gpupool.cli.simulate import register
 from airflow_gpupool.exceptions import TraceFormatError
-from airflow_gpupool.sim.command import register
 from airflow_gpupool.sim.queue import QUEUE_BASELINE, simulate_queue, whole_slots
 from airflow_gpupool.sim.replay import replay, workload
 from airflow_gpupool.sim.trace import load_nodes, load_pods

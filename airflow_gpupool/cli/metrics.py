@@ -60,7 +60,7 @@ def cmd_metrics_serve(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: Any) -> None:
-    """Add ``metrics serve`` to an argparse ``subparsers`` object.
+    """Add ``gpupool metrics serve``.
 
     :param subparsers: what ``add_subparsers()`` returned for the ``gpupool`` command
     """

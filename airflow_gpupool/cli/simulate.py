@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from airflow_gpupool.cli.common import require_extra
 from airflow_gpupool.exceptions import GpuPoolError
 from airflow_gpupool.placement.policy import DEFAULT_POLICY, policy_names
 from airflow_gpupool.sim.replay import REPORT_POINTS, ReplayResult, replay, stderr_progress, trace_shapes
@@ -104,6 +105,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_fgd(args: argparse.Namespace) -> int:
+    if args.plot:
+        # Before the replay, which can take minutes, rather than after it.
+        require_extra("matplotlib", "plot", "--plot")
     nodes = load_nodes(args.nodes)
     pods = load_pods(args.pods)
     shapes = trace_shapes(pods)

@@ -9,7 +9,7 @@ import pytest
 
 from airflow_gpupool.exceptions import InvalidInventoryError
 from airflow_gpupool.inventory import node_from_kubernetes
-from airflow_gpupool.inventory.kubernetes import RESERVATION_LABEL
+from airflow_gpupool.labels import RESERVATION_LABEL
 from airflow_gpupool.resources import NodeHealth, NodeInventory
 
 A100 = "NVIDIA-A100-SXM4-80GB"

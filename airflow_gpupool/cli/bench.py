@@ -1,0 +1,88 @@
+"""``gpupool bench ledger`` and ``bench operator``: the project's benchmarks."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from typing import Any
+
+from airflow_gpupool import settings
+from airflow_gpupool.bench import operator_bench
+from airflow_gpupool.cli.common import require_extra, url_arg
+
+__all__ = ["cmd_bench_ledger", "cmd_bench_operator", "register"]
+
+
+def cmd_bench_ledger(args: argparse.Namespace) -> int:
+    """Measure ledger throughput and check its invariants under contention."""
+    from airflow_gpupool.bench.ledger_bench import run_ledger_bench
+
+    url = settings.ledger_url(args.url)
+    result = run_ledger_bench(
+        url,
+        clients=args.clients,
+        seconds=args.seconds,
+        nodes=args.nodes,
+        hold_ms=args.hold_ms,
+        concurrent=not args.serialized,
+    )
+    if args.json:
+        print(json.dumps(result, sort_keys=True))
+    else:
+        for key, value in result.items():
+            print(f"{key:>20}: {value}")
+    return 1 if result["violations"] else 0
+
+
+def cmd_bench_operator(args: argparse.Namespace) -> int:
+    """Measure the wall time GpuPodOperator adds over a plain KubernetesPodOperator (emulated cluster)."""
+    require_extra("kmock", "testing", "gpupool bench operator")
+    # The operators log (and print pod logs) to stdout; keep stdout for the result alone.
+    with contextlib.redirect_stdout(sys.stderr):
+        result = operator_bench.run_operator_bench(tasks=args.tasks, duration_s=args.pod_seconds)
+    if args.json:
+        print(json.dumps(result, sort_keys=True))
+    else:
+        for key, value in result.items():
+            print(f"{key:>16}: {value}")
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    """Add ``gpupool bench ledger`` and ``bench operator``.
+
+    :param subparsers: the top-level subparsers
+    """
+    bench = subparsers.add_parser("bench", help="benchmarks").add_subparsers(
+        dest="bench_command", metavar="WHAT"
+    )
+    bench.required = True
+    p = bench.add_parser(
+        "ledger",
+        help="ledger throughput and invariants under contention",
+        description=cmd_bench_ledger.__doc__,
+    )
+    url_arg(p)
+    p.add_argument("--clients", type=int, default=16, help="concurrent client processes")
+    p.add_argument("--seconds", type=float, default=10, help="measured duration")
+    p.add_argument("--nodes", type=int, default=1000, help="nodes in the bench inventory")
+    p.add_argument("--hold-ms", type=float, default=2.0, help="how long each grant is held")
+    p.add_argument(
+        "--serialized",
+        action="store_true",
+        help="on PostgreSQL, every write takes the exclusive lock (for comparison with the concurrent path)",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_bench_ledger)
+    p = bench.add_parser(
+        "operator",
+        help="GpuPodOperator wall time over a plain KubernetesPodOperator (needs airflow-gpupool[testing])",
+        description=operator_bench.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--tasks", type=int, default=10, help="pairs of tasks to run")
+    p.add_argument("--pod-seconds", type=float, default=0.5, help="how long each emulated pod runs")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_bench_operator)

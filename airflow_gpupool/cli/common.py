@@ -1,0 +1,105 @@
+"""What the ``gpupool`` command modules share: common options, the ledger, output, optional extras."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow_gpupool import settings
+from airflow_gpupool.exceptions import GpuPoolError
+
+if TYPE_CHECKING:
+    from airflow_gpupool.ledger import Ledger
+
+__all__ = [
+    "cluster_args",
+    "kubernetes_api_errors",
+    "open_ledger",
+    "print_json",
+    "require_extra",
+    "table",
+    "url_arg",
+]
+
+
+def url_arg(parser: argparse.ArgumentParser) -> None:
+    """Add ``--url``, the ledger URL.
+
+    :param parser: a command's parser
+    """
+    parser.add_argument(
+        "--url",
+        help="ledger URL (default: GPUPOOL_LEDGER_URL, [gpupool] ledger_url, or SQLite under AIRFLOW_HOME)",
+    )
+
+
+def cluster_args(parser: argparse.ArgumentParser) -> None:
+    """Add ``--url``, ``--kubeconfig``, ``--context`` and ``--json``: a command that reads a cluster.
+
+    :param parser: a command's parser
+    """
+    url_arg(parser)
+    parser.add_argument(
+        "--kubeconfig", metavar="F", help="kubeconfig file (default: KUBECONFIG, ~/.kube/config, in-cluster)"
+    )
+    parser.add_argument("--context", metavar="C", help="kubeconfig context (default: the current one)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def open_ledger(args: argparse.Namespace, create: bool = False) -> Ledger:
+    """Open the ledger that ``--url`` (or the configuration) names.
+
+    :param args: parsed arguments
+    :param create: create or migrate its schema first
+    """
+    from airflow_gpupool.ledger import Ledger
+
+    url = settings.ledger_url(getattr(args, "url", None))
+    return Ledger.create(url) if create else Ledger(url)
+
+
+def print_json(data: Any) -> None:
+    """Print one indented JSON document, keys sorted."""
+    print(json.dumps(data, indent=2, sort_keys=True, default=str))
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """Return rows as left-aligned text columns under their headers."""
+    cells = [[str(c) for c in row] for row in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in cells]
+    return "\n".join(lines)
+
+
+def kubernetes_api_errors() -> tuple[type[BaseException], ...]:
+    """Return the errors a Kubernetes API call raises when the cluster refuses or cannot be reached."""
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    return ApiException, HTTPError
+
+
+def require_extra(package: str, extra: str, command: str) -> None:
+    """Import an optional package, or fail with the ``pip install`` line that brings it.
+
+    Only the package's own absence is translated: an import error from inside it (a real bug, a
+    broken install) propagates as it is.
+
+    :param package: the top-level package the command needs, such as ``kmock``
+    :param extra: the ``airflow-gpupool`` extra that installs it, such as ``testing``
+    :param command: the command, for the message (``gpupool emulator``)
+    :raises GpuPoolError: the package is not installed (``main`` exits 2)
+    """
+    try:
+        importlib.import_module(package)
+    except ModuleNotFoundError as e:
+        if e.name != package:
+            raise
+        raise GpuPoolError(
+            f"{command} needs {package}, which the {extra!r} extra installs: "
+            f"pip install 'airflow-gpupool[{extra}]'"
+        ) from e

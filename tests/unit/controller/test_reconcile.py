@@ -1,0 +1,54 @@
+"""The reconcile verdict: which grants the pods say to release, and why (pure, no cluster)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from airflow_gpupool.controller.reconcile import ReconcileResult, verdict
+from airflow_gpupool.ledger.models import Grant, Reservation, ReservationState
+from airflow_gpupool.resources import GpuRequest
+
+GRANTED_AT = 1000.0
+
+
+def granted() -> Reservation:
+    grant = Grant("n1", "default", (0,), ("GPU-0",), "A100", 1000, 81920, None, None, GRANTED_AT, 2000.0)
+    return Reservation("gp-1", "h", ReservationState.GRANTED, GpuRequest(gpus=1), 900.0, 9999.0, grant)
+
+
+def pod(name: str, phase: str | None, created: str = "2026-01-01T00:00:00Z") -> dict[str, Any]:
+    status = {"phase": phase} if phase else {}
+    return {"metadata": {"name": name, "namespace": "ml", "creationTimestamp": created}, "status": status}
+
+
+@pytest.mark.parametrize(
+    ("pods", "now", "expected"),
+    [
+        pytest.param([], GRANTED_AT + 10, None, id="no-pod-within-grace"),
+        pytest.param([], GRANTED_AT + 300, "no pod for 300s", id="no-pod-after-grace"),
+        pytest.param([pod("p", "Running")], GRANTED_AT + 1e6, None, id="running"),
+        pytest.param([pod("p", None)], GRANTED_AT + 1e6, None, id="no-phase-is-pending"),
+        pytest.param([pod("p", "Succeeded")], GRANTED_AT, "pod ml/p finished (Succeeded)", id="succeeded"),
+        pytest.param(
+            [pod("old", "Failed", "2026-01-01T00:00:00Z"), pod("new", "Failed", "2026-01-01T01:00:00Z")],
+            GRANTED_AT,
+            "pod ml/new finished (Failed)",
+            id="names-the-newest",
+        ),
+        pytest.param([pod("old", "Failed"), pod("retry", "Pending")], GRANTED_AT, None, id="retry-alive"),
+    ],
+)
+def test_verdict(pods: list[dict[str, Any]], now: float, expected: str | None) -> None:
+    assert verdict(granted(), pods, now, grace_seconds=300) == expected
+
+
+def test_result_summary_and_dict() -> None:
+    result = ReconcileResult(released=(("gp-1", "no pod for 300s"),), kept=("gp-2",), ignored=())
+    assert result.summary() == "1 released, 1 kept, 0 ignored"
+    assert result.to_dict() == {
+        "released": [{"id": "gp-1", "reason": "no pod for 300s"}],
+        "kept": ["gp-2"],
+        "ignored": [],
+    }
