@@ -38,10 +38,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from airflow_gpupool.placement.verdict import NoFitReason
+from typing import Any, Protocol
 
 __all__ = [
     "ApplicationError",
@@ -96,14 +93,25 @@ class ConfigurationError(GpuPoolError, ValueError):
     """A configuration option, connection or argument is missing or contradictory."""
 
 
+class _NodeRejection(Protocol):
+    # What a reason of NoCapacityError offers; placement's NoFitReason is one. A protocol, so this
+    # bottom module need not import placement.
+    @property
+    def node(self) -> str: ...
+
+    @property
+    def reason(self) -> str: ...
+
+
 class NoCapacityError(GpuPoolError):
     """A request can never fit any node of the inventory, even an empty one.
 
     :param request: the request
     :param reasons: why each node rejected it, most promising node first
+        (:class:`~airflow_gpupool.placement.verdict.NoFitReason`)
     """
 
-    def __init__(self, request: Any, reasons: Sequence[NoFitReason]) -> None:
+    def __init__(self, request: Any, reasons: Sequence[_NodeRejection]) -> None:
         self.request = request
         self.reasons = tuple(reasons)
         summary = "; ".join(str(r) for r in self.reasons[:5]) or "the inventory is empty"
