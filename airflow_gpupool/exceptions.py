@@ -28,9 +28,9 @@ keeps working::
 
 The failure classification a :class:`PodFailureError` carries (:class:`FailureClass`,
 :class:`Classification`) is defined here too, so this module needs nothing above the bottom layer;
-:mod:`airflow_gpupool.operators.failures` classifies pods and re-exports all of these names, as
-the old homes of the other errors (:mod:`~airflow_gpupool.checkpoints.manifest`,
-:mod:`~airflow_gpupool.sensors.checkpoint`) do theirs.
+:mod:`airflow_gpupool.operators.failures` classifies pods and still exports both and the pod
+errors, as the other errors' first homes (:mod:`~airflow_gpupool.checkpoints.manifest`,
+:mod:`~airflow_gpupool.sensors.checkpoint`) still export theirs.
 """
 
 from __future__ import annotations
