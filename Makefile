@@ -19,6 +19,7 @@ lint: install
 	$(BIN)/ruff check airflow_gpupool tests benchmarks dags
 	$(BIN)/ruff format --check airflow_gpupool tests benchmarks dags
 	$(BIN)/mypy
+	$(BIN)/lint-imports  # the layering contract in pyproject.toml
 
 test: lint
 	$(BIN)/pytest -q
@@ -59,4 +60,4 @@ constraints:
 	$(BIN)/python -m pip freeze --exclude-editable | grep -v '^airflow-gpupool' > constraints.txt
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .import_linter_cache

@@ -1,15 +1,69 @@
-"""Domain exceptions of airflow-gpupool.
+"""Every public error of airflow-gpupool, in one place.
 
-Each carries its data in fields, so callers branch on attributes, never on message text.
+Each carries its data in fields, so callers branch on attributes, never on message text. All
+derive from :class:`GpuPoolError`; the ones that mean "a bad value was given" also derive from
+:class:`ValueError` (and the unknown-id one from :class:`KeyError`), so ``except ValueError``
+keeps working::
+
+    GpuPoolError
+    ├── InvalidRequestError (ValueError)   a GPU request field is bad: at DAG parse time, before any wait
+    │   └── InvalidInventoryError          a node inventory (YAML, Kubernetes node, API call) is malformed
+    ├── ConfigurationError (ValueError)    an option, connection or argument is missing or contradictory
+    ├── TraceFormatError (ValueError)      a simulator trace (CSV) lacks a column or has a bad row
+    ├── CorruptCheckpointError (ValueError) a checkpoint manifest exists but breaks the contract
+    ├── NoCapacityError                    the ledger: a request fits no node, not even an empty one
+    ├── ReservationTimeoutError            the operator: a queued request waited past its timeout
+    ├── UnknownReservationError (KeyError) the ledger: no request or grant has this id
+    ├── LeaseExpiredError                  the ledger: a grant expired or was released before renewal
+    ├── LedgerSchemaError                  the ledger database is missing or at another schema version
+    ├── CheckpointStalledError             CheckpointSensor: no new checkpoint within ``max_interval``
+    └── PodFailureError                    GpuPodOperator: a try failed; one subclass per FailureClass
+        ├── OutOfMemoryError               OOMKilled, or CUDA out of memory in the log tail
+        ├── PreemptedError                 evicted or preempted
+        ├── NodeLostError                  the node became unreachable or disappeared
+        ├── ImagePullError                 the image could not be pulled
+        ├── DeadlineExceededError          ``activeDeadlineSeconds`` passed
+        ├── ApplicationError               the training exited with a non-zero code
+        └── UnknownPodFailureError         the pod's status does not tell why
+
+The failure classification a :class:`PodFailureError` carries (:class:`FailureClass`,
+:class:`Classification`) is defined here too, so this module needs nothing above the bottom layer;
+:mod:`airflow_gpupool.operators.failures` classifies pods and still exports both and the pod
+errors, as the other errors' first homes (:mod:`~airflow_gpupool.checkpoints.manifest`,
+:mod:`~airflow_gpupool.sensors.checkpoint`) still export theirs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from airflow_gpupool.placement.verdict import NoFitReason
+__all__ = [
+    "ApplicationError",
+    "CheckpointStalledError",
+    "Classification",
+    "ConfigurationError",
+    "CorruptCheckpointError",
+    "DeadlineExceededError",
+    "FailureClass",
+    "GpuPoolError",
+    "ImagePullError",
+    "InvalidInventoryError",
+    "InvalidRequestError",
+    "LeaseExpiredError",
+    "LedgerSchemaError",
+    "NoCapacityError",
+    "NodeLostError",
+    "OutOfMemoryError",
+    "PodFailureError",
+    "PreemptedError",
+    "ReservationTimeoutError",
+    "TraceFormatError",
+    "UnknownPodFailureError",
+    "UnknownReservationError",
+]
 
 
 class GpuPoolError(Exception):
@@ -39,14 +93,25 @@ class ConfigurationError(GpuPoolError, ValueError):
     """A configuration option, connection or argument is missing or contradictory."""
 
 
+class _NodeRejection(Protocol):
+    # What a reason of NoCapacityError offers; placement's NoFitReason is one. A protocol, so this
+    # bottom module need not import placement.
+    @property
+    def node(self) -> str: ...
+
+    @property
+    def reason(self) -> str: ...
+
+
 class NoCapacityError(GpuPoolError):
     """A request can never fit any node of the inventory, even an empty one.
 
     :param request: the request
     :param reasons: why each node rejected it, most promising node first
+        (:class:`~airflow_gpupool.placement.verdict.NoFitReason`)
     """
 
-    def __init__(self, request: Any, reasons: Sequence[NoFitReason]) -> None:
+    def __init__(self, request: Any, reasons: Sequence[_NodeRejection]) -> None:
         self.request = request
         self.reasons = tuple(reasons)
         summary = "; ".join(str(r) for r in self.reasons[:5]) or "the inventory is empty"
@@ -109,3 +174,127 @@ class TraceFormatError(GpuPoolError, ValueError):
         self.detail = detail
         where = "header" if row == 0 else f"line {row}"
         super().__init__(f"{path}: {where}: column {column!r}: {detail}")
+
+
+class CorruptCheckpointError(GpuPoolError, ValueError):
+    """A manifest exists but does not follow the contract.
+
+    :param location: the step directory
+    :param detail: what is wrong
+    """
+
+    def __init__(self, location: str, detail: str) -> None:
+        self.location = location
+        self.detail = detail
+        super().__init__(f"corrupt checkpoint {location}: {detail}")
+
+
+class CheckpointStalledError(GpuPoolError):
+    """No new valid checkpoint appeared within ``max_interval``.
+
+    :param checkpoint_dir: the watched location
+    :param last_step: the newest valid step (None: none yet)
+    :param message: what the watch saw
+    """
+
+    def __init__(self, checkpoint_dir: str, last_step: int | None, message: str) -> None:
+        self.checkpoint_dir = checkpoint_dir
+        self.last_step = last_step
+        super().__init__(f"checkpoints at {checkpoint_dir} stalled: {message}")
+
+
+class FailureClass(str, Enum):
+    """Why a GPU task try failed."""
+
+    OUT_OF_MEMORY = "out_of_memory"
+    PREEMPTED = "preempted"
+    NODE_LOST = "node_lost"
+    IMAGE_PULL = "image_pull"
+    DEADLINE_EXCEEDED = "deadline_exceeded"
+    APPLICATION_ERROR = "application_error"
+    RESERVATION_TIMEOUT = "reservation_timeout"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class Classification:
+    """The class of a failure and the facts it rests on.
+
+    :param failure_class: the class
+    :param reason: the Kubernetes reason (or log pattern) that decided it
+    :param exit_code: the main container's exit code, if it terminated
+    :param pod_name: the pod, if one was created
+    """
+
+    failure_class: FailureClass
+    reason: str
+    exit_code: int | None = None
+    pod_name: str | None = None
+
+
+class PodFailureError(GpuPoolError):
+    """A GPU task try failed; the class, the pod, its exit code and the last checkpoint are fields.
+
+    :param classification: why it failed
+    :param last_checkpoint: the newest valid checkpoint step when it failed (None: none)
+    :param log_tail: the last lines of the main container's log
+    """
+
+    failure_class = FailureClass.UNKNOWN
+
+    def __init__(
+        self, classification: Classification, *, last_checkpoint: int | None = None, log_tail: str = ""
+    ) -> None:
+        self.classification = classification
+        self.pod_name = classification.pod_name
+        self.exit_code = classification.exit_code
+        self.last_checkpoint = last_checkpoint
+        self.log_tail = log_tail
+        where = f"pod {self.pod_name}" if self.pod_name else "the task"
+        code = f", exit code {self.exit_code}" if self.exit_code is not None else ""
+        step = (
+            f", last checkpoint step {last_checkpoint}" if last_checkpoint is not None else ", no checkpoint"
+        )
+        super().__init__(
+            f"{where} failed: {classification.failure_class.value} ({classification.reason}{code}{step})"
+        )
+
+
+class OutOfMemoryError(PodFailureError):
+    """The container ran out of host or GPU memory."""
+
+    failure_class = FailureClass.OUT_OF_MEMORY
+
+
+class PreemptedError(PodFailureError):
+    """The pod was evicted or preempted."""
+
+    failure_class = FailureClass.PREEMPTED
+
+
+class NodeLostError(PodFailureError):
+    """The pod's node became unreachable or disappeared."""
+
+    failure_class = FailureClass.NODE_LOST
+
+
+class ImagePullError(PodFailureError):
+    """The container image could not be pulled."""
+
+    failure_class = FailureClass.IMAGE_PULL
+
+
+class DeadlineExceededError(PodFailureError):
+    """The pod ran past its ``activeDeadlineSeconds``."""
+
+    failure_class = FailureClass.DEADLINE_EXCEEDED
+
+
+class ApplicationError(PodFailureError):
+    """The training exited with a non-zero code."""
+
+    failure_class = FailureClass.APPLICATION_ERROR
+
+
+class UnknownPodFailureError(PodFailureError):
+    """The try failed for a reason the pod's status does not tell."""

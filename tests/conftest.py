@@ -19,6 +19,8 @@ pytest_plugins = ["tests.ledger_fixtures"]
 # something); local runs draw new ones, which is how the state machine finds new bugs.
 from hypothesis import settings as _hypothesis_settings  # noqa: E402
 
+from tests.skips import under_ci  # noqa: E402
+
 _hypothesis_settings.register_profile("ci", derandomize=True, print_blob=True)
-if os.environ.get("CI", "").lower() == "true":
+if under_ci():
     _hypothesis_settings.load_profile("ci")

@@ -18,6 +18,7 @@ from sqlalchemy.engine import make_url
 
 from airflow_gpupool.ledger import Ledger
 from airflow_gpupool.resources import GpuDevice, MigSlice, NodeInventory
+from tests.skips import skip_or_fail
 
 POSTGRES_URL = os.environ.get("GPUPOOL_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 
@@ -50,11 +51,8 @@ def postgres_available() -> str | None:
 def require_postgres() -> None:
     """Skip (or, under CI=true, fail) when PostgreSQL is not reachable."""
     reason = postgres_available()
-    if reason is None:
-        return
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"CI must run the PostgreSQL tests: {reason}")
-    pytest.skip(reason)
+    if reason is not None:
+        skip_or_fail(reason, what="the PostgreSQL tests")
 
 
 @pytest.fixture

@@ -18,6 +18,23 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+# Defined with the other errors; re-exported here, its first home.
+from airflow_gpupool.exceptions import CorruptCheckpointError
+
+__all__ = [
+    "CHECKPOINT_DIR_ENV",
+    "COMPLETE_MARKER",
+    "MANIFEST_NAME",
+    "PINS_DIR",
+    "RESUME_ENV",
+    "STEP_DIR_FORMAT",
+    "STEP_PREFIX",
+    "CheckpointManifest",
+    "CorruptCheckpointError",
+    "manifest_bytes",
+    "step_of",
+]
+
 STEP_PREFIX = "step-"
 STEP_DIR_FORMAT = "step-{:06d}"
 MANIFEST_NAME = "manifest.json"
@@ -27,19 +44,6 @@ CHECKPOINT_DIR_ENV = "GPUPOOL_CHECKPOINT_DIR"
 RESUME_ENV = "GPUPOOL_RESUME_FROM"
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
-
-
-class CorruptCheckpointError(ValueError):
-    """A manifest exists but does not follow the contract.
-
-    :param location: the step directory
-    :param detail: what is wrong
-    """
-
-    def __init__(self, location: str, detail: str) -> None:
-        self.location = location
-        self.detail = detail
-        super().__init__(f"corrupt checkpoint {location}: {detail}")
 
 
 def step_of(name: str) -> int | None:

@@ -10,24 +10,42 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from enum import Enum
 from typing import Any
 
-from airflow_gpupool.exceptions import GpuPoolError, ReservationTimeoutError
+# The classification and the errors live in the bottom layer (exceptions.py); re-exported here.
+from airflow_gpupool.exceptions import (
+    ApplicationError,
+    Classification,
+    DeadlineExceededError,
+    FailureClass,
+    ImagePullError,
+    NodeLostError,
+    OutOfMemoryError,
+    PodFailureError,
+    PreemptedError,
+    ReservationTimeoutError,
+    UnknownPodFailureError,
+)
 
-
-class FailureClass(str, Enum):
-    """Why a GPU task try failed."""
-
-    OUT_OF_MEMORY = "out_of_memory"
-    PREEMPTED = "preempted"
-    NODE_LOST = "node_lost"
-    IMAGE_PULL = "image_pull"
-    DEADLINE_EXCEEDED = "deadline_exceeded"
-    APPLICATION_ERROR = "application_error"
-    RESERVATION_TIMEOUT = "reservation_timeout"
-    UNKNOWN = "unknown"
+__all__ = [
+    "CUDA_OOM",
+    "DEADLINE_REASONS",
+    "IMAGE_PULL_REASONS",
+    "NODE_LOST_REASONS",
+    "PREEMPTION_REASONS",
+    "ApplicationError",
+    "Classification",
+    "DeadlineExceededError",
+    "FailureClass",
+    "ImagePullError",
+    "NodeLostError",
+    "OutOfMemoryError",
+    "PodFailureError",
+    "PreemptedError",
+    "UnknownPodFailureError",
+    "classify",
+    "error_for",
+]
 
 
 #: Pod (``status.reason``), condition and event reasons of a pod that was taken away.
@@ -49,22 +67,6 @@ CUDA_OOM = re.compile(
     r"CUDA out of memory|OutOfMemoryError|CUDA_ERROR_OUT_OF_MEMORY|CUBLAS_STATUS_ALLOC_FAILED"
     r"|RESOURCE_EXHAUSTED: Out of memory|cudaErrorMemoryAllocation"
 )
-
-
-@dataclass(frozen=True)
-class Classification:
-    """The class of a failure and the facts it rests on.
-
-    :param failure_class: the class
-    :param reason: the Kubernetes reason (or log pattern) that decided it
-    :param exit_code: the main container's exit code, if it terminated
-    :param pod_name: the pod, if one was created
-    """
-
-    failure_class: FailureClass
-    reason: str
-    exit_code: int | None = None
-    pod_name: str | None = None
 
 
 def _container_state(pod: Mapping[str, Any], container: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -134,74 +136,6 @@ def classify(
     return found(
         FailureClass.UNKNOWN, terminated.get("reason") or (pod.get("status") or {}).get("phase") or "unknown"
     )
-
-
-class PodFailureError(GpuPoolError):
-    """A GPU task try failed; the class, the pod, its exit code and the last checkpoint are fields.
-
-    :param classification: why it failed
-    :param last_checkpoint: the newest valid checkpoint step when it failed (None: none)
-    :param log_tail: the last lines of the main container's log
-    """
-
-    failure_class = FailureClass.UNKNOWN
-
-    def __init__(
-        self, classification: Classification, *, last_checkpoint: int | None = None, log_tail: str = ""
-    ) -> None:
-        self.classification = classification
-        self.pod_name = classification.pod_name
-        self.exit_code = classification.exit_code
-        self.last_checkpoint = last_checkpoint
-        self.log_tail = log_tail
-        where = f"pod {self.pod_name}" if self.pod_name else "the task"
-        code = f", exit code {self.exit_code}" if self.exit_code is not None else ""
-        step = (
-            f", last checkpoint step {last_checkpoint}" if last_checkpoint is not None else ", no checkpoint"
-        )
-        super().__init__(
-            f"{where} failed: {classification.failure_class.value} ({classification.reason}{code}{step})"
-        )
-
-
-class OutOfMemoryError(PodFailureError):
-    """The container ran out of host or GPU memory."""
-
-    failure_class = FailureClass.OUT_OF_MEMORY
-
-
-class PreemptedError(PodFailureError):
-    """The pod was evicted or preempted."""
-
-    failure_class = FailureClass.PREEMPTED
-
-
-class NodeLostError(PodFailureError):
-    """The pod's node became unreachable or disappeared."""
-
-    failure_class = FailureClass.NODE_LOST
-
-
-class ImagePullError(PodFailureError):
-    """The container image could not be pulled."""
-
-    failure_class = FailureClass.IMAGE_PULL
-
-
-class DeadlineExceededError(PodFailureError):
-    """The pod ran past its ``activeDeadlineSeconds``."""
-
-    failure_class = FailureClass.DEADLINE_EXCEEDED
-
-
-class ApplicationError(PodFailureError):
-    """The training exited with a non-zero code."""
-
-    failure_class = FailureClass.APPLICATION_ERROR
-
-
-class UnknownPodFailureError(PodFailureError):
-    """The try failed for a reason the pod's status does not tell."""
 
 
 _ERRORS: dict[FailureClass, type[PodFailureError]] = {

@@ -190,9 +190,6 @@ def create_app(ledger_factory: Callable[[], Ledger] | None = None) -> FastAPI:
         the ledger of the ``gpupool_default`` connection, else ``[gpupool] ledger_url``
     """
     from airflow.api_fastapi.core_api.security import get_user
-    from sqlalchemy.exc import SQLAlchemyError
-
-    from airflow_gpupool.exceptions import GpuPoolError, UnknownReservationError
 
     state = _State(ledger_factory or _default_ledger)
     app = FastAPI(
@@ -201,6 +198,17 @@ def create_app(ledger_factory: Callable[[], Ledger] | None = None) -> FastAPI:
         dependencies=[Depends(get_user)],
     )
     app.state.gpupool = state
+    _add_error_handlers(app)
+    _add_page_route(app, state)
+    _add_api_routes(app, state)
+    _add_metrics_route(app, state)
+    return app
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from airflow_gpupool.exceptions import GpuPoolError
 
     def ledger_unavailable(request: Request, exc: Exception) -> JSONResponse:
         # Not the page's fault: say which ledger failed and how, as the CLI would.
@@ -209,12 +217,18 @@ def create_app(ledger_factory: Callable[[], Ledger] | None = None) -> FastAPI:
     app.add_exception_handler(GpuPoolError, ledger_unavailable)
     app.add_exception_handler(SQLAlchemyError, ledger_unavailable)
 
+
+def _add_page_route(app: FastAPI, state: _State) -> None:
     @app.get("/", response_class=HTMLResponse)
     def index(
         request: Request, partial: bool = False, hours: Annotated[float, Query(gt=0, le=24 * 14)] = 6.0
     ) -> HTMLResponse:
         body = _body(state, _ui_base(request.scope.get("root_path", "")), hours)
         return HTMLResponse(body if partial else render_page(body))
+
+
+def _add_api_routes(app: FastAPI, state: _State) -> None:
+    from airflow_gpupool.exceptions import UnknownReservationError
 
     @app.get("/api/v1/snapshot")
     def api_snapshot() -> dict[str, Any]:
@@ -250,6 +264,8 @@ def create_app(ledger_factory: Callable[[], Ledger] | None = None) -> FastAPI:
         except UnknownReservationError as e:
             raise HTTPException(404, f"no reservation {reservation_id}") from e
 
+
+def _add_metrics_route(app: FastAPI, state: _State) -> None:
     @app.get("/metrics", response_class=PlainTextResponse)
     def metrics() -> PlainTextResponse:
         from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -259,5 +275,3 @@ def create_app(ledger_factory: Callable[[], Ledger] | None = None) -> FastAPI:
         registry = CollectorRegistry(auto_describe=False)
         registry.register(GpuPoolCollector(state.ledger))
         return PlainTextResponse(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
-
-    return app

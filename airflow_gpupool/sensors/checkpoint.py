@@ -12,7 +12,7 @@ from airflow.sdk import BaseSensorOperator, PokeReturnValue, conf
 from airflow_gpupool.checkpoints.manifest import CheckpointManifest
 from airflow_gpupool.checkpoints.progress import CheckpointEventStatus, assess
 from airflow_gpupool.checkpoints.store import CheckpointStore
-from airflow_gpupool.exceptions import ConfigurationError, GpuPoolError
+from airflow_gpupool.exceptions import CheckpointStalledError, ConfigurationError, GpuPoolError
 from airflow_gpupool.notifiers.escalation import (
     ESCALATION_KEY,
     MESSAGE_KEY,
@@ -24,23 +24,12 @@ from airflow_gpupool.triggers.checkpoint import CheckpointTrigger
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
+# CheckpointStalledError is defined with the other errors; re-exported here, its first home.
+__all__ = ["ON_STALL", "XCOM_MANIFEST_KEY", "XCOM_STEP_KEY", "CheckpointSensor", "CheckpointStalledError"]
+
 XCOM_STEP_KEY = "checkpoint_step"
 XCOM_MANIFEST_KEY = "checkpoint_manifest"
 ON_STALL = ("fail", "escalate")
-
-
-class CheckpointStalledError(GpuPoolError):
-    """No new valid checkpoint appeared within ``max_interval``.
-
-    :param checkpoint_dir: the watched location
-    :param last_step: the newest valid step (None: none yet)
-    :param message: what the watch saw
-    """
-
-    def __init__(self, checkpoint_dir: str, last_step: int | None, message: str) -> None:
-        self.checkpoint_dir = checkpoint_dir
-        self.last_step = last_step
-        super().__init__(f"checkpoints at {checkpoint_dir} stalled: {message}")
 
 
 def _seconds(name: str, value: float | timedelta | None) -> float | None:

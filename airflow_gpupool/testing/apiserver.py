@@ -243,6 +243,17 @@ class KubernetesApiEmulator(KubernetesEmulator):
             return await self._serve_pod_log(request)
         if request.action == action.LIST:
             return aiohttp.web.json_response(self._serve_selected_list(request))
+        self._before_write(request)
+        response = await super()._handle(request)
+        if response.status < 300:
+            await self._after_success(request)
+        return response
+
+    def _before_write(self, request: Any) -> None:
+        """Stamp a created object, and give an updated one a new resource version.
+
+        :param request: kmock's parsed request
+        """
         if request.action == action.CREATE and isinstance(request.data, dict):
             self._stamp(request.data, request.namespace)
             if request.resource == PODS:
@@ -251,12 +262,16 @@ class KubernetesApiEmulator(KubernetesEmulator):
             request.data.setdefault("metadata", {})
             if isinstance(request.data["metadata"], dict):
                 request.data["metadata"]["resourceVersion"] = self.next_resource_version()
-        response = await super()._handle(request)
-        if request.resource == PODS and response.status < 300:
+
+    async def _after_success(self, request: Any) -> None:
+        """Tell the kubelet about a pod or node request kmock served.
+
+        :param request: kmock's parsed request
+        """
+        if request.resource == PODS:
             await self._after_pod_change(request)
-        elif request.resource == NODES and response.status < 300 and request.action != action.FETCH:
+        elif request.resource == NODES and request.action != action.FETCH:
             self.kubelet.notify()
-        return response
 
     async def _after_pod_change(self, request: Any) -> None:
         """Start or stop the kubelet's work on a pod after a successful create or delete.

@@ -54,7 +54,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
     :param subparsers: what ``ArgumentParser.add_subparsers()`` returned
     """
-    parser = subparsers.add_parser("emulator", help=DESCRIPTION, description=DESCRIPTION)
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "emulator", help=DESCRIPTION, description=DESCRIPTION
+    )
     add_arguments(parser)
     parser.set_defaults(func=run)
     return parser

@@ -96,7 +96,8 @@ def _container_env(pod: dict[str, Any], name: str) -> str | None:
     containers = (pod.get("spec") or {}).get("containers") or [{}]
     for var in containers[0].get("env") or []:
         if var.get("name") == name:
-            return var.get("value")
+            value: str | None = var.get("value")
+            return value
     return None
 
 

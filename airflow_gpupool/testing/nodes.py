@@ -210,7 +210,7 @@ def node_from_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
     :param spec: a Node (has ``metadata``) or builder arguments (has ``name``)
     """
     if "metadata" in spec:
-        node = json.loads(json.dumps(spec))
+        node: dict[str, Any] = json.loads(json.dumps(spec))
         node.setdefault("apiVersion", "v1")
         node.setdefault("kind", "Node")
         return node

@@ -130,6 +130,7 @@ def untolerated_taint(pod: Mapping[str, Any], node: Mapping[str, Any]) -> Mappin
     :param node: the node
     """
     tolerations = (pod.get("spec") or {}).get("tolerations") or []
+    taint: Mapping[str, Any]
     for taint in (node.get("spec") or {}).get("taints") or []:
         if taint.get("effect") in {"NoSchedule", "NoExecute"} and not _tolerates(tolerations, taint):
             return taint
@@ -143,7 +144,7 @@ def node_is_ready(node: Mapping[str, Any]) -> bool:
     """
     for condition in (node.get("status") or {}).get("conditions") or []:
         if condition.get("type") == "Ready":
-            return condition.get("status") == "True"
+            return bool(condition.get("status") == "True")
     return True
 
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any, cast
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_gpupool.checkpoints.progress import Assessment, CheckpointEventStatus, assess
 from airflow_gpupool.checkpoints.store import CheckpointListing, CheckpointStore
+from airflow_gpupool.triggers.events import trigger_event
 
 
 class CheckpointTrigger(BaseTrigger):
@@ -37,7 +38,7 @@ class CheckpointTrigger(BaseTrigger):
         max_interval: float | None = None,
         poll_interval: float = 30.0,
     ) -> None:
-        super().__init__()
+        cast("Callable[[], None]", super().__init__)()  # BaseTrigger.__init__ is not annotated
         self.checkpoint_dir = checkpoint_dir
         self.conn_id = conn_id
         self.last_step = last_step
@@ -66,7 +67,7 @@ class CheckpointTrigger(BaseTrigger):
         self, status: CheckpointEventStatus, message: str, verdict: Assessment | None = None
     ) -> TriggerEvent:
         newest = verdict.newest if verdict else None
-        return TriggerEvent(
+        return trigger_event(
             {
                 "status": status.value,
                 "message": message,

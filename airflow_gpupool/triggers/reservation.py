@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from enum import Enum
-from typing import Any
+from typing import Any, cast
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_gpupool.hooks.gpupool import AsyncGpuPoolHook
 from airflow_gpupool.ledger.models import ReservationState
+from airflow_gpupool.triggers.events import trigger_event
 
 
 class ReservationEventStatus(str, Enum):
@@ -41,7 +42,7 @@ class ReservationTrigger(BaseTrigger):
         ledger_url: str | None = None,
         poll_interval: float = 5.0,
     ) -> None:
-        super().__init__()
+        cast("Callable[[], None]", super().__init__)()  # BaseTrigger.__init__ is not annotated
         self.reservation_id = reservation_id
         self.ledger_conn_id = ledger_conn_id
         self.ledger_url = ledger_url
@@ -60,7 +61,7 @@ class ReservationTrigger(BaseTrigger):
         )
 
     def _event(self, status: ReservationEventStatus, message: str, **extra: Any) -> TriggerEvent:
-        return TriggerEvent(
+        return trigger_event(
             {"status": status.value, "reservation_id": self.reservation_id, "message": message, **extra}
         )
 

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from airflow_gpupool.inventory import reconcile, reconcile_grant, sync_inventory
+from airflow_gpupool.controller.reconcile import reconcile, reconcile_grant
+from airflow_gpupool.inventory import sync_inventory
 from airflow_gpupool.inventory.sync import core_v1_api
 from airflow_gpupool.labels import RESERVATION_LABEL
 from airflow_gpupool.ledger import Ledger

@@ -23,6 +23,7 @@ from airflow.api_fastapi.core_api.security import get_user
 from fastapi import FastAPI
 
 from airflow_gpupool.plugins.app import create_app
+from tests.skips import skip_or_fail
 from tests.unit.metrics.scenario import Pool, build_pool
 
 CHROMIUM = os.environ.get("GPUPOOL_TEST_CHROMIUM", "/usr/bin/chromium")
@@ -40,11 +41,8 @@ def browser_ready() -> None:
             import playwright.sync_api  # noqa: F401
         except ImportError:
             reason = "the playwright package is not installed (pip install -e '.[test]')"
-    if reason is None:
-        return
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"CI must run the browser test: {reason}")
-    pytest.skip(reason)
+    if reason is not None:
+        skip_or_fail(reason, what="the browser test")
 
 
 def _free_port() -> int:
