@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from kubernetes.client import models as k8s
 
-from airflow_gpupool.operators.binding import PodBinding
+from airflow_gpupool.binding import PodBinding
 
 if TYPE_CHECKING:
     from airflow_gpupool.ledger.models import Grant
