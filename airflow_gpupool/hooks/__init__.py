@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
-from airflow_gpupool.hooks.gpupool import AsyncGpuPoolHook, GpuPoolHook, LedgerOptions
+from airflow_gpupool.hooks.gpupool import AsyncGpuPoolHook, GpuPoolHook
+from airflow_gpupool.hooks.options import LedgerOptions
 
 __all__ = ["AsyncGpuPoolHook", "GpuPoolHook", "LedgerOptions"]

@@ -18,114 +18,21 @@ file under ``AIRFLOW_HOME``).
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseHook
 
-from airflow_gpupool import settings
 from airflow_gpupool.exceptions import ConfigurationError
+from airflow_gpupool.hooks.options import LedgerOptions, NoConnection, extras_of, options_from
 
 if TYPE_CHECKING:
     from airflow_gpupool.ledger import Ledger, ReapResult, ReleaseResult, Reservation
+    from airflow_gpupool.ledger.attempts import TaskAttempt, TaskAttempts
+    from airflow_gpupool.placement.snapshot import ClusterSnapshot
     from airflow_gpupool.resources import GpuRequest
 
-_EXTRAS = (
-    "ledger_url",
-    "placement_policy",
-    "binding",
-    "node_pool_bindings",
-    "lease_ttl_seconds",
-    "reservation_timeout_seconds",
-    "poll_interval_seconds",
-)
-
-
-@dataclass(frozen=True)
-class LedgerOptions:
-    """Everything resolved from arguments, connection extras and configuration."""
-
-    ledger_url: str
-    placement_policy: str
-    binding: str
-    node_pool_bindings: dict[str, str] = field(default_factory=dict)
-    lease_ttl_seconds: float = 600.0
-    reservation_timeout_seconds: float = 300.0
-    poll_interval_seconds: float = 5.0
-
-
-def _number(name: str, value: Any, source: str) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ConfigurationError(f"{source}: {name}={value!r} is not a number of seconds") from None
-    if number <= 0:
-        raise ConfigurationError(f"{source}: {name}={value!r} must be positive")
-    return number
-
-
-def _pool_bindings(value: Any, source: str) -> dict[str, str]:
-    if isinstance(value, dict):
-        return {str(k): str(v) for k, v in value.items()}
-    if isinstance(value, str):
-        pairs = [p.strip() for p in value.split(",") if p.strip()]
-        out = {}
-        for pair in pairs:
-            pool, sep, strategy = pair.partition("=")
-            if not sep:
-                raise ConfigurationError(f"{source}: node_pool_bindings item {pair!r} is not pool=strategy")
-            out[pool.strip()] = strategy.strip()
-        return out
-    raise ConfigurationError(f"{source}: node_pool_bindings must be a mapping or 'pool=strategy,...'")
-
-
-def options_from(extras: dict[str, Any], overrides: dict[str, Any], source: str) -> LedgerOptions:
-    """Merge configuration < connection extras < constructor arguments, and check them."""
-    unknown = set(extras) - set(_EXTRAS)
-    if unknown:
-        raise ConfigurationError(f"{source}: unknown extras {sorted(unknown)}; known: {list(_EXTRAS)}")
-    merged = {**extras, **{k: v for k, v in overrides.items() if v is not None}}
-    options = LedgerOptions(
-        ledger_url=settings.ledger_url(merged.get("ledger_url")),
-        placement_policy=str(merged.get("placement_policy") or settings.placement_policy()),
-        binding=str(merged.get("binding") or settings.binding()),
-        node_pool_bindings=_pool_bindings(
-            merged.get("node_pool_bindings", settings.node_pool_bindings()), source
-        ),
-        lease_ttl_seconds=_number(
-            "lease_ttl_seconds", merged.get("lease_ttl_seconds", settings.lease_ttl_seconds()), source
-        ),
-        reservation_timeout_seconds=_number(
-            "reservation_timeout_seconds",
-            merged.get("reservation_timeout_seconds", settings.reservation_timeout_seconds()),
-            source,
-        ),
-        poll_interval_seconds=_number(
-            "poll_interval_seconds",
-            merged.get("poll_interval_seconds", settings.poll_interval_seconds()),
-            source,
-        ),
-    )
-    from airflow_gpupool.operators.binding import check_binding_name
-
-    check_binding_name(options.binding, source)
-    for pool, name in options.node_pool_bindings.items():
-        check_binding_name(name, f"{source} node pool {pool}")
-    return options
-
-
-def _extras_of(conn: Any) -> dict[str, Any]:
-    extras = dict(conn.extra_dejson or {})
-    if "ledger_url" not in extras and conn.host:
-        auth = conn.login or ""
-        if conn.password:
-            auth += f":{conn.password}"
-        port = f":{conn.port}" if conn.port else ""
-        extras["ledger_url"] = (
-            f"postgresql://{auth}{'@' if auth else ''}{conn.host}{port}/{conn.schema or 'gpupool'}"
-        )
-    return extras
+__all__ = ["AsyncGpuPoolHook", "GpuPoolHook", "LedgerOptions"]
 
 
 class GpuPoolHook(BaseHook):
@@ -162,24 +69,28 @@ class GpuPoolHook(BaseHook):
     @cached_property
     def options(self) -> LedgerOptions:
         """The resolved ledger URL and options."""
-        extras: dict[str, Any] = {}
-        source = "[gpupool] configuration"
-        if self.ledger_conn_id:
-            extras = _extras_of(self._connection())
-            source = f"connection {self.ledger_conn_id!r}"
-        return options_from(extras, self._overrides, source)
+        return self._resolve(self._connection() if self.ledger_conn_id else None)
+
+    def _resolve(self, conn: Any | None) -> LedgerOptions:
+        """Resolve the options from a fetched connection (None: no connection id, configuration only)."""
+        if conn is None:
+            return options_from({}, self._overrides, "[gpupool] configuration")
+        return options_from(extras_of(conn), self._overrides, f"connection {self.ledger_conn_id!r}")
 
     def _connection(self) -> Any:
         try:
             return self.get_connection(str(self.ledger_conn_id))
         except Exception as e:
-            if self.ledger_conn_id == self.default_conn_name and not isinstance(e, ConfigurationError):
-                # The default connection is optional: the [gpupool] configuration applies.
-                return _NoConnection()
-            raise ConfigurationError(
-                f"GPU pool connection {self.ledger_conn_id!r} not found: create it "
-                f"(AIRFLOW_CONN_{str(self.ledger_conn_id).upper()}) or set ledger_conn_id=None to use [gpupool] ledger_url"
-            ) from e
+            return self._missing_connection(e)
+
+    def _missing_connection(self, error: Exception) -> NoConnection:
+        if self.ledger_conn_id == self.default_conn_name and not isinstance(error, ConfigurationError):
+            # The default connection is optional: the [gpupool] configuration applies.
+            return NoConnection()
+        raise ConfigurationError(
+            f"GPU pool connection {self.ledger_conn_id!r} not found: create it "
+            f"(AIRFLOW_CONN_{str(self.ledger_conn_id).upper()}) or set ledger_conn_id=None to use [gpupool] ledger_url"
+        ) from error
 
     @cached_property
     def ledger(self) -> Ledger:
@@ -227,16 +138,51 @@ class GpuPoolHook(BaseHook):
         """Expire what is due and serve the queue."""
         return self.ledger.reap()
 
+    def explain(self, reservation_id: str) -> str:
+        """Say why a waiting reservation waits (its queue position and the closest nodes)."""
+        return self.ledger.explain(reservation_id)
+
+    def empty_cluster(self) -> ClusterSnapshot:
+        """Return the inventory as if nothing were granted: what a request could ever get."""
+        return self.ledger.empty_cluster()
+
+    def reconcile_grant(self, core_v1_api: Any, reservation_id: str, *, grace_seconds: float) -> str | None:
+        """Release a grant whose pod finished or never came; return why, or None when it is kept.
+
+        :param core_v1_api: a ``kubernetes.client.CoreV1Api``
+        :param reservation_id: the grant
+        :param grace_seconds: how long the grant may wait for its pod to appear
+        """
+        from airflow_gpupool.controller.reconcile import reconcile_grant
+
+        return reconcile_grant(self.ledger, core_v1_api, reservation_id, grace_seconds=grace_seconds)
+
+    # -- the failed tries of task instances (the escalation ladder's memory) -------------------
+
+    @cached_property
+    def _attempts(self) -> TaskAttempts:
+        from airflow_gpupool.ledger.attempts import TaskAttempts
+
+        return TaskAttempts(self.ledger)
+
+    def record_attempt(self, attempt: TaskAttempt) -> TaskAttempt:
+        """Store a failed try (idempotent per task key and try)."""
+        return self._attempts.record(attempt)
+
+    def attempt_history(self, task_key: str) -> list[TaskAttempt]:
+        """Return the failed tries of a task instance (:attr:`TaskTry.task_key`), oldest first."""
+        return self._attempts.history(task_key)
+
+    def claim_escalation(self, task_key: str, try_number: int) -> bool:
+        """Mark a try as escalated; return False if its task instance already was (exactly one caller wins)."""
+        return self._attempts.claim_escalation(task_key, try_number)
+
     def close(self) -> None:
         """Close the ledger's connections, if any were opened."""
+        self.__dict__.pop("_attempts", None)
         if "ledger" in self.__dict__:
             self.ledger.close()
             del self.__dict__["ledger"]
-
-
-class _NoConnection:
-    extra_dejson: dict[str, Any] = {}
-    host = login = password = port = schema = None
 
 
 class AsyncGpuPoolHook(GpuPoolHook):
@@ -245,22 +191,15 @@ class AsyncGpuPoolHook(GpuPoolHook):
     async def aoptions(self) -> LedgerOptions:
         """Resolve the options with an async connection look-up."""
         if "options" not in self.__dict__:
-            extras: dict[str, Any] = {}
-            source = "[gpupool] configuration"
-            if self.ledger_conn_id:
-                conn: Any
-                try:
-                    conn = await self.aget_connection(str(self.ledger_conn_id))
-                except Exception as e:
-                    if self.ledger_conn_id != self.default_conn_name:
-                        raise ConfigurationError(
-                            f"GPU pool connection {self.ledger_conn_id!r} not found"
-                        ) from e
-                    conn = _NoConnection()
-                extras = _extras_of(conn)
-                source = f"connection {self.ledger_conn_id!r}"
-            self.__dict__["options"] = options_from(extras, self._overrides, source)
+            conn = await self._aconnection() if self.ledger_conn_id else None
+            self.__dict__["options"] = self._resolve(conn)
         return self.options
+
+    async def _aconnection(self) -> Any:
+        try:
+            return await self.aget_connection(str(self.ledger_conn_id))
+        except Exception as e:
+            return self._missing_connection(e)
 
     async def aget(self, reservation_id: str) -> Reservation:
         """Return the reservation's state without blocking the triggerer's loop."""

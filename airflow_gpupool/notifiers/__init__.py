@@ -5,8 +5,19 @@ from __future__ import annotations
 from airflow_gpupool.notifiers.escalation import (
     ESCALATION_KEY,
     MESSAGE_KEY,
+    Escalation,
     EscalationNotifier,
+    TriedAttempt,
     format_escalation,
+    notify_escalation,
 )
 
-__all__ = ["ESCALATION_KEY", "MESSAGE_KEY", "EscalationNotifier", "format_escalation"]
+__all__ = [
+    "ESCALATION_KEY",
+    "MESSAGE_KEY",
+    "Escalation",
+    "EscalationNotifier",
+    "TriedAttempt",
+    "format_escalation",
+    "notify_escalation",
+]

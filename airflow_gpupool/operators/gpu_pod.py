@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import socket
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
@@ -16,20 +13,25 @@ from airflow.providers.cncf.kubernetes.triggers.pod import KubernetesPodTrigger
 from airflow.sdk.exceptions import TaskDeferred
 
 from airflow_gpupool import settings
-from airflow_gpupool.checkpoints.manifest import RESUME_ENV, CheckpointManifest
-from airflow_gpupool.exceptions import (
-    ConfigurationError,
-    GpuPoolError,
-    InvalidRequestError,
-    ReservationTimeoutError,
-)
+from airflow_gpupool.binding import SliceFacts, binding_for, check_binding_name
+from airflow_gpupool.exceptions import ConfigurationError, GpuPoolError, ReservationTimeoutError
 from airflow_gpupool.hooks.gpupool import GpuPoolHook
 from airflow_gpupool.ledger.models import Grant, ReservationState
-from airflow_gpupool.operators.binding import SliceFacts, binding_for, check_binding_name
-from airflow_gpupool.operators.escalation import Decision, EscalationPolicy, Remedy, decide, describe_policy
-from airflow_gpupool.operators.failures import Classification, FailureClass, classify, error_for
+from airflow_gpupool.operators.checkpointing import TaskCheckpoints
+from airflow_gpupool.operators.escalation import EscalationPolicy
+from airflow_gpupool.operators.failures import Classification, classify
+from airflow_gpupool.operators.ladder import FailedTry, FailureLadder
+from airflow_gpupool.operators.lease import LeaseRenewer
 from airflow_gpupool.operators.pod_spec import pin_pod
+from airflow_gpupool.operators.request import (
+    REQUEST_FIELDS,
+    build_request,
+    check_keep_checkpoints,
+    check_seconds,
+    templated,
+)
 from airflow_gpupool.resources import GpuRequest
+from airflow_gpupool.task_try import TaskTry
 from airflow_gpupool.triggers.pod import LeasedPodTrigger
 from airflow_gpupool.triggers.reservation import ReservationEventStatus, ReservationTrigger
 
@@ -37,77 +39,11 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
     from kubernetes.client import models as k8s
 
-    from airflow_gpupool.checkpoints.store import CheckpointStore
-    from airflow_gpupool.ledger.attempts import TaskAttempts
+    from airflow_gpupool.checkpoints.manifest import CheckpointManifest
+
+__all__ = ["XCOM_GRANT_KEY", "GpuPodOperator"]
 
 XCOM_GRANT_KEY = "gpupool_grant"
-_INT_FIELDS = ("gpus", "gpu_milli", "gpu_memory_mib", "priority")
-
-
-def _templated(value: Any) -> bool:
-    if isinstance(value, str):
-        return "{{" in value or "{%" in value
-    if isinstance(value, Mapping):
-        return any(_templated(k) or _templated(v) for k, v in value.items())
-    if isinstance(value, list | tuple | set | frozenset):
-        return any(_templated(v) for v in value)
-    return False
-
-
-class _LeaseRenewer(threading.Thread):
-    """Renew a grant's lease every ``ttl / 3`` while a sync pod runs.
-
-    Each round first reconciles the grant with its pod: a pod that finished or vanished
-    behind the operator's back gives its slice back instead of holding it until the TTL.
-    """
-
-    def __init__(
-        self,
-        hook: GpuPoolHook,
-        reservation_id: str,
-        ttl: float,
-        log: Any,
-        reconcile: Callable[[], str | None],
-    ) -> None:
-        super().__init__(name=f"gpupool-lease-{reservation_id}", daemon=True)
-        self._hook, self._id, self._ttl, self._log, self._reconcile = (
-            hook,
-            reservation_id,
-            ttl,
-            log,
-            reconcile,
-        )
-        self._stopped = threading.Event()
-
-    def run(self) -> None:
-        while not self._stopped.wait(self._ttl / 3):
-            try:
-                released = self._reconcile()
-                if released is not None:
-                    self._log.error("GPU slice %s released by reconcile: %s", self._id, released)
-                    return
-                self._hook.renew(self._id, self._ttl)
-            except GpuPoolError as e:
-                self._log.error("Lease of %s can no longer be renewed: %s", self._id, e)
-                return
-            except Exception:
-                self._log.exception("Renewing the lease of %s failed; will retry", self._id)
-
-    def stop(self) -> None:
-        self._stopped.set()
-
-
-# The operator arguments that make up the GPU request (templated, so checked at run time if templated).
-_REQUEST_FIELDS = (
-    "gpus",
-    "gpu_milli",
-    "gpu_memory_mib",
-    "mig_profile",
-    "gpu_models",
-    "node_labels",
-    "priority",
-    "team",
-)
 
 
 class GpuPodOperator(KubernetesPodOperator):
@@ -144,7 +80,7 @@ class GpuPodOperator(KubernetesPodOperator):
 
     template_fields: Sequence[str] = (
         *KubernetesPodOperator.template_fields,
-        *_REQUEST_FIELDS,
+        *REQUEST_FIELDS,
         "checkpoint_dir",
     )
     ui_color = "#76b900"
@@ -202,17 +138,11 @@ class GpuPodOperator(KubernetesPodOperator):
         self._request_override: GpuRequest | None = None
         self._resume_from: CheckpointManifest | None = None
         self._failure: tuple[Classification, str] | None = None
-        if keep_checkpoints is not None and (isinstance(keep_checkpoints, bool) or keep_checkpoints < 1):
-            raise InvalidRequestError(
-                "keep_checkpoints", keep_checkpoints, "an integer of at least 1, or None"
-            )
-        for name, value in (("reservation_timeout", reservation_timeout), ("lease_ttl", lease_ttl)):
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int | float) or value <= 0
-            ):
-                raise InvalidRequestError(name, value, "a positive number of seconds")
+        check_keep_checkpoints(keep_checkpoints)
+        check_seconds("reservation_timeout", reservation_timeout)
+        check_seconds("lease_ttl", lease_ttl)
         # Parse-time validation, no I/O: fail the DAG import, not the run, on a bad request.
-        if not any(_templated(getattr(self, f)) for f in _REQUEST_FIELDS):
+        if not any(templated(getattr(self, f)) for f in REQUEST_FIELDS):
             request = self.gpu_request()
             if binding is not None:
                 binding_for(request, binding, f"task {self.task_id}")
@@ -225,47 +155,12 @@ class GpuPodOperator(KubernetesPodOperator):
 
     def declared_request(self) -> GpuRequest:
         """Return the task's request, built from its (rendered) arguments."""
-        values: dict[str, Any] = {}
-        for name in _INT_FIELDS:
-            value = getattr(self, name)
-            if isinstance(value, str):
-                try:
-                    value = int(value.strip())
-                except ValueError:
-                    raise InvalidRequestError(name, value, "an integer (after templating)") from None
-            values[name] = value
-        models = self.gpu_models
-        if isinstance(models, str):
-            models = [m for m in models.replace(",", "|").split("|") if m]
-        return GpuRequest(
-            cpu_milli=self._cpu_milli(),
-            memory_mib=self._memory_mib(),
-            mig_profile=self.mig_profile or None,
-            gpu_models=frozenset(models or ()),
-            node_labels=tuple((self.node_labels or {}).items()),
-            workload_class=self.workload_class,  # type: ignore[arg-type]
-            team=self.team,
+        return build_request(
+            {name: getattr(self, name) for name in REQUEST_FIELDS},
+            workload_class=self.workload_class,
             preemptible=self.preemptible,
-            **values,
+            container_resources=self.container_resources,
         )
-
-    def _requested(self, key: str) -> str | None:
-        resources = self.container_resources
-        requests = getattr(resources, "requests", None) or {}
-        return requests.get(key)
-
-    def _cpu_milli(self) -> int:
-        raw = self._requested("cpu")
-        if raw is None:
-            return 1000
-        text = str(raw)
-        return int(text[:-1]) if text.endswith("m") else int(float(text) * 1000)
-
-    def _memory_mib(self) -> int:
-        from airflow_gpupool.inventory.yaml_file import memory_to_mib
-
-        raw = self._requested("memory")
-        return 1024 if raw is None else memory_to_mib("container_resources.requests.memory", raw)
 
     @cached_property
     def gpu_hook(self) -> GpuPoolHook:
@@ -277,17 +172,12 @@ class GpuPodOperator(KubernetesPodOperator):
     @staticmethod
     def reservation_id_for(context: Context) -> str:
         """Return the reservation id of this task try: stable across deferrals, new per retry."""
-        ti = context["ti"]
-        key = f"{ti.dag_id}|{ti.task_id}|{ti.run_id}|{getattr(ti, 'map_index', -1)}|{ti.try_number}"
-        return "gp-" + hashlib.sha256(key.encode()).hexdigest()[:32]
+        return TaskTry.from_context(context).reservation_id
 
     @staticmethod
-    def _holder(context: Context) -> str:
-        ti = context["ti"]
-        return (
-            f"{ti.dag_id}/{ti.task_id}/{ti.run_id}/map-{getattr(ti, 'map_index', -1)}"
-            f"/try-{ti.try_number}@{socket.gethostname()}"
-        )[:512]
+    def task_key(context: Context) -> str:
+        """Return the task instance's key without the try: what its tries share in the ledger."""
+        return TaskTry.from_context(context).task_key
 
     # -- execute ---------------------------------------------------------------------------------
 
@@ -297,23 +187,24 @@ class GpuPodOperator(KubernetesPodOperator):
         try:
             return self._reserve_and_run(context)
         except ReservationTimeoutError as e:
-            raise self._failed(context, self.reservation_id_for(context), e)  # noqa: B904 (cause set by _failed)
+            raise self._failed(context, TaskTry.from_context(context).reservation_id, e)  # noqa: B904 (cause set by _failed)
 
     def _reserve_and_run(self, context: Context) -> Any:
         request = self.gpu_request()
         options = self.gpu_hook.options
-        rid = self.reservation_id_for(context)
+        task = TaskTry.from_context(context)
+        rid = task.reservation_id
         timeout = self.reservation_timeout or options.reservation_timeout_seconds
         self.log.info("Reserving %s from the GPU ledger as %s", request.describe(), rid)
         reservation = self.gpu_hook.reserve(
-            request, self._holder(context), reservation_id=rid, ttl=self.lease_ttl, timeout=timeout
+            request, task.holder, reservation_id=rid, ttl=self.lease_ttl, timeout=timeout
         )
         if reservation.state is ReservationState.GRANTED:
             assert reservation.grant is not None
             return self._run_granted(context, rid, reservation.grant)
         if reservation.state is not ReservationState.WAITING:
             raise GpuPoolError(f"reservation {rid} is {reservation.state.value}: {reservation.message}")
-        self.log.info("No GPU slice fits now; %s", self.gpu_hook.ledger.explain(rid))
+        self.log.info("No GPU slice fits now; %s", self.gpu_hook.explain(rid))
         if self._defer_reservation():
             self.defer(
                 trigger=ReservationTrigger(
@@ -341,7 +232,7 @@ class GpuPodOperator(KubernetesPodOperator):
                 raise GpuPoolError(
                     f"reservation {rid} ended as {reservation.state.value}: {reservation.message}"
                 )
-            self.log.info("Waiting for a GPU slice; %s", self.gpu_hook.ledger.explain(rid))
+            self.log.info("Waiting for a GPU slice; %s", self.gpu_hook.explain(rid))
             time.sleep(poll_interval)
 
     def execute_granted(self, context: Context, event: dict[str, Any]) -> Any:
@@ -371,9 +262,11 @@ class GpuPodOperator(KubernetesPodOperator):
             "Granted %s on node %s GPU %s; launching the pod", request.describe(), grant.node, where
         )
         context["ti"].xcom_push(key=XCOM_GRANT_KEY, value={"reservation_id": rid, **grant.to_dict()})
-        self._find_resume_point(context, rid)
+        checkpoints = self._checkpoints()
+        if checkpoints is not None:
+            self._resume_from = checkpoints.resume_point(context["ti"].try_number, rid)
         ttl = self.lease_ttl or self.gpu_hook.options.lease_ttl_seconds
-        renewer = _LeaseRenewer(self.gpu_hook, rid, ttl, self.log, lambda: self._reconcile_own_grant(rid))
+        renewer = LeaseRenewer(self.gpu_hook, rid, ttl, self.log, lambda: self._reconcile_own_grant(rid))
         renewer.start()
         try:
             return self._run_then_release(
@@ -383,11 +276,9 @@ class GpuPodOperator(KubernetesPodOperator):
             renewer.stop()
 
     def _reconcile_own_grant(self, rid: str) -> str | None:
-        from airflow_gpupool.controller.reconcile import reconcile_grant
-
         # The pod may take up to the launch timeout to appear; only then is "no pod" news.
         grace = float(self.startup_timeout_seconds) + 60
-        return reconcile_grant(self.gpu_hook.ledger, self.client, rid, grace_seconds=grace)
+        return self.gpu_hook.reconcile_grant(self.client, rid, grace_seconds=grace)
 
     def _binding_for(self, request: GpuRequest, grant: Grant) -> Any:
         options = self.gpu_hook.options
@@ -399,7 +290,9 @@ class GpuPodOperator(KubernetesPodOperator):
         if result is not None:
             self.log.info("GPU slice %s: %s", rid, result.message)
         self._held_id = None
-        self._retain_checkpoints(rid)
+        checkpoints = self._checkpoints()
+        if checkpoints is not None:
+            checkpoints.retain(rid)
 
     # -- the pod --------------------------------------------------------------------------------
 
@@ -417,7 +310,7 @@ class GpuPodOperator(KubernetesPodOperator):
             gpu_memory_mib=grant.gpu_memory_mib,
             mig_profile=grant.mig_profile,
         )
-        pinned = pin_pod(
+        return pin_pod(
             pod,
             reservation_id=self._held_id,
             grant=grant,
@@ -426,17 +319,8 @@ class GpuPodOperator(KubernetesPodOperator):
             container_name=self.base_container_name,
             checkpoint_dir=self.checkpoint_dir,
             priority_class=settings.workload_priority_classes().get(request.workload_class.value),
+            resume_from=self._resume_from.location if self._resume_from is not None else None,
         )
-        if self._resume_from is not None:
-            container = next(
-                (c for c in pinned.spec.containers if c.name == self.base_container_name),
-                pinned.spec.containers[0],
-            )
-            from kubernetes.client import models as k8s_models
-
-            env = [e for e in (container.env or []) if e.name != RESUME_ENV]
-            container.env = [*env, k8s_models.V1EnvVar(name=RESUME_ENV, value=self._resume_from.location)]
-        return pinned
 
     def defer(
         self,
@@ -462,7 +346,7 @@ class GpuPodOperator(KubernetesPodOperator):
 
     def trigger_reentry(self, context: Context, event: dict[str, Any]) -> Any:
         """Finish the deferred pod like the parent, then release the slice."""
-        rid = self.reservation_id_for(context)
+        rid = TaskTry.from_context(context).reservation_id
         self._held_id = rid
         self._load_escalated_request(context)
         return self._run_then_release(
@@ -495,68 +379,29 @@ class GpuPodOperator(KubernetesPodOperator):
             if self._held_id:
                 self._release(self._held_id, "task killed")
 
-    # -- checkpoints, failure classification, escalation -----------------------------------------
-
-    @staticmethod
-    def task_key(context: Context) -> str:
-        """Return the task instance's key without the try: what its tries share in the ledger."""
-        ti = context["ti"]
-        return f"{ti.dag_id}/{ti.task_id}/{ti.run_id}/map-{getattr(ti, 'map_index', -1)}"[:512]
+    # -- checkpoints, failures, the ladder -----------------------------------------
 
     @cached_property
-    def attempts(self) -> TaskAttempts:
-        """The failed tries of this task, kept in the ledger (every worker sees them)."""
-        from airflow_gpupool.ledger.attempts import TaskAttempts
+    def failure_ladder(self) -> FailureLadder:
+        """The task's failure ladder, created on first use (never at parse time)."""
+        return FailureLadder(self.gpu_hook, self.escalation, notifier=self.escalation_notifier, log=self.log)
 
-        return TaskAttempts(self.gpu_hook.ledger)
-
-    def _checkpoints(self) -> CheckpointStore | None:
-        if not self.checkpoint_dir:
-            return None
-        from airflow_gpupool.checkpoints.store import CheckpointStore
-
-        return CheckpointStore(self.checkpoint_dir, conn_id=self.checkpoint_conn_id)
+    def _checkpoints(self) -> TaskCheckpoints | None:
+        return TaskCheckpoints.of(
+            self.checkpoint_dir, conn_id=self.checkpoint_conn_id, keep=self.keep_checkpoints, log=self.log
+        )
 
     def _load_escalated_request(self, context: Context) -> None:
         """Take the larger request an earlier try's out-of-memory failure chose, if any."""
-        if context["ti"].try_number <= 1:
-            return
-        larger = [a.next_request for a in self.attempts.history(self.task_key(context)) if a.next_request]
-        if larger:
-            self._request_override = larger[-1]
-            self.log.info("An earlier try ran out of memory; this try asks for %s", larger[-1].describe())
-
-    def _find_resume_point(self, context: Context, rid: str) -> None:
-        """On a retry, resume from the newest valid checkpoint, pinned against pruning meanwhile."""
-        store = self._checkpoints()
-        if store is None or context["ti"].try_number <= 1:
-            return
-        newest = store.newest()
-        if newest is None:
-            self.log.info("No valid checkpoint at %s; this retry starts from the beginning", store.url)
-            return
-        store.pin(newest.step, rid)
-        self._resume_from = newest
-        self.log.info("Resuming from checkpoint step %d at %s", newest.step, newest.location)
-
-    def _retain_checkpoints(self, rid: str) -> None:
-        store = self._checkpoints()
-        if store is None:
-            return
-        try:
-            store.unpin(rid)
-            if self.keep_checkpoints is not None:
-                pruned = store.prune(self.keep_checkpoints)
-                if pruned:
-                    self.log.info("Pruned checkpoint steps %s (keeping %d)", pruned, self.keep_checkpoints)
-        except Exception:
-            self.log.exception("Checkpoint retention at %s failed; the checkpoints stay", store.url)
+        larger = self.failure_ladder.escalated_request(TaskTry.from_context(context))
+        if larger is not None:
+            self._request_override = larger
 
     def cleanup(
         self,
         pod: k8s.V1Pod,
         remote_pod: k8s.V1Pod,
-        xcom_result: dict | None = None,
+        xcom_result: dict[str, Any] | None = None,
         context: Context | None = None,
     ) -> None:
         """Read why a failed pod failed (status, events, log tail) before the parent deletes it."""
@@ -596,122 +441,16 @@ class GpuPodOperator(KubernetesPodOperator):
         return classify(data, events, tail, container=self.base_container_name), tail
 
     def _failed(self, context: Context, rid: str, error: Exception) -> BaseException:
-        """Classify a failed try, record it, walk the ladder; return the exception to raise.
-
-        Runs before the slice is released, so the outcome is recorded first.
-        """
-        from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
-
-        if isinstance(error, AirflowSkipException | AirflowFailException):
-            return error
-        classification, tail = self._failure or (classify(None, error=error), "")
-        if classification.failure_class is FailureClass.UNKNOWN and self._failure is None:
-            classification = Classification(FailureClass.UNKNOWN, f"{type(error).__name__}: {error}")
-        store = self._checkpoints()
-        newest = store.newest() if store is not None else None
-        step = newest.step if newest else None
-        typed: BaseException = error
-        if not isinstance(error, ReservationTimeoutError):
-            typed = error_for(classification, last_checkpoint=step, log_tail=tail)
-            typed.__cause__ = error
+        """Walk the failure ladder for this try; return the exception to raise (before the release)."""
         ti = context["ti"]
-        decision = self._decide(classification.failure_class, ti)
-        self.log.error("Try %s failed: %s; %s", ti.try_number, typed, decision.reason)
-        if self._record(context, rid, classification, decision, step):
-            self._notify(context, classification, step, tail, decision.reason)
-        if decision.retry:
-            return typed
-        fail = AirflowFailException(f"{typed} ({decision.reason})")
-        fail.__cause__ = typed
-        return fail
-
-    def _decide(self, failure_class: FailureClass, ti: Any) -> Decision:
-        cluster = None
-        if self.escalation.remedy(failure_class) is Remedy.RETRY_LARGER:
-            try:
-                cluster = self.gpu_hook.ledger.empty_cluster()
-            except Exception:
-                self.log.exception("Reading the inventory failed; no larger slice can be chosen")
-        return decide(
-            self.escalation,
-            failure_class,
-            self.gpu_request(),
-            retries_left=ti.try_number <= int(getattr(ti, "max_tries", self.retries) or 0),
-            failed_model=self._grant.gpu_model if self._grant else None,
-            cluster=cluster,
-        )
-
-    def _record(
-        self, context: Context, rid: str, classification: Classification, decision: Decision, step: int | None
-    ) -> bool:
-        """Record the failed try in the ledger; return whether this caller must notify a person."""
-        from airflow_gpupool.ledger.attempts import TaskAttempt
-
-        ti = context["ti"]
-        key = self.task_key(context)
-        attempt = TaskAttempt(
-            task_key=key,
-            try_number=ti.try_number,
+        checkpoints = self._checkpoints()
+        failed = FailedTry(
+            task=TaskTry.from_context(context),
             reservation_id=rid,
-            failure_class=classification.failure_class.value,
-            remedy=decision.remedy.value,
             request=self.gpu_request(),
-            message=f"{classification.reason}: {decision.reason}",
-            exit_code=classification.exit_code,
-            next_request=decision.next_request,
+            retries_left=ti.try_number <= int(getattr(ti, "max_tries", self.retries) or 0),
             gpu_model=self._grant.gpu_model if self._grant else None,
-            checkpoint_step=step,
+            observed=self._failure,
+            checkpoints=checkpoints.store if checkpoints is not None else None,
         )
-        try:
-            self.attempts.record(attempt)
-            return decision.escalate and self.attempts.claim_escalation(key, ti.try_number)
-        except Exception:
-            # The pod's failure must still surface; a person hears of it, even if twice.
-            self.log.exception(
-                "Recording try %s in the ledger failed; the next try will not know it", ti.try_number
-            )
-            return decision.escalate
-
-    def _notify(
-        self, context: Context, classification: Classification, step: int | None, tail: str, why: str
-    ) -> None:
-        from airflow_gpupool.notifiers.escalation import (
-            ESCALATION_KEY,
-            MESSAGE_KEY,
-            EscalationNotifier,
-            format_escalation,
-        )
-
-        ti = context["ti"]
-        tried = [
-            {
-                "try_number": a.try_number,
-                "failure_class": a.failure_class,
-                "request": a.request.describe(),
-                "remedy": a.remedy,
-                "checkpoint_step": a.checkpoint_step,
-            }
-            for a in self.attempts.history(self.task_key(context))
-        ]
-        escalation = {
-            "dag_id": ti.dag_id,
-            "task_id": ti.task_id,
-            "run_id": ti.run_id,
-            "map_index": getattr(ti, "map_index", -1),
-            "try_number": ti.try_number,
-            "failure_class": classification.failure_class.value,
-            "reason": classification.reason,
-            "exit_code": classification.exit_code,
-            "pod_name": classification.pod_name,
-            "last_checkpoint_step": step,
-            "log_tail": tail,
-            "decision": why,
-            "tried": tried,
-            "policy": describe_policy(self.escalation),
-        }
-        notifier = self.escalation_notifier or EscalationNotifier()
-        try:
-            notifier({**context, ESCALATION_KEY: escalation, MESSAGE_KEY: format_escalation(escalation)})
-        except Exception:
-            # A broken notifier must not hide the task's own failure.
-            self.log.exception("The escalation notifier failed")
+        return self.failure_ladder.failed(context, failed, error)

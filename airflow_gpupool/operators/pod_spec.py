@@ -6,17 +6,23 @@ from typing import TYPE_CHECKING
 
 from kubernetes.client import models as k8s
 
-from airflow_gpupool.operators.binding import PodBinding
+from airflow_gpupool.binding import PodBinding
+from airflow_gpupool.checkpoints.manifest import RESUME_ENV
+from airflow_gpupool.labels import (
+    ANNOTATION_PREFIX,
+    GPU_RESOURCE,
+    HOSTNAME_LABEL,
+    RESERVATION_LABEL,
+    WORKLOAD_CLASS_LABEL,
+)
 
 if TYPE_CHECKING:
     from airflow_gpupool.ledger.models import Grant
     from airflow_gpupool.resources import GpuRequest
 
-LABEL_RESERVATION = "gpupool.io/reservation-id"
-LABEL_WORKLOAD_CLASS = "gpupool.io/workload-class"
-ANNOTATION_PREFIX = "gpupool.io/"
-HOSTNAME_LABEL = "kubernetes.io/hostname"
-GPU_TOLERATION = k8s.V1Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")
+__all__ = ["GPU_TOLERATION", "grant_env", "pin_pod"]
+
+GPU_TOLERATION = k8s.V1Toleration(key=GPU_RESOURCE, operator="Exists", effect="NoSchedule")
 
 
 def grant_env(reservation_id: str, grant: Grant, checkpoint_dir: str | None) -> dict[str, str]:
@@ -87,17 +93,22 @@ def pin_pod(
     container_name: str,
     checkpoint_dir: str | None,
     priority_class: str | None,
+    resume_from: str | None = None,
 ) -> k8s.V1Pod:
-    """Return ``pod`` pinned to ``grant`` (the pod object is changed in place)."""
+    """Return ``pod`` pinned to ``grant`` (the pod object is changed in place).
+
+    :param resume_from: the checkpoint a retry resumes from (``GPUPOOL_RESUME_FROM``), if any
+    """
     _pin_to_node(pod, grant.node)
     container = _container(pod, container_name)
     _set_resources(container, request, binding)
-    _set_env(container, {**grant_env(reservation_id, grant, checkpoint_dir), **binding.env})
+    resume = {RESUME_ENV: resume_from} if resume_from is not None else {}
+    _set_env(container, {**grant_env(reservation_id, grant, checkpoint_dir), **binding.env, **resume})
     meta = pod.metadata
     meta.labels = {
         **(meta.labels or {}),
-        LABEL_RESERVATION: reservation_id,
-        LABEL_WORKLOAD_CLASS: request.workload_class.value,
+        RESERVATION_LABEL: reservation_id,
+        WORKLOAD_CLASS_LABEL: request.workload_class.value,
     }
     where = (
         f"{grant.mig_slice} ({grant.mig_profile})"

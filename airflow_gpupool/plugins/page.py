@@ -11,8 +11,9 @@ from collections.abc import Mapping, Sequence
 from html import escape
 from typing import TYPE_CHECKING, Any
 
-from airflow_gpupool.plugins.holders import parse_holder, task_instance_url
+from airflow_gpupool.plugins.holders import task_instance_url
 from airflow_gpupool.resources import MIG_PROFILES, MILLI_PER_GPU
+from airflow_gpupool.task_try import TaskTry
 
 if TYPE_CHECKING:
     from airflow_gpupool.ledger import LedgerSnapshot, NodeRecord, Reservation
@@ -48,7 +49,7 @@ def holder_html(holder: str, ui_base: str) -> str:
     :param holder: the reservation's holder string
     :param ui_base: the Airflow UI's path prefix
     """
-    ref = parse_holder(holder)
+    ref = TaskTry.from_holder(holder)
     if ref is None:
         return f'<span class="holder">{escape(holder)}</span>'
     label = f"{ref.dag_id} / {ref.task_id}" + (f" [{ref.map_index}]" if ref.map_index >= 0 else "")
@@ -60,7 +61,7 @@ def holder_html(holder: str, ui_base: str) -> str:
 
 def _segment(r: Reservation, milli: int, label: str, ui_base: str) -> str:
     team = r.request.team
-    ref = parse_holder(r.holder)
+    ref = TaskTry.from_holder(r.holder)
     who = f"{ref.dag_id} / {ref.task_id}" if ref else r.holder
     title = f"{team} · {who} · {label} · {r.id}"
     body = f'<span class="team">{escape(team)}</span> <span class="who">{escape(who)}</span>'

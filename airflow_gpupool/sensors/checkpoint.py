@@ -13,12 +13,8 @@ from airflow_gpupool.checkpoints.manifest import CheckpointManifest
 from airflow_gpupool.checkpoints.progress import CheckpointEventStatus, assess
 from airflow_gpupool.checkpoints.store import CheckpointStore
 from airflow_gpupool.exceptions import CheckpointStalledError, ConfigurationError, GpuPoolError
-from airflow_gpupool.notifiers.escalation import (
-    ESCALATION_KEY,
-    MESSAGE_KEY,
-    EscalationNotifier,
-    format_escalation,
-)
+from airflow_gpupool.notifiers.escalation import Escalation, notify_escalation
+from airflow_gpupool.task_try import TaskTry
 from airflow_gpupool.triggers.checkpoint import CheckpointTrigger
 
 if TYPE_CHECKING:
@@ -150,23 +146,14 @@ class CheckpointSensor(BaseSensorOperator):
         step = newest.step if newest else None
         if self.on_stall == "fail":
             raise CheckpointStalledError(self.checkpoint_dir, step, message)
-        ti = context["ti"]
-        escalation = {
-            "dag_id": ti.dag_id,
-            "task_id": ti.task_id,
-            "run_id": ti.run_id,
-            "try_number": ti.try_number,
-            "failure_class": "stalled",
-            "reason": message,
-            "exit_code": None,
-            "pod_name": None,
-            "last_checkpoint_step": step,
-            "decision": "on_stall=escalate: a person decides; the sensor keeps watching",
-            "tried": [],
-            "log_tail": "",
-        }
-        notifier = self.escalation_notifier or EscalationNotifier()
-        notifier({**context, ESCALATION_KEY: escalation, MESSAGE_KEY: format_escalation(escalation)})
+        escalation = Escalation(
+            task=TaskTry.from_context(context),
+            failure_class="stalled",
+            reason=message,
+            decision="on_stall=escalate: a person decides; the sensor keeps watching",
+            last_checkpoint_step=step,
+        )
+        notify_escalation(escalation, context, self.escalation_notifier)
         self._since = time.time()  # the next notice only after another quiet max_interval
 
     # -- deferrable mode ---------------------------------------------------------------------

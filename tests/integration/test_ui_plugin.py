@@ -22,7 +22,9 @@ from airflow_gpupool.get_provider_info import get_provider_info
 from airflow_gpupool.ledger import Ledger
 from airflow_gpupool.plugins.app import create_app
 from airflow_gpupool.plugins.gpupool import GpuPoolPlugin
-from airflow_gpupool.plugins.holders import TaskRef, parse_holder, task_instance_url
+from airflow_gpupool.plugins.holders import task_instance_url
+from airflow_gpupool.task_try import TaskTry as TaskRef
+from airflow_gpupool.task_try import parse_holder
 from tests.unit.metrics.scenario import EMBED_HOLDER, TRAIN_HOLDER, Pool, build_pool
 
 TRAIN_URL = "/dags/train_dag/runs/manual__2027-01-15T10%3A00%3A00%2B00%3A00/tasks/fit"

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from airflow_gpupool.exceptions import InvalidInventoryError
 from airflow_gpupool.inventory import node_from_kubernetes
-from airflow_gpupool.labels import RESERVATION_LABEL
 from airflow_gpupool.resources import NodeHealth, NodeInventory
 
 A100 = "NVIDIA-A100-SXM4-80GB"
@@ -335,20 +333,3 @@ def test_malformed_nodes_name_node_and_field(obj: Any, field: str) -> None:
     with pytest.raises(InvalidInventoryError) as caught:
         node_from_kubernetes(obj)
     assert caught.value.field == field
-
-
-def test_reservation_label_matches_pod_spec() -> None:
-    # Read the constant from the source: importing pod_spec imports Airflow (5 s).
-    import ast
-
-    import airflow_gpupool
-
-    source = Path(airflow_gpupool.__file__).parent / "operators" / "pod_spec.py"
-    values = {
-        target.id: node.value.value
-        for node in ast.parse(source.read_text()).body
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
-        for target in node.targets
-        if isinstance(target, ast.Name)
-    }
-    assert values["LABEL_RESERVATION"] == RESERVATION_LABEL

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from airflow_gpupool.binding import PodBinding, SliceFacts, binding_for
 from airflow_gpupool.exceptions import ConfigurationError
-from airflow_gpupool.operators.binding import PodBinding, SliceFacts, binding_for
 from airflow_gpupool.resources import GpuRequest
 
 WHOLE2 = SliceFacts(

@@ -1,0 +1,153 @@
+"""The GPU request of a GpuPodOperator, built from its arguments and ``container_resources``.
+
+Pure and without I/O: it runs when the DAG file is parsed (for arguments that are not templated)
+and again after rendering, so a bad request fails the DAG import, not the run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from airflow_gpupool import quantity, validate
+from airflow_gpupool.exceptions import InvalidInventoryError, InvalidRequestError
+from airflow_gpupool.resources import GpuRequest
+
+__all__ = [
+    "DEFAULT_CPU_MILLI",
+    "DEFAULT_MEMORY_MIB",
+    "REQUEST_FIELDS",
+    "build_request",
+    "check_keep_checkpoints",
+    "check_seconds",
+    "requested_cpu_milli",
+    "requested_memory_mib",
+    "templated",
+]
+
+#: The operator arguments that make up the GPU request (templated, so checked at run time if templated).
+REQUEST_FIELDS = (
+    "gpus",
+    "gpu_milli",
+    "gpu_memory_mib",
+    "mig_profile",
+    "gpu_models",
+    "node_labels",
+    "priority",
+    "team",
+)
+_INT_FIELDS = ("gpus", "gpu_milli", "gpu_memory_mib", "priority")
+#: What a pod asks for when ``container_resources`` does not say.
+DEFAULT_CPU_MILLI = 1000
+DEFAULT_MEMORY_MIB = 1024
+
+
+def templated(value: Any) -> bool:
+    """Return whether a value (or anything inside it) is a Jinja template still to be rendered."""
+    if isinstance(value, str):
+        return "{{" in value or "{%" in value
+    if isinstance(value, Mapping):
+        return any(templated(k) or templated(v) for k, v in value.items())
+    if isinstance(value, list | tuple | set | frozenset):
+        return any(templated(v) for v in value)
+    return False
+
+
+def _requested(container_resources: Any, key: str) -> Any:
+    requests = getattr(container_resources, "requests", None) or {}
+    return requests.get(key)
+
+
+def requested_cpu_milli(container_resources: Any) -> int:
+    """Return the CPU the container requests, in milli-cores (default 1 core).
+
+    :param container_resources: the operator's ``V1ResourceRequirements`` (or None)
+    :raises InvalidRequestError: the request is not a CPU quantity
+    """
+    raw = _requested(container_resources, "cpu")
+    if raw is None:
+        return DEFAULT_CPU_MILLI
+    try:
+        return quantity.cpu_milli(raw)
+    except ValueError:
+        raise InvalidRequestError(
+            "container_resources.requests.cpu", raw, "cores (4, 0.5) or milli-cores (500m)"
+        ) from None
+
+
+def requested_memory_mib(container_resources: Any) -> int:
+    """Return the memory the container requests, in MiB (default 1 GiB).
+
+    :param container_resources: the operator's ``V1ResourceRequirements`` (or None)
+    :raises InvalidInventoryError: the request is not a memory quantity
+    """
+    raw = _requested(container_resources, "memory")
+    if raw is None:
+        return DEFAULT_MEMORY_MIB
+    try:
+        return quantity.memory_mib(raw)
+    except ValueError:
+        raise InvalidInventoryError(
+            "container_resources.requests.memory", raw, "a memory quantity such as 80Gi or 512Mi"
+        ) from None
+
+
+def _integer(name: str, value: Any) -> Any:
+    if not isinstance(value, str):
+        return value
+    try:
+        return int(value.strip())
+    except ValueError:
+        raise InvalidRequestError(name, value, "an integer (after templating)") from None
+
+
+def build_request(
+    fields: Mapping[str, Any], *, workload_class: str, preemptible: bool, container_resources: Any
+) -> GpuRequest:
+    """Return the request of the operator's (rendered) arguments.
+
+    :param fields: the values of :data:`REQUEST_FIELDS`, by name
+    :param workload_class: ``training``, ``inference`` or ``batch``
+    :param preemptible: whether higher-priority work may take the slice back
+    :param container_resources: the operator's ``V1ResourceRequirements`` (CPU and memory), or None
+    :raises InvalidRequestError: a bad field, named in the error's ``field``
+    """
+    models = fields["gpu_models"]
+    if isinstance(models, str):
+        models = [m for m in models.replace(",", "|").split("|") if m]
+    return GpuRequest(
+        cpu_milli=requested_cpu_milli(container_resources),
+        memory_mib=requested_memory_mib(container_resources),
+        mig_profile=fields["mig_profile"] or None,
+        gpu_models=frozenset(models or ()),
+        node_labels=tuple((fields["node_labels"] or {}).items()),
+        workload_class=workload_class,  # type: ignore[arg-type]
+        team=fields["team"],
+        preemptible=preemptible,
+        **{name: _integer(name, fields[name]) for name in _INT_FIELDS},
+    )
+
+
+def check_seconds(name: str, value: Any) -> None:
+    """Refuse a duration argument that is not a positive number (None: the configured default).
+
+    :raises InvalidRequestError: naming the argument
+    """
+    if value is None:
+        return
+    try:
+        # A DAG argument is a number: text and timedeltas, which configuration may use, are refused.
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"{value!r} is not a number")
+        validate.positive_seconds(value)
+    except ValueError:
+        raise InvalidRequestError(name, value, "a positive number of seconds") from None
+
+
+def check_keep_checkpoints(value: Any) -> None:
+    """Refuse a checkpoint retention that is not an integer of at least 1 (None: never prune).
+
+    :raises InvalidRequestError: naming ``keep_checkpoints``
+    """
+    if value is not None and (isinstance(value, bool) or value < 1):
+        raise InvalidRequestError("keep_checkpoints", value, "an integer of at least 1, or None")

@@ -1,0 +1,124 @@
+"""FailureLadder: classify, record, decide and notify after a failed try, against a real SQLite ledger."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+
+from airflow_gpupool.exceptions import ReservationTimeoutError
+from airflow_gpupool.hooks import GpuPoolHook
+from airflow_gpupool.ledger import Ledger
+from airflow_gpupool.notifiers import ESCALATION_KEY, MESSAGE_KEY
+from airflow_gpupool.operators.escalation import EscalationPolicy
+from airflow_gpupool.operators.failures import (
+    ApplicationError,
+    Classification,
+    FailureClass,
+    OutOfMemoryError,
+    UnknownPodFailureError,
+)
+from airflow_gpupool.operators.ladder import FailedTry, FailureLadder
+from airflow_gpupool.resources import GpuRequest
+from airflow_gpupool.task_try import TaskTry
+from tests.ledger_fixtures import node
+
+LOG: Any = logging.getLogger("test-ladder")
+QUARTER = GpuRequest(gpu_milli=250)
+OOM = (Classification(FailureClass.OUT_OF_MEMORY, "OOMKilled", 137, "train-abc"), "CUDA out of memory")
+APP = (Classification(FailureClass.APPLICATION_ERROR, "Error", 1, "train-abc"), "RuntimeError: boom")
+
+
+@pytest.fixture
+def hook(tmp_path: Path) -> Iterator[GpuPoolHook]:
+    url = f"sqlite:///{tmp_path}/ledger.db"
+    ledger = Ledger.create(url)
+    ledger.upsert_nodes([node("n1", gpus=2)])
+    ledger.close()
+    hook = GpuPoolHook(None, ledger_url=url)
+    yield hook
+    hook.close()
+
+
+def try_of(n: int, **kwargs: Any) -> FailedTry:
+    task = TaskTry("retrain", "train", "manual__1", -1, n, "worker-1")
+    return FailedTry(task=task, reservation_id=task.reservation_id, request=QUARTER, **kwargs)
+
+
+def test_out_of_memory_retries_larger_and_the_next_try_asks_for_it(hook: GpuPoolHook) -> None:
+    ladder = FailureLadder(hook, EscalationPolicy(), log=LOG)
+    failed = try_of(1, retries_left=True, gpu_model="A100", observed=OOM)
+
+    raised = ladder.failed({}, failed, RuntimeError("pod failed"))
+
+    assert isinstance(raised, OutOfMemoryError) and isinstance(raised.__cause__, RuntimeError)
+    (attempt,) = hook.attempt_history(failed.task.task_key)
+    assert (attempt.failure_class, attempt.remedy, attempt.next_request) == (
+        "out_of_memory",
+        "retry_larger",
+        GpuRequest(gpu_milli=500),
+    )
+    assert attempt.reservation_id == failed.reservation_id and attempt.exit_code == 137
+    assert ladder.escalated_request(failed.task) is None, "the first try asks for its own request"
+    assert ladder.escalated_request(TaskTry("retrain", "train", "manual__1", -1, 2)) == GpuRequest(
+        gpu_milli=500
+    )
+
+
+def test_exhausted_retries_fail_and_notify_once(hook: GpuPoolHook) -> None:
+    sent: list[dict[str, Any]] = []
+    ladder = FailureLadder(hook, EscalationPolicy(), notifier=sent.append, log=LOG)
+    ladder.failed({}, try_of(1, retries_left=True, observed=APP), RuntimeError("pod failed"))
+
+    raised = ladder.failed(
+        {"run_id": "manual__1"}, try_of(2, retries_left=False, observed=APP), RuntimeError()
+    )
+    again = ladder.failed({}, try_of(2, retries_left=False, observed=APP), RuntimeError())
+
+    assert isinstance(raised, AirflowFailException) and isinstance(raised.__cause__, ApplicationError)
+    assert "application_error: retries exhausted" in str(raised)
+    assert isinstance(again, AirflowFailException)
+    (context,) = sent
+    escalation = context[ESCALATION_KEY]
+    assert context["run_id"] == "manual__1" and "needs a person" in context[MESSAGE_KEY]
+    assert (escalation["try_number"], escalation["log_tail"]) == (2, "RuntimeError: boom")
+    assert [t["try_number"] for t in escalation["tried"]] == [1, 2]
+    assert escalation["policy"]["out_of_memory"] == "retry_larger"
+
+
+def test_a_broken_notifier_does_not_hide_the_failure(hook: GpuPoolHook) -> None:
+    def broken(context: Any) -> None:
+        raise ConnectionError("Slack is down")
+
+    ladder = FailureLadder(
+        hook, EscalationPolicy.of({"application_error": "escalate"}), notifier=broken, log=LOG
+    )
+    raised = ladder.failed({}, try_of(1, retries_left=True, observed=APP), RuntimeError())
+    assert isinstance(raised, AirflowFailException) and isinstance(raised.__cause__, ApplicationError)
+
+
+def test_skip_and_fail_pass_through_unrecorded(hook: GpuPoolHook) -> None:
+    ladder = FailureLadder(hook, EscalationPolicy(), log=LOG)
+    skip = AirflowSkipException("nothing to do")
+    assert ladder.failed({}, try_of(1, retries_left=True), skip) is skip
+    assert hook.attempt_history(try_of(1, retries_left=True).task.task_key) == []
+
+
+def test_without_a_pod_the_error_is_the_reason(hook: GpuPoolHook) -> None:
+    ladder = FailureLadder(hook, EscalationPolicy(), log=LOG)
+    raised = ladder.failed({}, try_of(1, retries_left=True), RuntimeError("API server gone"))
+    assert isinstance(raised, UnknownPodFailureError)
+    (attempt,) = hook.attempt_history(try_of(1, retries_left=True).task.task_key)
+    assert attempt.message.startswith("RuntimeError: API server gone: unknown: retrying")
+
+
+def test_a_reservation_timeout_is_raised_as_it_is(hook: GpuPoolHook) -> None:
+    ladder = FailureLadder(hook, EscalationPolicy(), log=LOG)
+    timeout = ReservationTimeoutError("gp-x", 300, ["n1: needs 1 free GPUs"])
+    assert ladder.failed({}, try_of(1, retries_left=True), timeout) is timeout
+    (attempt,) = hook.attempt_history(try_of(1, retries_left=True).task.task_key)
+    assert attempt.failure_class == "reservation_timeout"
