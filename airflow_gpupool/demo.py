@@ -28,6 +28,7 @@ from typing import IO, Any
 
 from airflow_gpupool.ledger import Ledger
 from airflow_gpupool.ledger.models import Grant, Reservation
+from airflow_gpupool.task_try import TaskTry
 from airflow_gpupool.testing import KubernetesEmulatorServer, gpu_node
 
 DAG_ID = "gpu_retraining"
@@ -135,9 +136,8 @@ def _slice(grant: Grant) -> str:
 
 
 def _task_of(holder: str) -> str:
-    # holder: dag/task/run/map-N/try-K@host
-    parts = holder.split("@", 1)[0].split("/")
-    return f"{parts[1]} try {parts[-1].removeprefix('try-')}" if len(parts) >= 5 else holder
+    task = TaskTry.from_holder(holder)
+    return f"{task.task_id} try {task.try_number}" if task is not None else holder
 
 
 def grant_lines(ledger: Ledger) -> list[str]:
@@ -165,7 +165,7 @@ def _train_note(dag_run: Any, ti: Any, ledger: Ledger, k8s: KubernetesEmulatorSe
     from airflow_gpupool.ledger.attempts import TaskAttempts
 
     notes = []
-    for attempt in TaskAttempts(ledger).history(f"{DAG_ID}/train/{dag_run.run_id}/map--1"):
+    for attempt in TaskAttempts(ledger).history(TaskTry(DAG_ID, "train", dag_run.run_id).task_key):
         notes.append(
             f"try {attempt.try_number} failed ({attempt.failure_class}, exit {attempt.exit_code}) "
             f"after checkpoint step {attempt.checkpoint_step}"
