@@ -10,13 +10,17 @@ On PostgreSQL, a grant or release that needs no queue decision (nothing waits, n
 is overdue) takes the lock in shared mode instead and commits alongside others: see
 :mod:`airflow_gpupool.ledger.pg_functions`. Anything else takes it exclusively.
 
-:class:`Ledger` is the one public face of rooms that each do one job, layered bottom up:
+:class:`Ledger` is the one public face of rooms that each do one job, layered bottom up
+(each imports only the layers below it):
 
 * :mod:`~airflow_gpupool.ledger.records`: rows made into reservations and grants;
 * :mod:`~airflow_gpupool.ledger.store`: connections, transactions, per-process caches;
 * :mod:`~airflow_gpupool.ledger.cycle`: expire what is due, apply, serve the queue;
 * :mod:`~airflow_gpupool.ledger.inventory`, :mod:`~airflow_gpupool.ledger.grants` and
   :mod:`~airflow_gpupool.ledger.views`: nodes; grants and leases; what can be read.
+
+The facade composes them and picks the path of each grant and release: the concurrent
+one where the database has it, the serialized cycle when that one declines.
 """
 
 from __future__ import annotations
