@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from sqlalchemy import Connection, Row
 
     from airflow_gpupool.ledger.ledger import Ledger
+    from airflow_gpupool.ledger.store import Tx
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,7 @@ class TaskAttempts:
         """Store a failed try (idempotent per task key and try: a second record of a try is ignored)."""
         a = schema.task_attempts.c
 
-        def run(tx: Any) -> TaskAttempt:
+        def run(tx: Tx) -> TaskAttempt:
             existing = tx.conn.execute(
                 select(schema.task_attempts).where(
                     a.task_key == attempt.task_key, a.try_number == attempt.try_number
@@ -111,7 +112,7 @@ class TaskAttempts:
                 ).one()
             )
 
-        return self.ledger._write(run)
+        return self.ledger.write(run)
 
     def history(self, task_key: str) -> list[TaskAttempt]:
         """Return the failed tries of a task instance, oldest first."""
@@ -121,7 +122,7 @@ class TaskAttempts:
             query = select(schema.task_attempts).where(a.task_key == task_key).order_by(a.try_number)
             return [_row_to_attempt(row) for row in conn.execute(query)]
 
-        return self.ledger._read(run)
+        return self.ledger.read(run)
 
     def claim_escalation(self, task_key: str, try_number: int) -> bool:
         """Mark try ``try_number`` as escalated; return False if this task instance already was.
@@ -131,7 +132,7 @@ class TaskAttempts:
         """
         a = schema.task_attempts.c
 
-        def run(tx: Any) -> bool:
+        def run(tx: Tx) -> bool:
             done = tx.conn.execute(
                 select(a.try_number).where(a.task_key == task_key, a.escalated.is_(True))
             ).first()
@@ -144,4 +145,4 @@ class TaskAttempts:
             )
             return bool(changed.rowcount)
 
-        return self.ledger._write(run)
+        return self.ledger.write(run)

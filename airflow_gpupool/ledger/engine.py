@@ -7,7 +7,7 @@ import logging
 import sqlite3
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
@@ -18,6 +18,7 @@ from airflow_gpupool.exceptions import ConfigurationError
 
 log = logging.getLogger(__name__)
 
+P = ParamSpec("P")
 T = TypeVar("T")
 
 #: Key of the PostgreSQL advisory lock that serializes the ledger's writers.
@@ -122,7 +123,7 @@ def is_transient(error: BaseException) -> bool:
     return isinstance(error, OperationalError) and not sqlstate
 
 
-def transient_retry(fn: Callable[..., T]) -> Callable[..., T]:
+def transient_retry(fn: Callable[P, T]) -> Callable[P, T]:
     """Retry ``fn`` on transient database errors only, with jittered backoff; re-raise the last.
 
     The first call runs bare: on the hot path a retry policy costs more than the call.
@@ -136,7 +137,7 @@ def transient_retry(fn: Callable[..., T]) -> Callable[..., T]:
     )(fn)
 
     @functools.wraps(fn)
-    def call(*args: Any, **kwargs: Any) -> T:
+    def call(*args: P.args, **kwargs: P.kwargs) -> T:
         try:
             return fn(*args, **kwargs)
         except Exception as error:

@@ -6,7 +6,7 @@ on its own, so PostgreSQL commits many of them together. Each function is one ro
 and one transaction. When the queue is not empty, a lease is overdue, the inventory
 changed, or anything else needs the serialized path, a function changes nothing and
 answers ``serialize``: the caller then takes the exclusive lock (see
-:mod:`airflow_gpupool.ledger.ledger`).
+:mod:`airflow_gpupool.ledger.grants`).
 
 Why this is safe:
 

@@ -6,7 +6,7 @@ the statements every reserve and release runs are constructed here, once per pro
 
 from __future__ import annotations
 
-from sqlalchemy import and_, bindparam, or_, select, update
+from sqlalchemy import and_, bindparam, func, or_, select, update
 
 from airflow_gpupool.ledger import schema
 
@@ -32,6 +32,14 @@ WAITING = (
     select(_r.id, _r.request, _r.seq, _r.overtakes)
     .where(_r.state == "waiting")
     .order_by(_r.priority.desc(), _r.seq)
+)
+# The queue serves higher priorities first, then the older request (lower ``seq``).
+WAITING_AHEAD = select(func.count()).where(
+    _r.state == "waiting",
+    or_(
+        _r.priority > bindparam("priority"),
+        and_(_r.priority == bindparam("priority"), _r.seq < bindparam("seq")),
+    ),
 )
 SET_OVERTAKES = (
     update(schema.reservations).where(_r.id == bindparam("rid")).values(overtakes=bindparam("overtake_count"))

@@ -1,0 +1,313 @@
+"""Grants and their leases: reserve, renew and release.
+
+A reserve or release takes one of two paths. On PostgreSQL, one that needs no queue
+decision (nothing waits, no lease is overdue) tries :class:`ConcurrentGrants` first: it
+places on this process's copy of the capacity and commits under the shared lock,
+alongside others (see :mod:`airflow_gpupool.ledger.pg_functions`). Anything else, and
+everything on SQLite, runs :class:`LedgerGrants` in the serialized write cycle
+(:mod:`airflow_gpupool.ledger.cycle`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sqlalchemy import insert, select, update
+
+from airflow_gpupool import settings
+from airflow_gpupool.exceptions import InvalidRequestError, LeaseExpiredError, NoCapacityError
+from airflow_gpupool.ledger import records, schema
+from airflow_gpupool.ledger.cache import classes_from_counts
+from airflow_gpupool.ledger.concurrent import ConcurrentPath
+from airflow_gpupool.ledger.cycle import WriteCycle
+from airflow_gpupool.ledger.models import Grant, ReleaseResult, Reservation, ReservationState
+from airflow_gpupool.ledger.records import GRANTED, WAITING
+from airflow_gpupool.ledger.store import LOGGER_NAME, LedgerStore, Tx
+from airflow_gpupool.placement.accounting import allocate, deallocate
+from airflow_gpupool.placement.fit import choices
+from airflow_gpupool.placement.verdict import Assignment, NoFit, NoFitReason
+from airflow_gpupool.resources import GpuRequest
+from airflow_gpupool.validate import positive_seconds
+
+log = logging.getLogger(LOGGER_NAME)
+
+_MAX_HOLDER = 512
+_MAX_SECONDS = 366 * 86400
+_SECONDS = "a number of seconds in (0, 31622400]"
+# Nodes a concurrent grant tries before it takes the serialized path (each try is one round trip).
+_CONCURRENT_ATTEMPTS = 4
+# How old the capacity copy may be when a concurrent grant places on it. Older copies are
+# refreshed first; a wrong guess costs one more try, never a wrong grant.
+_CACHE_FRESH_FOR_S = 0.5
+
+
+@dataclass(frozen=True)
+class ReserveArgs:
+    """The checked arguments of one reserve call, defaults filled in.
+
+    :param idempotent: the caller chose the id: reserving it again returns what it has
+    """
+
+    request: GpuRequest
+    holder: str
+    reservation_id: str
+    ttl: float
+    timeout: float
+    idempotent: bool
+
+    @classmethod
+    def check(
+        cls,
+        request: GpuRequest,
+        holder: str,
+        *,
+        ttl: float | None = None,
+        timeout: float | None = None,
+        reservation_id: str | None = None,
+    ) -> ReserveArgs:
+        """Check the arguments of :meth:`~airflow_gpupool.ledger.Ledger.reserve`.
+
+        :raises InvalidRequestError: one is wrong
+        """
+        if not isinstance(request, GpuRequest):
+            raise InvalidRequestError("request", request, "a GpuRequest")
+        if not isinstance(holder, str) or not holder or len(holder) > _MAX_HOLDER:
+            raise InvalidRequestError(
+                "holder", holder, f"a non-empty string of at most {_MAX_HOLDER} characters"
+            )
+        seconds = _seconds("ttl", ttl, settings.lease_ttl_seconds)
+        wait = _seconds("timeout", timeout, settings.reservation_timeout_seconds)
+        rid = reservation_id or uuid.uuid4().hex
+        if not isinstance(rid, str) or not 0 < len(rid) <= 64:
+            raise InvalidRequestError("reservation_id", rid, "a string of 1 to 64 characters")
+        return cls(request, holder, rid, seconds, wait, reservation_id is not None)
+
+
+def released(reservation_id: str, state: ReservationState, reason: str) -> ReleaseResult:
+    """Return the result of a release that ended a reservation that was in ``state``."""
+    return ReleaseResult(reservation_id, True, state, f"{state.value} reservation released: {reason}")
+
+
+def _new_grant(
+    store: LedgerStore, assignment: Assignment, args: ReserveArgs, node_pool: str, now: float
+) -> Grant:
+    gpu_info = store.cache.gpu_info
+    node = assignment.node
+    return records.build_grant(
+        assignment,
+        args.request,
+        node_pool=node_pool,
+        gpu_info={i: gpu_info[(node, i)] for i in assignment.gpu_indices if (node, i) in gpu_info},
+        granted_at=now,
+        expires_at=now + args.ttl,
+    )
+
+
+def _granted(args: ReserveArgs, now: float, grant: Grant) -> Reservation:
+    return Reservation(
+        args.reservation_id,
+        args.holder,
+        ReservationState.GRANTED,
+        args.request,
+        now,
+        now + args.timeout,
+        grant,
+    )
+
+
+class ConcurrentGrants:
+    """Grants and releases under the shared lock, where no queue decision is needed (PostgreSQL).
+
+    Each call answers None when it changed nothing and the serialized path must decide.
+    """
+
+    def __init__(self, store: LedgerStore, path: ConcurrentPath, cycle: WriteCycle) -> None:
+        self._store = store
+        self._path = path
+        self._cycle = cycle
+
+    def reserve(self, args: ReserveArgs) -> Reservation | None:
+        """Grant the request if it fits now; None: take the serialized path.
+
+        Placement runs on this process's copy of the capacity, refreshed when it is older
+        than ``_CACHE_FRESH_FOR_S``; the database function checks the choice against the
+        node's row. A node the copy had wrong is left out and the request placed again on a
+        refreshed copy, a few times at most.
+        """
+        store = self._store
+        cache = store.cache
+        with store.cache_lock, self._path.connect() as conn:
+            store.check_schema(conn)
+            skipped: set[str] = set()
+            refreshed = False
+            for _ in range(_CONCURRENT_ATTEMPTS):
+                if not refreshed and not cache.fresh(_CACHE_FRESH_FOR_S):
+                    cache.refresh(conn)
+                    refreshed = True
+                verdict = self._cycle.place(cache.nodes, args.request, skipped, cache.take_changes())
+                if isinstance(verdict, NoFit):
+                    if refreshed or skipped:
+                        return None  # the serialized path queues it, or says it can never fit
+                    cache.refresh(conn)
+                    refreshed = True
+                    continue
+                now = store.clock()
+                outcome, taken = self._path.take(
+                    conn,
+                    args.reservation_id,
+                    args.holder,
+                    args.request,
+                    verdict,
+                    cache.gpu_model(verdict),
+                    cache.generation,
+                    now,
+                    args.ttl,
+                    now + args.timeout,
+                )
+                if taken is not None:
+                    store.requests.put(args.reservation_id, args.request)
+                    node = cache.nodes[verdict.node]
+                    cache.put(allocate(node, args.request, taken))
+                    return _granted(args, now, _new_grant(store, taken, args, node.node_pool, now))
+                if outcome == "serialize":
+                    return None
+                log.debug(
+                    "Node %s no longer fits %s: refreshing and placing again",
+                    verdict.node,
+                    args.reservation_id,
+                )
+                skipped.add(verdict.node)
+                refreshed = False
+        return None
+
+    def release(self, reservation_id: str, reason: str) -> ReleaseResult | None:
+        """Give a grant back; None: the serialized path must (queue, expiry, drain)."""
+        store = self._store
+        with self._path.connect() as conn:
+            store.check_schema(conn)
+            given = self._path.give_back(conn, reservation_id, store.clock(), reason)
+        if given is None:
+            return None
+        with store.cache_lock:
+            node = store.cache.nodes.get(given.assignment.node)
+            if node is not None:  # this process's copy gives it back too, until the next refresh
+                classes = classes_from_counts(given.node_training, given.node_inference)
+                store.cache.put(deallocate(node, given.request, given.assignment, classes))
+        return released(reservation_id, ReservationState.GRANTED, reason)
+
+
+class LedgerGrants:
+    """Grants, renewals and releases in the serialized write cycle."""
+
+    def __init__(self, store: LedgerStore, cycle: WriteCycle) -> None:
+        self._store = store
+        self._cycle = cycle
+
+    def reserve(self, args: ReserveArgs) -> Reservation:
+        """Grant the request now, or queue it (see :meth:`~airflow_gpupool.ledger.Ledger.reserve`)."""
+        request, rid = args.request, args.reservation_id
+
+        def run(tx: Tx) -> Reservation:
+            if args.idempotent:
+                existing = tx.conn.execute(
+                    select(schema.reservations).where(schema.reservations.c.id == rid)
+                ).first()
+                if existing is not None:
+                    return self._store.reservation(tx.conn, existing)
+            tx.conn.execute(
+                insert(schema.reservations).values(
+                    id=rid,
+                    holder=args.holder,
+                    request=json.dumps(request.to_dict(), sort_keys=True),
+                    priority=request.priority,
+                    seq=tx.version,
+                    state=WAITING,
+                    team=request.team,
+                    workload_class=request.workload_class.value,
+                    created_at=tx.now,
+                    deadline=tx.now + args.timeout,
+                    ttl=args.ttl,
+                    overtakes=0,
+                )
+            )
+            self._store.requests.put(rid, request)
+            tx.dirty = True
+            self._cycle.serve(tx)
+            if rid in tx.assignments:
+                assignment = tx.assignments[rid]
+                node_pool = tx.nodes[assignment.node].node_pool
+                return _granted(args, tx.now, _new_grant(self._store, assignment, args, node_pool, tx.now))
+            self._refuse_if_never_fits(tx, request)
+            row = tx.conn.execute(select(schema.reservations).where(schema.reservations.c.id == rid)).one()
+            return self._store.reservation(tx.conn, row)
+
+        return self._cycle.write(run)
+
+    def _refuse_if_never_fits(self, tx: Tx, request: GpuRequest) -> None:
+        empty = self._store.cache.empty_snapshot(tx.nodes.values())
+        reasons = []
+        for node in empty.nodes:
+            verdict = choices(node, request)
+            if not isinstance(verdict, NoFitReason):
+                return
+            reasons.append(verdict)
+        # Raising rolls the whole transaction back: the request was never queued.
+        raise NoCapacityError(request, sorted(reasons))
+
+    def renew(self, reservation_id: str, ttl: float | None = None) -> Reservation:
+        """Extend a grant's lease by ``ttl`` seconds from now (default: its own TTL)."""
+
+        def run(tx: Tx) -> Reservation:
+            row = records.row_by_id(tx.conn, reservation_id)
+            if row.state != GRANTED:
+                raise LeaseExpiredError(reservation_id, row.state)
+            seconds = _seconds("ttl", ttl, lambda: float(row.ttl))
+            tx.conn.execute(
+                update(schema.reservations)
+                .where(schema.reservations.c.id == reservation_id)
+                .values(expires_at=tx.now + seconds)
+            )
+            return self._store.reservation(tx.conn, records.row_by_id(tx.conn, reservation_id))
+
+        return self._cycle.write(run)
+
+    def release(self, reservation_id: str, reason: str) -> ReleaseResult:
+        """Give a grant back, or withdraw a waiting request; idempotent."""
+
+        def run(tx: Tx) -> ReleaseResult:
+            row = records.row_by_id(tx.conn, reservation_id)
+            state = ReservationState(row.state)
+            if state.ended:
+                when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(row.ended_at or tx.now))
+                return ReleaseResult(
+                    reservation_id, False, state, f"nothing to release: reservation {state.value} at {when}"
+                )
+            if state is ReservationState.GRANTED:
+                self._cycle.end_grant(tx, row, ReservationState.RELEASED, reason)
+            else:
+                self._cycle.end_waiting(tx, row, ReservationState.CANCELLED, reason)
+            self._cycle.serve(tx)
+            return released(reservation_id, state, reason)
+
+        return self._cycle.write(run)
+
+
+def _seconds(name: str, value: float | None, default: Callable[[], float]) -> float:
+    """Return ``value`` (``default()`` when None) as seconds in (0, 366 days].
+
+    :raises InvalidRequestError: not a number (strings and timedeltas included), or out of range
+    """
+    if value is None:
+        return default()
+    # Unlike configuration, a call passes seconds as a number: refuse anything else.
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidRequestError(name, value, _SECONDS)
+    try:
+        return positive_seconds(value, maximum=_MAX_SECONDS)
+    except ValueError:
+        raise InvalidRequestError(name, value, _SECONDS) from None

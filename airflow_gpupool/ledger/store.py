@@ -1,0 +1,243 @@
+"""The ledger's store: its database connections, transactions and per-process caches.
+
+A write runs as one transaction under the ledger's write lock, on this process's copy of
+the capacity (:class:`~airflow_gpupool.ledger.cache.CapacityCache`); a read runs on one
+consistent snapshot. Both check once per process that the schema is current, and retry
+transient database errors (:func:`~airflow_gpupool.ledger.engine.transient_retry`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from sqlalchemy import Connection, Row
+
+from airflow_gpupool.ledger import records
+from airflow_gpupool.ledger import statements as sql
+from airflow_gpupool.ledger.cache import CapacityCache
+from airflow_gpupool.ledger.concurrent import ConcurrentPath
+from airflow_gpupool.ledger.engine import make_engine, read_transaction, transient_retry, write_transaction
+from airflow_gpupool.ledger.migrations import migrate, require_current
+from airflow_gpupool.ledger.models import Reservation
+from airflow_gpupool.placement.snapshot import ClusterSnapshot, NodeState
+from airflow_gpupool.placement.verdict import Assignment
+from airflow_gpupool.resources import GpuRequest
+
+#: The logger of every part of the ledger: the name it had before the ledger was split
+#: into modules, so that logging configured for it keeps working.
+LOGGER_NAME = "airflow_gpupool.ledger.ledger"
+#: How many parsed requests a process keeps, by reservation id. Well above the live
+#: reservations of a large pool (a grant or a waiting request per few GPUs of a few
+#: thousand), so the write cycle never parses a live one twice, while a long-running
+#: scheduler that reads years of history keeps a few MiB at most.
+REQUEST_CACHE_SIZE = 10_000
+
+log = logging.getLogger(LOGGER_NAME)
+
+T = TypeVar("T")
+
+
+class StaleCacheError(Exception):
+    """A conditional update found less capacity than the cache said: reload and redo."""
+
+
+@dataclass
+class Tx:
+    """One write transaction: what a function run by :meth:`LedgerStore.write` works on.
+
+    :param conn: the transaction's connection; it holds the ledger's write lock
+    :param now: the ledger's clock when the transaction began
+    :param version: the stamp rows written in this transaction carry
+    :param nodes: the capacity as this transaction sees it, changed as it grants and returns
+    """
+
+    conn: Connection
+    now: float
+    version: int
+    nodes: dict[str, NodeState]
+    dirty: bool = False
+    inventory_changed: bool = False
+    # Whether ``nodes`` is exactly what the database holds once this transaction commits
+    # (grants and releases only); then the cache adopts it instead of re-reading it.
+    exact: bool = True
+    granted: list[str] = field(default_factory=list)
+    assignments: dict[str, Assignment] = field(default_factory=dict)
+    expired: list[str] = field(default_factory=list)
+    timed_out: list[str] = field(default_factory=list)
+
+    def snapshot(self) -> ClusterSnapshot:
+        """Return the capacity as this transaction sees it now."""
+        return ClusterSnapshot(tuple(self.nodes.values()))
+
+
+class RequestCache:
+    """Parsed requests by reservation id, the least recently used dropped beyond ``size``.
+
+    A request never changes once reserved, so an entry is never stale; the bound only keeps
+    a long-running process from keeping every request it ever read. Threads sharing a
+    ledger share the cache.
+
+    :param size: how many requests to keep (default :data:`REQUEST_CACHE_SIZE`)
+    """
+
+    def __init__(self, size: int | None = None) -> None:
+        size = REQUEST_CACHE_SIZE if size is None else size
+        if size < 1:
+            raise ValueError(f"a request cache keeps at least one request, not {size}")
+        self.size = size
+        self._requests: OrderedDict[str, GpuRequest] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._requests)
+
+    def put(self, reservation_id: str, request: GpuRequest) -> None:
+        """Remember the request of ``reservation_id``."""
+        with self._lock:
+            self._requests[reservation_id] = request
+            self._requests.move_to_end(reservation_id)
+            if len(self._requests) > self.size:
+                self._requests.popitem(last=False)
+
+    def of(self, row: Any) -> GpuRequest:
+        """Return the request of a reservation row (``id`` and ``request`` columns), parsing it once."""
+        with self._lock:
+            request = self._requests.get(row.id)
+            if request is not None:
+                self._requests.move_to_end(row.id)
+                return request
+        request = GpuRequest.from_dict(json.loads(row.request))
+        self.put(row.id, request)
+        return request
+
+
+class LedgerStore:
+    """The ledger's database: transactions, the capacity copy and the parsed requests.
+
+    :param url: the ledger's SQLAlchemy URL
+    :param clock: seconds since the epoch
+    :param synchronous_commit: see :func:`~airflow_gpupool.ledger.engine.write_transaction`
+    :param concurrent: on PostgreSQL, open the connections of the concurrent path
+        (:attr:`concurrent`); elsewhere there is none
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        clock: Callable[[], float],
+        synchronous_commit: bool = True,
+        concurrent: bool = True,
+    ) -> None:
+        self.url = url
+        self.clock = clock
+        self.engine = make_engine(url)
+        self.synchronous_commit = synchronous_commit
+        self.cache = CapacityCache()
+        # The copy of the capacity is changed outside the database lock by concurrent grants:
+        # threads sharing this store take turns with it.
+        self.cache_lock = threading.RLock()
+        self.requests = RequestCache()
+        self._schema_checked = False
+        #: The calls of the concurrent path (PostgreSQL), None where every write is serialized.
+        self.concurrent = (
+            ConcurrentPath(url, synchronous_commit) if concurrent and self.dialect == "postgresql" else None
+        )
+
+    @property
+    def dialect(self) -> str:
+        """``sqlite`` or ``postgresql``."""
+        return self.engine.dialect.name
+
+    def migrate(self) -> list[int]:
+        """Create the schema or bring it up to date; return the versions applied."""
+        applied = migrate(self.engine)
+        self._schema_checked = True
+        return applied
+
+    def close(self) -> None:
+        """Close the database connections."""
+        self.engine.dispose()
+        if self.concurrent is not None:
+            self.concurrent.close()
+
+    def check_schema(self, conn: Connection) -> None:
+        """Fail unless the schema is current; checked once per process.
+
+        :raises LedgerSchemaError: the schema is missing or older than this code
+        """
+        if not self._schema_checked:
+            require_current(conn, self.url)
+            self._schema_checked = True
+
+    @transient_retry
+    def write(self, fn: Callable[[Tx], T]) -> T:
+        """Run ``fn`` in one write transaction and return what it returns.
+
+        A function that finds the capacity copy wrong raises :class:`StaleCacheError`: the
+        copy is reloaded and the whole transaction runs again, a few times at most. ``fn``
+        may therefore run more than once, and must change nothing but the database and
+        its :class:`Tx`.
+        """
+        for attempt in range(2):
+            try:
+                return self._write_once(fn)
+            except StaleCacheError:
+                log.warning("Capacity cache disagreed with the ledger; reloading (attempt %d)", attempt + 1)
+                with self.cache_lock:
+                    self.cache.invalidate()
+        return self._write_once(fn)
+
+    def _write_once(self, fn: Callable[[Tx], T]) -> T:
+        try:
+            return self._write_in_transaction(fn)
+        except BaseException:
+            # The cache may hold rows of the rolled-back transaction: start over next time.
+            with self.cache_lock:
+                self.cache.invalidate()
+            raise
+
+    def _write_in_transaction(self, fn: Callable[[Tx], T]) -> T:
+        with self.cache_lock:
+            with write_transaction(self.engine, self.synchronous_commit) as conn:
+                self.check_schema(conn)
+                stamp = self.cache.refresh(conn, writing=True)
+                tx = Tx(conn, self.clock(), stamp.version, dict(self.cache.nodes))
+                result = fn(tx)
+                if tx.dirty and stamp.counter:
+                    self._bump(conn, "version", tx.version)
+                if tx.inventory_changed:
+                    self._bump(conn, "inventory_generation", stamp.generation + 1)
+            if tx.dirty and tx.exact and not tx.inventory_changed:
+                self.cache.adopt(tx.nodes, stamp.watermark_after_commit)
+            return result
+
+    @staticmethod
+    def _bump(conn: Connection, key: str, value: int) -> None:
+        conn.execute(sql.BUMP_META, {"meta_key": key, "meta_value": value})
+
+    @transient_retry
+    def read(self, fn: Callable[[Connection], T]) -> T:
+        """Run ``fn`` in one read-only transaction (one consistent state) and return what it returns."""
+        with read_transaction(self.engine) as conn:
+            self.check_schema(conn)
+            return fn(conn)
+
+    def analyze(self) -> None:
+        """Refresh the planner's statistics, so lookups by version and node use the indexes at once."""
+        with self.engine.connect() as conn, conn.begin():
+            conn.exec_driver_sql("ANALYZE gpupool_nodes, gpupool_gpus, gpupool_mig_slices")
+
+    def request_of(self, row: Any) -> GpuRequest:
+        """Return the request of a reservation row, parsed once per process."""
+        return self.requests.of(row)
+
+    def reservation(self, conn: Connection, row: Row[Any]) -> Reservation:
+        """Return the reservation of ``row`` (see :func:`~airflow_gpupool.ledger.records.reservation_of`)."""
+        return records.reservation_of(conn, row, self.request_of(row))

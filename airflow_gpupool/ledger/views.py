@@ -1,0 +1,133 @@
+"""Read views of the ledger: one reservation, why it waits, history, snapshots, invariants.
+
+Each view is one read-only transaction, so it sees one consistent state and never takes
+the write lock. Views that need the capacity read it into a copy of their own: the
+process's copy belongs to the writers.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from sqlalchemy import Connection, select
+
+from airflow_gpupool.exceptions import UnknownReservationError
+from airflow_gpupool.ledger import records, schema
+from airflow_gpupool.ledger.cache import CapacityCache
+from airflow_gpupool.ledger.cycle import WriteCycle
+from airflow_gpupool.ledger.invariants import find_violations
+from airflow_gpupool.ledger.models import LedgerSnapshot, NodeRecord, Reservation, ReservationState
+from airflow_gpupool.ledger.records import GRANTED, WAITING
+from airflow_gpupool.ledger.store import LedgerStore, Tx
+from airflow_gpupool.placement.snapshot import ClusterSnapshot
+from airflow_gpupool.resources import MILLI_PER_GPU
+
+
+class LedgerViews:
+    """Read what the ledger holds (see :class:`~airflow_gpupool.ledger.Ledger`)."""
+
+    def __init__(self, store: LedgerStore, cycle: WriteCycle) -> None:
+        self._store = store
+        self._cycle = cycle
+
+    def get(self, reservation_id: str) -> Reservation:
+        """Return a reservation's current state."""
+        store = self._store
+        return store.read(lambda conn: store.reservation(conn, records.row_by_id(conn, reservation_id)))
+
+    def get_or_none(self, reservation_id: str) -> Reservation | None:
+        """Return a reservation's current state, or None when there is no such id."""
+        try:
+            return self.get(reservation_id)
+        except UnknownReservationError:
+            return None
+
+    def explain(self, reservation_id: str) -> str:
+        """Say why a waiting reservation waits (its queue position and the closest nodes)."""
+
+        def run(conn: Connection) -> str:
+            row = records.row_by_id(conn, reservation_id)
+            if row.state != WAITING:
+                return f"reservation is {row.state}"
+            cache = _loaded_cache(conn)
+            return self._cycle.blocked_message(Tx(conn, self._store.clock(), 0, dict(cache.nodes)), row)
+
+        return self._store.read(run)
+
+    def history(
+        self, states: Iterable[ReservationState] | None = None, limit: int = 100
+    ) -> list[Reservation]:
+        """Return the most recent reservations (newest first), optionally only in ``states``."""
+        r = schema.reservations.c
+        query = select(schema.reservations).order_by(r.seq.desc()).limit(limit)
+        if states is not None:
+            query = query.where(r.state.in_([ReservationState(s).value for s in states]))
+        store = self._store
+        return store.read(lambda conn: [store.reservation(conn, row) for row in conn.execute(query)])
+
+    def empty_cluster(self) -> ClusterSnapshot:
+        """Return the inventory as if nothing were granted: what a request could ever get."""
+
+        def run(conn: Connection) -> ClusterSnapshot:
+            cache = _loaded_cache(conn)
+            return cache.empty_snapshot(cache.nodes.values())
+
+        return self._store.read(run)
+
+    def snapshot(self) -> LedgerSnapshot:
+        """Return one consistent view: nodes, GPUs, free capacity, grants and the queue."""
+        return self._store.read(self._snapshot)
+
+    def _snapshot(self, conn: Connection) -> LedgerSnapshot:
+        cache = _loaded_cache(conn)
+        nodes = _node_records(conn)
+        r = schema.reservations.c
+        live = conn.execute(
+            select(schema.reservations)
+            .where(r.state.in_([WAITING, GRANTED]))
+            .order_by(r.priority.desc(), r.seq)
+        ).all()
+        grants = tuple(self._store.reservation(conn, row) for row in live if row.state == GRANTED)
+        queue = tuple(self._store.reservation(conn, row) for row in live if row.state == WAITING)
+        return LedgerSnapshot(
+            taken_at=self._store.clock(),
+            cluster=ClusterSnapshot(tuple(cache.nodes.values())),
+            nodes=nodes,
+            grants=grants,
+            queue=queue,
+            gpu_capacity_milli=sum(len(n.gpus) for n in nodes) * MILLI_PER_GPU,
+            gpu_allocated_milli=sum(g.request.total_gpu_milli for g in grants),
+        )
+
+    def check_invariants(self) -> list[str]:
+        """Recompute every node's use from the grants; return each disagreement (empty: consistent)."""
+        return self._store.read(lambda conn: find_violations(conn, self._store.request_of))
+
+
+def _loaded_cache(conn: Connection) -> CapacityCache:
+    cache = CapacityCache()
+    cache.reload(conn)
+    return cache
+
+
+def _node_records(conn: Connection) -> tuple[NodeRecord, ...]:
+    gpu_rows: dict[str, list[dict[str, Any]]] = {}
+    for g in conn.execute(select(schema.gpus).order_by(schema.gpus.c.node, schema.gpus.c.idx)):
+        gpu_rows.setdefault(g.node, []).append(dict(g._mapping))
+    return tuple(
+        NodeRecord(
+            name=row.name,
+            node_pool=row.node_pool,
+            health=row.health,
+            labels=json.loads(row.labels),
+            cpu_milli=row.cpu_milli,
+            memory_mib=row.memory_mib,
+            cpu_free=row.cpu_free,
+            memory_free=row.memory_free,
+            heartbeat_at=row.heartbeat_at,
+            gpus=tuple(gpu_rows.get(row.name, ())),
+        )
+        for row in conn.execute(select(schema.nodes).order_by(schema.nodes.c.name))
+    )
