@@ -16,6 +16,7 @@ keeps working::
     ├── UnknownReservationError (KeyError) the ledger: no request or grant has this id
     ├── LeaseExpiredError                  the ledger: a grant expired or was released before renewal
     ├── LedgerSchemaError                  the ledger database is missing or at another schema version
+    ├── StaleCacheError                    inside a ledger write only: the capacity copy was wrong; redone
     ├── CheckpointStalledError             CheckpointSensor: no new checkpoint within ``max_interval``
     └── PodFailureError                    GpuPodOperator: a try failed; one subclass per FailureClass
         ├── OutOfMemoryError               OOMKilled, or CUDA out of memory in the log tail
@@ -60,6 +61,7 @@ __all__ = [
     "PodFailureError",
     "PreemptedError",
     "ReservationTimeoutError",
+    "StaleCacheError",
     "TraceFormatError",
     "UnknownPodFailureError",
     "UnknownReservationError",
@@ -156,6 +158,14 @@ class LeaseExpiredError(GpuPoolError):
 
 class LedgerSchemaError(GpuPoolError):
     """The ledger database is missing, or its schema is newer or older than this code."""
+
+
+class StaleCacheError(GpuPoolError):
+    """A conditional update found less capacity than this process's copy said.
+
+    Raised and caught inside one ledger write: the store reloads its copy and redoes the write,
+    so it never reaches a caller.
+    """
 
 
 class TraceFormatError(GpuPoolError, ValueError):

@@ -17,13 +17,14 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Row, delete, select
 
+from airflow_gpupool.exceptions import StaleCacheError
 from airflow_gpupool.ledger import schema
 from airflow_gpupool.ledger import statements as sql
 from airflow_gpupool.ledger.cache import classes_from_counts
 from airflow_gpupool.ledger.equivalence import EquivalenceIndex
 from airflow_gpupool.ledger.models import ReapResult, ReservationState
 from airflow_gpupool.ledger.records import GRANTED, assignment_of, class_delta, waiting_ahead
-from airflow_gpupool.ledger.store import LOGGER_NAME, LedgerStore, StaleCacheError, Tx
+from airflow_gpupool.ledger.store import LOGGER_NAME, LedgerStore, Tx
 from airflow_gpupool.placement.accounting import allocate, deallocate
 from airflow_gpupool.placement.policy import PlacementPolicy
 from airflow_gpupool.placement.queue import QueueEntry, hold_node, serve

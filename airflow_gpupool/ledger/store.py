@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Row
 
+from airflow_gpupool.exceptions import StaleCacheError
 from airflow_gpupool.ledger import records
 from airflow_gpupool.ledger import statements as sql
 from airflow_gpupool.ledger.cache import CapacityCache
@@ -41,10 +42,6 @@ REQUEST_CACHE_SIZE = 10_000
 log = logging.getLogger(LOGGER_NAME)
 
 T = TypeVar("T")
-
-
-class StaleCacheError(Exception):
-    """A conditional update found less capacity than the cache said: reload and redo."""
 
 
 @dataclass
