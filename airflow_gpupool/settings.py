@@ -18,6 +18,11 @@ from airflow_gpupool.exceptions import ConfigurationError
 SECTION = "gpupool"
 LEDGER_URL_ENV = "GPUPOOL_LEDGER_URL"
 
+#: The placement policy used when ``[gpupool] placement_policy`` is empty: the project's own
+#: (:class:`~airflow_gpupool.placement.fgd.GpuPoolPolicy`). Written here, below placement,
+#: so settings need not import it; :data:`airflow_gpupool.placement.policy.DEFAULT_POLICY` is this.
+DEFAULT_POLICY = "gpupool"
+
 DEFAULTS: dict[str, str] = {
     "ledger_url": "",
     "placement_policy": "",
@@ -93,9 +98,7 @@ def ledger_url(explicit: str | None = None) -> str:
 
 
 def placement_policy() -> str:
-    """Return the name of the placement policy the ledger uses (default: the project's own)."""
-    from airflow_gpupool.placement.policy import DEFAULT_POLICY
-
+    """Return the name of the placement policy the ledger uses (default: :data:`DEFAULT_POLICY`)."""
     return _get("placement_policy") or DEFAULT_POLICY
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
+from airflow_gpupool import settings
 from airflow_gpupool.exceptions import ConfigurationError
 from airflow_gpupool.placement.fit import choices
 from airflow_gpupool.placement.snapshot import ClusterSnapshot, NodeState
@@ -55,7 +56,7 @@ def place_by_score(
 #: The policy the project recommends and the ledger should default to: FGD's fragmentation
 #: gradient plus the GPU capacity a placement strands for lack of CPU, best fit inside a
 #: score band (see :class:`~airflow_gpupool.placement.fgd.GpuPoolPolicy`).
-DEFAULT_POLICY = "gpupool"
+DEFAULT_POLICY = settings.DEFAULT_POLICY
 
 _REGISTRY: dict[str, Callable[..., PlacementPolicy]] = {}
 
