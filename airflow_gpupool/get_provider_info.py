@@ -61,6 +61,17 @@ def get_provider_info() -> dict[str, Any]:
                         "",
                         example="fgd",
                     ),
+                    "typical_shapes": _option(
+                        "Typical task shapes the fragmentation policies (gpupool, fgd) keep room for, as "
+                        "cpu_milli:gpu_milli:gpus[:model|model]=weight items separated by commas: CPU milli, "
+                        "GPU milli on each GPU (1000 for whole GPUs; 0 with 0 GPUs for a CPU-only task), "
+                        "GPU count, optionally the GPU models allowed, and a relative weight. Every worker "
+                        "reads the same shapes, so all score a cluster alike. Empty: the built-in shapes "
+                        "(1 CPU with a quarter, half or three-quarter GPU, or 1, 2, 4 or 8 whole GPUs, "
+                        "equally weighted). `gpupool simulate` derives them from the trace instead.",
+                        "",
+                        example="4000:500:1=3,8000:1000:1=2,32000:1000:8:A100=1",
+                    ),
                     "lease_ttl_seconds": _option(
                         "Seconds a grant lives unless renewed; a dead holder's slice returns after this.",
                         "600",

@@ -9,18 +9,27 @@ from __future__ import annotations
 
 import configparser
 import functools
+import math
 import os
 import sys
 from pathlib import Path
 
 from airflow_gpupool.exceptions import ConfigurationError
+from airflow_gpupool.resources import MILLI_PER_GPU
+from airflow_gpupool.validate import pairs
 
 SECTION = "gpupool"
 LEDGER_URL_ENV = "GPUPOOL_LEDGER_URL"
 
+#: The placement policy used when ``[gpupool] placement_policy`` is empty: the project's own
+#: (:class:`~airflow_gpupool.placement.fgd.GpuPoolPolicy`). Written here, below placement,
+#: so settings need not import it; :data:`airflow_gpupool.placement.policy.DEFAULT_POLICY` is this.
+DEFAULT_POLICY = "gpupool"
+
 DEFAULTS: dict[str, str] = {
     "ledger_url": "",
     "placement_policy": "",
+    "typical_shapes": "",
     "lease_ttl_seconds": "600",
     "reservation_timeout_seconds": "300",
     "poll_interval_seconds": "5",
@@ -93,10 +102,74 @@ def ledger_url(explicit: str | None = None) -> str:
 
 
 def placement_policy() -> str:
-    """Return the name of the placement policy the ledger uses (default: the project's own)."""
-    from airflow_gpupool.placement.policy import DEFAULT_POLICY
-
+    """Return the name of the placement policy the ledger uses (default: :data:`DEFAULT_POLICY`)."""
     return _get("placement_policy") or DEFAULT_POLICY
+
+
+#: One typical shape as configured: ``(cpu_milli, gpu_milli per GPU, gpus, models, weight)``,
+#: the fields of :class:`~airflow_gpupool.placement.frag.TypicalShape` in order.
+ShapeSetting = tuple[int, int, int, frozenset[str], float]
+
+_SHAPE_FORM = "cpu_milli:gpu_milli:gpus[:model|model]=weight"
+_SHAPE_EXAMPLE = "4000:500:1=3,8000:1000:1=2,32000:1000:8:A100=1"
+
+
+def typical_shapes() -> tuple[ShapeSetting, ...]:
+    """Return the typical task shapes the fragmentation policies keep room for (empty: the built-in ones).
+
+    ``[gpupool] typical_shapes`` lists ``cpu_milli:gpu_milli:gpus[:model|model]=weight`` items
+    separated by commas: CPU milli, GPU milli on each GPU (1000 for whole GPUs, 0 with 0 GPUs),
+    GPU count, optionally the allowed GPU models, and a positive relative weight. Every worker
+    reads the same value, so every worker scores a cluster the same way.
+
+    :raises ConfigurationError: an item is malformed, or a shape is listed twice
+    """
+    try:
+        items = pairs(_get("typical_shapes"), what=_SHAPE_FORM)
+    except ValueError as e:
+        raise ConfigurationError(f"[{SECTION}] typical_shapes: {e} (example: {_SHAPE_EXAMPLE!r})") from None
+    out: dict[tuple[int, int, int, frozenset[str]], ShapeSetting] = {}
+    for key, weight in items.items():
+        shape = _shape_setting(key, weight)
+        if shape[:4] in out:
+            raise ConfigurationError(f"[{SECTION}] typical_shapes lists the shape {key!r} twice")
+        out[shape[:4]] = shape
+    return tuple(out.values())
+
+
+def _shape_setting(key: str, weight: str) -> ShapeSetting:
+    item = f"{key}={weight}"
+    parts = [p.strip() for p in key.split(":")]
+    try:
+        if len(parts) not in (3, 4):
+            raise ValueError(f"expected '{_SHAPE_FORM}'")
+        try:
+            cpu, milli, gpus = (int(p) for p in parts[:3])
+            share = float(weight)
+        except ValueError:
+            raise ValueError("cpu_milli, gpu_milli and gpus must be integers, the weight a number") from None
+        models = frozenset(m.strip() for m in parts[3].split("|")) if len(parts) == 4 else frozenset()
+        _check_shape(cpu, milli, gpus, models, share)
+    except ValueError as e:
+        raise ConfigurationError(
+            f"[{SECTION}] typical_shapes item {item!r}: {e} (example: {_SHAPE_EXAMPLE!r})"
+        ) from None
+    return (cpu, milli, gpus, models, share)
+
+
+def _check_shape(cpu: int, milli: int, gpus: int, models: frozenset[str], weight: float) -> None:
+    if cpu < 0 or gpus < 0:
+        raise ValueError("cpu_milli and gpus must be >= 0")
+    if (
+        (gpus == 0) != (milli == 0)
+        or not 0 <= milli <= MILLI_PER_GPU
+        or (gpus > 1 and milli != MILLI_PER_GPU)
+    ):
+        raise ValueError("gpu_milli must be 1-1000 with 1 GPU, 1000 with more, 0 with none")
+    if "" in models:
+        raise ValueError("a GPU model is empty")
+    if not (weight > 0 and math.isfinite(weight)):
+        raise ValueError("the weight must be a positive number")
 
 
 def lease_ttl_seconds() -> float:

@@ -1,40 +1,33 @@
 """Fragmentation-aware policies: ``fgd`` (the paper's) and ``gpupool`` (the project default).
 
-Both need the workload's typical shapes (:func:`~airflow_gpupool.placement.frag.typical_shapes`).
-Given none, they start from :data:`~airflow_gpupool.placement.frag.DEFAULT_SHAPES` and then
-learn the shapes from the requests they place, so the ledger can use them with no trace.
+Both need the workload's typical shapes (:func:`~airflow_gpupool.placement.frag.typical_shapes`
+of a trace, in the simulator). They are fixed for the policy's life and never learned from the
+requests placed: two workers sharing a ledger must score the same cluster the same way, so the
+ledger's policy gets them from ``[gpupool] typical_shapes`` through
+:func:`~airflow_gpupool.placement.policy.get_policy`. Given none, a policy uses
+:data:`~airflow_gpupool.placement.frag.DEFAULT_SHAPES`.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from airflow_gpupool.placement.frag import (
-    DEFAULT_SHAPES,
-    Fragmentation,
-    TypicalShape,
-    shape_key,
-    typical_shapes,
-)
+from airflow_gpupool.placement.frag import DEFAULT_SHAPES, Fragmentation, TypicalShape
 from airflow_gpupool.placement.policy import register
 from airflow_gpupool.placement.scored import Candidates, ScoredPolicy, first_per_free_value
 from airflow_gpupool.placement.snapshot import ClusterSnapshot
 from airflow_gpupool.resources import GpuKind, GpuRequest
 
-#: Requests between two refreshes of learned shapes.
-LEARN_EVERY = 64
-
 
 class FragmentationPolicy(ScoredPolicy):
     """Base of the policies that score the growth of fragmentation.
 
-    :param typical_shapes: the workload's typical shapes; None: learn them from requests
-    :param coverage: share of requests the learned shapes cover
+    :param typical_shapes: the workload's typical shapes (None:
+        :data:`~airflow_gpupool.placement.frag.DEFAULT_SHAPES`)
     :param seed: seed of the node order that breaks ties
     """
 
@@ -44,14 +37,10 @@ class FragmentationPolicy(ScoredPolicy):
         self,
         *,
         typical_shapes: Sequence[TypicalShape] | None = None,
-        coverage: float = 0.95,
         seed: int = 0,
         **options: Any,
     ) -> None:
         super().__init__(seed=seed, **options)
-        self._learn = typical_shapes is None
-        self._coverage = coverage
-        self._seen: Counter[tuple[int, int, int, frozenset[str]]] = Counter()
         self.frag = self.fragmentation(DEFAULT_SHAPES if typical_shapes is None else tuple(typical_shapes))
 
     def fragmentation(self, shapes: Sequence[TypicalShape]) -> Fragmentation:
@@ -64,15 +53,6 @@ class FragmentationPolicy(ScoredPolicy):
         self.frag.refresh(self.table, changed)
         return changed
 
-    def observe(self, request: GpuRequest) -> None:
-        """Count the request's shape; every so often, re-derive the typical shapes."""
-        if not self._learn:
-            return
-        self._seen[shape_key(request)] += 1
-        if sum(self._seen.values()) % LEARN_EVERY == 0:
-            self.frag = self.fragmentation(typical_shapes(self._seen, self._coverage))
-            self.frag.refresh(self.table, None)
-
     def reduce(self, cand: Candidates) -> Candidates:
         """Score one GPU per distinct free value on each node."""
         return first_per_free_value(self.table, cand)
@@ -82,7 +62,8 @@ class FragmentationPolicy(ScoredPolicy):
         milli = cand.milli if cand.kind is GpuKind.FRACTION else 0
         after = self.frag.after(self.table, cand.node, cand.gpu, milli, cand.whole, cand.cpu)
         # Rounded so that equal nodes tie exactly whatever order BLAS summed them in.
-        return np.round(after - self.frag.value[cand.node], 6)
+        out: np.ndarray = np.round(after - self.frag.value[cand.node], 6)
+        return out
 
 
 @register("fgd")
@@ -226,7 +207,8 @@ class GpuPoolPolicy(FragmentationPolicy):
         cpu = self.table.cpu_free[cand.node]
         before = np.maximum(free - cpu / r, 0.0)
         after = np.maximum(free - cand.gpu_milli - (cpu - cand.cpu) / r, 0.0)
-        return after - before
+        out: np.ndarray = after - before
+        return out
 
 
 def cpu_per_gpu_milli(shapes: Sequence[TypicalShape]) -> float:

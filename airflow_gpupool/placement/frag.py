@@ -153,7 +153,8 @@ class Fragmentation:
             return free * self.weight_total
         okm = self._model_ok(table)
         fits = (cpu[:, None] >= self._cpu[None, :]) & okm[model] & (cnt[:, self._t_idx] >= self._num[None, :])
-        return free * self.weight_total - (fits * amount[:, self._t_idx]) @ self._p
+        value: np.ndarray = free * self.weight_total - (fits * amount[:, self._t_idx]) @ self._p
+        return value
 
     def refresh(self, table: NodeTable, rows: np.ndarray | None) -> None:
         """Recompute the per-node arrays for ``rows`` (all nodes when None)."""

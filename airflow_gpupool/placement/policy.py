@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
+from airflow_gpupool import settings
 from airflow_gpupool.exceptions import ConfigurationError
 from airflow_gpupool.placement.fit import choices
+from airflow_gpupool.placement.frag import DEFAULT_SHAPES, TypicalShape
 from airflow_gpupool.placement.snapshot import ClusterSnapshot, NodeState
 from airflow_gpupool.placement.verdict import Assignment, NoFit, NoFitReason, Verdict
 from airflow_gpupool.resources import GpuRequest
@@ -55,7 +57,7 @@ def place_by_score(
 #: The policy the project recommends and the ledger should default to: FGD's fragmentation
 #: gradient plus the GPU capacity a placement strands for lack of CPU, best fit inside a
 #: score band (see :class:`~airflow_gpupool.placement.fgd.GpuPoolPolicy`).
-DEFAULT_POLICY = "gpupool"
+DEFAULT_POLICY = settings.DEFAULT_POLICY
 
 _REGISTRY: dict[str, Callable[..., PlacementPolicy]] = {}
 
@@ -79,9 +81,12 @@ def policy_names() -> list[str]:
 def get_policy(name: str, **options: Any) -> PlacementPolicy:
     """Return a new policy instance by name.
 
+    Every policy accepts ``typical_shapes``; when it is not given, the shapes are those of
+    :func:`configured_shapes`, the same for every worker that reads the same configuration.
+
     :param name: a registered policy name, see :func:`policy_names`
-    :param options: policy options (``seed`` for the randomized ones)
-    :raises ConfigurationError: for an unknown name
+    :param options: policy options (``seed`` for the randomized ones, ``typical_shapes``)
+    :raises ConfigurationError: for an unknown name or a malformed ``[gpupool] typical_shapes``
     """
     _load_builtin()
     try:
@@ -90,7 +95,24 @@ def get_policy(name: str, **options: Any) -> PlacementPolicy:
         raise ConfigurationError(
             f"unknown placement policy {name!r}: choose one of {sorted(_REGISTRY)}"
         ) from None
+    if options.get("typical_shapes") is None:
+        options["typical_shapes"] = configured_shapes()
     return factory(**options)
+
+
+def configured_shapes() -> tuple[TypicalShape, ...]:
+    """Return the shapes of ``[gpupool] typical_shapes``, weights summing to 1 (unset: :data:`DEFAULT_SHAPES`).
+
+    :raises ConfigurationError: the option is malformed
+    """
+    configured = settings.typical_shapes()
+    if not configured:
+        return DEFAULT_SHAPES
+    total = sum(weight for *_, weight in configured)
+    return tuple(
+        TypicalShape(cpu, milli, gpus, models, weight / total)
+        for cpu, milli, gpus, models, weight in configured
+    )
 
 
 def _load_builtin() -> None:

@@ -207,15 +207,11 @@ class ScoredPolicy:
         cand = self.reduce(cand)
         primary, secondary = self.costs(request, cand)
         pick = self._select(cand, primary, secondary)
-        self.observe(request)
         return self._assignment(request, cand, pick, float(primary[pick]))
 
     def reduce(self, cand: Candidates) -> Candidates:
         """Return the candidates worth scoring (default: all of them)."""
         return cand
-
-    def observe(self, request: GpuRequest) -> None:
-        """Hook called after each successful decision (policies that learn the workload)."""
 
     def _select(self, cand: Candidates, primary: np.ndarray, secondary: np.ndarray) -> int:
         best = np.flatnonzero(primary == primary.min())
@@ -252,7 +248,8 @@ class ScoredPolicy:
     def best_fit_gpu(self, cand: Candidates) -> np.ndarray:
         """Secondary cost that takes the fullest GPU that fits (the simulator's ``best``)."""
         if cand.kind is GpuKind.FRACTION:
-            return self.table.gpu_free[cand.node, cand.gpu].astype(np.float64)
+            free: np.ndarray = self.table.gpu_free[cand.node, cand.gpu].astype(np.float64)
+            return free
         if cand.kind is GpuKind.MIG:
             return np.array(
                 [len(self.table.nodes[i].gpus[j].mig_free) for i, j in zip(cand.node, cand.gpu, strict=True)],

@@ -123,15 +123,18 @@ class NodeTable:
 
     def gpu_total_free(self) -> np.ndarray:
         """Free milli-GPU of each node over its unpartitioned GPUs."""
-        return np.where(self.gpu_free > 0, self.gpu_free, 0).sum(axis=1)
+        free: np.ndarray = np.where(self.gpu_free > 0, self.gpu_free, 0).sum(axis=1)
+        return free
 
     def whole_free(self) -> np.ndarray:
         """Number of entirely free GPUs on each node."""
-        return (self.gpu_free == MILLI_PER_GPU).sum(axis=1)
+        whole: np.ndarray = (self.gpu_free == MILLI_PER_GPU).sum(axis=1)
+        return whole
 
     def gpu_count(self) -> np.ndarray:
         """Number of GPUs on each node."""
-        return (self.gpu_model >= 0).sum(axis=1)
+        count: np.ndarray = (self.gpu_model >= 0).sum(axis=1)
+        return count
 
 
 def seeded_rank(size: int, seed: int) -> np.ndarray:

@@ -17,46 +17,27 @@ the running tasks asked for, so a rounded-up slot counts only its useful part.
 from __future__ import annotations
 
 import heapq
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from airflow_gpupool.placement.fit import choices
+from airflow_gpupool.placement.accounting import allocate, deallocate
+from airflow_gpupool.placement.fit import EXCLUSIVE_CLASSES, choices
 from airflow_gpupool.placement.policy import get_policy
 from airflow_gpupool.placement.queue import QueueEntry, hold_node, serve
 from airflow_gpupool.placement.snapshot import ClusterSnapshot, NodeState
 from airflow_gpupool.placement.verdict import Assignment, NoFitReason
 from airflow_gpupool.resources import GpuKind, GpuRequest
-from airflow_gpupool.sim.replay import ClusterFrag, quick, take, trace_shapes
+from airflow_gpupool.sim.replay import ClusterFrag, quick, trace_shapes
 from airflow_gpupool.sim.trace import TracePod
 
 QUEUE_BASELINE = "airflow-pool"
 MAX_DURATION_S = 24 * 3600
 #: Overtakes a blocked request tolerates in the project's queue (the ledger's default).
 MAX_OVERTAKES = 8
-
-
-def give(node: NodeState, request: GpuRequest, assignment: Assignment) -> NodeState:
-    """Return ``node`` with the assignment's capacity given back."""
-    taken = set(assignment.gpu_indices)
-    gpus = tuple(
-        replace(
-            g,
-            free_milli=g.free_milli + assignment.milli_per_gpu,
-            free_memory_mib=min(g.free_memory_mib + assignment.gpu_memory_mib, g.memory_mib),
-        )
-        if g.index in taken
-        else g
-        for g in node.gpus
-    )
-    return replace(
-        node,
-        gpus=gpus,
-        cpu_free=node.cpu_free + request.cpu_milli,
-        memory_free=node.memory_free + request.memory_mib,
-    )
 
 
 def whole_slots(request: GpuRequest) -> GpuRequest:
@@ -209,6 +190,9 @@ class _QueueSim:
         self.arrived_at: dict[int, float] = {}
         self.started_at: dict[int, float] = {}
         self.running: dict[int, tuple[GpuRequest, Assignment, int]] = {}
+        # Running tasks of each exclusive workload class per node, as the ledger counts them:
+        # a class leaves a node with its last task.
+        self.held: list[Counter[str]] = [Counter() for _ in nodes]
         self.useful: dict[int, int] = {}
         self.allocated = 0
         self.alloc_area = 0.0
@@ -238,9 +222,34 @@ class _QueueSim:
 
     def depart(self, k: int) -> None:
         request, assignment, i = self.running.pop(k)
-        self.nodes[i] = give(self.nodes[i], request, assignment)
+        workload = request.workload_class.value
+        classes = self.nodes[i].classes
+        if workload in EXCLUSIVE_CLASSES:
+            self.held[i][workload] -= 1
+            if self.held[i][workload] <= 0:
+                classes = classes - {workload}
+        self.nodes[i] = deallocate(self.nodes[i], request, assignment, classes)
         self.allocated -= self.useful[k]
         self.freed = True
+
+    def _take(self, i: int, request: GpuRequest, assignment: Assignment) -> None:
+        self.nodes[i] = allocate(self.nodes[i], request, assignment)
+        if request.workload_class.value in EXCLUSIVE_CLASSES:
+            self.held[i][request.workload_class.value] += 1
+
+    def _hold(self, entry: QueueEntry, held: frozenset[str]) -> str | None:
+        # Which nodes could ever hold a shape does not change: look it up once per shape.
+        key = _key(entry.request)
+        eligible = self.eligible.get(key)
+        if eligible is None:
+            eligible = self.eligible[key] = [
+                i
+                for i, blank in enumerate(self.empty)
+                if not isinstance(choices(blank, entry.request), NoFitReason)
+            ]
+        return hold_node(
+            [self.nodes[i] for i in eligible], [self.empty[i] for i in eligible], entry.request, held
+        )
 
     def serve(self, now: float) -> list[int]:
         if not self.waiting:
@@ -261,25 +270,10 @@ class _QueueSim:
             if not isinstance(verdict, Assignment):
                 failed.add(key)
                 return None
-            i = self.where[verdict.node]
-            self.nodes[i] = take(self.nodes[i], r, verdict)
+            self._take(self.where[verdict.node], r, verdict)
             return verdict
 
-        def hold(entry: QueueEntry, held: frozenset[str]) -> str | None:
-            # Which nodes could ever hold a shape does not change: look it up once per shape.
-            key = _key(entry.request)
-            eligible = self.eligible.get(key)
-            if eligible is None:
-                eligible = self.eligible[key] = [
-                    i
-                    for i, blank in enumerate(self.empty)
-                    if not isinstance(choices(blank, entry.request), NoFitReason)
-                ]
-            return hold_node(
-                [self.nodes[i] for i in eligible], [self.empty[i] for i in eligible], entry.request, held
-            )
-
-        outcome = serve(self.waiting.values(), try_place, self.max_overtakes, hold)
+        outcome = serve(self.waiting.values(), try_place, self.max_overtakes, self._hold)
         started = []
         for entry, assignment in outcome.granted:
             k = entry.seq

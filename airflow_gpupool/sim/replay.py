@@ -13,12 +13,12 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import partial
 
 import numpy as np
 
-from airflow_gpupool.placement.fit import EXCLUSIVE_CLASSES
+from airflow_gpupool.placement.accounting import allocate
 from airflow_gpupool.placement.frag import Fragmentation, TypicalShape, shape_key, typical_shapes
 from airflow_gpupool.placement.policy import PlacementPolicy, get_policy
 from airflow_gpupool.placement.scored import ScoredPolicy
@@ -114,37 +114,6 @@ def workload(pods: Sequence[TracePod], capacity_milli: int, seed: int, ratio: fl
     return out
 
 
-def take(node: NodeState, request: GpuRequest, assignment: Assignment) -> NodeState:
-    """Return ``node`` with the assignment's capacity taken (the simulator's own bookkeeping)."""
-    taken = set(assignment.gpu_indices)
-    gpus = node.gpus
-    if taken:
-        gpus = tuple(
-            (
-                replace(g, mig_free=tuple(s for s in g.mig_free if s[0] != assignment.mig_slice))
-                if assignment.mig_slice is not None
-                else replace(
-                    g,
-                    free_milli=g.free_milli - assignment.milli_per_gpu,
-                    free_memory_mib=max(g.free_memory_mib - assignment.gpu_memory_mib, 0),
-                )
-            )
-            if g.index in taken
-            else g
-            for g in node.gpus
-        )
-    classes = node.classes
-    if request.workload_class.value in EXCLUSIVE_CLASSES:
-        classes = classes | {request.workload_class.value}
-    return replace(
-        node,
-        gpus=gpus,
-        cpu_free=node.cpu_free - request.cpu_milli,
-        memory_free=node.memory_free - request.memory_mib,
-        classes=classes,
-    )
-
-
 class ClusterFrag:
     """Cluster fragmentation % for a fixed set of typical shapes, kept incrementally."""
 
@@ -206,7 +175,7 @@ def replay(
         asked += pod.gpu_milli
         if isinstance(verdict, Assignment):
             i = where[verdict.node]
-            current[i] = take(current[i], pod.request, verdict)
+            current[i] = allocate(current[i], pod.request, verdict)
             allocated += pod.gpu_milli
         else:
             failed += 1

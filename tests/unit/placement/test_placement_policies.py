@@ -204,12 +204,13 @@ def test_policy_follows_snapshot_changes():
     )
 
 
-def test_learns_shapes_without_a_trace():
+def test_shapes_do_not_follow_the_requests_placed():
+    # Issue 10: the shapes were learned per process, so two workers could score alike clusters differently.
     policy = get_policy(DEFAULT_POLICY)
     snapshot = ClusterSnapshot(tuple(node(f"n{i}", gpus=8) for i in range(4)))
     for _ in range(70):
         assert isinstance(policy.place(snapshot, GpuRequest(gpu_milli=250)), Assignment)
-    assert {s.gpu_milli for s in policy.frag.shapes} == {250}
+    assert {s.gpu_milli for s in policy.frag.shapes} == {250, 500, 750, 1000}
 
 
 def test_registry():
