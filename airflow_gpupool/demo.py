@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from airflow_gpupool.labels import HAMI_CORES_RESOURCE, HAMI_MEMORY_RESOURCE
 from airflow_gpupool.ledger import Ledger
 from airflow_gpupool.ledger.models import Grant, Reservation
 from airflow_gpupool.task_try import TaskTry
@@ -41,7 +42,7 @@ def demo_nodes() -> list[dict[str, Any]]:
     """Return the demo cluster: two nodes of whole A100s, one MIG-partitioned A100, two T4s shared through HAMi."""
     t4 = gpu_node("gpu-t4", gpus=2, product="Tesla-T4", memory_mib=15360, pool="t4-shared")
     # HAMi's device plugin advertises GPU memory and cores as resources of their own.
-    t4["status"]["allocatable"].update({"nvidia.com/gpumem": "30720", "nvidia.com/gpucores": "200"})
+    t4["status"]["allocatable"].update({HAMI_MEMORY_RESOURCE: "30720", HAMI_CORES_RESOURCE: "200"})
     return [
         gpu_node("gpu-a100-1", gpus=4, product=A100, memory_mib=81920, pool="a100"),
         gpu_node("gpu-a100-2", gpus=4, product=A100, memory_mib=81920, pool="a100"),

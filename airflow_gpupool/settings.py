@@ -16,7 +16,7 @@ from pathlib import Path
 
 from airflow_gpupool.exceptions import ConfigurationError
 from airflow_gpupool.resources import MILLI_PER_GPU
-from airflow_gpupool.validate import pairs
+from airflow_gpupool.validate import pairs, positive_seconds
 
 SECTION = "gpupool"
 LEDGER_URL_ENV = "GPUPOOL_LEDGER_URL"
@@ -74,12 +74,16 @@ def _airflow_cfg_section() -> dict[str, str]:
 def _positive(option: str) -> float:
     raw = _get(option)
     try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigurationError(f"[{SECTION}] {option}={raw!r} is not a number") from None
-    if value <= 0:
-        raise ConfigurationError(f"[{SECTION}] {option}={raw!r} must be positive")
-    return value
+        return positive_seconds(raw)
+    except ValueError as e:
+        raise ConfigurationError(f"[{SECTION}] {option}: {e}") from None
+
+
+def _pairs(option: str, what: str, example: str) -> dict[str, str]:
+    try:
+        return pairs(_get(option), what=what)
+    except ValueError as e:
+        raise ConfigurationError(f"[{SECTION}] {option} {e} (example: {example!r})") from None
 
 
 def airflow_home() -> Path:
@@ -199,31 +203,16 @@ def binding() -> str:
 
 def node_pool_bindings() -> dict[str, str]:
     """Return the per-node-pool binding strategies, from ``pool=strategy,pool=strategy``."""
-    raw = _get("node_pool_bindings").strip()
-    out: dict[str, str] = {}
-    for item in filter(None, (part.strip() for part in raw.split(","))):
-        pool, sep, strategy = item.partition("=")
-        if not sep or not pool.strip() or not strategy.strip():
-            raise ConfigurationError(
-                f"[{SECTION}] node_pool_bindings item {item!r} is not 'pool=strategy' "
-                "(example: 'a100-mig=mig,t4-shared=hami')"
-            )
-        out[pool.strip()] = strategy.strip()
-    return out
+    return _pairs("node_pool_bindings", "pool=strategy", "a100-mig=mig,t4-shared=hami")
 
 
 def workload_priority_classes() -> dict[str, str]:
     """Return the PriorityClass of each workload class, from ``class=priorityclass`` pairs."""
-    out: dict[str, str] = {}
-    for item in filter(None, (part.strip() for part in _get("workload_priority_classes").split(","))):
-        workload, sep, priority_class = item.partition("=")
-        if not sep or not priority_class.strip():
-            raise ConfigurationError(
-                f"[{SECTION}] workload_priority_classes item {item!r} is not 'class=priorityclass' "
-                "(example: 'training=gpupool-training,inference=gpupool-inference')"
-            )
-        out[workload.strip()] = priority_class.strip()
-    return out
+    return _pairs(
+        "workload_priority_classes",
+        "class=priorityclass",
+        "training=gpupool-training,inference=gpupool-inference",
+    )
 
 
 def synchronous_commit() -> bool:

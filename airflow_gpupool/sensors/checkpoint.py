@@ -16,6 +16,7 @@ from airflow_gpupool.exceptions import CheckpointStalledError, ConfigurationErro
 from airflow_gpupool.notifiers.escalation import Escalation, notify_escalation
 from airflow_gpupool.task_try import TaskTry
 from airflow_gpupool.triggers.checkpoint import CheckpointTrigger
+from airflow_gpupool.validate import positive_seconds
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -31,10 +32,14 @@ ON_STALL = ("fail", "escalate")
 def _seconds(name: str, value: float | timedelta | None) -> float | None:
     if value is None:
         return None
-    seconds = value.total_seconds() if isinstance(value, timedelta) else value
-    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds <= 0:
+    if isinstance(value, str):  # a DAG argument, not text from a config file
         raise ConfigurationError(f"{name}={value!r}: expected a positive number of seconds or a timedelta")
-    return float(seconds)
+    try:
+        return positive_seconds(value)
+    except ValueError:
+        raise ConfigurationError(
+            f"{name}={value!r}: expected a positive number of seconds or a timedelta"
+        ) from None
 
 
 class CheckpointSensor(BaseSensorOperator):

@@ -14,10 +14,11 @@ The pytest fixture ``k8s_emulator`` lives in :mod:`airflow_gpupool.testing.pytes
 
 from __future__ import annotations
 
+from airflow_gpupool.labels import POOL_LABEL
 from airflow_gpupool.testing.apiserver import KubernetesApiEmulator, RecordedRequest
 from airflow_gpupool.testing.behaviour import ANNOTATION_PREFIX, ANNOTATIONS, PodBehaviour, PodRule
 from airflow_gpupool.testing.checkpoints import COMPLETE_MARKER, MANIFEST_NAME, RESUME_ENV
-from airflow_gpupool.testing.nodes import POOL_LABEL, cpu_node, default_nodes, gpu_node, load_nodes
+from airflow_gpupool.testing.nodes import cpu_node, default_nodes, gpu_node, load_nodes
 from airflow_gpupool.testing.server import KubernetesEmulatorServer, kubeconfig, write_kubeconfig
 
 __all__ = [

@@ -22,7 +22,16 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-POOL_LABEL = "gpupool.io/pool"
+from airflow_gpupool.labels import (
+    COUNT_LABEL,
+    GPU_RESOURCE,
+    HOSTNAME_LABEL,
+    MEMORY_LABEL,
+    MIG_RESOURCE_PREFIX,
+    MIG_STRATEGY_LABEL,
+    POOL_LABEL,
+    PRODUCT_LABEL,
+)
 
 _NODE_ARGS = {
     "name",
@@ -94,22 +103,22 @@ def gpu_node(
     """
     mig = dict(mig or {})
     node_labels: dict[str, str] = {
-        "kubernetes.io/hostname": name,
+        HOSTNAME_LABEL: name,
         "kubernetes.io/os": "linux",
         "kubernetes.io/arch": "amd64",
         "nvidia.com/gpu.present": "true",
-        "nvidia.com/gpu.product": product,
-        "nvidia.com/gpu.memory": str(memory_mib),
-        "nvidia.com/gpu.count": str(gpus),
-        "nvidia.com/mig.strategy": mig_strategy or ("mixed" if mig else "none"),
+        PRODUCT_LABEL: product,
+        MEMORY_LABEL: str(memory_mib),
+        COUNT_LABEL: str(gpus),
+        MIG_STRATEGY_LABEL: mig_strategy or ("mixed" if mig else "none"),
     }
     for profile, count in mig.items():
-        node_labels[f"nvidia.com/mig-{profile}.count"] = str(count)
+        node_labels[f"{MIG_RESOURCE_PREFIX}{profile}.count"] = str(count)
     if pool is not None:
         node_labels[POOL_LABEL] = pool
     node_labels.update(labels or {})
-    resources: dict[str, str] = {"cpu": cpu, "memory": memory, "pods": "110", "nvidia.com/gpu": str(gpus)}
-    resources.update({f"nvidia.com/mig-{profile}": str(count) for profile, count in mig.items()})
+    resources: dict[str, str] = {"cpu": cpu, "memory": memory, "pods": "110", GPU_RESOURCE: str(gpus)}
+    resources.update({f"{MIG_RESOURCE_PREFIX}{profile}": str(count) for profile, count in mig.items()})
     return _node_object(name, node_labels, resources, [_taint(t) for t in taints], unschedulable, address)
 
 
