@@ -32,7 +32,8 @@ demo: install
 	$(BIN)/python -m airflow_gpupool.demo
 
 # The Airflow UI (airflow standalone, http://localhost:8080) with the Kubernetes emulator (the demo's
-# cluster, port $(UI_PORT)), a SQLite ledger synced from it, and the example DAGs in dags/.
+# cluster, port $(UI_PORT)), a SQLite ledger synced from it, the controller beside them (its log in
+# .demo/ui/controller.log) and the example DAGs in dags/.
 UI_DIR := $(abspath .demo/ui)
 UI_PORT ?= 8001
 UI_CONN := {"conn_type": "gpupool", "extra": {"ledger_url": "sqlite:///$(UI_DIR)/ledger.db", "node_pool_bindings": "a100-mig=mig,t4-shared=hami"}}
@@ -44,9 +45,11 @@ ui: install
 	mkdir -p $(UI_DIR) && rm -f $(UI_DIR)/kubeconfig
 	$(BIN)/python -m airflow_gpupool.demo --write-nodes $(UI_DIR)/nodes.json
 	$(BIN)/python -m airflow_gpupool.testing.emulator --port $(UI_PORT) --kubeconfig $(UI_DIR)/kubeconfig \
-		--nodes $(UI_DIR)/nodes.json & emulator=$$!; trap 'kill $$emulator' EXIT INT TERM; \
+		--nodes $(UI_DIR)/nodes.json & emulator=$$!; trap 'kill $$emulator $${controller:-}' EXIT INT TERM; \
 	while [ ! -s $(UI_DIR)/kubeconfig ]; do sleep 0.2; done; \
 	$(UI_ENV) $(BIN)/gpupool inventory sync --url sqlite:///$(UI_DIR)/ledger.db --kubeconfig $(UI_DIR)/kubeconfig \
+	&& { $(UI_ENV) $(BIN)/gpupool controller run --url sqlite:///$(UI_DIR)/ledger.db --kubeconfig $(UI_DIR)/kubeconfig \
+		--sync-interval 30 --reconcile-interval 15 2>$(UI_DIR)/controller.log & controller=$$!; } \
 	&& PATH="$(abspath $(BIN)):$$PATH" $(UI_ENV) $(BIN)/airflow standalone  # it starts `airflow` subcommands from PATH
 
 bench-placement: install

@@ -24,13 +24,16 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from airflow_gpupool.labels import HAMI_CORES_RESOURCE, HAMI_MEMORY_RESOURCE
 from airflow_gpupool.ledger import Ledger
 from airflow_gpupool.ledger.models import Grant, Reservation
 from airflow_gpupool.task_try import TaskTry
 from airflow_gpupool.testing import KubernetesEmulatorServer, gpu_node
+
+if TYPE_CHECKING:
+    from airflow_gpupool.controller.run import PassResult
 
 DAG_ID = "gpu_retraining"
 DAGS_FOLDER = Path(__file__).resolve().parent.parent / "dags"
@@ -257,13 +260,29 @@ def summarize(
     return state == "success" and not snap.grants and not snap.queue and not violations
 
 
+def controller_pass(ledger: Ledger, kubeconfig: str) -> PassResult:
+    """Run one pass of the controller (`gpupool controller run --once`) in this process.
+
+    :param ledger: the ledger
+    :param kubeconfig: the emulator's kubeconfig
+    """
+    from kubernetes import client
+
+    from airflow_gpupool.controller.leader import LeaderElector, LeaseSettings
+    from airflow_gpupool.controller.run import GpuPoolController
+    from airflow_gpupool.inventory.sync import core_v1_api
+
+    core = core_v1_api(kubeconfig)
+    elector = LeaderElector(client.CoordinationV1Api(core.api_client), LeaseSettings("default", "demo"))
+    return GpuPoolController(ledger, core, elector).run_once()
+
+
 def run_demo(workdir: Path, out: IO[str]) -> bool:
     """Set up the embedded parts under ``workdir``, run the DAG, print the summary; return whether it passed.
 
     :param workdir: the demo's directory (wiped first)
     :param out: where to print progress and the summary
     """
-    from airflow_gpupool.inventory.sync import core_v1_api, sync_inventory
 
     shutil.rmtree(workdir, ignore_errors=True)
     (workdir / "airflow").mkdir(parents=True)
@@ -275,8 +294,12 @@ def run_demo(workdir: Path, out: IO[str]) -> bool:
         out.write(f"  Kubernetes emulator at {k8s.url}\n")
         ledger = Ledger.create(url)
         try:
-            synced = sync_inventory(ledger, core_v1_api(k8s.kubeconfig_path))
-            out.write(f"  ledger {url}: {len(synced.added)} GPU nodes synced from the cluster\n")
+            synced = controller_pass(ledger, k8s.kubeconfig_path).synced
+            if synced is None:
+                raise RuntimeError("the controller could not sync the cluster's nodes (see the log above)")
+            out.write(
+                f"  ledger {url}: {len(synced.added)} GPU nodes synced from the cluster by a controller pass\n"
+            )
             for node in synced.nodes:
                 out.write(f"    {node.name:<11} pool {node.node_pool:<10} {_gpu_cell(node)}\n")
             with open(log_path, "a") as log:
@@ -286,7 +309,10 @@ def run_demo(workdir: Path, out: IO[str]) -> bool:
             started = time.monotonic()
             with output_to(log_path):
                 dag_run = run_dag()
-            return summarize(dag_run, ledger, k8s, workdir, time.monotonic() - started, out)
+                seconds = time.monotonic() - started
+                after = controller_pass(ledger, k8s.kubeconfig_path)  # its log lines go to demo.log
+            out.write(f"  controller pass after the run: {after.summary()}\n")
+            return summarize(dag_run, ledger, k8s, workdir, seconds, out)
         finally:
             ledger.close()
 

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from airflow_gpupool.cli import bench, emulator, inventory, ledger, metrics, reconcile, simulate
+from airflow_gpupool.cli import bench, controller, emulator, inventory, ledger, metrics, reconcile, simulate
 from airflow_gpupool.exceptions import GpuPoolError
 
 __all__ = ["build_parser", "main"]
@@ -29,6 +29,7 @@ _REGISTRARS: tuple[Callable[[Any], None], ...] = (
     simulate.register,
     emulator.register,
     reconcile.register,
+    controller.register,
     metrics.register,
 )
 

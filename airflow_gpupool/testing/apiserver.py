@@ -10,6 +10,8 @@ On top of kmock 0.8 this serves what clients such as ``KubernetesPodOperator`` r
 * ``GET pods/<name>/log`` as ``text/plain`` with ``container``, ``timestamps``, ``tailLines``,
   ``sinceSeconds``/``sinceTime``, ``limitBytes`` and ``follow`` (streams until the container ends);
 * core/v1 ``events`` and ``nodes``;
+* coordination.k8s.io/v1 ``leases`` (leader election): ``PUT`` replaces, refused with 409 Conflict
+  when the ``resourceVersion`` sent is not the stored one;
 * a log of every request (:class:`RecordedRequest`).
 """
 
@@ -28,13 +30,13 @@ from typing import Any, TypeVar, cast
 import aiohttp.web
 from kmock import KubernetesEmulator, KubernetesError, KubernetesObjectNotFoundError, action, resource
 
-from airflow_gpupool.testing.kinds import NAMESPACES, NODES, PODS
+from airflow_gpupool.testing.kinds import LEASES, NAMESPACES, NODES, PODS
 from airflow_gpupool.testing.kubelet import SimulatedKubelet
 from airflow_gpupool.testing.selectors import parse_field_selector, parse_label_selector
 
 T = TypeVar("T")
 
-_KINDS = {"pods": "Pod", "events": "Event", "nodes": "Node", "namespaces": "Namespace"}
+_KINDS = {"pods": "Pod", "events": "Event", "nodes": "Node", "namespaces": "Namespace", "leases": "Lease"}
 _WATCH_VALUES = {"true", "1", "yes"}
 DEFAULT_WATCH_SECONDS = 1800.0
 
@@ -72,6 +74,16 @@ class KubernetesBadRequest(KubernetesError):
         super().__init__(status=400, reason="BadRequest", message=message, details={})
 
 
+class KubernetesConflict(KubernetesError):
+    """A 409 answer to a replace whose ``resourceVersion`` is not the stored one.
+
+    :param message: what is wrong
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(status=409, reason="Conflict", message=message, details={})
+
+
 class KubernetesApiEmulator(KubernetesEmulator):
     """An in-memory Kubernetes API server with a simulated kubelet and scheduler.
 
@@ -100,6 +112,15 @@ class KubernetesApiEmulator(KubernetesEmulator):
                 "categories": [],
                 "subresources": ["log", "status"] if plural == "pods" else [],
             }
+        self.resources["coordination.k8s.io/v1/leases"] = {
+            "namespaced": True,
+            "kind": "Lease",
+            "singular": "lease",
+            "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"],
+            "shortnames": [],
+            "categories": [],
+            "subresources": [],
+        }
         self.objects[NAMESPACES, None, "default"] = self._stamp(
             {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "default"}}
         )
@@ -235,12 +256,14 @@ class KubernetesApiEmulator(KubernetesEmulator):
         :param request: kmock's parsed request
         """
         self._record(request)
-        if request.resource is None:
+        if request.resource is None or request.resource.plural is None:  # discovery: /apis/<group>/<version>
             return await super()._handle(request)
         if str(request.params.get("watch", "")).lower() in _WATCH_VALUES and request.method.value == "GET":
             return await self._serve_watch_stream(request)
         if request.resource == PODS and request.subresource == "log":
             return await self._serve_pod_log(request)
+        if request.resource == LEASES and request.method.value == "PUT" and request.name:
+            return aiohttp.web.json_response(await self._serve_replace(request))
         if request.action == action.LIST:
             return aiohttp.web.json_response(self._serve_selected_list(request))
         self._before_write(request)
@@ -284,6 +307,31 @@ class KubernetesApiEmulator(KubernetesEmulator):
         elif request.action == action.DELETE and request.name and request.subresource is None:
             await self.kubelet.stopped(request.namespace, request.name)
 
+    async def _serve_replace(self, request: Any) -> dict[str, Any]:
+        """Replace a whole object (``PUT``), checking its ``resourceVersion`` as the API server does.
+
+        A body without ``resourceVersion`` replaces unconditionally; one with a different version
+        than the stored object is refused, so two writers never both win.
+
+        :param request: kmock's parsed request
+        :raises KubernetesConflict: the version sent is not the stored one
+        """
+        current = self.get_object(request.resource, request.namespace, request.name)
+        if current is None:
+            raise KubernetesObjectNotFoundError()
+        body = copy.deepcopy(request.data) if isinstance(request.data, dict) else {}
+        meta = body.setdefault("metadata", {})
+        sent, stored = meta.get("resourceVersion"), current["metadata"]["resourceVersion"]
+        if sent and str(sent) != stored:
+            raise KubernetesConflict(
+                f'Operation cannot be fulfilled on {request.resource.plural} "{request.name}": the object '
+                "has been modified; please apply your changes to the latest version and try again"
+            )
+        for owned in ("uid", "creationTimestamp", "generation"):
+            meta[owned] = current["metadata"].get(owned)
+        meta.update(name=request.name, namespace=request.namespace)
+        return await self.put_object(request.resource, body)
+
     def _selected(self, request: Any) -> Callable[[Mapping[str, Any]], bool]:
         """Return a predicate for the objects a list or watch request selects.
 
@@ -311,8 +359,9 @@ class KubernetesApiEmulator(KubernetesEmulator):
         selected = self._selected(request)
         items = [obj for obj in self.list_objects(request.resource, request.namespace) if selected(obj)]
         plural = request.resource.plural or ""
+        group = request.resource.group
         return {
-            "apiVersion": "v1",
+            "apiVersion": f"{group}/{request.resource.version}" if group else "v1",
             "kind": _KINDS.get(plural, plural.capitalize()) + "List",
             "metadata": {"resourceVersion": str(self._resource_version)},
             "items": items,

@@ -452,6 +452,7 @@ MODELS = {
     ("rbac.authorization.k8s.io/v1", "ClusterRole"): "V1ClusterRole",
     ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): "V1ClusterRoleBinding",
     ("apps/v1", "DaemonSet"): "V1DaemonSet",
+    ("apps/v1", "Deployment"): "V1Deployment",
 }
 
 
@@ -474,6 +475,7 @@ def test_manifest_files() -> None:
     assert sorted(p.name for p in KUBERNETES.iterdir()) == [
         "namespace.yaml",
         "nvml-agent-daemonset.yaml",
+        "pool-controller.yaml",
         "priority-classes.yaml",
         "rbac.yaml",
     ]
@@ -574,3 +576,63 @@ def test_nvml_agent_daemonset() -> None:
         "PLACEHOLDER: `gpupool agent run` is built by a later issue"
         in (KUBERNETES / "nvml-agent-daemonset.yaml").read_text()
     )
+
+
+def _rules_by_group(rules: list[Any]) -> dict[tuple[str, str], list[str]]:
+    return {
+        (group, resource): rule.verbs
+        for rule in rules
+        for group in rule.api_groups
+        for resource in rule.resources
+    }
+
+
+def test_controller_deployment() -> None:
+    from airflow_gpupool.cli import build_parser
+
+    objects = _manifest("pool-controller.yaml")
+    assert sorted(objects) == [
+        ("ClusterRole", "gpupool-controller"),
+        ("ClusterRoleBinding", "gpupool-controller"),
+        ("Deployment", "gpupool-controller"),
+        ("Role", "gpupool-controller-leader-election"),
+        ("RoleBinding", "gpupool-controller-leader-election"),
+        ("ServiceAccount", "gpupool-controller"),
+    ]
+    account = objects[("ServiceAccount", "gpupool-controller")]
+    assert _rules_by_group(objects[("ClusterRole", "gpupool-controller")].rules) == {
+        ("", "nodes"): ["get", "list"],
+        ("", "pods"): ["get", "list", "delete"],
+        ("", "events"): ["create"],
+    }
+    role = objects[("Role", "gpupool-controller-leader-election")]
+    assert _rules_by_group(role.rules) == {("coordination.k8s.io", "leases"): ["get", "create", "update"]}
+    for kind, role_kind, role_name in (
+        ("ClusterRoleBinding", "ClusterRole", "gpupool-controller"),
+        ("RoleBinding", "Role", "gpupool-controller-leader-election"),
+    ):
+        binding = next(obj for (k, _), obj in objects.items() if k == kind)
+        assert (binding.role_ref.kind, binding.role_ref.name) == (role_kind, role_name)
+        (subject,) = binding.subjects
+        assert (subject.kind, subject.name, subject.namespace) == (
+            "ServiceAccount",
+            account.metadata.name,
+            account.metadata.namespace,
+        )
+    deployment = objects[("Deployment", "gpupool-controller")]
+    assert deployment.spec.replicas == 2
+    assert deployment.metadata.namespace == role.metadata.namespace == account.metadata.namespace
+    assert deployment.spec.selector.match_labels.items() <= deployment.spec.template.metadata.labels.items()
+    spec = deployment.spec.template.spec
+    assert spec.service_account_name == "gpupool-controller"
+    (container,) = spec.containers
+    assert container.command == ["gpupool", "controller", "run"]
+    # The flags are the command's own: the parser accepts them.
+    args = build_parser().parse_args([*container.command[1:], *container.args])
+    assert (args.sync_interval, args.reconcile_interval, args.lease_duration) == (60, 30, 15)
+    env = {e.name: e for e in container.env}
+    ledger = env["GPUPOOL_LEDGER_URL"].value_from.secret_key_ref
+    assert (ledger.name, ledger.key) == ("gpupool-ledger", "url")
+    # The Lease's namespace: the pod's own (cli.controller.default_namespace reads POD_NAMESPACE).
+    assert env["POD_NAMESPACE"].value_from.field_ref.field_path == "metadata.namespace"
+    assert not any(key.startswith("nvidia.com/") for key in container.resources.limits)

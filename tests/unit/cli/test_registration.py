@@ -26,6 +26,7 @@ COMMANDS = {
     "simulate": [],
     "emulator": [],
     "reconcile": [],
+    "controller": ["run"],
     "metrics": ["serve"],
 }
 

@@ -1,0 +1,145 @@
+"""``gpupool controller run``: the one long-running process with Kubernetes access."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+from airflow_gpupool.cli.common import open_ledger, url_arg
+from airflow_gpupool.controller.leader import DEFAULT_LEASE_DURATION, DEFAULT_LEASE_NAME
+from airflow_gpupool.controller.run import DEFAULT_RECONCILE_INTERVAL, DEFAULT_SYNC_INTERVAL
+
+__all__ = ["cmd_controller_run", "default_namespace", "register"]
+
+log = logging.getLogger(__name__)
+
+_SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+def default_namespace() -> str:
+    """Return the Lease's namespace: ``POD_NAMESPACE``, else the pod's own (in-cluster), else ``default``."""
+    if os.environ.get("POD_NAMESPACE"):
+        return os.environ["POD_NAMESPACE"]
+    if _SERVICE_ACCOUNT_NAMESPACE.is_file():
+        return _SERVICE_ACCOUNT_NAMESPACE.read_text().strip() or "default"
+    return "default"
+
+
+def cmd_controller_run(args: argparse.Namespace) -> int:
+    """Sync the inventory, reconcile grants with their pods and reap expired leases, on intervals.
+
+    Replicas elect one leader through a Kubernetes Lease; only the leader acts. SIGTERM or SIGINT
+    stops the loop and releases the Lease.
+    """
+    from kubernetes import client
+
+    from airflow_gpupool.controller.leader import LeaderElector, LeaseSettings
+    from airflow_gpupool.controller.run import ControllerIntervals, GpuPoolController
+    from airflow_gpupool.inventory.sync import core_v1_api
+
+    logging.getLogger("airflow_gpupool").setLevel(args.log_level)
+    # Bad configuration fails here, before the loop: exit 2 (GpuPoolError) or a traceback.
+    intervals = ControllerIntervals(sync=args.sync_interval, reconcile=args.reconcile_interval)
+    lease = LeaseSettings(
+        namespace=args.namespace or default_namespace(),
+        identity=args.identity or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}",
+        name=args.lease_name,
+        lease_duration=args.lease_duration,
+    )
+    core = core_v1_api(args.kubeconfig, args.context)
+    elector = LeaderElector(client.CoordinationV1Api(core.api_client), lease)
+    ledger = open_ledger(args)
+    controller = GpuPoolController(ledger, core, elector, intervals)
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        log.info("Received %s: stopping", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    log.info(
+        "Controller %s: Lease %s/%s (%gs), sync every %gs, reconcile every %gs, ledger %s",
+        lease.identity,
+        lease.namespace,
+        lease.name,
+        lease.lease_duration,
+        intervals.sync,
+        intervals.reconcile,
+        ledger.url,
+    )
+    try:
+        if args.once:
+            result = controller.run_once(wait=stop.wait)
+            return 1 if result.errors else 0
+        controller.run(stop)
+    finally:
+        ledger.close()
+    log.info("Controller %s stopped", lease.identity)
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    """Add ``gpupool controller run``.
+
+    :param subparsers: the top-level subparsers
+    """
+    group = subparsers.add_parser(
+        "controller", help="the controller: inventory sync, reconcile and reap, leader-elected"
+    ).add_subparsers(dest="controller_command", metavar="ACTION")
+    group.required = True
+    p = group.add_parser("run", help="run the controller loop", description=cmd_controller_run.__doc__)
+    url_arg(p)
+    p.add_argument(
+        "--kubeconfig", metavar="F", help="kubeconfig file (default: KUBECONFIG, ~/.kube/config, in-cluster)"
+    )
+    p.add_argument("--context", metavar="C", help="kubeconfig context (default: the current one)")
+    p.add_argument(
+        "--sync-interval",
+        metavar="S",
+        type=float,
+        default=DEFAULT_SYNC_INTERVAL,
+        help="seconds between inventory syncs (default %(default)g)",
+    )
+    p.add_argument(
+        "--reconcile-interval",
+        metavar="S",
+        type=float,
+        default=DEFAULT_RECONCILE_INTERVAL,
+        help="seconds between reconciles of grants with pods, each followed by a reap (default %(default)g)",
+    )
+    p.add_argument(
+        "--namespace",
+        metavar="N",
+        help="the Lease's namespace (default: POD_NAMESPACE, the pod's, or default)",
+    )
+    p.add_argument(
+        "--lease-name", metavar="NAME", default=DEFAULT_LEASE_NAME, help="the Lease (default %(default)s)"
+    )
+    p.add_argument(
+        "--lease-duration",
+        metavar="S",
+        type=float,
+        default=DEFAULT_LEASE_DURATION,
+        help="seconds a silent leader keeps the Lease before another takes over (default %(default)g)",
+    )
+    p.add_argument(
+        "--identity", metavar="ID", help="this replica's holder identity (default: hostname_random)"
+    )
+    p.add_argument(
+        "--once", action="store_true", help="run one pass (every step) and exit: for cron and tests"
+    )
+    p.add_argument(
+        "--log-level",
+        choices=["DEBUG", "INFO", "WARNING"],
+        default="INFO",
+        help="the controller's log level (default %(default)s; DEBUG gives each pass's details)",
+    )
+    p.set_defaults(func=cmd_controller_run)

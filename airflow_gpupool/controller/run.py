@@ -1,0 +1,215 @@
+"""The controller loop: inventory sync, reconcile and reap on their intervals, while leading.
+
+:class:`GpuPoolController` is what ``gpupool controller run`` runs: the one long-running process
+with Kubernetes access. Each sync interval it syncs the cluster's GPU nodes into the ledger
+(:func:`~airflow_gpupool.inventory.sync.sync_inventory`); each reconcile interval it reconciles
+grants with their pods (:func:`~airflow_gpupool.controller.reconcile.reconcile`) and reaps
+expired leases (``Ledger.reap``). It acts only while it holds the Lease
+(:class:`~airflow_gpupool.controller.leader.LeaderElector`), so replicas never act at once.
+
+An error in one step (the API server or the ledger unreachable, a refused request) is logged and
+the step is tried again at its next interval: a long-running loop outlives transient faults. Only
+bad configuration, found before the loop starts, ends the process.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from airflow_gpupool.controller.reconcile import ReconcileResult, reconcile
+from airflow_gpupool.exceptions import ConfigurationError
+from airflow_gpupool.inventory.sync import SyncResult, sync_inventory
+from airflow_gpupool.validate import positive_seconds
+
+if TYPE_CHECKING:
+    from airflow_gpupool.controller.leader import LeaderElector
+    from airflow_gpupool.ledger import Ledger
+    from airflow_gpupool.ledger.models import ReapResult
+
+__all__ = [
+    "DEFAULT_RECONCILE_INTERVAL",
+    "DEFAULT_SYNC_INTERVAL",
+    "ControllerIntervals",
+    "GpuPoolController",
+    "PassResult",
+]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SYNC_INTERVAL = 60.0
+DEFAULT_RECONCILE_INTERVAL = 30.0
+
+
+@dataclass(frozen=True)
+class ControllerIntervals:
+    """How often each step runs, in seconds.
+
+    :param sync: inventory sync
+    :param reconcile: reconcile of grants with pods, then reap
+    """
+
+    sync: float = DEFAULT_SYNC_INTERVAL
+    reconcile: float = DEFAULT_RECONCILE_INTERVAL
+
+    def __post_init__(self) -> None:
+        for what, value in (("sync interval", self.sync), ("reconcile interval", self.reconcile)):
+            try:
+                positive_seconds(value)
+            except ValueError as e:
+                raise ConfigurationError(f"{what}: {e}") from None
+
+
+@dataclass
+class PassResult:
+    """What one pass did; a step that did not run (not due, not leading) or failed is ``None``.
+
+    :param leading: whether this controller held the Lease
+    :param errors: ``(step, message)`` for each step that failed
+    """
+
+    leading: bool = False
+    synced: SyncResult | None = None
+    reconciled: ReconcileResult | None = None
+    reaped: ReapResult | None = None
+    errors: list[tuple[str, str]] = field(default_factory=list)
+
+    def summary(self) -> str:
+        """Return the pass's one INFO line, such as ``sync: 2 added, ...; reconcile: 1 released, ...``."""
+        parts = []
+        if self.synced is not None:
+            parts.append(f"sync: {self.synced.summary()}")
+        if self.reconciled is not None:
+            parts.append(f"reconcile: {self.reconciled.summary()}")
+        if self.reaped is not None:
+            r = self.reaped
+            parts.append(
+                f"reap: {len(r.expired)} expired, {len(r.timed_out)} timed out, {len(r.granted)} granted"
+            )
+        parts += [f"{step} failed: {message}" for step, message in self.errors]
+        return "; ".join(parts) or "nothing due"
+
+
+class GpuPoolController:
+    """Sync, reconcile and reap on their intervals while holding the Lease.
+
+    :param ledger: the ledger
+    :param core_v1_api: a ``kubernetes.client.CoreV1Api``
+    :param elector: the Lease candidate of this process
+    :param intervals: how often each step runs
+    :param clock: a monotonic clock, in seconds (tests pass a fake one)
+    """
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        core_v1_api: Any,
+        elector: LeaderElector,
+        intervals: ControllerIntervals | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.ledger = ledger
+        self.api = core_v1_api
+        self.elector = elector
+        self.intervals = intervals or ControllerIntervals()
+        self._clock = clock
+        self._next_sync = self._next_reconcile = float("-inf")
+        self._next_election = float("-inf")
+
+    def run_pass(self) -> PassResult:
+        """Renew (or seek) the Lease if due, then run the steps that are due, while leading."""
+        now = self._clock()
+        if now >= self._next_election:
+            self.elector.try_acquire_or_renew()
+            self._next_election = now + self.elector.lease.retry_period
+        result = PassResult(leading=self.elector.is_leader())
+        if not result.leading:
+            log.debug("Not leading (the Lease is held by %s): nothing done", self.elector.holder)
+            return result
+        if now >= self._next_sync:
+            self._next_sync = now + self.intervals.sync
+            result.synced = self._step(result, "sync", lambda: sync_inventory(self.ledger, self.api))
+        if now >= self._next_reconcile and self.elector.is_leader():
+            self._next_reconcile = now + self.intervals.reconcile
+            result.reconciled = self._step(result, "reconcile", lambda: reconcile(self.ledger, self.api))
+            result.reaped = self._step(result, "reap", self.ledger.reap)
+        if result.synced or result.reconciled or result.reaped or result.errors:
+            log.info("Controller pass (%s): %s", self.elector.identity, result.summary())
+        self._log_details(result)
+        return result
+
+    def run(self, stop: threading.Event) -> None:
+        """Run passes until ``stop`` is set, then release the Lease.
+
+        :param stop: set (by a signal handler) to end the loop; waiting ends as soon as it is set
+        """
+        try:
+            while not stop.is_set():
+                self.run_pass()
+                stop.wait(self._seconds_to_next())
+        finally:
+            self.elector.release()
+
+    def run_once(self, wait: Callable[[float], bool] | None = None) -> PassResult:
+        """Run one full pass (every step, as if all were due) and release the Lease.
+
+        Another live leader is waited for at most about one lease duration (it may be a controller
+        that died, whose Lease must expire first); if it still leads, nothing is done.
+
+        :param wait: sleeps for the seconds given and returns True to give up early (default: sleep)
+        """
+        wait = wait or _sleep
+        deadline = self._clock() + self.elector.lease.lease_duration + 2 * self.elector.lease.retry_period
+        try:
+            while not self.elector.try_acquire_or_renew():
+                if self._clock() >= deadline or wait(self.elector.lease.retry_period):
+                    log.warning("The Lease is held by %s: nothing done", self.elector.holder)
+                    return PassResult(leading=False)
+            self._next_election = self._clock() + self.elector.lease.retry_period
+            return self.run_pass()
+        finally:
+            self.elector.release()
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _seconds_to_next(self) -> float:
+        due = min(self._next_election, self._next_sync, self._next_reconcile)
+        if not self.elector.is_leader():
+            due = self._next_election
+        return max(0.05, due - self._clock())
+
+    def _step(self, result: PassResult, step: str, run: Callable[[], Any]) -> Any:
+        try:
+            return run()
+        except Exception as e:  # a long-running loop outlives any one fault; logged, retried next time
+            log.error(
+                "Controller %s failed (retried in the next pass): %s",
+                step,
+                e,
+                exc_info=log.isEnabledFor(logging.DEBUG),
+            )
+            result.errors.append((step, f"{type(e).__name__}: {e}"))
+            return None
+
+    @staticmethod
+    def _log_details(result: PassResult) -> None:
+        if not log.isEnabledFor(logging.DEBUG):
+            return
+        if result.synced is not None:
+            log.debug("sync: %s", result.synced.to_dict())
+        for rid, reason in result.reconciled.released if result.reconciled else ():
+            log.debug("reconcile released %s: %s", rid, reason)
+        if result.reaped is not None:
+            log.debug(
+                "reap: expired %s, timed out %s", list(result.reaped.expired), list(result.reaped.timed_out)
+            )
+
+
+def _sleep(seconds: float) -> bool:
+    time.sleep(seconds)
+    return False
