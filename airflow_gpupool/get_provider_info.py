@@ -80,6 +80,12 @@ def get_provider_info() -> dict[str, Any]:
                     "reservation_timeout_seconds": _option(
                         "Seconds a request may wait in the queue before it fails.", "300", "integer"
                     ),
+                    "orphan_grace_seconds": _option(
+                        "Seconds an orphaned grant (its lease expired while its pod still runs) is "
+                        "kept before reconcile deletes the pod and frees the slice.",
+                        "600",
+                        "integer",
+                    ),
                     "poll_interval_seconds": _option(
                         "Seconds between checks of a waiting request (trigger and non-deferrable wait).",
                         "5",

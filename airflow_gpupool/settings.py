@@ -32,6 +32,7 @@ DEFAULTS: dict[str, str] = {
     "typical_shapes": "",
     "lease_ttl_seconds": "600",
     "reservation_timeout_seconds": "300",
+    "orphan_grace_seconds": "600",
     "poll_interval_seconds": "5",
     "max_overtakes": "8",
     "synchronous_commit": "true",
@@ -184,6 +185,11 @@ def lease_ttl_seconds() -> float:
 def reservation_timeout_seconds() -> float:
     """Return how long a request may wait in the queue by default."""
     return _positive("reservation_timeout_seconds")
+
+
+def orphan_grace_seconds() -> float:
+    """Return how long an orphaned grant's pod may run on before reconcile deletes it."""
+    return _positive("orphan_grace_seconds")
 
 
 def poll_interval_seconds() -> float:

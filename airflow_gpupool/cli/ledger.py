@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_gpupool.cli.common import open_ledger, print_json, table, url_arg
 
 if TYPE_CHECKING:
-    from airflow_gpupool.ledger.models import LedgerSnapshot
+    from airflow_gpupool.ledger.models import LedgerSnapshot, Reservation
 
 __all__ = [
     "cmd_ledger_init",
@@ -69,7 +69,7 @@ def format_status(snapshot: LedgerSnapshot) -> str:
     grant_rows = []
     for r in snapshot.grants:
         g = r.grant
-        assert g is not None  # a snapshot's grants are granted reservations
+        assert g is not None  # a snapshot's grants are granted (or orphaned) reservations
         where = f"{g.node}/" + (
             f"{g.mig_slice}({g.mig_profile})" if g.mig_slice else ",".join(map(str, g.gpu_indices))
         )
@@ -80,10 +80,11 @@ def format_status(snapshot: LedgerSnapshot) -> str:
                 r.request.team,
                 r.request.describe().split(",")[0],
                 where,
-                f"{g.expires_at - now:.0f}s",
+                _lease_left(r, now),
             ]
         )
-    out.append(f"\nGrants ({len(grant_rows)})")
+    orphaned = sum(r.state.value == "orphaned" for r in snapshot.grants)
+    out.append(f"\nGrants ({len(grant_rows)}" + (f", {orphaned} orphaned)" if orphaned else ")"))
     out.append(
         table(["ID", "HOLDER", "TEAM", "SLICE", "WHERE", "LEASE LEFT"], grant_rows)
         if grant_rows
@@ -158,6 +159,18 @@ def _label(text: str) -> tuple[str, str]:
     if not sep:
         raise argparse.ArgumentTypeError(f"label {text!r} is not key=value")
     return key, value
+
+
+def _lease_left(reservation: Reservation, now: float) -> str:
+    """Say how long the lease has left, or, for an orphan, whose pod holds its slice since when."""
+    from airflow_gpupool.ledger.models import ReservationState
+
+    g = reservation.grant
+    assert g is not None
+    if reservation.state is not ReservationState.ORPHANED:
+        return f"{g.expires_at - now:.0f}s"
+    since = now - (reservation.orphaned_at or now)
+    return f"orphaned {since:.0f}s (pod {g.pod_namespace}/{g.pod_name})"
 
 
 def cmd_release(args: argparse.Namespace) -> int:

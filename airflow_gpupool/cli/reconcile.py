@@ -1,4 +1,4 @@
-"""``gpupool reconcile``: release grants whose pods finished or never appeared."""
+"""``gpupool reconcile``: release grants whose pods finished, vanished or never appeared; end orphans."""
 
 from __future__ import annotations
 
@@ -14,15 +14,29 @@ __all__ = ["cmd_reconcile", "register"]
 
 
 def cmd_reconcile(args: argparse.Namespace) -> int:
-    """Release grants whose pods finished or never appeared (pods labelled gpupool.io/reservation-id)."""
-    from airflow_gpupool.controller.reconcile import reconcile
+    """Release grants whose pods finished, vanished or never appeared (pods labelled gpupool.io/reservation-id).
+
+    An orphaned grant (its lease expired while its pod ran on) is released once its pod is
+    finished or gone; a pod still running after --orphan-grace-seconds is deleted.
+    """
+    from airflow_gpupool.controller.reconcile import check_grace, reconcile
     from airflow_gpupool.inventory.sync import core_v1_api
 
+    grace = check_grace("--grace-seconds", args.grace_seconds)
+    orphan_grace = None
+    if args.orphan_grace_seconds is not None:
+        orphan_grace = check_grace("--orphan-grace-seconds", args.orphan_grace_seconds)
     api = core_v1_api(args.kubeconfig, args.context)
     ledger = open_ledger(args)
     try:
         result = reconcile(
-            ledger, api, grace_seconds=args.grace_seconds, all_nodes=args.all_nodes, id_prefix=args.id_prefix
+            ledger,
+            api,
+            grace_seconds=grace,
+            orphan_grace_seconds=orphan_grace,
+            all_nodes=args.all_nodes,
+            id_prefix=args.id_prefix,
+            include_manual=args.include_manual,
         )
     except kubernetes_api_errors() as e:
         raise GpuPoolError(f"cannot list pods or nodes: {e}") from e
@@ -34,6 +48,10 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
     print(f"reconcile: {result.summary()}")
     for rid, reason in result.released:
         print(f"  released {rid}: {reason}")
+    for rid in result.orphans_kept:
+        print(f"  orphan kept {rid}: its pod still runs, within the orphan grace")
+    for rid, pod in result.deleted:
+        print(f"  deleted pod {pod} of orphan {rid}")
     return 0
 
 
@@ -51,6 +69,18 @@ def register(subparsers: Any) -> None:
         type=float,
         default=DEFAULT_GRACE_SECONDS,
         help="how long a grant may wait for its pod (default %(default)g)",
+    )
+    p.add_argument(
+        "--orphan-grace-seconds",
+        type=float,
+        default=None,
+        help="how long an orphaned grant's pod may run on before it is deleted "
+        "(default [gpupool] orphan_grace_seconds)",
+    )
+    p.add_argument(
+        "--include-manual",
+        action="store_true",
+        help="also judge grants GpuPodOperator did not make (ids not starting gp-)",
     )
     p.add_argument(
         "--all-nodes",

@@ -1,8 +1,15 @@
-"""Reconciliation: release grants whose pods finished or never appeared.
+"""Reconciliation: release grants whose pods finished, vanished or never appeared; end orphans.
 
 A grant is judged by the pods labelled with its reservation id (``gpupool.io/reservation-id``), in
-all namespaces: kept while any of them is not finished, released when all have finished, or when
-none has appeared within the grace period (the operator creates its pod after the grant).
+all namespaces: kept while any of them is not finished, released when all have finished, when its
+bound pod is gone, or when no pod has appeared within the grace period (the operator creates its
+pod after the grant).
+
+An *orphaned* grant (its lease expired while a pod was bound to it: its worker died) still holds
+its slice. It is released as soon as its pods are finished or gone; while one still runs it is
+kept for ``orphan_grace_seconds`` after it became orphaned (time for a retry to re-attach and
+renew it), then its pods are deleted, with an Event on each saying why, and the slice freed.
+
 :func:`reconcile` judges every grant of a cluster (``gpupool reconcile``), :func:`reconcile_grant`
 one grant (the operator, on a lease renewal).
 """
@@ -10,12 +17,18 @@ one grant (the operator, on a lease renewal).
 from __future__ import annotations
 
 import logging
+import math
+import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from airflow_gpupool import settings
+from airflow_gpupool.exceptions import InvalidRequestError
 from airflow_gpupool.inventory.sync import list_nodes, list_objects
 from airflow_gpupool.labels import RESERVATION_LABEL
+from airflow_gpupool.ledger.invariants import FINISHED_PHASES
+from airflow_gpupool.ledger.models import ReservationState
 
 if TYPE_CHECKING:
     from airflow_gpupool.ledger import Ledger
@@ -24,7 +37,9 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_GRACE_SECONDS",
     "FINISHED_PHASES",
+    "OPERATOR_ID_PREFIX",
     "ReconcileResult",
+    "check_grace",
     "reconcile",
     "reconcile_grant",
     "verdict",
@@ -33,7 +48,12 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 DEFAULT_GRACE_SECONDS = 300.0
-FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
+#: The reservation ids GpuPodOperator makes (:attr:`airflow_gpupool.task_try.TaskTry.reservation_id`):
+#: by default reconcile judges only these, never a grant made by hand.
+OPERATOR_ID_PREFIX = "gp-"
+#: The ``reason`` of the Event left on a pod deleted because its orphaned grant's grace ran out.
+ORPHAN_EVENT_REASON = "GpuPoolOrphanDeleted"
+_EVENT_SOURCE = "gpupool-reconcile"
 
 
 @dataclass(frozen=True)
@@ -43,15 +63,26 @@ class ReconcileResult:
     :param released: ``(reservation id, reason)`` of each grant released
     :param kept: grants whose pods are alive, or still within the grace period
     :param ignored: grants on nodes this cluster does not have (another cluster may share the ledger)
+    :param orphans_kept: orphaned grants whose pods still run, within ``orphan_grace_seconds``
+    :param orphans_released: orphaned grants released (also in ``released``)
+    :param deleted: ``(reservation id, namespace/name)`` of each pod deleted because its
+        orphaned grant's grace ran out
     """
 
     released: tuple[tuple[str, str], ...] = ()
     kept: tuple[str, ...] = ()
     ignored: tuple[str, ...] = ()
+    orphans_kept: tuple[str, ...] = ()
+    orphans_released: tuple[str, ...] = ()
+    deleted: tuple[tuple[str, str], ...] = ()
 
     def summary(self) -> str:
-        """Return a one-line account such as ``1 released, 2 kept, 0 ignored``."""
-        return f"{len(self.released)} released, {len(self.kept)} kept, {len(self.ignored)} ignored"
+        """Return a one-line account such as ``1 released, 2 kept, 0 ignored; orphans: ...``."""
+        return (
+            f"{len(self.released)} released, {len(self.kept)} kept, {len(self.ignored)} ignored; "
+            f"orphans: {len(self.orphans_kept)} kept, {len(self.orphans_released)} released, "
+            f"{len(self.deleted)} pod(s) deleted"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """Return primitives only (``--json``)."""
@@ -59,11 +90,31 @@ class ReconcileResult:
             "released": [{"id": rid, "reason": reason} for rid, reason in self.released],
             "kept": list(self.kept),
             "ignored": list(self.ignored),
+            "orphans": {
+                "kept": list(self.orphans_kept),
+                "released": list(self.orphans_released),
+                "deleted": [{"id": rid, "pod": pod} for rid, pod in self.deleted],
+            },
         }
+
+
+def check_grace(name: str, value: Any) -> float:
+    """Return ``value`` as a number of seconds >= 0.
+
+    :raises InvalidRequestError: negative, NaN, or not a number
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value) or value < 0:
+        raise InvalidRequestError(name, value, "a number of seconds >= 0")
+    return float(value)
 
 
 def _phase(pod: Mapping[str, Any]) -> str:
     return str((pod.get("status") or {}).get("phase") or "Pending")
+
+
+def _name(pod: Mapping[str, Any]) -> str:
+    meta = pod.get("metadata") or {}
+    return f"{meta.get('namespace', 'default')}/{meta.get('name')}"
 
 
 def verdict(
@@ -71,7 +122,7 @@ def verdict(
 ) -> str | None:
     """Return why a grant should be released, or None to keep it (pure: no I/O).
 
-    :param reservation: a granted reservation
+    :param reservation: a granted (or orphaned) reservation
     :param pods: its pods (labelled with its id), as JSON dicts
     :param now: the time the grant is aged against
     :param grace_seconds: how long a grant may wait for its pod
@@ -81,10 +132,12 @@ def verdict(
             return None
         # Retries may leave older pods of the same reservation: name the newest.
         last = max(pods, key=lambda p: str(p["metadata"].get("creationTimestamp") or ""))
-        meta = last["metadata"]
-        return f"pod {meta.get('namespace', 'default')}/{meta.get('name')} finished ({_phase(last)})"
-    assert reservation.grant is not None
-    if now - reservation.grant.granted_at >= grace_seconds:
+        return f"pod {_name(last)} finished ({_phase(last)})"
+    grant = reservation.grant
+    assert grant is not None
+    if grant.bound:
+        return f"pod {grant.pod_namespace}/{grant.pod_name} gone"
+    if now - grant.granted_at >= grace_seconds:
         return f"no pod for {grace_seconds:g}s"
     return None
 
@@ -98,51 +151,169 @@ def _pods_by_reservation(api: Any, selector: str) -> dict[str, list[dict[str, An
     return pods
 
 
+def _event(pod: Mapping[str, Any], message: str, now: float) -> dict[str, Any]:
+    meta = pod.get("metadata") or {}
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": f"{meta.get('name')}.gpupool-{int(now * 1000):x}"},
+        "involvedObject": {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "namespace": meta.get("namespace", "default"),
+            "name": meta.get("name"),
+            "uid": meta.get("uid"),
+        },
+        "reason": ORPHAN_EVENT_REASON,
+        "message": message,
+        "type": "Warning",
+        "source": {"component": _EVENT_SOURCE},
+        "reportingComponent": _EVENT_SOURCE,
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+    }
+
+
+def delete_orphan_pod(core_v1_api: Any, pod: Mapping[str, Any], message: str, now: float) -> None:
+    """Leave an Event on ``pod`` saying why, then delete it (already gone is fine).
+
+    :param core_v1_api: a ``kubernetes.client.CoreV1Api``
+    :param pod: the pod as a JSON dict
+    """
+    from kubernetes.client.exceptions import ApiException
+
+    meta = pod.get("metadata") or {}
+    namespace, name = meta.get("namespace", "default"), meta.get("name")
+    try:
+        core_v1_api.create_namespaced_event(namespace, _event(pod, message, now))
+    except ApiException as e:  # the deletion matters; the event only explains it
+        log.warning("Could not record an event on pod %s/%s: %s", namespace, name, e.reason)
+    try:
+        core_v1_api.delete_namespaced_pod(name, namespace)
+    except ApiException as e:
+        if e.status != 404:
+            raise
+
+
+@dataclass
+class _Reconcile:
+    """One pass over the grants of a snapshot (see :func:`reconcile`)."""
+
+    ledger: Ledger
+    api: Any
+    now: float
+    grace_seconds: float
+    orphan_grace_seconds: float
+    pods: dict[str, list[dict[str, Any]]]
+    released: list[tuple[str, str]] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)
+    orphans_kept: list[str] = field(default_factory=list)
+    orphans_released: list[str] = field(default_factory=list)
+    deleted: list[tuple[str, str]] = field(default_factory=list)
+
+    def judge(self, reservation: Reservation) -> None:
+        orphaned = reservation.state is ReservationState.ORPHANED
+        pods = self.pods.get(reservation.id, [])
+        reason = verdict(reservation, pods, self.now, self.grace_seconds)
+        if reason is None and orphaned:
+            reason = self._end_orphan(reservation, pods)
+        if reason is None:
+            (self.orphans_kept if orphaned else self.kept).append(reservation.id)
+            return
+        if self.ledger.release(reservation.id, reason=f"reconcile: {reason}").released:
+            log.info("Released %s: %s", reservation.id, reason)
+            self.released.append((reservation.id, reason))
+            if orphaned:
+                self.orphans_released.append(reservation.id)
+
+    def _end_orphan(self, reservation: Reservation, pods: list[dict[str, Any]]) -> str | None:
+        """Delete the live pods of an orphan whose grace ran out; return why, or None to keep it."""
+        since = reservation.orphaned_at if reservation.orphaned_at is not None else self.now
+        if self.now - since < self.orphan_grace_seconds:
+            return None
+        # Its holder may have renewed it since the snapshot: then its pods are not orphans.
+        current = self.ledger.get_or_none(reservation.id)
+        if current is None or current.state is not ReservationState.ORPHANED:
+            return None
+        live = [p for p in pods if _phase(p) not in FINISHED_PHASES]
+        names = ", ".join(_name(p) for p in live)
+        reason = f"orphaned for over {self.orphan_grace_seconds:g}s: deleted pod {names}"
+        message = (
+            f"gpupool: the lease of reservation {reservation.id} expired and nobody renewed it for "
+            f"{self.orphan_grace_seconds:g}s; deleting the pod to free its GPU slice"
+        )
+        for pod in live:
+            log.warning("Deleting pod %s of orphaned grant %s: %s", _name(pod), reservation.id, message)
+            delete_orphan_pod(self.api, pod, message, self.now)
+            self.deleted.append((reservation.id, _name(pod)))
+        return reason
+
+
 def reconcile(
     ledger: Ledger,
     core_v1_api: Any,
     *,
     grace_seconds: float = DEFAULT_GRACE_SECONDS,
+    orphan_grace_seconds: float | None = None,
     now: float | None = None,
     all_nodes: bool = False,
     id_prefix: str | None = None,
+    include_manual: bool = False,
 ) -> ReconcileResult:
-    """Release grants whose pods finished, or that have had no pod for ``grace_seconds``.
+    """Release grants whose pods finished, vanished, or that have had no pod for ``grace_seconds``.
 
     Pods are found by their ``gpupool.io/reservation-id`` label, in all namespaces. A grant with a
     pod that is not finished is kept, whatever its other pods did (a retry's new pod beside the
-    failed one).
+    failed one); an orphaned one only for ``orphan_grace_seconds``, then its pods are deleted.
 
     :param ledger: the ledger
     :param core_v1_api: a ``kubernetes.client.CoreV1Api``
     :param grace_seconds: how long a grant may wait for its pod (the operator creates it after the grant)
+    :param orphan_grace_seconds: how long an orphaned grant's pod may run on (default
+        ``[gpupool] orphan_grace_seconds``)
     :param now: the time grants are aged against (default: the ledger's clock)
     :param all_nodes: also judge grants on nodes this cluster does not list; by default they are
         ignored, since a ledger shared by several clusters holds grants whose pods are elsewhere
-    :param id_prefix: judge only reservations whose id starts with this (``gp-``: GpuPodOperator's)
+    :param id_prefix: judge only reservations whose id starts with this
+    :param include_manual: also judge grants GpuPodOperator did not make (ids not starting ``gp-``)
+    :raises InvalidRequestError: a grace is negative or NaN
     """
+    grace = check_grace("grace_seconds", grace_seconds)
+    orphan_grace = check_grace(
+        "orphan_grace_seconds",
+        settings.orphan_grace_seconds() if orphan_grace_seconds is None else orphan_grace_seconds,
+    )
     snapshot = ledger.snapshot()
-    now = snapshot.taken_at if now is None else now
     cluster_nodes = None if all_nodes else {n["metadata"]["name"] for n in list_nodes(core_v1_api)}
     pods = _pods_by_reservation(core_v1_api, RESERVATION_LABEL)
-    released: list[tuple[str, str]] = []
-    kept: list[str] = []
+    run = _Reconcile(
+        ledger, core_v1_api, snapshot.taken_at if now is None else now, grace, orphan_grace, pods
+    )
     ignored: list[str] = []
     for reservation in snapshot.grants:
         grant = reservation.grant
-        if grant is None or (id_prefix and not reservation.id.startswith(id_prefix)):
+        if grant is None or not _judged(reservation.id, id_prefix, include_manual):
             continue
         if cluster_nodes is not None and grant.node not in cluster_nodes:
             ignored.append(reservation.id)
             continue
-        reason = verdict(reservation, pods.get(reservation.id, []), now, grace_seconds)
-        if reason is None:
-            kept.append(reservation.id)
-            continue
-        if ledger.release(reservation.id, reason=f"reconcile: {reason}").released:
-            log.info("Released %s: %s", reservation.id, reason)
-            released.append((reservation.id, reason))
-    return ReconcileResult(tuple(released), tuple(kept), tuple(ignored))
+        run.judge(reservation)
+    return ReconcileResult(
+        tuple(run.released),
+        tuple(run.kept),
+        tuple(ignored),
+        tuple(run.orphans_kept),
+        tuple(run.orphans_released),
+        tuple(run.deleted),
+    )
+
+
+def _judged(reservation_id: str, id_prefix: str | None, include_manual: bool) -> bool:
+    if not include_manual and not reservation_id.startswith(OPERATOR_ID_PREFIX):
+        return False
+    return not id_prefix or reservation_id.startswith(id_prefix)
 
 
 def reconcile_grant(
@@ -153,7 +324,7 @@ def reconcile_grant(
     grace_seconds: float = DEFAULT_GRACE_SECONDS,
     now: float | None = None,
 ) -> str | None:
-    """Reconcile one grant (from a lease renewal): release it if its pod finished or never came.
+    """Reconcile one grant (from a lease renewal): release it if its pod finished, went or never came.
 
     :param ledger: the ledger
     :param core_v1_api: a ``kubernetes.client.CoreV1Api``
@@ -161,14 +332,14 @@ def reconcile_grant(
     :param grace_seconds: how long the grant may wait for its pod
     :param now: the time the grant is aged against (default: the ledger's clock)
     :return: why it was released, or None when it was kept (or was no live grant)
+    :raises InvalidRequestError: ``grace_seconds`` is negative or NaN
     """
+    grace = check_grace("grace_seconds", grace_seconds)
     reservation = ledger.get_or_none(reservation_id)
     if reservation is None or reservation.grant is None or reservation.state.ended:
         return None
     pods = _pods_by_reservation(core_v1_api, f"{RESERVATION_LABEL}={reservation_id}")
-    reason = verdict(
-        reservation, pods.get(reservation_id, []), ledger.now() if now is None else now, grace_seconds
-    )
+    reason = verdict(reservation, pods.get(reservation_id, []), ledger.now() if now is None else now, grace)
     if reason is None or not ledger.release(reservation_id, reason=f"reconcile: {reason}").released:
         return None
     return reason

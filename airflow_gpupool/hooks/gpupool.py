@@ -125,6 +125,10 @@ class GpuPoolHook(BaseHook):
         """Extend the grant's lease."""
         return self.ledger.renew(reservation_id, ttl)
 
+    def bind_pod(self, reservation_id: str, *, namespace: str, name: str, uid: str) -> Reservation:
+        """Record the pod of a grant, so an expired lease orphans it instead of freeing its slice."""
+        return self.ledger.bind(reservation_id, namespace=namespace, name=name, uid=uid)
+
     def release(self, reservation_id: str, reason: str) -> ReleaseResult | None:
         """Release (idempotent); None when the reservation was never recorded."""
         from airflow_gpupool.exceptions import UnknownReservationError

@@ -23,7 +23,7 @@ from airflow_gpupool.ledger import statements as sql
 from airflow_gpupool.ledger.cache import classes_from_counts
 from airflow_gpupool.ledger.equivalence import EquivalenceIndex
 from airflow_gpupool.ledger.models import ReapResult, ReservationState
-from airflow_gpupool.ledger.records import GRANTED, assignment_of, class_delta, waiting_ahead
+from airflow_gpupool.ledger.records import GRANTED, HOLDING, assignment_of, class_delta, waiting_ahead
 from airflow_gpupool.ledger.store import LOGGER_NAME, LedgerStore, Tx
 from airflow_gpupool.placement.accounting import allocate, deallocate
 from airflow_gpupool.placement.policy import PlacementPolicy
@@ -47,9 +47,9 @@ class Held:
 
 
 def held_on_node(store: LedgerStore, conn: Connection, node: str) -> list[Held]:
-    """Return the live grants on ``node``."""
+    """Return the grants that hold capacity on ``node`` (orphans included)."""
     r = schema.reservations.c
-    rows = conn.execute(select(schema.reservations).where(r.node == node, r.state == GRANTED)).all()
+    rows = conn.execute(select(schema.reservations).where(r.node == node, r.state.in_(HOLDING))).all()
     return [Held(row, store.request_of(row), assignment_of(row)) for row in rows]
 
 
@@ -103,7 +103,7 @@ class WriteCycle:
         def run(tx: Tx) -> ReapResult:
             # Every write transaction starts by expiring what is due; report what it did.
             self.serve(tx)
-            return ReapResult(tuple(tx.expired), tuple(tx.timed_out), tuple(tx.granted))
+            return ReapResult(tuple(tx.expired), tuple(tx.timed_out), tuple(tx.granted), tuple(tx.orphaned))
 
         return self.write(run)
 
@@ -125,10 +125,17 @@ class WriteCycle:
         return blocked_message(self.policy, tx, row, self.store.request_of(row))
 
     def expire_due(self, tx: Tx) -> None:
-        """End the leases and waits that are overdue at ``tx.now``, then serve the queue if any were."""
+        """End the leases and waits that are overdue at ``tx.now``, then serve the queue if any were.
+
+        A lease with a pod bound to it does not free its slice: the pod may still run on it
+        (its worker died). It becomes ``orphaned`` and holds the slice until reconcile sees
+        the pod finished or gone, or deletes it.
+        """
         due = tx.conn.execute(sql.DUE, {"now": tx.now}).all()
         for row in due:
-            if row.state == GRANTED:
+            if row.state == GRANTED and row.pod_uid is not None:
+                self.orphan(tx, row)
+            elif row.state == GRANTED:
                 log.warning("Lease of %s (holder %s) expired: returning its slice", row.id, row.holder)
                 self.end_grant(tx, row, ReservationState.EXPIRED, "lease expired without renewal")
                 tx.expired.append(row.id)
@@ -139,6 +146,22 @@ class WriteCycle:
                 tx.timed_out.append(row.id)
         if due:
             self.serve(tx)
+
+    @staticmethod
+    def orphan(tx: Tx, row: Row[Any]) -> None:
+        """Mark the bound grant ``row`` orphaned: its lease expired, its slice stays held."""
+        pod = f"{row.pod_namespace}/{row.pod_name}"
+        log.warning(
+            "Lease of %s (holder %s) expired while pod %s (uid %s) is bound to it: "
+            "keeping its slice as orphaned until the pod is confirmed finished or gone",
+            row.id,
+            row.holder,
+            pod,
+            row.pod_uid,
+        )
+        message = f"lease expired; slice held for pod {pod} until it is confirmed finished or gone"
+        tx.conn.execute(sql.ORPHAN_ROW, {"rid": row.id, "now": tx.now, "orphan_message": message})
+        tx.orphaned.append(row.id)
 
     @staticmethod
     def end_waiting(tx: Tx, row: Row[Any], state: ReservationState, message: str) -> None:

@@ -22,11 +22,12 @@ from sqlalchemy import insert, select, update
 from airflow_gpupool import settings
 from airflow_gpupool.exceptions import InvalidRequestError, LeaseExpiredError, NoCapacityError
 from airflow_gpupool.ledger import records, schema
+from airflow_gpupool.ledger import statements as sql
 from airflow_gpupool.ledger.cache import classes_from_counts
 from airflow_gpupool.ledger.concurrent import ConcurrentPath
 from airflow_gpupool.ledger.cycle import WriteCycle
 from airflow_gpupool.ledger.models import Grant, ReleaseResult, Reservation, ReservationState
-from airflow_gpupool.ledger.records import GRANTED, WAITING
+from airflow_gpupool.ledger.records import GRANTED, HOLDING, ORPHANED, WAITING
 from airflow_gpupool.ledger.store import LOGGER_NAME, LedgerStore, Tx
 from airflow_gpupool.placement.accounting import allocate, deallocate
 from airflow_gpupool.placement.fit import choices
@@ -260,17 +261,23 @@ class LedgerGrants:
         raise NoCapacityError(request, sorted(reasons))
 
     def renew(self, reservation_id: str, ttl: float | None = None) -> Reservation:
-        """Extend a grant's lease by ``ttl`` seconds from now (default: its own TTL)."""
+        """Extend a grant's lease by ``ttl`` seconds from now (default: its own TTL).
+
+        An orphaned grant is still held, so its holder (back after a pause) may renew it: it
+        becomes granted again.
+        """
 
         def run(tx: Tx) -> Reservation:
             row = records.row_by_id(tx.conn, reservation_id)
-            if row.state != GRANTED:
+            if row.state not in HOLDING:
                 raise LeaseExpiredError(reservation_id, row.state)
             seconds = _seconds("ttl", ttl, lambda: float(row.ttl))
+            values: dict[str, object] = {"expires_at": tx.now + seconds}
+            if row.state == ORPHANED:
+                log.info("Orphaned grant %s renewed by its holder: granted again", reservation_id)
+                values.update(state=GRANTED, orphaned_at=None, message=None)
             tx.conn.execute(
-                update(schema.reservations)
-                .where(schema.reservations.c.id == reservation_id)
-                .values(expires_at=tx.now + seconds)
+                update(schema.reservations).where(schema.reservations.c.id == reservation_id).values(**values)
             )
             return self._store.reservation(tx.conn, records.row_by_id(tx.conn, reservation_id))
 
@@ -287,7 +294,7 @@ class LedgerGrants:
                 return ReleaseResult(
                     reservation_id, False, state, f"nothing to release: reservation {state.value} at {when}"
                 )
-            if state is ReservationState.GRANTED:
+            if state.holds:
                 self._cycle.end_grant(tx, row, ReservationState.RELEASED, reason)
             else:
                 self._cycle.end_waiting(tx, row, ReservationState.CANCELLED, reason)
@@ -295,6 +302,64 @@ class LedgerGrants:
             return released(reservation_id, state, reason)
 
         return self._cycle.write(run)
+
+
+def bind_pod(cycle: WriteCycle, store: LedgerStore, binding: PodBinding) -> Reservation:
+    """Record the pod of a grant (see :meth:`~airflow_gpupool.ledger.Ledger.bind`)."""
+    rid = binding.reservation_id
+
+    def run(tx: Tx) -> Reservation:
+        row = records.row_by_id(tx.conn, rid)
+        if row.state not in HOLDING:
+            raise LeaseExpiredError(rid, row.state)
+        if row.pod_uid != binding.uid:
+            if row.pod_uid is not None:
+                log.warning(
+                    "Grant %s was bound to pod %s/%s (uid %s); now bound to %s/%s (uid %s)",
+                    rid,
+                    row.pod_namespace,
+                    row.pod_name,
+                    row.pod_uid,
+                    binding.namespace,
+                    binding.name,
+                    binding.uid,
+                )
+            tx.conn.execute(
+                sql.BIND_ROW,
+                {
+                    "rid": rid,
+                    "namespace": binding.namespace,
+                    "name": binding.name,
+                    "uid": binding.uid,
+                    "now": tx.now,
+                },
+            )
+            row = records.row_by_id(tx.conn, rid)
+        return store.reservation(tx.conn, row)
+
+    return cycle.write(run)
+
+
+@dataclass(frozen=True)
+class PodBinding:
+    """The pod a grant is bound to, checked.
+
+    :raises InvalidRequestError: a field is empty, not a string, or too long
+    """
+
+    reservation_id: str
+    namespace: str
+    name: str
+    uid: str
+
+    def __post_init__(self) -> None:
+        for what, value, most in (
+            ("namespace", self.namespace, 253),
+            ("name", self.name, 253),
+            ("uid", self.uid, 64),
+        ):
+            if not isinstance(value, str) or not 0 < len(value) <= most:
+                raise InvalidRequestError(f"pod {what}", value, f"a string of 1 to {most} characters")
 
 
 def _seconds(name: str, value: float | None, default: Callable[[], float]) -> float:

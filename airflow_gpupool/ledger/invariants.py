@@ -1,19 +1,26 @@
 """The ledger's safety invariants, recomputed from scratch.
 
-The grants (reservations in state ``granted``) are the truth; capacity columns are a
-cache of them. A violation means a GPU was over-granted or the cache drifted.
+The grants (reservations in state ``granted`` or ``orphaned``) are the truth; capacity
+columns are a cache of them. A violation means a GPU was over-granted or the cache drifted.
+
+The cluster's side (:func:`cluster_violations`) checks what the ledger cannot see alone:
+the pods that still run on the slices their reservations held, whatever the ledger says
+of those reservations now. Two live pods on more of a GPU than it has, or on one MIG
+slice, mean a slice was handed out twice.
 """
 
 from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from sqlalchemy import Connection, Row, select
 
+from airflow_gpupool.labels import RESERVATION_LABEL
 from airflow_gpupool.ledger import schema
+from airflow_gpupool.ledger.models import HOLDING_STATES
 from airflow_gpupool.resources import MILLI_PER_GPU, GpuRequest, WorkloadClass
 
 
@@ -50,7 +57,9 @@ def _gpu_violations(gpu: Row[Any], milli: int, memory: int) -> list[str]:
 
 def find_violations(conn: Connection, request_of: Callable[[Row[Any]], GpuRequest]) -> list[str]:
     """Return every invariant violation in the ledger (empty when consistent)."""
-    grants = conn.execute(select(schema.reservations).where(schema.reservations.c.state == "granted")).all()
+    grants = conn.execute(
+        select(schema.reservations).where(schema.reservations.c.state.in_(HOLDING_STATES))
+    ).all()
     nodes = {r.name: r for r in conn.execute(select(schema.nodes))}
     gpus = {(r.node, r.idx): r for r in conn.execute(select(schema.gpus))}
     migs = {(r.node, r.slice_id): r for r in conn.execute(select(schema.mig_slices))}
@@ -101,4 +110,61 @@ def _mig_violations(
     for key in slice_holders:
         if key not in migs:
             out.append(f"MIG slice {key[0]}/{key[1]}: granted but not in the inventory")
+    return out
+
+
+#: Pod phases after which a pod holds no GPU.
+FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+def live_reservation_pods(pods: Iterable[dict[str, Any]]) -> dict[str, list[str]]:
+    """Return ``namespace/name`` of each live (not finished) pod, by its reservation label."""
+    out: dict[str, list[str]] = defaultdict(list)
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        rid = (meta.get("labels") or {}).get(RESERVATION_LABEL)
+        phase = (pod.get("status") or {}).get("phase") or "Pending"
+        if rid and phase not in FINISHED_PHASES and not meta.get("deletionTimestamp"):
+            out[rid].append(f"{meta.get('namespace', 'default')}/{meta.get('name')}")
+    return out
+
+
+def cluster_violations(conn: Connection, pods: Iterable[dict[str, Any]]) -> list[str]:
+    """Return each GPU or MIG slice that live pods use beyond what it has (empty: none).
+
+    Each live pod labelled with a reservation id uses what that reservation holds or held
+    (its node, GPUs and share of each, or MIG slice), whatever state it is in now.
+
+    :param pods: the cluster's pods as JSON dicts
+    """
+    by_reservation = live_reservation_pods(pods)
+    if not by_reservation:
+        return []
+    r = schema.reservations.c
+    rows = conn.execute(select(schema.reservations).where(r.id.in_(list(by_reservation)))).all()
+    gpu_pods: dict[tuple[str, int], list[tuple[str, int]]] = defaultdict(list)
+    slice_pods: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for row in rows:
+        if row.node is None:
+            continue
+        for pod in by_reservation[row.id]:
+            if row.mig_slice is not None:
+                slice_pods[(row.node, row.mig_slice)].append(pod)
+                continue
+            for idx in json.loads(row.gpu_indices or "[]"):
+                gpu_pods[(row.node, idx)].append((pod, row.milli_per_gpu or 0))
+    return _double_use(gpu_pods, slice_pods)
+
+
+def _double_use(
+    gpu_pods: dict[tuple[str, int], list[tuple[str, int]]], slice_pods: dict[tuple[str, str], list[str]]
+) -> list[str]:
+    out = []
+    for (node, idx), users in sorted(gpu_pods.items()):
+        if len(users) > 1 and sum(milli for _, milli in users) > MILLI_PER_GPU:
+            names = sorted(pod for pod, _ in users)
+            out.append(f"gpu {node}/{idx}: used by {len(users)} live pods at once {names}")
+    for (node, mig), names in sorted(slice_pods.items()):
+        if len(names) > 1:
+            out.append(f"MIG slice {node}/{mig}: used by {len(names)} live pods at once {sorted(names)}")
     return out

@@ -34,7 +34,7 @@ from sqlalchemy import Connection
 from airflow_gpupool import settings
 from airflow_gpupool.ledger.cycle import WriteCycle
 from airflow_gpupool.ledger.engine import transient_retry
-from airflow_gpupool.ledger.grants import ConcurrentGrants, LedgerGrants, ReserveArgs
+from airflow_gpupool.ledger.grants import ConcurrentGrants, LedgerGrants, PodBinding, ReserveArgs, bind_pod
 from airflow_gpupool.ledger.inventory import InventoryChange, LedgerInventory
 from airflow_gpupool.ledger.models import (
     LedgerSnapshot,
@@ -241,8 +241,23 @@ class Ledger:
                 return released
         return self._grants.release(reservation_id, reason)
 
+    def bind(self, reservation_id: str, *, namespace: str, name: str, uid: str) -> Reservation:
+        """Record the pod of a grant: once bound, its slice outlives an expired lease (``orphaned``).
+
+        Idempotent; binding another pod replaces the first (last bind wins, logged).
+
+        :raises UnknownReservationError: no such id
+        :raises LeaseExpiredError: the reservation holds nothing (ended, or still waiting)
+        :raises InvalidRequestError: an empty or too long namespace, name or uid
+        """
+        binding = PodBinding(reservation_id, namespace, name, uid)
+        return bind_pod(self._cycle, self._store, binding)
+
     def reap(self) -> ReapResult:
-        """Expire dead leases and overdue requests, then serve the queue."""
+        """Expire dead leases and overdue requests, then serve the queue.
+
+        A lease with a pod bound to it is orphaned instead: its slice stays held.
+        """
         return self._cycle.reap()
 
     # -- reading ----------------------------------------------------------------------------
@@ -279,6 +294,10 @@ class Ledger:
         """Return one consistent view: nodes, GPUs, free capacity, grants and the queue."""
         return self._views.snapshot()
 
-    def check_invariants(self) -> list[str]:
-        """Recompute every node's use from the grants; return each disagreement (empty: consistent)."""
-        return self._views.check_invariants()
+    def check_invariants(self, core_v1_api: Any = None) -> list[str]:
+        """Recompute every node's use from the grants; return each disagreement (empty: consistent).
+
+        :param core_v1_api: a ``kubernetes.client.CoreV1Api``: also check the cluster's side, that
+            no two live pods of reservations use one GPU beyond its capacity, or one MIG slice
+        """
+        return self._views.check_invariants(core_v1_api)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from alembic.operations import Operations
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import Connection, Engine, insert, inspect, select, update
+from sqlalchemy import Column, Connection, Engine, insert, inspect, select, update
 
 from airflow_gpupool.exceptions import LedgerSchemaError
 from airflow_gpupool.ledger import pg_functions, schema
@@ -53,10 +53,25 @@ def _v3(op: Operations, conn: Connection) -> None:
     pg_functions.install(conn)
 
 
+# The columns v4 adds to reservations, taken from the table so the two never disagree.
+_V4_COLUMNS = ("pod_namespace", "pod_name", "pod_uid", "bound_at", "orphaned_at")
+
+
+def _v4(op: Operations, conn: Connection) -> None:
+    # v1 creates the table as the code has it now, columns of later versions included.
+    present = {c["name"] for c in inspect(conn).get_columns(schema.reservations.name)}
+    for name in _V4_COLUMNS:
+        if name in present:
+            continue
+        column = schema.reservations.c[name]
+        op.add_column(schema.reservations.name, Column(name, column.type, nullable=True))
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial schema: inventory, reservations, queue", _v1),
     Migration(2, "task attempts: failure class, next request and escalation per task try", _v2),
     Migration(3, "PostgreSQL: concurrent grants and releases under a shared lock", _v3),
+    Migration(4, "bound grants: the pod of each grant, and orphaned grants that keep their slice", _v4),
 )
 LATEST = MIGRATIONS[-1].version
 

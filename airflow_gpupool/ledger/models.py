@@ -11,10 +11,16 @@ from airflow_gpupool.resources import GpuRequest
 
 
 class ReservationState(str, Enum):
-    """Life of a reservation: waiting, then granted, then one of the ended states."""
+    """Life of a reservation: waiting, then granted, then one of the ended states.
+
+    A granted reservation whose lease expired while a pod was bound to it is ``orphaned``: it
+    still holds its slice (the pod may still run on it) until reconcile confirms the pod is
+    finished or gone, or deletes it, or the reservation is released.
+    """
 
     WAITING = "waiting"
     GRANTED = "granted"
+    ORPHANED = "orphaned"
     RELEASED = "released"
     EXPIRED = "expired"
     TIMED_OUT = "timed_out"
@@ -23,7 +29,16 @@ class ReservationState(str, Enum):
     @property
     def ended(self) -> bool:
         """Whether the reservation holds nothing and never will again."""
-        return self not in (ReservationState.WAITING, ReservationState.GRANTED)
+        return self not in (ReservationState.WAITING, ReservationState.GRANTED, ReservationState.ORPHANED)
+
+    @property
+    def holds(self) -> bool:
+        """Whether the reservation holds capacity now (granted or orphaned)."""
+        return self in (ReservationState.GRANTED, ReservationState.ORPHANED)
+
+
+#: The states (values) that hold capacity: a grant, and an orphan whose pod may still run on it.
+HOLDING_STATES = (ReservationState.GRANTED.value, ReservationState.ORPHANED.value)
 
 
 @dataclass(frozen=True)
@@ -32,6 +47,8 @@ class Grant:
 
     :param gpu_uuids: the UUIDs of ``gpu_indices``, for device pinning
     :param mig_profile: the MIG profile of ``mig_slice``, for MIG requests
+    :param pod_uid: the pod bound to the grant (with ``pod_namespace``, ``pod_name`` and
+        ``bound_at``); None while no pod was created for it
     """
 
     node: str
@@ -45,6 +62,15 @@ class Grant:
     mig_profile: str | None
     granted_at: float
     expires_at: float
+    pod_namespace: str | None = None
+    pod_name: str | None = None
+    pod_uid: str | None = None
+    bound_at: float | None = None
+
+    @property
+    def bound(self) -> bool:
+        """Whether a pod was bound to the grant."""
+        return self.pod_uid is not None
 
     def to_dict(self) -> dict[str, Any]:
         """Return primitives only (XCom, trigger events, JSON)."""
@@ -69,6 +95,7 @@ class Reservation:
     :param position: 1-based place in the queue while waiting
     :param message: why it waits, or how it ended
     :param ended_at: when it was released, expired, timed out or withdrawn
+    :param orphaned_at: when its lease expired with a pod bound (state ``orphaned``)
     """
 
     id: str
@@ -81,6 +108,7 @@ class Reservation:
     position: int | None = None
     message: str = ""
     ended_at: float | None = None
+    orphaned_at: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Return primitives only (XCom, trigger events, JSON)."""
@@ -95,6 +123,7 @@ class Reservation:
             "position": self.position,
             "message": self.message,
             "ended_at": self.ended_at,
+            "orphaned_at": self.orphaned_at,
         }
 
 
@@ -115,6 +144,7 @@ class ReapResult:
     expired: tuple[str, ...] = ()
     timed_out: tuple[str, ...] = ()
     granted: tuple[str, ...] = ()
+    orphaned: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -175,4 +205,5 @@ class LedgerSnapshot:
             ],
             "grants": [r.to_dict() for r in self.grants],
             "queue": [r.to_dict() for r in self.queue],
+            "orphaned": [r.id for r in self.grants if r.state is ReservationState.ORPHANED],
         }

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from sqlalchemy import Connection, Row, select
@@ -16,12 +17,14 @@ from sqlalchemy import Connection, Row, select
 from airflow_gpupool.exceptions import UnknownReservationError
 from airflow_gpupool.ledger import schema
 from airflow_gpupool.ledger import statements as sql
-from airflow_gpupool.ledger.models import Grant, Reservation, ReservationState
+from airflow_gpupool.ledger.models import HOLDING_STATES, Grant, Reservation, ReservationState
 from airflow_gpupool.placement.verdict import Assignment
 from airflow_gpupool.resources import GpuRequest, WorkloadClass
 
 WAITING = ReservationState.WAITING.value
 GRANTED = ReservationState.GRANTED.value
+ORPHANED = ReservationState.ORPHANED.value
+HOLDING = HOLDING_STATES
 
 
 def class_delta(request: GpuRequest) -> tuple[int, int]:
@@ -81,13 +84,22 @@ def grant_of(conn: Connection, row: Row[Any], request: GpuRequest) -> Grant:
         for g in conn.execute(select(gpus.idx, gpus.uuid, gpus.model).where(gpus.node == row.node))
     }
     pool = conn.execute(select(schema.nodes.c.node_pool).where(schema.nodes.c.name == row.node)).scalar()
-    return build_grant(
+    grant = build_grant(
         assignment_of(row),
         request,
         node_pool=pool or "default",
         gpu_info=info,
         granted_at=row.granted_at,
         expires_at=row.expires_at,
+    )
+    if row.pod_uid is None:
+        return grant
+    return replace(
+        grant,
+        pod_namespace=row.pod_namespace,
+        pod_name=row.pod_name,
+        pod_uid=row.pod_uid,
+        bound_at=row.bound_at,
     )
 
 
@@ -111,7 +123,7 @@ def reservation_of(conn: Connection, row: Row[Any], request: GpuRequest) -> Rese
     """Return the reservation of ``row``: its grant when it holds (or held) one, its place when it waits."""
     grant = None
     position = None
-    if row.state == GRANTED or (row.node is not None and row.state != WAITING):
+    if row.state in HOLDING or (row.node is not None and row.state != WAITING):
         grant = grant_of(conn, row, request)
     if row.state == WAITING:
         position = 1 + waiting_ahead(conn, row)
@@ -126,4 +138,5 @@ def reservation_of(conn: Connection, row: Row[Any], request: GpuRequest) -> Rese
         position=position,
         message=row.message or "",
         ended_at=row.ended_at,
+        orphaned_at=row.orphaned_at,
     )

@@ -110,6 +110,13 @@ reservations = Table(
     Column("gpu_memory_mib", BigInteger, nullable=True),
     Column("mig_slice", String(253), nullable=True),
     Column("message", Text, nullable=True),
+    # The pod bound to a grant (schema v4): a bound grant whose lease expires is orphaned,
+    # and keeps its slice until reconcile sees the pod finished or gone, or deletes it.
+    Column("pod_namespace", String(253), nullable=True),
+    Column("pod_name", String(253), nullable=True),
+    Column("pod_uid", String(64), nullable=True),
+    Column("bound_at", Float, nullable=True),
+    Column("orphaned_at", Float, nullable=True),
 )
 Index("ix_gpupool_reservations_queue", reservations.c.state, reservations.c.priority, reservations.c.seq)
 Index("ix_gpupool_reservations_expiry", reservations.c.state, reservations.c.expires_at)

@@ -115,6 +115,21 @@ GRANT_ROW = (
         expires_at=bindparam("now") + _r.ttl,
     )
 )
+ORPHAN_ROW = (
+    update(schema.reservations)
+    .where(_r.id == bindparam("rid"), _r.state == "granted")
+    .values(state="orphaned", orphaned_at=bindparam("now"), message=bindparam("orphan_message"))
+)
+BIND_ROW = (
+    update(schema.reservations)
+    .where(_r.id == bindparam("rid"))
+    .values(
+        pod_namespace=bindparam("namespace"),
+        pod_name=bindparam("name"),
+        pod_uid=bindparam("uid"),
+        bound_at=bindparam("now"),
+    )
+)
 END_ROW = (
     update(schema.reservations)
     .where(_r.id == bindparam("rid"))

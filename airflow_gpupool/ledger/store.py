@@ -67,6 +67,7 @@ class Tx:
     assignments: dict[str, Assignment] = field(default_factory=dict)
     expired: list[str] = field(default_factory=list)
     timed_out: list[str] = field(default_factory=list)
+    orphaned: list[str] = field(default_factory=list)
 
     def snapshot(self) -> ClusterSnapshot:
         """Return the capacity as this transaction sees it now."""

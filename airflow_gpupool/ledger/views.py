@@ -14,12 +14,13 @@ from typing import Any
 from sqlalchemy import Connection, select
 
 from airflow_gpupool.exceptions import UnknownReservationError
+from airflow_gpupool.labels import RESERVATION_LABEL
 from airflow_gpupool.ledger import records, schema
 from airflow_gpupool.ledger.cache import CapacityCache
 from airflow_gpupool.ledger.cycle import WriteCycle
-from airflow_gpupool.ledger.invariants import find_violations
+from airflow_gpupool.ledger.invariants import cluster_violations, find_violations
 from airflow_gpupool.ledger.models import LedgerSnapshot, NodeRecord, Reservation, ReservationState
-from airflow_gpupool.ledger.records import GRANTED, WAITING
+from airflow_gpupool.ledger.records import HOLDING, WAITING
 from airflow_gpupool.ledger.store import LedgerStore, Tx
 from airflow_gpupool.placement.snapshot import ClusterSnapshot
 from airflow_gpupool.resources import MILLI_PER_GPU
@@ -86,10 +87,10 @@ class LedgerViews:
         r = schema.reservations.c
         live = conn.execute(
             select(schema.reservations)
-            .where(r.state.in_([WAITING, GRANTED]))
+            .where(r.state.in_([WAITING, *HOLDING]))
             .order_by(r.priority.desc(), r.seq)
         ).all()
-        grants = tuple(self._store.reservation(conn, row) for row in live if row.state == GRANTED)
+        grants = tuple(self._store.reservation(conn, row) for row in live if row.state in HOLDING)
         queue = tuple(self._store.reservation(conn, row) for row in live if row.state == WAITING)
         return LedgerSnapshot(
             taken_at=self._store.clock(),
@@ -101,9 +102,33 @@ class LedgerViews:
             gpu_allocated_milli=sum(g.request.total_gpu_milli for g in grants),
         )
 
-    def check_invariants(self) -> list[str]:
-        """Recompute every node's use from the grants; return each disagreement (empty: consistent)."""
-        return self._store.read(lambda conn: find_violations(conn, self._store.request_of))
+    def check_invariants(self, core_v1_api: Any = None) -> list[str]:
+        """Recompute every node's use from the grants; return each disagreement (empty: consistent).
+
+        :param core_v1_api: a ``kubernetes.client.CoreV1Api``: also check that no two live pods
+            of reservations use one GPU beyond its capacity, or one MIG slice
+        """
+        pods = _reservation_pods(core_v1_api) if core_v1_api is not None else []
+
+        def run(conn: Connection) -> list[str]:
+            return find_violations(conn, self._store.request_of) + cluster_violations(conn, pods)
+
+        return self._store.read(run)
+
+
+def _reservation_pods(core_v1_api: Any) -> list[dict[str, Any]]:
+    """List the pods labelled with a reservation id, in all namespaces, as JSON dicts."""
+    pods: list[dict[str, Any]] = []
+    token = None
+    while True:
+        response = core_v1_api.list_pod_for_all_namespaces(
+            label_selector=RESERVATION_LABEL, limit=500, _continue=token, _preload_content=False
+        )
+        data = json.loads(response.data)
+        pods += data.get("items") or []
+        token = (data.get("metadata") or {}).get("continue")
+        if not token:
+            return pods
 
 
 def _loaded_cache(conn: Connection) -> CapacityCache:

@@ -10,7 +10,8 @@ Metric names are a contract with the alert rules and dashboard in ``docker/``:
 ``gpupool_fragmentation_ratio``                             FGD fragmentation / capacity (0–1)
 ``gpupool_queue_depth{priority}``                           waiting requests; ``sum()`` for total
 ``gpupool_queue_wait_seconds``                              histogram of current waiters' wait
-``gpupool_grants{team,workload_class}``                     live grants
+``gpupool_grants{team,workload_class}``                     live grants (orphans included)
+``gpupool_orphaned_grants``                                 grants whose lease expired while their pod ran on
 ``gpupool_reservations_total{state}``                       ended reservations by final state
 ``gpupool_node_heartbeat_age_seconds{node}``                nodes that have sent a heartbeat
 ``gpupool_node_health{node,health}``                        1 for the node's current health
@@ -51,6 +52,7 @@ METRIC_NAMES = (
     "gpupool_queue_depth",
     "gpupool_queue_wait_seconds",
     "gpupool_grants",
+    "gpupool_orphaned_grants",
     "gpupool_reservations_total",
     "gpupool_node_heartbeat_age_seconds",
     "gpupool_node_health",
@@ -158,6 +160,11 @@ def ledger_metrics(snapshot: LedgerSnapshot, counts: dict[str, int]) -> list[Met
     per_team = Counter((r.request.team, _value(r.request.workload_class)) for r in snapshot.grants)
     for (team, wclass), n in sorted(per_team.items()):
         grants.add_metric([team, wclass], n)
+    orphaned = GaugeMetricFamily(
+        "gpupool_orphaned_grants",
+        "Grants whose lease expired while their pod ran on: held until the pod is finished, gone or deleted",
+    )
+    orphaned.add_metric([], sum(r.state.value == "orphaned" for r in snapshot.grants))
     ended = CounterMetricFamily(
         "gpupool_reservations",
         "Ended reservations by final state (expired: lease expiries, i.e. reaps; timed_out: waited past deadline)",
@@ -176,7 +183,7 @@ def ledger_metrics(snapshot: LedgerSnapshot, counts: dict[str, int]) -> list[Met
         if node.heartbeat_at is not None:
             age.add_metric([node.name], max(0.0, now - node.heartbeat_at))
         health.add_metric([node.name, node.health], 1)
-    return [cap, alloc, ratio, free, frag, depth, wait, grants, ended, age, health]
+    return [cap, alloc, ratio, free, frag, depth, wait, grants, orphaned, ended, age, health]
 
 
 def _value(item: Any) -> str:

@@ -322,6 +322,25 @@ class GpuPodOperator(KubernetesPodOperator):
             resume_from=self._resume_from.location if self._resume_from is not None else None,
         )
 
+    def get_or_create_pod(self, pod_request_obj: k8s.V1Pod, context: Context) -> k8s.V1Pod:
+        """Create (or find) the pod as the parent does, then bind it to the grant in the ledger.
+
+        A bound grant whose lease expires keeps its slice (``orphaned``) while the pod may
+        still run on it. Used by the sync and the deferrable path alike.
+        """
+        pod = super().get_or_create_pod(pod_request_obj, context)
+        if self._held_id is None:
+            return pod
+        meta = pod.metadata
+        if meta is None or not meta.uid:
+            # The parent returns the request it sent, without the uid the server gave it.
+            meta = self.pod_manager.read_pod(pod).metadata
+        self.gpu_hook.bind_pod(self._held_id, namespace=meta.namespace, name=meta.name, uid=meta.uid)
+        self.log.info(
+            "GPU slice %s bound to pod %s/%s (uid %s)", self._held_id, meta.namespace, meta.name, meta.uid
+        )
+        return pod
+
     def defer(
         self,
         *,

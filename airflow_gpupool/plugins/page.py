@@ -174,6 +174,17 @@ def _where(r: Reservation) -> str:
     return escape(f"{g.node} / GPU {slot}")
 
 
+def _lease_left(r: Reservation, now: float) -> str:
+    g = r.grant
+    if g is None:
+        return ""
+    if r.state.value != "orphaned":
+        return duration(g.expires_at - now)
+    # Its lease expired while its pod ran on: the slice stays held until the pod is gone.
+    pod = escape(f"{g.pod_namespace}/{g.pod_name}")
+    return f'<span class="state s-orphaned">orphaned</span> pod <code>{pod}</code>'
+
+
 def grants_html(snapshot: LedgerSnapshot, ui_base: str) -> str:
     """Return the table of live grants.
 
@@ -190,7 +201,7 @@ def grants_html(snapshot: LedgerSnapshot, ui_base: str) -> str:
             escape(r.request.describe()),
             _where(r),
             duration(now - r.grant.granted_at) if r.grant else "",
-            duration(r.grant.expires_at - now) if r.grant else "",
+            _lease_left(r, now),
         ]
         for r in snapshot.grants
     ]

@@ -264,5 +264,5 @@ def test_cli_sync_and_reconcile(
 
     assert main(["reserve", "--url", url, "--gpus", "1", "--id", "cli-1", "--json"]) == 0
     capsys.readouterr()
-    assert main(["reconcile", *cluster, "--grace-seconds", "0", "--json"]) == 0
+    assert main(["reconcile", *cluster, "--grace-seconds", "0", "--include-manual", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["released"] == [{"id": "cli-1", "reason": "no pod for 0s"}]

@@ -46,9 +46,10 @@ def test_verdict(pods: list[dict[str, Any]], now: float, expected: str | None) -
 
 def test_result_summary_and_dict() -> None:
     result = ReconcileResult(released=(("gp-1", "no pod for 300s"),), kept=("gp-2",), ignored=())
-    assert result.summary() == "1 released, 1 kept, 0 ignored"
+    assert result.summary() == "1 released, 1 kept, 0 ignored; orphans: 0 kept, 0 released, 0 pod(s) deleted"
     assert result.to_dict() == {
         "released": [{"id": "gp-1", "reason": "no pod for 300s"}],
         "kept": ["gp-2"],
         "ignored": [],
+        "orphans": {"kept": [], "released": [], "deleted": []},
     }

@@ -55,6 +55,7 @@ def test_to_dict_is_primitives_in_a_fixed_shape() -> None:
         ],
         "grants": [snapshot.grants[0].to_dict()],
         "queue": [snapshot.queue[0].to_dict()],
+        "orphaned": [],
     }
     # Key order is part of the form: the UI's API serializes it as it is, without sorting.
     assert list(out) == [
@@ -65,5 +66,6 @@ def test_to_dict_is_primitives_in_a_fixed_shape() -> None:
         "nodes",
         "grants",
         "queue",
+        "orphaned",
     ]
     assert json.loads(json.dumps(out)) == out

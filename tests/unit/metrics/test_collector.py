@@ -73,6 +73,7 @@ def test_every_sample_matches_the_ledger(pool: Pool) -> None:
     expected[("gpupool_node_health", (("health", "healthy"), ("node", "a100-mig")))] = 1
     expected[("gpupool_node_health", (("health", "quarantined"), ("node", "t4-1")))] = 1
     expected[("gpupool_ledger_up", ())] = 1
+    expected[("gpupool_orphaned_grants", ())] = 0
     assert samples == pytest.approx(expected)
 
 

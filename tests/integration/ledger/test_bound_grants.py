@@ -1,0 +1,122 @@
+"""Ledger.bind and orphaned grants on SQLite and PostgreSQL (no cluster: the ledger alone)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from airflow_gpupool.exceptions import InvalidRequestError, LeaseExpiredError, UnknownReservationError
+from airflow_gpupool.ledger import Ledger, ReservationState, migrations
+from airflow_gpupool.ledger.engine import normalize_url
+from airflow_gpupool.resources import GpuRequest
+from tests.ledger_fixtures import FakeClock, node
+
+ORPHANED = ReservationState.ORPHANED
+
+
+def test_bind_records_the_pod_on_the_grant_and_is_idempotent(ledger: Ledger, clock: FakeClock) -> None:
+    ledger.upsert_nodes([node("n1", gpus=2)])
+    held = ledger.reserve(GpuRequest(gpus=1), "h", reservation_id="gp-1")
+    assert held.grant is not None and not held.grant.bound and held.grant.pod_uid is None
+
+    bound = ledger.bind("gp-1", namespace="ml", name="train-1", uid="uid-1")
+    clock.advance(5)
+    again = ledger.bind("gp-1", namespace="ml", name="train-1", uid="uid-1")
+
+    assert bound.grant is not None and again.grant is not None
+    assert (bound.grant.pod_namespace, bound.grant.pod_name, bound.grant.pod_uid) == (
+        "ml",
+        "train-1",
+        "uid-1",
+    )
+    assert again.grant.bound_at == bound.grant.bound_at == clock() - 5  # unchanged by the second bind
+    as_dict = ledger.get("gp-1").to_dict()["grant"]
+    assert {k: as_dict[k] for k in ("pod_namespace", "pod_name", "pod_uid")} == {
+        "pod_namespace": "ml",
+        "pod_name": "train-1",
+        "pod_uid": "uid-1",
+    }
+    assert ledger.snapshot().to_dict()["grants"][0]["grant"]["pod_uid"] == "uid-1"
+
+
+def test_a_second_pod_replaces_the_first_and_is_logged(
+    ledger: Ledger, caplog: pytest.LogCaptureFixture
+) -> None:
+    ledger.upsert_nodes([node("n1", gpus=1)])
+    ledger.reserve(GpuRequest(gpus=1), "h", reservation_id="gp-1")
+    ledger.bind("gp-1", namespace="ml", name="train-1", uid="uid-1")
+    with caplog.at_level(logging.WARNING):
+        rebound = ledger.bind("gp-1", namespace="ml", name="train-1", uid="uid-2")
+    assert rebound.grant is not None and rebound.grant.pod_uid == "uid-2"
+    assert "uid uid-1" in caplog.text and "uid-2" in caplog.text
+
+
+def test_bind_refuses_unknown_ended_waiting_ids_and_bad_fields(ledger: Ledger) -> None:
+    ledger.upsert_nodes([node("n1", gpus=1)])
+    ledger.reserve(GpuRequest(gpus=1), "h", reservation_id="gp-1")
+    waiting = ledger.reserve(GpuRequest(gpus=1), "h", reservation_id="gp-2")
+    assert waiting.state is ReservationState.WAITING
+    with pytest.raises(UnknownReservationError):
+        ledger.bind("nope", namespace="ml", name="p", uid="u")
+    with pytest.raises(LeaseExpiredError, match="waiting"):
+        ledger.bind("gp-2", namespace="ml", name="p", uid="u")
+    with pytest.raises(InvalidRequestError, match="pod uid"):
+        ledger.bind("gp-1", namespace="ml", name="p", uid="")
+    ledger.release("gp-1")
+    with pytest.raises(LeaseExpiredError, match="released"):
+        ledger.bind("gp-1", namespace="ml", name="p", uid="u")
+
+
+def test_an_orphan_holds_its_slice_until_released_and_a_release_is_idempotent(
+    ledger: Ledger, clock: FakeClock
+) -> None:
+    ledger.upsert_nodes([node("n1", gpus=1)])
+    ledger.reserve(GpuRequest(gpus=1), "h", ttl=4, reservation_id="gp-1")
+    ledger.bind("gp-1", namespace="ml", name="p", uid="u")
+    clock.advance(5)
+
+    # The next write expires what is due: this reserve finds the orphan and queues behind it.
+    queued = ledger.reserve(GpuRequest(gpus=1), "next", reservation_id="gp-2")
+
+    assert queued.state is ReservationState.WAITING
+    orphan = ledger.get("gp-1")
+    assert orphan.state is ORPHANED and "slice held for pod ml/p" in orphan.message
+    assert [r.id for r in ledger.history(states=[ORPHANED])] == ["gp-1"]
+    assert ledger.check_invariants() == []
+    assert ledger.reap().orphaned == ()  # orphaned once
+
+    first = ledger.release("gp-1", reason="pod finished")
+    assert first.released is True and first.state is ORPHANED
+    assert ledger.release("gp-1").released is False
+    assert ledger.get("gp-2").state is ReservationState.GRANTED
+    assert ledger.check_invariants() == []
+
+
+def test_a_v3_ledger_migrates_to_v4_and_keeps_its_rows(
+    make_ledger: Callable[..., Ledger], ledger_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with monkeypatch.context() as m:
+        m.setattr(migrations, "MIGRATIONS", migrations.MIGRATIONS[:3])
+        m.setattr(migrations, "LATEST", 3)
+        old = make_ledger(concurrent=False)
+        old.upsert_nodes([node("n1", gpus=2)])
+        held = old.reserve(GpuRequest(gpus=1), "from-v3", reservation_id="gp-old")
+        old.close()
+    # v1 creates the table as the code has it now: take the v4 columns away for a true v3 table.
+    engine = create_engine(normalize_url(ledger_url))
+    with engine.begin() as conn:
+        for column in ("pod_namespace", "pod_name", "pod_uid", "bound_at", "orphaned_at"):
+            conn.execute(text(f"ALTER TABLE gpupool_reservations DROP COLUMN {column}"))
+    engine.dispose()
+
+    ledger = Ledger(ledger_url)
+    assert ledger.migrate() == [4]
+    kept = ledger.get("gp-old")
+    assert kept.holder == "from-v3" and kept.state is ReservationState.GRANTED
+    assert kept.grant is not None and kept.grant.node == held.grant.node and not kept.grant.bound  # type: ignore[union-attr]
+    assert ledger.bind("gp-old", namespace="ml", name="p", uid="u").grant.pod_uid == "u"  # type: ignore[union-attr]
+    assert ledger.check_invariants() == []
+    ledger.close()
