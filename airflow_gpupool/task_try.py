@@ -17,7 +17,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["MAX_KEY_LENGTH", "TaskTry", "parse_holder"]
+__all__ = ["MAX_KEY_LENGTH", "RESERVATION_ID_PREFIX", "TaskTry", "parse_holder"]
+
+#: How the reservation ids of task tries start: reconcile judges only these unless told otherwise.
+RESERVATION_ID_PREFIX = "gp-"
 
 #: The ledger's column width for holders and task keys (longer strings are cut, as they always were).
 MAX_KEY_LENGTH = 512
@@ -87,7 +90,7 @@ class TaskTry:
     def reservation_id(self) -> str:
         """The reservation id of this try: stable across deferrals, new per retry."""
         key = f"{self.dag_id}|{self.task_id}|{self.run_id}|{self.map_index}|{self.try_number}"
-        return "gp-" + hashlib.sha256(key.encode()).hexdigest()[:32]
+        return RESERVATION_ID_PREFIX + hashlib.sha256(key.encode()).hexdigest()[:32]
 
     @property
     def task_key(self) -> str:

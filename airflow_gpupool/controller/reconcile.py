@@ -29,6 +29,7 @@ from airflow_gpupool.inventory.sync import list_nodes, list_objects
 from airflow_gpupool.labels import RESERVATION_LABEL
 from airflow_gpupool.ledger.invariants import FINISHED_PHASES
 from airflow_gpupool.ledger.models import ReservationState
+from airflow_gpupool.task_try import RESERVATION_ID_PREFIX
 
 if TYPE_CHECKING:
     from airflow_gpupool.ledger import Ledger
@@ -50,7 +51,7 @@ log = logging.getLogger(__name__)
 DEFAULT_GRACE_SECONDS = 300.0
 #: The reservation ids GpuPodOperator makes (:attr:`airflow_gpupool.task_try.TaskTry.reservation_id`):
 #: by default reconcile judges only these, never a grant made by hand.
-OPERATOR_ID_PREFIX = "gp-"
+OPERATOR_ID_PREFIX = RESERVATION_ID_PREFIX
 #: The ``reason`` of the Event left on a pod deleted because its orphaned grant's grace ran out.
 ORPHAN_EVENT_REASON = "GpuPoolOrphanDeleted"
 _EVENT_SOURCE = "gpupool-reconcile"
