@@ -16,6 +16,8 @@ keeps working::
     ├── UnknownReservationError (KeyError) the ledger: no request or grant has this id
     ├── LeaseExpiredError                  the ledger: a grant expired or was released before renewal
     ├── LedgerSchemaError                  the ledger database is missing or at another schema version
+    ├── LedgerBusyError                    the ledger: the write lock was not free within ``lock_timeout_seconds``
+    ├── LedgerUnavailableError             the ledger: the database stayed unreachable past the retry budget
     ├── StaleCacheError                    inside a ledger write only: the capacity copy was wrong; redone
     ├── CheckpointStalledError             CheckpointSensor: no new checkpoint within ``max_interval``
     └── PodFailureError                    GpuPodOperator: a try failed; one subclass per FailureClass
@@ -54,7 +56,9 @@ __all__ = [
     "InvalidInventoryError",
     "InvalidRequestError",
     "LeaseExpiredError",
+    "LedgerBusyError",
     "LedgerSchemaError",
+    "LedgerUnavailableError",
     "NoCapacityError",
     "NodeLostError",
     "OutOfMemoryError",
@@ -158,6 +162,42 @@ class LeaseExpiredError(GpuPoolError):
 
 class LedgerSchemaError(GpuPoolError):
     """The ledger database is missing, or its schema is newer or older than this code."""
+
+
+class LedgerBusyError(GpuPoolError):
+    """A ledger writer could not take the lock within ``[gpupool] lock_timeout_seconds``.
+
+    Another client holds the ledger's write lock (or a row it needs) and does not let go: a
+    stopped or hung process. Its session is ended by the server after
+    ``idle_in_transaction_timeout_seconds``; trying again later can succeed.
+
+    :param seconds: how long this writer waited
+    :param holder: who holds the lock (server pid, application name), or None when unknown
+    """
+
+    def __init__(self, seconds: float, holder: str | None = None) -> None:
+        self.seconds = seconds
+        self.holder = holder
+        super().__init__(
+            f"the GPU ledger is busy: its write lock was not free within {seconds:g} s "
+            f"([gpupool] lock_timeout_seconds); held by {holder or 'unknown'}"
+        )
+
+
+class LedgerUnavailableError(GpuPoolError):
+    """The ledger's database could not be reached for ``[gpupool] ledger_retry_seconds``.
+
+    :param seconds: how long connection errors were retried
+    :param cause: the last driver error, in words
+    """
+
+    def __init__(self, seconds: float, cause: str) -> None:
+        self.seconds = seconds
+        self.cause = cause
+        super().__init__(
+            f"the GPU ledger's database is unavailable: still failing after {seconds:g} s of retries "
+            f"([gpupool] ledger_retry_seconds): {cause}"
+        )
 
 
 class StaleCacheError(GpuPoolError):

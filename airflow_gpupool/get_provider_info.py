@@ -105,6 +105,33 @@ def get_provider_info() -> dict[str, Any]:
                         "true",
                         "boolean",
                     ),
+                    "lock_timeout_seconds": _option(
+                        "Seconds a ledger writer waits for the ledger's lock (PostgreSQL lock_timeout, "
+                        "SQLite busy timeout) before it fails with LedgerBusyError. Together with "
+                        "idle_in_transaction_timeout_seconds it bounds how long a stopped or hung client "
+                        "holds the others up.",
+                        "10",
+                        "float",
+                    ),
+                    "statement_timeout_seconds": _option(
+                        "PostgreSQL ledger: seconds one statement may run before the server cancels it "
+                        "(statement_timeout); above lock_timeout_seconds.",
+                        "30",
+                        "float",
+                    ),
+                    "idle_in_transaction_timeout_seconds": _option(
+                        "PostgreSQL ledger: seconds a session may sit idle inside a transaction before the "
+                        "server ends it (idle_in_transaction_session_timeout), releasing the locks of a "
+                        "stopped or hung client.",
+                        "10",
+                        "float",
+                    ),
+                    "ledger_retry_seconds": _option(
+                        "Seconds a ledger call retries lost connections (server restarting, connection "
+                        "refused or reset) with backoff before it fails with LedgerUnavailableError.",
+                        "60",
+                        "float",
+                    ),
                     "binding": _option(
                         "Default slice binding: whole, mig, hami, kai or device.", "whole", example="hami"
                     ),

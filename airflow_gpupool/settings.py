@@ -36,6 +36,10 @@ DEFAULTS: dict[str, str] = {
     "poll_interval_seconds": "5",
     "max_overtakes": "8",
     "synchronous_commit": "true",
+    "lock_timeout_seconds": "10",
+    "statement_timeout_seconds": "30",
+    "idle_in_transaction_timeout_seconds": "10",
+    "ledger_retry_seconds": "60",
     "binding": "whole",
     "node_pool_bindings": "",
     "default_checkpoint_root": "",
@@ -227,3 +231,23 @@ def synchronous_commit() -> bool:
     if raw not in ("true", "false", "on", "off", "1", "0"):
         raise ConfigurationError(f"[{SECTION}] synchronous_commit={raw!r}: expected true or false")
     return raw in ("true", "on", "1")
+
+
+def lock_timeout_seconds() -> float:
+    """Return how long a ledger writer waits for a lock before :class:`LedgerBusyError`."""
+    return _positive("lock_timeout_seconds")
+
+
+def statement_timeout_seconds() -> float:
+    """Return how long one ledger statement may run on PostgreSQL before the server cancels it."""
+    return _positive("statement_timeout_seconds")
+
+
+def idle_in_transaction_timeout_seconds() -> float:
+    """Return how long a PostgreSQL ledger session may sit idle inside a transaction before the server ends it."""
+    return _positive("idle_in_transaction_timeout_seconds")
+
+
+def ledger_retry_seconds() -> float:
+    """Return how long lost connections to the ledger are retried before :class:`LedgerUnavailableError`."""
+    return _positive("ledger_retry_seconds")

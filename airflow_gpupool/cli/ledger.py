@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import sys
+import uuid
 from typing import TYPE_CHECKING, Any
 
 from airflow_gpupool.cli.common import open_ledger, print_json, table, url_arg
@@ -138,8 +140,13 @@ def cmd_reserve(args: argparse.Namespace) -> int:
         priority=args.priority,
         team=args.team,
     )
+    # The id is made here, before anything is sent: a reserve that fails without an answer
+    # (the ledger unreachable) can be checked, or run again with the same --id.
+    reservation_id = args.id or uuid.uuid4().hex
+    if not args.id:
+        print(f"gpupool: reservation id {reservation_id}", file=sys.stderr)
     reservation = open_ledger(args).reserve(
-        request, args.holder, ttl=args.ttl, timeout=args.timeout, reservation_id=args.id
+        request, args.holder, ttl=args.ttl, timeout=args.timeout, reservation_id=reservation_id
     )
     if args.json:
         print_json(reservation.to_dict())
@@ -250,6 +257,6 @@ def _reserve_parser(subparsers: Any) -> None:
     p.add_argument("--holder", default="gpupool-cli", help="who holds it")
     p.add_argument("--ttl", type=float, help="lease seconds")
     p.add_argument("--timeout", type=float, help="seconds it may wait in the queue")
-    p.add_argument("--id", help="reservation id (idempotent)")
+    p.add_argument("--id", help="reservation id (idempotent); made and printed on stderr when not given")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_reserve)

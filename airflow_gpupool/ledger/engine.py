@@ -1,20 +1,24 @@
-"""Database engines for the ledger, the write lock, and retries of transient errors."""
+"""Database engines for the ledger, the write lock, bounded waits, and retries of transient errors."""
 
 from __future__ import annotations
 
 import functools
 import logging
+import os
+import socket
 import sqlite3
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from enum import Enum
 from typing import Any, ParamSpec, TypeVar
 
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
-from tenacity import before_sleep_log, retry, retry_if_exception, stop_after_attempt, wait_exponential_jitter
+from tenacity import Retrying, before_sleep_log, retry_if_exception, stop_after_delay, wait_exponential_jitter
 
-from airflow_gpupool.exceptions import ConfigurationError
+from airflow_gpupool import settings
+from airflow_gpupool.exceptions import ConfigurationError, LedgerBusyError, LedgerUnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -24,8 +28,11 @@ T = TypeVar("T")
 #: Key of the PostgreSQL advisory lock that serializes the ledger's writers.
 ADVISORY_LOCK_KEY = 7243000
 _SQLITE_BUSY_CODES = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
-# serialization_failure, deadlock_detected, admin/crash shutdown, cannot_connect_now, connection exceptions
-_PG_TRANSIENT = ("40001", "40P01", "57P01", "57P02", "57P03", "08")
+# serialization_failure, deadlock_detected, admin/crash shutdown, cannot_connect_now,
+# idle_in_transaction_session_timeout (this session was ended), connection exceptions
+_PG_TRANSIENT = ("40001", "40P01", "57P01", "57P02", "57P03", "25P03", "08")
+# lock_not_available (lock_timeout), query_canceled (statement_timeout)
+_PG_BUSY = {"55P03", "57014"}
 
 
 def normalize_url(url: str) -> str:
@@ -46,15 +53,17 @@ def normalize_url(url: str) -> str:
 
 
 def make_engine(url: str, **options: Any) -> Engine:
-    """Create the engine for a ledger URL.
+    """Create the engine for a ledger URL, its waits bounded (see :func:`bound_waits`).
 
-    On SQLite the connection runs in WAL mode with a busy timeout, and write transactions
-    start with ``BEGIN IMMEDIATE`` so concurrent writers queue for the lock instead of
-    failing with "database is locked" halfway through.
+    On SQLite the connection runs in WAL mode with a busy timeout of ``[gpupool]
+    lock_timeout_seconds``, and write transactions start with ``BEGIN IMMEDIATE`` so
+    concurrent writers queue for the lock instead of failing with "database is locked"
+    halfway through.
     """
     url = normalize_url(url)
     if url.startswith("sqlite"):
-        engine = create_engine(url, connect_args={"timeout": 60, "isolation_level": None}, **options)
+        busy = settings.lock_timeout_seconds()
+        engine = create_engine(url, connect_args={"timeout": busy, "isolation_level": None}, **options)
 
         @event.listens_for(engine, "connect")
         def _pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -71,7 +80,32 @@ def make_engine(url: str, **options: Any) -> Engine:
         return engine
     # No pre-ping (a round trip per transaction): a dropped connection fails the transaction,
     # which transient_retry runs again on a fresh one.
-    return create_engine(url, pool_size=2, max_overflow=4, **options)
+    engine = create_engine(url, pool_size=2, max_overflow=4, **options)
+    bound_waits(engine)
+    return engine
+
+
+def bound_waits(engine: Engine) -> None:
+    """Give each new PostgreSQL session of ``engine`` its timeouts, at no extra round trip.
+
+    ``lock_timeout`` bounds how long a writer waits for the ledger's lock (then
+    :class:`LedgerBusyError`), ``idle_in_transaction_session_timeout`` how long a stopped
+    client may keep it (then the server ends its session and the lock is free), and
+    ``statement_timeout`` any one statement. They travel as libpq ``options`` with the
+    connection request; the application name says which host and process a session is.
+    """
+    timeouts = {
+        "lock_timeout": settings.lock_timeout_seconds(),
+        "statement_timeout": settings.statement_timeout_seconds(),
+        "idle_in_transaction_session_timeout": settings.idle_in_transaction_timeout_seconds(),
+    }
+    ours = " ".join(f"-c {name}={max(1, round(seconds * 1000))}" for name, seconds in timeouts.items())
+
+    @event.listens_for(engine, "do_connect")
+    def _session_options(_dialect: Any, _record: Any, _cargs: Any, cparams: dict[str, Any]) -> None:
+        cparams["options"] = f"{cparams.get('options', '')} {ours}".strip()
+        cparams.setdefault("application_name", f"gpupool {socket.gethostname()} pid {os.getpid()}"[:63])
+        cparams.setdefault("connect_timeout", 10)
 
 
 @contextmanager
@@ -87,15 +121,49 @@ def write_transaction(engine: Engine, synchronous_commit: bool = True) -> Iterat
         try:
             with conn.begin():
                 if engine.dialect.name == "postgresql":
-                    # One lock per schema: ledgers in other schemas of the database don't wait on it.
-                    conn.exec_driver_sql(
-                        f"SELECT pg_advisory_xact_lock({ADVISORY_LOCK_KEY}, hashtext(current_schema()))"
-                    )
+                    _take_write_lock(engine, conn)
                     if not synchronous_commit:
                         conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
                 yield conn
         finally:
             conn.info["gpupool_write"] = False
+
+
+def _take_write_lock(engine: Engine, conn: Connection) -> None:
+    # One lock per schema: ledgers in other schemas of the database don't wait on it.
+    try:
+        conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({ADVISORY_LOCK_KEY}, hashtext(current_schema()))")
+    except DBAPIError as error:
+        if classify(error) is not Kind.BUSY:
+            raise
+        raise LedgerBusyError(settings.lock_timeout_seconds(), lock_holder(engine)) from error
+
+
+#: Who holds the ledger's lock of this schema, other than the asking session.
+_HOLDERS = f"""
+SELECT a.pid, a.application_name, a.client_addr, a.state, l.mode
+FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'advisory' AND l.granted AND l.classid = {ADVISORY_LOCK_KEY}
+  AND l.objid = hashtext(current_schema())::oid AND l.pid <> pg_backend_pid()
+ORDER BY l.mode DESC LIMIT 3
+"""
+
+
+def lock_holder(engine: Engine) -> str | None:
+    """Say who holds the ledger's write lock on PostgreSQL (pid, application, client), or None."""
+    if engine.dialect.name != "postgresql":
+        return None
+    try:
+        with engine.connect() as conn:
+            rows = conn.exec_driver_sql(_HOLDERS).all()
+    except DBAPIError:
+        return None
+    described = [
+        f"server pid {r.pid} ({r.application_name or 'no application name'}, client {r.client_addr or 'local'}, "
+        f"{r.state}, {r.mode})"
+        for r in rows
+    ]
+    return "; ".join(described) or None
 
 
 @contextmanager
@@ -108,42 +176,91 @@ def read_transaction(engine: Engine) -> Iterator[Connection]:
             yield conn
 
 
-def is_transient(error: BaseException) -> bool:
-    """Whether ``error`` is a lock timeout or a lost connection worth retrying."""
+class Kind(Enum):
+    """What a database error means to the ledger."""
+
+    #: a lock or statement timeout: another client holds what this one needs
+    BUSY = "busy"
+    #: a lost or refused connection, a server restarting, a serialization failure: run it again
+    TRANSIENT = "transient"
+
+
+def classify(error: BaseException) -> Kind | None:
+    """Return what ``error`` means, or None for an error that is no one's to retry."""
     if not isinstance(error, DBAPIError):
-        return False
-    if error.connection_invalidated:
-        return True
+        return None
     orig = error.orig
     if isinstance(orig, sqlite3.OperationalError):
-        return getattr(orig, "sqlite_errorcode", None) in _SQLITE_BUSY_CODES
+        return Kind.BUSY if getattr(orig, "sqlite_errorcode", None) in _SQLITE_BUSY_CODES else None
     sqlstate = getattr(orig, "sqlstate", None) or ""
-    if sqlstate.startswith(_PG_TRANSIENT):
-        return True
-    return isinstance(error, OperationalError) and not sqlstate
+    if sqlstate in _PG_BUSY:
+        return Kind.BUSY
+    if error.connection_invalidated or sqlstate.startswith(_PG_TRANSIENT):
+        return Kind.TRANSIENT
+    return Kind.TRANSIENT if isinstance(error, OperationalError) and not sqlstate else None
+
+
+def is_transient(error: BaseException) -> bool:
+    """Whether ``error`` is a lost connection or a serialization failure worth retrying."""
+    return classify(error) is Kind.TRANSIENT
+
+
+def _busy(error: DBAPIError, owner: object) -> LedgerBusyError:
+    # The store knows its engine; the ledger's facade reaches it through its store.
+    lookup = getattr(owner, "lock_holder", None) or getattr(
+        getattr(owner, "_store", None), "lock_holder", None
+    )
+    holder = lookup() if callable(lookup) else None
+    return LedgerBusyError(settings.lock_timeout_seconds(), holder if isinstance(holder, str) else None)
+
+
+def _cause(error: BaseException) -> str:
+    orig = getattr(error, "orig", None) or error
+    text = str(orig).strip().splitlines()
+    return f"{type(orig).__name__}: {text[0] if text else ''}"
 
 
 def transient_retry(fn: Callable[P, T]) -> Callable[P, T]:
-    """Retry ``fn`` on transient database errors only, with jittered backoff; re-raise the last.
+    """Retry ``fn`` on transient database errors, with jittered backoff, for a bounded time.
 
-    The first call runs bare: on the hot path a retry policy costs more than the call.
+    Errors come out typed, never as SQLAlchemy's or the driver's: a lock that stays taken
+    past ``[gpupool] lock_timeout_seconds`` is :class:`LedgerBusyError` (not retried: the
+    wait was already that long); a connection that stays lost for ``[gpupool]
+    ledger_retry_seconds`` is :class:`LedgerUnavailableError`. The first call runs bare: on
+    the hot path a retry policy costs more than the call.
     """
-    retrying = retry(
-        retry=retry_if_exception(is_transient),
-        stop=stop_after_attempt(5),
-        wait=wait_exponential_jitter(multiplier=0.05, max=2.0, jitter=0.05),
-        before_sleep=before_sleep_log(log, logging.WARNING),
-        reraise=True,
-    )(fn)
 
     @functools.wraps(fn)
     def call(*args: P.args, **kwargs: P.kwargs) -> T:
         try:
             return fn(*args, **kwargs)
-        except Exception as error:
-            if not is_transient(error):
+        except DBAPIError as error:
+            kind = classify(error)
+            if kind is None:
                 raise
-            log.warning("Transient database error in %s, retrying: %s", fn.__qualname__, error)
-            return retrying(*args, **kwargs)
+            if kind is Kind.BUSY:
+                raise _busy(error, args[0] if args else None) from error
+            log.warning("Transient database error in %s, retrying: %s", fn.__qualname__, _cause(error))
+        return _retrying(fn, *args, **kwargs)
 
     return call
+
+
+def _retrying(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    budget = settings.ledger_retry_seconds()
+    retrying = Retrying(
+        retry=retry_if_exception(is_transient),
+        stop=stop_after_delay(budget),
+        wait=wait_exponential_jitter(initial=0.05, max=2.0, jitter=0.1),
+        before_sleep=before_sleep_log(log, logging.WARNING),
+        reraise=True,
+    )
+    try:
+        return retrying(fn, *args, **kwargs)
+    except DBAPIError as error:
+        kind = classify(error)
+        if kind is Kind.BUSY:
+            raise _busy(error, args[0] if args else None) from error
+        if kind is Kind.TRANSIENT:
+            raise LedgerUnavailableError(budget, _cause(error)) from error
+        raise

@@ -51,7 +51,8 @@ _CACHE_FRESH_FOR_S = 0.5
 class ReserveArgs:
     """The checked arguments of one reserve call, defaults filled in.
 
-    :param idempotent: the caller chose the id: reserving it again returns what it has
+    :param idempotent: the caller chose the id. Either way the id is made once, before the
+        first attempt, and reserving it again returns what it has
     """
 
     request: GpuRequest
@@ -214,12 +215,13 @@ class LedgerGrants:
         request, rid = args.request, args.reservation_id
 
         def run(tx: Tx) -> Reservation:
-            if args.idempotent:
-                existing = tx.conn.execute(
-                    select(schema.reservations).where(schema.reservations.c.id == rid)
-                ).first()
-                if existing is not None:
-                    return self._store.reservation(tx.conn, existing)
+            # Looked up even for an id made here (before the first attempt): a retry after a
+            # commit whose reply was lost finds its own reservation instead of a duplicate key.
+            existing = tx.conn.execute(
+                select(schema.reservations).where(schema.reservations.c.id == rid)
+            ).first()
+            if existing is not None:
+                return self._store.reservation(tx.conn, existing)
             tx.conn.execute(
                 insert(schema.reservations).values(
                     id=rid,

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from alembic.operations import Operations
@@ -84,16 +85,42 @@ def current_version(conn: Connection) -> int:
     return max(versions, default=0)
 
 
+#: Key of the PostgreSQL advisory lock that serializes migrations (beside the writers' one).
+MIGRATION_LOCK_KEY = 7243001
+
+
+@contextmanager
+def _migration_transaction(engine: Engine) -> Iterator[Connection]:
+    """One transaction no other process migrates beside.
+
+    PostgreSQL: an advisory lock per schema, taken first. SQLite: ``BEGIN IMMEDIATE`` (the
+    engine's write transactions), so two first-time inits never both upgrade a read lock,
+    which SQLite refuses at once with "database is locked" instead of waiting.
+    """
+    with engine.connect() as conn:
+        conn.info["gpupool_write"] = True
+        try:
+            with conn.begin():
+                if engine.dialect.name == "postgresql":
+                    conn.exec_driver_sql(
+                        f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK_KEY}, hashtext(current_schema()))"
+                    )
+                yield conn
+        finally:
+            conn.info["gpupool_write"] = False
+
+
 def migrate(engine: Engine) -> list[int]:
-    """Apply every migration the database lacks; return the versions applied."""
-    with engine.begin() as conn:
+    """Apply every migration the database lacks; return the versions applied.
+
+    Safe when many processes initialise one ledger at once: each step runs under the
+    migration lock and checks the version again once it holds it.
+    """
+    with _migration_transaction(engine) as conn:
         schema.schema_version.create(conn, checkfirst=True)
     applied = []
     for migration in MIGRATIONS:
-        with engine.begin() as conn:
-            if engine.dialect.name == "postgresql":
-                # Two processes initialising one ledger must not both run a migration.
-                conn.exec_driver_sql("SELECT pg_advisory_xact_lock(7243001, hashtext(current_schema()))")
+        with _migration_transaction(engine) as conn:
             if migration.version <= current_version(conn):
                 continue
             log.info("Migrating GPU ledger to schema v%d: %s", migration.version, migration.description)

@@ -23,7 +23,13 @@ from airflow_gpupool.ledger import records
 from airflow_gpupool.ledger import statements as sql
 from airflow_gpupool.ledger.cache import CapacityCache
 from airflow_gpupool.ledger.concurrent import ConcurrentPath
-from airflow_gpupool.ledger.engine import make_engine, read_transaction, transient_retry, write_transaction
+from airflow_gpupool.ledger.engine import (
+    lock_holder,
+    make_engine,
+    read_transaction,
+    transient_retry,
+    write_transaction,
+)
 from airflow_gpupool.ledger.migrations import migrate, require_current
 from airflow_gpupool.ledger.models import Reservation
 from airflow_gpupool.placement.snapshot import ClusterSnapshot, NodeState
@@ -153,6 +159,11 @@ class LedgerStore:
         """``sqlite`` or ``postgresql``."""
         return self.engine.dialect.name
 
+    def lock_holder(self) -> str | None:
+        """Say who holds the ledger's write lock (PostgreSQL), or None when unknown."""
+        return lock_holder(self.engine)
+
+    @transient_retry
     def migrate(self) -> list[int]:
         """Create the schema or bring it up to date; return the versions applied."""
         applied = migrate(self.engine)
@@ -227,6 +238,7 @@ class LedgerStore:
             self.check_schema(conn)
             return fn(conn)
 
+    @transient_retry
     def analyze(self) -> None:
         """Refresh the planner's statistics, so lookups by version and node use the indexes at once."""
         with self.engine.connect() as conn, conn.begin():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -156,6 +157,33 @@ def test_reserve_json_then_release_twice(loaded: str, capsys: pytest.CaptureFixt
     code, out, _ = run(capsys, "release", reservation["id"], "--url", loaded)
     assert code == 0
     assert out.startswith("nothing to release: reservation released at ")
+
+
+def test_reserve_without_id_makes_one_first_and_prints_it(
+    loaded: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run(capsys, "reserve", "--gpus", "1", "--json", "--url", loaded)
+    assert code == 0
+    made = json_out(out)["id"]
+    assert err == f"gpupool: reservation id {made}\n"
+    # Run again with the id it printed (a retry after a lost answer): the same grant, no second one.
+    code, out, err = run(capsys, "reserve", "--gpus", "1", "--json", "--id", made, "--url", loaded)
+    assert (code, err, json_out(out)["id"], json_out(out)["state"]) == (0, "", made, "granted")
+
+
+def test_a_busy_ledger_is_a_clear_cli_error(
+    loaded: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AIRFLOW__GPUPOOL__LOCK_TIMEOUT_SECONDS", "0.2")
+    holder = sqlite3.connect(loaded.removeprefix("sqlite:///"), isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # another writer holds the lock and does not let go
+    try:
+        code, _, err = run(capsys, "reap", "--url", loaded)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert code == 2
+    assert err.startswith("gpupool: error: the GPU ledger is busy: its write lock was not free within 0.2 s")
 
 
 def test_reserve_that_must_wait_prints_its_queue_position(

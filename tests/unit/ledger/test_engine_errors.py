@@ -1,0 +1,48 @@
+"""What a database error means to the ledger: busy (typed at once), transient (retried), or neither."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import psycopg
+from psycopg import errors as pg_errors
+from sqlalchemy.exc import DBAPIError
+
+from airflow_gpupool.ledger.engine import Kind, classify, is_transient
+
+
+def wrapped(orig: Exception, invalidated: bool = False) -> DBAPIError:
+    base = sqlite3.Error if isinstance(orig, sqlite3.Error) else psycopg.Error
+    return DBAPIError.instance("SELECT 1", None, orig, base, connection_invalidated=invalidated)
+
+
+def sqlite_error(message: str, code: int) -> sqlite3.OperationalError:
+    error = sqlite3.OperationalError(message)
+    error.sqlite_errorcode = code  # type: ignore[attr-defined]
+    return error
+
+
+def test_lock_and_statement_timeouts_are_busy_not_retried() -> None:
+    assert (
+        classify(wrapped(pg_errors.LockNotAvailable("canceling statement due to lock timeout"))) is Kind.BUSY
+    )
+    assert (
+        classify(wrapped(pg_errors.QueryCanceled("canceling statement due to statement timeout")))
+        is Kind.BUSY
+    )
+    locked = sqlite_error("database is locked", sqlite3.SQLITE_BUSY)
+    assert classify(wrapped(locked)) is Kind.BUSY
+    assert not is_transient(wrapped(locked))
+
+
+def test_lost_connections_shutdowns_and_serialization_failures_are_transient() -> None:
+    assert classify(wrapped(pg_errors.AdminShutdown("terminating connection"))) is Kind.TRANSIENT
+    assert classify(wrapped(pg_errors.SerializationFailure("could not serialize"))) is Kind.TRANSIENT
+    assert classify(wrapped(psycopg.OperationalError("connection refused"))) is Kind.TRANSIENT
+    assert classify(wrapped(sqlite3.ProgrammingError("closed"), invalidated=True)) is Kind.TRANSIENT
+
+
+def test_errors_of_the_callers_own_making_are_neither() -> None:
+    assert classify(wrapped(pg_errors.UniqueViolation("duplicate key"))) is None
+    assert classify(wrapped(sqlite_error("no such table: x", sqlite3.SQLITE_ERROR))) is None
+    assert classify(ValueError("not a database error")) is None
