@@ -25,7 +25,7 @@ from airflow_gpupool.placement.verdict import Assignment
 from airflow_gpupool.resources import GpuRequest
 
 _TAKE = (
-    "SELECT outcome, taken_indices, taken_slice FROM gpupool_take("
+    "SELECT outcome, taken_indices, taken_slice, taken_at FROM gpupool_take("
     "%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
 )
 _GIVE_BACK = (
@@ -79,10 +79,10 @@ class ConcurrentPath:
         assignment: Assignment,
         gpu_model: str | None,
         generation: int,
-        now: float,
+        now: float | None,
         ttl: float,
-        deadline: float,
-    ) -> tuple[str, Assignment | None]:
+        timeout: float,
+    ) -> tuple[str, Assignment | None, float]:
         """Record ``assignment`` as a grant if its node still has room for it.
 
         :param gpu_model: the model of the GPUs chosen; if a concurrent grant took them, the
@@ -93,7 +93,7 @@ class ConcurrentPath:
             path (the queue is not empty, a lease is overdue, the inventory is no longer at
             ``generation``, or the id exists)
         """
-        outcome, indices, mig_slice = _call(
+        outcome, indices, mig_slice, taken_at = _call(
             conn,
             _TAKE,
             (
@@ -104,7 +104,7 @@ class ConcurrentPath:
                 request.team,
                 request.workload_class.value,
                 now,
-                deadline,
+                timeout,
                 ttl,
                 generation,
                 assignment.node,
@@ -119,12 +119,19 @@ class ConcurrentPath:
             ),
         )
         if outcome != "granted":
-            return str(outcome), None
-        return "granted", replace(assignment, gpu_indices=tuple(indices), mig_slice=mig_slice)
+            return str(outcome), None, float(taken_at)
+        return (
+            "granted",
+            replace(assignment, gpu_indices=tuple(indices), mig_slice=mig_slice),
+            float(taken_at),
+        )
 
     @staticmethod
-    def give_back(conn: Connection, reservation_id: str, now: float, message: str) -> GivenBack | None:
-        """End a grant and return its capacity; None: nothing changed, take the exclusive path."""
+    def give_back(conn: Connection, reservation_id: str, now: float | None, message: str) -> GivenBack | None:
+        """End a grant and return its capacity; None: nothing changed, take the exclusive path.
+
+        :param now: the injected clock's time; None: the database's clock, read in the call
+        """
         row = _call(conn, _GIVE_BACK, (reservation_id, now, message))
         if row[0] != "released":
             return None

@@ -27,6 +27,8 @@ T = TypeVar("T")
 
 #: Key of the PostgreSQL advisory lock that serializes the ledger's writers.
 ADVISORY_LOCK_KEY = 7243000
+#: The database's clock in seconds since the epoch (PostgreSQL): what every client measures on.
+DATABASE_NOW = "extract(epoch FROM clock_timestamp())::float8"
 _SQLITE_BUSY_CODES = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
 # serialization_failure, deadlock_detected, admin/crash shutdown, cannot_connect_now,
 # idle_in_transaction_session_timeout (this session was ended), connection exceptions
@@ -132,7 +134,11 @@ def write_transaction(engine: Engine, synchronous_commit: bool = True) -> Iterat
 def _take_write_lock(engine: Engine, conn: Connection) -> None:
     # One lock per schema: ledgers in other schemas of the database don't wait on it.
     try:
-        conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({ADVISORY_LOCK_KEY}, hashtext(current_schema()))")
+        # The database's clock, read once the lock is held: the transaction's ``now``.
+        row = conn.exec_driver_sql(
+            f"SELECT pg_advisory_xact_lock({ADVISORY_LOCK_KEY}, hashtext(current_schema())), {DATABASE_NOW}"
+        ).one()
+        conn.info["gpupool_now"] = float(row[1])
     except DBAPIError as error:
         if classify(error) is not Kind.BUSY:
             raise

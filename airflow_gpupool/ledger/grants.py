@@ -158,8 +158,9 @@ class ConcurrentGrants:
                     cache.refresh(conn)
                     refreshed = True
                     continue
-                now = store.clock()
-                outcome, taken = self._path.take(
+                # None: the function reads the database's clock, so every client agrees.
+                injected = store.injected_clock() if store.injected_clock is not None else None
+                outcome, taken, now = self._path.take(
                     conn,
                     args.reservation_id,
                     args.holder,
@@ -167,9 +168,9 @@ class ConcurrentGrants:
                     verdict,
                     cache.gpu_model(verdict),
                     cache.generation,
-                    now,
+                    injected,
                     args.ttl,
-                    now + args.timeout,
+                    args.timeout,
                 )
                 if taken is not None:
                     store.requests.put(args.reservation_id, args.request)
@@ -192,7 +193,8 @@ class ConcurrentGrants:
         store = self._store
         with self._path.connect() as conn:
             store.check_schema(conn)
-            given = self._path.give_back(conn, reservation_id, store.clock(), reason)
+            injected = store.injected_clock() if store.injected_clock is not None else None
+            given = self._path.give_back(conn, reservation_id, injected, reason)
         if given is None:
             return None
         with store.cache_lock:

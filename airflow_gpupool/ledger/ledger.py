@@ -25,7 +25,6 @@ one where the database has it, the serialized cycle when that one declines.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
@@ -60,7 +59,9 @@ class Ledger:
     :param url: SQLAlchemy URL (``sqlite:////path/ledger.db``, ``postgresql://user@host/db``);
         default from :func:`airflow_gpupool.settings.ledger_url`
     :param policy: placement policy name or instance; default ``[gpupool] placement_policy``
-    :param clock: seconds since the epoch; tests pass a fake one
+    :param clock: seconds since the epoch; tests pass a fake one. Without one, leases,
+        deadlines and timeouts are measured on the database's clock on PostgreSQL (every
+        client agrees, whatever its own clock says) and on this machine's clock on SQLite
     :param max_overtakes: the no-starvation bound, see :mod:`airflow_gpupool.placement.queue`
     :param concurrent: on PostgreSQL, grant and release under the shared lock when no queue
         decision is needed (see :mod:`airflow_gpupool.ledger.pg_functions`); False makes
@@ -72,7 +73,7 @@ class Ledger:
         url: str | None = None,
         *,
         policy: str | PlacementPolicy | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,
         max_overtakes: int | None = None,
         concurrent: bool = True,
     ) -> None:
@@ -131,7 +132,10 @@ class Ledger:
         self.close()
 
     def now(self) -> float:
-        """Return the ledger's clock (seconds since the epoch): what leases and timeouts are measured on."""
+        """Return the ledger's clock (seconds since the epoch): what leases and timeouts are measured on.
+
+        The injected clock if any, else the database's on PostgreSQL (one query), else this machine's.
+        """
         return self._store.clock()
 
     @property

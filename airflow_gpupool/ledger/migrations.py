@@ -68,11 +68,19 @@ def _v4(op: Operations, conn: Connection) -> None:
         op.add_column(schema.reservations.name, Column(name, column.type, nullable=True))
 
 
+def _v5(op: Operations, conn: Connection) -> None:
+    if conn.dialect.name == "postgresql":  # SQLite keeps its machine's clock
+        pg_functions.reinstall(conn)
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial schema: inventory, reservations, queue", _v1),
     Migration(2, "task attempts: failure class, next request and escalation per task try", _v2),
     Migration(3, "PostgreSQL: concurrent grants and releases under a shared lock", _v3),
     Migration(4, "bound grants: the pod of each grant, and orphaned grants that keep their slice", _v4),
+    Migration(
+        5, "PostgreSQL: the concurrent path measures leases and deadlines on the database's clock", _v5
+    ),
 )
 LATEST = MIGRATIONS[-1].version
 

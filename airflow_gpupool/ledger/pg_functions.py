@@ -1,4 +1,4 @@
-"""PostgreSQL functions of the ledger's concurrent path (schema v3).
+"""PostgreSQL functions of the ledger's concurrent path (schema v3; v5 measures on the database's clock).
 
 A grant or release that needs no queue decision does not have to wait for every other
 writer: it takes the ledger lock in *shared* mode, locks only its node's row, and commits
@@ -31,17 +31,22 @@ from airflow_gpupool.ledger.engine import ADVISORY_LOCK_KEY
 _TAKE = """
 CREATE OR REPLACE FUNCTION gpupool_take(
     p_id text, p_holder text, p_request text, p_priority integer, p_team text, p_class text,
-    p_now double precision, p_deadline double precision, p_ttl double precision, p_generation bigint,
+    p_now double precision, p_timeout double precision, p_ttl double precision, p_generation bigint,
     p_node text, p_cpu bigint, p_mem bigint, p_indices integer[], p_model text,
     p_milli integer, p_gmem bigint, p_slice text, p_profile text,
-    OUT outcome text, OUT taken_indices integer[], OUT taken_slice text
+    OUT outcome text, OUT taken_indices integer[], OUT taken_slice text, OUT taken_at double precision
 ) LANGUAGE plpgsql AS $$
 DECLARE
     v_node record;
     v_gpu integer;
     v_xid bigint;
+    p_deadline double precision;
 BEGIN
     PERFORM pg_advisory_xact_lock_shared(__LOCK_KEY__, hashtext(current_schema()));
+    -- The database's clock once the lock is held, unless the caller's clock was injected (tests).
+    p_now := coalesce(p_now, extract(epoch FROM clock_timestamp())::float8);
+    p_deadline := p_now + p_timeout;
+    taken_at := p_now;
     -- Queue order, expiry and new inventory are decided with the lock held exclusively.
     IF EXISTS (SELECT 1 FROM gpupool_reservations WHERE state = 'waiting')
        OR EXISTS (SELECT 1 FROM gpupool_reservations WHERE state = 'granted' AND expires_at < p_now)
@@ -136,6 +141,7 @@ DECLARE
     v_xid bigint;
 BEGIN
     PERFORM pg_advisory_xact_lock_shared(__LOCK_KEY__, hashtext(current_schema()));
+    p_now := coalesce(p_now, extract(epoch FROM clock_timestamp())::float8);
     -- Freed capacity goes to the queue first, and overdue leases expire first: both serialized.
     IF EXISTS (SELECT 1 FROM gpupool_reservations WHERE state = 'waiting')
        OR EXISTS (SELECT 1 FROM gpupool_reservations WHERE state = 'granted' AND expires_at < p_now) THEN
@@ -192,6 +198,17 @@ $$;
 
 # The shared side of the lock the serialized path takes exclusively.
 FUNCTIONS = tuple(ddl.replace("__LOCK_KEY__", str(ADVISORY_LOCK_KEY)) for ddl in (_TAKE, _GIVE_BACK))
+
+
+# v5 renamed an argument and added a result column, which CREATE OR REPLACE refuses.
+_DROP = ("DROP FUNCTION IF EXISTS gpupool_take", "DROP FUNCTION IF EXISTS gpupool_give_back")
+
+
+def reinstall(conn: Connection) -> None:
+    """Drop the functions and create them again (a migration that changes their signatures)."""
+    for ddl in _DROP:
+        conn.exec_driver_sql(ddl)
+    install(conn)
 
 
 def install(conn: Connection) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from airflow_gpupool.ledger import statements as sql
 from airflow_gpupool.ledger.cache import CapacityCache
 from airflow_gpupool.ledger.concurrent import ConcurrentPath
 from airflow_gpupool.ledger.engine import (
+    DATABASE_NOW,
     lock_holder,
     make_engine,
     read_transaction,
@@ -125,7 +127,9 @@ class LedgerStore:
     """The ledger's database: transactions, the capacity copy and the parsed requests.
 
     :param url: the ledger's SQLAlchemy URL
-    :param clock: seconds since the epoch
+    :param clock: seconds since the epoch, injected (tests); None: the database's clock on
+        PostgreSQL, so every client measures leases, deadlines and timeouts on one clock, and
+        the local clock on SQLite (one machine); see :meth:`clock`
     :param synchronous_commit: see :func:`~airflow_gpupool.ledger.engine.write_transaction`
     :param concurrent: on PostgreSQL, open the connections of the concurrent path
         (:attr:`concurrent`); elsewhere there is none
@@ -135,12 +139,13 @@ class LedgerStore:
         self,
         url: str,
         *,
-        clock: Callable[[], float],
+        clock: Callable[[], float] | None = None,
         synchronous_commit: bool = True,
         concurrent: bool = True,
     ) -> None:
         self.url = url
-        self.clock = clock
+        #: The injected clock, which wins over the database's; None when there is none.
+        self.injected_clock = clock
         self.engine = make_engine(url)
         self.synchronous_commit = synchronous_commit
         self.cache = CapacityCache()
@@ -158,6 +163,31 @@ class LedgerStore:
     def dialect(self) -> str:
         """``sqlite`` or ``postgresql``."""
         return self.engine.dialect.name
+
+    def clock(self, conn: Connection | None = None) -> float:
+        """Return the ledger's time: the injected clock, else the database's (PostgreSQL), else local.
+
+        :param conn: an open connection to read the database's clock on (else one from the pool)
+        """
+        if self.injected_clock is not None:
+            return self.injected_clock()
+        if self.dialect != "postgresql":
+            return time.time()
+        if conn is not None:
+            return float(conn.exec_driver_sql(f"SELECT {DATABASE_NOW}").scalar_one())
+        return self._database_now()
+
+    @transient_retry
+    def _database_now(self) -> float:
+        with self.engine.connect() as conn:
+            return float(conn.exec_driver_sql(f"SELECT {DATABASE_NOW}").scalar_one())
+
+    def _tx_now(self, conn: Connection) -> float:
+        """The clock of a write transaction: the database's, read as it took the lock, unless injected."""
+        database_now = conn.info.pop("gpupool_now", None)
+        if self.injected_clock is not None or database_now is None:
+            return self.clock()
+        return float(database_now)
 
     def lock_holder(self) -> str | None:
         """Say who holds the ledger's write lock (PostgreSQL), or None when unknown."""
@@ -217,7 +247,7 @@ class LedgerStore:
             with write_transaction(self.engine, self.synchronous_commit) as conn:
                 self.check_schema(conn)
                 stamp = self.cache.refresh(conn, writing=True)
-                tx = Tx(conn, self.clock(), stamp.version, dict(self.cache.nodes))
+                tx = Tx(conn, self._tx_now(conn), stamp.version, dict(self.cache.nodes))
                 result = fn(tx)
                 if tx.dirty and stamp.counter:
                     self._bump(conn, "version", tx.version)

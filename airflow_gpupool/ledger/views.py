@@ -53,7 +53,7 @@ class LedgerViews:
             if row.state != WAITING:
                 return f"reservation is {row.state}"
             cache = _loaded_cache(conn)
-            return self._cycle.blocked_message(Tx(conn, self._store.clock(), 0, dict(cache.nodes)), row)
+            return self._cycle.blocked_message(Tx(conn, self._store.clock(conn), 0, dict(cache.nodes)), row)
 
         return self._store.read(run)
 
@@ -93,7 +93,7 @@ class LedgerViews:
         grants = tuple(self._store.reservation(conn, row) for row in live if row.state in HOLDING)
         queue = tuple(self._store.reservation(conn, row) for row in live if row.state == WAITING)
         return LedgerSnapshot(
-            taken_at=self._store.clock(),
+            taken_at=self._store.clock(conn),
             cluster=ClusterSnapshot(tuple(cache.nodes.values())),
             nodes=nodes,
             grants=grants,

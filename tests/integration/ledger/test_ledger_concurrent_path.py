@@ -62,7 +62,10 @@ def take(pg_schema_url: str) -> Iterator[Callable[..., tuple[str, Assignment | N
         now: float = 1_800_000_000.0,
     ) -> tuple[str, Assignment | None]:
         with path.connect() as conn:
-            return path.take(conn, rid, "direct", request, assignment, model, generation, now, 60.0, now + 60)
+            outcome, taken, _ = path.take(
+                conn, rid, "direct", request, assignment, model, generation, now, 60.0, 60.0
+            )
+            return outcome, taken
 
     yield call
     path.close()
