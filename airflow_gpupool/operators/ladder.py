@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from airflow_gpupool.exceptions import ReservationTimeoutError
+from airflow_gpupool.exceptions import LeaseLostError, ReservationTimeoutError
 from airflow_gpupool.operators.escalation import Decision, EscalationPolicy, Remedy, decide, describe_policy
 from airflow_gpupool.operators.failures import Classification, FailureClass, classify, error_for
 
@@ -117,6 +117,9 @@ class FailureLadder:
 
     @staticmethod
     def _classify(failed: FailedTry, error: Exception) -> tuple[Classification, str]:
+        if isinstance(error, LeaseLostError):
+            # What the deleted pod looked like says nothing: the lease is why it stopped.
+            return error.classification, failed.observed[1] if failed.observed else ""
         if failed.observed is not None:
             return failed.observed
         classification = classify(None, error=error)
