@@ -10,7 +10,7 @@ released, so the outcome is recorded first.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
@@ -119,7 +119,8 @@ class FailureLadder:
     def _classify(failed: FailedTry, error: Exception) -> tuple[Classification, str]:
         if isinstance(error, LeaseLostError):
             # What the deleted pod looked like says nothing: the lease is why it stopped.
-            return error.classification, failed.observed[1] if failed.observed else ""
+            lost, (seen, tail) = error.classification, failed.observed or (None, "")
+            return replace(lost, pod_name=lost.pod_name or (seen.pod_name if seen else None)), tail
         if failed.observed is not None:
             return failed.observed
         classification = classify(None, error=error)

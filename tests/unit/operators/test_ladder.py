@@ -137,6 +137,7 @@ def test_a_lost_lease_is_classed_lease_lost_and_retried_without_penalty(hook: Gp
     raised = ladder.failed({}, failed, lost)
 
     assert isinstance(raised, LeaseLostError) and raised.__cause__ is lost
+    assert raised.pod_name == "train-abc"
     assert not isinstance(raised, AirflowException)  # a plain failure: Airflow retries it
     (attempt,) = hook.attempt_history(failed.task.task_key)
     assert (attempt.failure_class, attempt.remedy, attempt.next_request) == ("lease_lost", "retry", None)
