@@ -27,6 +27,7 @@ keeps working::
         ├── ImagePullError                 the image could not be pulled
         ├── DeadlineExceededError          ``activeDeadlineSeconds`` passed
         ├── ApplicationError               the training exited with a non-zero code
+        ├── LeaseLostError                 the slice's lease was lost: the pod was deleted
         └── UnknownPodFailureError         the pod's status does not tell why
 
 The failure classification a :class:`PodFailureError` carries (:class:`FailureClass`,
@@ -56,6 +57,7 @@ __all__ = [
     "InvalidInventoryError",
     "InvalidRequestError",
     "LeaseExpiredError",
+    "LeaseLostError",
     "LedgerBusyError",
     "LedgerSchemaError",
     "LedgerUnavailableError",
@@ -263,6 +265,7 @@ class FailureClass(str, Enum):
     DEADLINE_EXCEEDED = "deadline_exceeded"
     APPLICATION_ERROR = "application_error"
     RESERVATION_TIMEOUT = "reservation_timeout"
+    LEASE_LOST = "lease_lost"
     UNKNOWN = "unknown"
 
 
@@ -344,6 +347,32 @@ class ApplicationError(PodFailureError):
     """The training exited with a non-zero code."""
 
     failure_class = FailureClass.APPLICATION_ERROR
+
+
+class LeaseLostError(PodFailureError):
+    """The try lost its slice's lease, so the operator deleted its pod.
+
+    Raised when the grant is gone, released, expired or preempted in the ledger, or when the
+    lease could not be renewed for a whole TTL. Like a preemption, the retry resumes from the
+    newest checkpoint. Build one with :meth:`of`.
+    """
+
+    failure_class = FailureClass.LEASE_LOST
+    reservation_id: str | None = None
+    why: str = ""
+
+    @classmethod
+    def of(cls, reservation_id: str, why: str, pod_name: str | None = None) -> LeaseLostError:
+        """Return the error of a lost lease.
+
+        :param reservation_id: the grant whose lease was lost
+        :param why: what the renewal saw
+        :param pod_name: the pod that was deleted, if one was running
+        """
+        reason = f"lease of {reservation_id} lost: {why}"
+        error = cls(Classification(FailureClass.LEASE_LOST, reason, None, pod_name))
+        error.reservation_id, error.why = reservation_id, why
+        return error
 
 
 class UnknownPodFailureError(PodFailureError):

@@ -3,7 +3,8 @@
 ==========================  ====================================================================
 class                       default remedy
 ==========================  ====================================================================
-preempted, node lost        ``retry``: retry, resuming from the newest checkpoint
+preempted, node lost,       ``retry``: retry, resuming from the newest checkpoint
+lease lost
 out of memory               ``retry_larger``: retry and resume on the next larger slice that the
                             inventory can hold (fraction → bigger fraction → whole GPU; MIG
                             profile → next profile → whole GPU; then a GPU model of
@@ -43,6 +44,7 @@ class Remedy(str, Enum):
 DEFAULT_REMEDIES: dict[FailureClass, Remedy] = {
     FailureClass.PREEMPTED: Remedy.RETRY,
     FailureClass.NODE_LOST: Remedy.RETRY,
+    FailureClass.LEASE_LOST: Remedy.RETRY,
     FailureClass.OUT_OF_MEMORY: Remedy.RETRY_LARGER,
     FailureClass.IMAGE_PULL: Remedy.FAIL,
     FailureClass.DEADLINE_EXCEEDED: Remedy.RETRY,

@@ -19,6 +19,7 @@ from airflow_gpupool.exceptions import (
     DeadlineExceededError,
     FailureClass,
     ImagePullError,
+    LeaseLostError,
     NodeLostError,
     OutOfMemoryError,
     PodFailureError,
@@ -38,6 +39,7 @@ __all__ = [
     "DeadlineExceededError",
     "FailureClass",
     "ImagePullError",
+    "LeaseLostError",
     "NodeLostError",
     "OutOfMemoryError",
     "PodFailureError",
@@ -147,6 +149,7 @@ _ERRORS: dict[FailureClass, type[PodFailureError]] = {
         ImagePullError,
         DeadlineExceededError,
         ApplicationError,
+        LeaseLostError,
     )
 }
 

@@ -14,14 +14,19 @@ from airflow.sdk.exceptions import TaskDeferred
 
 from airflow_gpupool import settings
 from airflow_gpupool.binding import SliceFacts, binding_for, check_binding_name
-from airflow_gpupool.exceptions import ConfigurationError, GpuPoolError, ReservationTimeoutError
+from airflow_gpupool.exceptions import (
+    ConfigurationError,
+    GpuPoolError,
+    LeaseLostError,
+    ReservationTimeoutError,
+)
 from airflow_gpupool.hooks.gpupool import GpuPoolHook
 from airflow_gpupool.ledger.models import Grant, ReservationState
 from airflow_gpupool.operators.checkpointing import TaskCheckpoints
 from airflow_gpupool.operators.escalation import EscalationPolicy
 from airflow_gpupool.operators.failures import Classification, classify
 from airflow_gpupool.operators.ladder import FailedTry, FailureLadder
-from airflow_gpupool.operators.lease import LeaseRenewer
+from airflow_gpupool.operators.lease import LeaseRenewer, delete_pod
 from airflow_gpupool.operators.pod_spec import pin_pod
 from airflow_gpupool.operators.request import (
     REQUEST_FIELDS,
@@ -32,6 +37,7 @@ from airflow_gpupool.operators.request import (
 )
 from airflow_gpupool.resources import GpuRequest
 from airflow_gpupool.task_try import TaskTry
+from airflow_gpupool.triggers.lease import LEASE_LOST_STATUS
 from airflow_gpupool.triggers.pod import LeasedPodTrigger
 from airflow_gpupool.triggers.reservation import ReservationEventStatus, ReservationTrigger
 
@@ -138,6 +144,7 @@ class GpuPodOperator(KubernetesPodOperator):
         self._request_override: GpuRequest | None = None
         self._resume_from: CheckpointManifest | None = None
         self._failure: tuple[Classification, str] | None = None
+        self._own_pod: tuple[str, str] | None = None  # (namespace, name) once created
         check_keep_checkpoints(keep_checkpoints)
         check_seconds("reservation_timeout", reservation_timeout)
         check_seconds("lease_ttl", lease_ttl)
@@ -266,12 +273,12 @@ class GpuPodOperator(KubernetesPodOperator):
         if checkpoints is not None:
             self._resume_from = checkpoints.resume_point(context["ti"].try_number, rid)
         ttl = self.lease_ttl or self.gpu_hook.options.lease_ttl_seconds
-        renewer = LeaseRenewer(self.gpu_hook, rid, ttl, self.log, lambda: self._reconcile_own_grant(rid))
+        reconcile = lambda: self._reconcile_own_grant(rid)  # noqa: E731
+        renewer = LeaseRenewer(self.gpu_hook, rid, ttl, self.log, reconcile, on_lost=self._delete_own_pod)
         renewer.start()
         try:
-            return self._run_then_release(
-                context, rid, lambda: super(GpuPodOperator, self).execute(context), "task"
-            )
+            run = lambda: super(GpuPodOperator, self).execute(context)  # noqa: E731
+            return self._run_then_release(context, rid, lambda: renewer.guard(run), "task")
         finally:
             renewer.stop()
 
@@ -335,6 +342,7 @@ class GpuPodOperator(KubernetesPodOperator):
         if meta is None or not meta.uid:
             # The parent returns the request it sent, without the uid the server gave it.
             meta = self.pod_manager.read_pod(pod).metadata
+        self._own_pod = (meta.namespace, meta.name)
         self.gpu_hook.bind_pod(self._held_id, namespace=meta.namespace, name=meta.name, uid=meta.uid)
         self.log.info(
             "GPU slice %s bound to pod %s/%s (uid %s)", self._held_id, meta.namespace, meta.name, meta.uid
@@ -368,9 +376,22 @@ class GpuPodOperator(KubernetesPodOperator):
         rid = TaskTry.from_context(context).reservation_id
         self._held_id = rid
         self._load_escalated_request(context)
+        if event.get("status") == LEASE_LOST_STATUS:
+            return self._run_then_release(context, rid, lambda: self._lease_lost(event), "pod")
         return self._run_then_release(
             context, rid, lambda: super(GpuPodOperator, self).trigger_reentry(context, event), "pod"
         )
+
+    def _lease_lost(self, event: dict[str, Any]) -> Any:
+        """LeasedPodTrigger lost the pod's lease: delete the pod, fail the try."""
+        self._own_pod = (event["namespace"], event["name"])
+        lost = LeaseLostError.of(event["reservation_id"], event["why"], event["name"])
+        self._delete_own_pod(lost)
+        raise lost
+
+    def _delete_own_pod(self, lost: LeaseLostError) -> None:
+        if self._own_pod is not None:
+            delete_pod(self.client, *self._own_pod, why=lost.classification.reason, log=self.log)
 
     def _run_then_release(self, context: Context, rid: str, run: Callable[[], Any], what: str) -> Any:
         """Run the pod part; record how it ended, then release the slice, on every path but deferral."""

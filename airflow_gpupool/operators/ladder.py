@@ -10,12 +10,12 @@ released, so the outcome is recorded first.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from airflow_gpupool.exceptions import ReservationTimeoutError
+from airflow_gpupool.exceptions import LeaseLostError, ReservationTimeoutError
 from airflow_gpupool.operators.escalation import Decision, EscalationPolicy, Remedy, decide, describe_policy
 from airflow_gpupool.operators.failures import Classification, FailureClass, classify, error_for
 
@@ -117,6 +117,10 @@ class FailureLadder:
 
     @staticmethod
     def _classify(failed: FailedTry, error: Exception) -> tuple[Classification, str]:
+        if isinstance(error, LeaseLostError):
+            # What the deleted pod looked like says nothing: the lease is why it stopped.
+            lost, (seen, tail) = error.classification, failed.observed or (None, "")
+            return replace(lost, pod_name=lost.pod_name or (seen.pod_name if seen else None)), tail
         if failed.observed is not None:
             return failed.observed
         classification = classify(None, error=error)

@@ -1,23 +1,35 @@
-"""Keep a grant's lease alive while a pod runs in the worker (the deferred pod has LeasedPodTrigger)."""
+"""Keep a grant's lease alive while a pod runs in the worker (the deferred pod has LeasedPodTrigger).
+
+A lease that is lost (the ledger says the grant ended, or it could not be renewed for a whole
+TTL) means the slice may be handed to someone else: the renewer deletes the pod and the task
+fails with :class:`~airflow_gpupool.exceptions.LeaseLostError`, never running on a slice it
+does not hold.
+"""
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from airflow_gpupool.exceptions import GpuPoolError
+from airflow_gpupool.exceptions import LeaseLostError
+from airflow_gpupool.triggers.lease import LeaseWatch
 
 if TYPE_CHECKING:
     from airflow.sdk.types import Logger
 
-    from airflow_gpupool.hooks.gpupool import GpuPoolHook
+__all__ = ["LeaseRenewer", "delete_pod"]
 
-__all__ = ["LeaseRenewer"]
+T = TypeVar("T")
+
+
+class _Renews(Protocol):
+    def renew(self, reservation_id: str, ttl: float | None = None) -> Any: ...
 
 
 class LeaseRenewer(threading.Thread):
-    """Renew a grant's lease every ``ttl / 3`` while a sync pod runs.
+    """Renew a grant's lease every ``ttl / 3`` while a sync pod runs; act when it is lost.
 
     Each round first reconciles the grant with its pod: a pod that finished or vanished
     behind the operator's back gives its slice back instead of holding it until the TTL.
@@ -25,43 +37,99 @@ class LeaseRenewer(threading.Thread):
     :param hook: the ledger hook
     :param reservation_id: the grant
     :param ttl: the lease's seconds
-    :param log: where to report a lease that can no longer be renewed
+    :param log: where to report the renewals that failed
     :param reconcile: release the grant if its pod is gone; return why, or None when kept
+    :param on_lost: called once, in this thread, when the lease is lost (deletes the pod)
+    :param clock: monotonic seconds (injected in tests)
     """
 
     def __init__(
         self,
-        hook: GpuPoolHook,
+        hook: _Renews,
         reservation_id: str,
         ttl: float,
         log: Logger,
         reconcile: Callable[[], str | None],
+        *,
+        on_lost: Callable[[LeaseLostError], None] = lambda lost: None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__(name=f"gpupool-lease-{reservation_id}", daemon=True)
-        self._hook, self._id, self._ttl, self._log, self._reconcile = (
-            hook,
-            reservation_id,
-            ttl,
-            log,
-            reconcile,
-        )
+        self._hook, self._id, self._ttl, self._log = hook, reservation_id, ttl, log
+        self._reconcile, self._on_lost = reconcile, on_lost
+        self._watch = LeaseWatch(reservation_id, ttl, clock)
         self._stopped = threading.Event()
+        #: the loss, once the lease is lost (read by the task's thread)
+        self.lost: LeaseLostError | None = None
 
     def run(self) -> None:
-        """Renew until stopped, or until the grant is released or can no longer be renewed."""
-        while not self._stopped.wait(self._ttl / 3):
-            try:
-                released = self._reconcile()
-                if released is not None:
-                    self._log.error("GPU slice %s released by reconcile: %s", self._id, released)
-                    return
-                self._hook.renew(self._id, self._ttl)
-            except GpuPoolError as e:
-                self._log.error("Lease of %s can no longer be renewed: %s", self._id, e)
-                return
-            except Exception:
-                self._log.exception("Renewing the lease of %s failed; will retry", self._id)
+        """Renew until stopped, until the grant is released by reconcile, or until the lease is lost."""
+        while not self._stopped.wait(self._watch.interval) and self.renew_once():
+            pass
+
+    def renew_once(self) -> bool:
+        """Run one round; return whether to keep renewing."""
+        try:
+            released = self._reconcile()
+            if released is not None:
+                self._log.error("GPU slice %s released by reconcile: %s", self._id, released)
+                return False
+            self._hook.renew(self._id, self._ttl)
+        except Exception as e:
+            lost = self._watch.failed(e)
+            if lost is None:
+                self._log.warning("Renewing the lease of %s failed; will retry: %s", self._id, e)
+                return True
+            self._lose(lost, e)
+            return False
+        self._watch.renewed()
+        return True
+
+    def _lose(self, lost: LeaseLostError, error: Exception) -> None:
+        lost.__cause__ = error
+        self.lost = lost
+        self._log.error("%s; deleting the pod", lost.classification.reason)
+        try:
+            self._on_lost(lost)
+        except Exception:
+            self._log.exception("Deleting the pod of %s after its lease was lost failed", self._id)
+
+    def guard(self, run: Callable[[], T]) -> T:
+        """Run the pod part; raise the loss instead of whatever it ended with once the lease is lost.
+
+        :param run: waits for the pod (it ends when the deleted pod goes)
+        :raises LeaseLostError: the lease was lost while it ran
+        """
+        try:
+            result = run()
+        except Exception as e:
+            if self.lost is not None:
+                raise self.lost from e
+            raise
+        if self.lost is not None:
+            raise self.lost
+        return result
 
     def stop(self) -> None:
         """Stop renewing (the pod ended)."""
         self._stopped.set()
+
+
+def delete_pod(client: Any, namespace: str, name: str, *, why: str, log: Logger) -> None:
+    """Delete a pod at once, without a grace period: it may no longer run on its slice.
+
+    :param client: a ``kubernetes.client.CoreV1Api``
+    :param namespace: the pod's namespace
+    :param name: the pod's name
+    :param why: for the log
+    :param log: the task's log
+    :raises ApiException: the API refused (a pod already gone is not an error)
+    """
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        client.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+    except ApiException as e:
+        if e.status != 404:
+            raise
+    log.error("Deleted pod %s/%s: %s", namespace, name, why)

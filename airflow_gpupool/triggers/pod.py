@@ -11,10 +11,16 @@ from airflow.providers.cncf.kubernetes.triggers.pod import KubernetesPodTrigger
 from airflow.triggers.base import TriggerEvent
 
 from airflow_gpupool.hooks.gpupool import AsyncGpuPoolHook
+from airflow_gpupool.triggers.events import trigger_event
+from airflow_gpupool.triggers.lease import LeaseWatch, lease_lost_event
 
 
 class LeasedPodTrigger(KubernetesPodTrigger):
     """Watch a pod like :class:`KubernetesPodTrigger` and renew its grant's lease every ``ttl / 3``.
+
+    When the lease is lost (see :class:`~airflow_gpupool.triggers.lease.LeaseWatch`) it yields
+    an event of status ``lease_lost`` instead of waiting for the pod; the operator then deletes
+    the pod and fails the try with :class:`~airflow_gpupool.exceptions.LeaseLostError`.
 
     :param reservation_id: the grant the pod runs on
     :param ledger_conn_id: the ``gpupool`` connection (None: ``[gpupool]`` configuration)
@@ -54,23 +60,46 @@ class LeasedPodTrigger(KubernetesPodTrigger):
         )
         return "airflow_gpupool.triggers.pod.LeasedPodTrigger", kwargs
 
-    async def _renew_forever(self) -> None:
+    async def _renew_until_lost(self) -> dict[str, Any]:
+        """Renew every ``ttl / 3``; return the lease-lost event once the lease is lost."""
         hook = AsyncGpuPoolHook(self.ledger_conn_id, ledger_url=self.ledger_url)
+        watch = LeaseWatch(self.reservation_id, self.lease_ttl)
         try:
             while True:
-                await hook.arenew(self.reservation_id, self.lease_ttl)
-                await asyncio.sleep(self.lease_ttl / 3)
-        except Exception:
-            # A lost lease is the ledger's business (reap, reconcile); the pod is watched regardless.
-            self.log.exception("Renewing the lease of %s failed; it will expire", self.reservation_id)
+                try:
+                    await hook.arenew(self.reservation_id, self.lease_ttl)
+                except Exception as e:
+                    lost = watch.failed(e)
+                    if lost is not None:
+                        self.log.error("%s; the pod %s must go", lost.classification.reason, self.pod_name)
+                        return lease_lost_event(lost, self.pod_namespace, self.pod_name)
+                    self.log.warning(
+                        "Renewing the lease of %s failed; will retry: %s", self.reservation_id, e
+                    )
+                else:
+                    watch.renewed()
+                await asyncio.sleep(watch.interval)
         finally:
             await asyncio.to_thread(hook.close)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        """Renew the lease in the background while the pod trigger runs."""
-        renewer = asyncio.create_task(self._renew_forever())
+        """Watch the pod like the pod trigger, renewing its lease; a lost lease ends the watch first."""
+        renewer = asyncio.create_task(self._renew_until_lost())
+        events = super().run().__aiter__()
         try:
-            async for event in super().run():
+            while True:
+                following = asyncio.ensure_future(events.__anext__())
+                await asyncio.wait({following, renewer}, return_when=asyncio.FIRST_COMPLETED)
+                if not following.done():
+                    following.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                        await following
+                    yield trigger_event(renewer.result())
+                    return
+                try:
+                    event = following.result()
+                except StopAsyncIteration:
+                    return
                 yield event
         finally:
             renewer.cancel()

@@ -122,3 +122,23 @@ def test_a_reservation_timeout_is_raised_as_it_is(hook: GpuPoolHook) -> None:
     assert ladder.failed({}, try_of(1, retries_left=True), timeout) is timeout
     (attempt,) = hook.attempt_history(try_of(1, retries_left=True).task.task_key)
     assert attempt.failure_class == "reservation_timeout"
+
+
+def test_a_lost_lease_is_classed_lease_lost_and_retried_without_penalty(hook: GpuPoolHook) -> None:
+    from airflow.sdk.exceptions import AirflowException
+
+    from airflow_gpupool.exceptions import LeaseLostError
+
+    ladder = FailureLadder(hook, EscalationPolicy(), log=LOG)
+    lost = LeaseLostError.of("gp-x", "grant gp-x can no longer be renewed: it is released")
+    # The deleted pod looked like an unknown failure; the lease is why it stopped.
+    failed = try_of(1, retries_left=True, observed=APP)
+
+    raised = ladder.failed({}, failed, lost)
+
+    assert isinstance(raised, LeaseLostError) and raised.__cause__ is lost
+    assert raised.pod_name == "train-abc"
+    assert not isinstance(raised, AirflowException)  # a plain failure: Airflow retries it
+    (attempt,) = hook.attempt_history(failed.task.task_key)
+    assert (attempt.failure_class, attempt.remedy, attempt.next_request) == ("lease_lost", "retry", None)
+    assert attempt.message.startswith("lease of gp-x lost: grant gp-x can no longer be renewed")

@@ -1,0 +1,67 @@
+"""LeasedPodTrigger when the lease is lost: it yields a lease-lost event instead of waiting for the pod.
+
+A real SQLite ledger; the pod watch of the parent trigger is replaced by one that never ends
+(a pod still running), the one boundary faked here."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_gpupool.ledger import Ledger
+from airflow_gpupool.resources import GpuRequest
+from airflow_gpupool.triggers import LeasedPodTrigger
+from airflow_gpupool.triggers.lease import LEASE_LOST_STATUS
+from tests.ledger_fixtures import node
+
+
+def trigger_for(url: str, rid: str) -> LeasedPodTrigger:
+    return LeasedPodTrigger(
+        pod_name="train-x",
+        pod_namespace="ml",
+        trigger_start_time=datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC),
+        base_container_name="base",
+        reservation_id=rid,
+        ledger_conn_id=None,
+        ledger_url=url,
+        lease_ttl=30.0,
+    )
+
+
+async def pod_still_running(self: Any) -> AsyncIterator[Any]:
+    await asyncio.Event().wait()
+    yield None  # pragma: no cover (never reached)
+
+
+def test_a_released_grant_yields_a_lease_lost_event(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow.providers.cncf.kubernetes.triggers.pod import KubernetesPodTrigger
+
+    url = f"sqlite:///{tmp_path}/ledger.db"
+    ledger = Ledger.create(url)
+    ledger.upsert_nodes([node("n1", gpus=2)])
+    rid = ledger.reserve(GpuRequest(gpus=1), "worker-1", reservation_id="gp-t", ttl=30).id
+    ledger.release(rid, reason="taken back")
+    monkeypatch.setattr(KubernetesPodTrigger, "run", pod_still_running)
+
+    async def first_event() -> Any:
+        events = trigger_for(url, rid).run()
+        try:
+            return await asyncio.wait_for(events.__anext__(), timeout=30)
+        finally:
+            await events.aclose()
+
+    event = asyncio.run(first_event())
+    ledger.close()
+
+    assert event.payload["status"] == LEASE_LOST_STATUS
+    assert (event.payload["namespace"], event.payload["name"], event.payload["reservation_id"]) == (
+        "ml",
+        "train-x",
+        rid,
+    )
+    assert "it is released" in event.payload["why"]
