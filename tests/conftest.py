@@ -12,6 +12,11 @@ os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = os.path.join(os.path.dirname(__file__), "integration", "dags")
 os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "True")
 os.environ.pop("GPUPOOL_LEDGER_URL", None)
+# The Alibaba trace is third-party data, never copied into the repository: CI and the developers'
+# machines have it in shared/ beside the checkout.
+_SHARED_TRACES = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "traces")
+if os.path.isdir(_SHARED_TRACES):
+    os.environ.setdefault("GPUPOOL_TRACE_DIR", os.path.abspath(_SHARED_TRACES))
 
 pytest_plugins = ["tests.ledger_fixtures"]
 

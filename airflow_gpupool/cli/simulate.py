@@ -32,12 +32,14 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--mode", choices=("fgd", "queue"), default="fgd", help="protocol (default: fgd)")
     parser.add_argument(
-        "--nodes", default="nodes", help="node list CSV (default: the bundled Alibaba cluster)"
+        "--nodes",
+        default="nodes",
+        help="node list CSV (default: the Alibaba cluster under $GPUPOOL_TRACE_DIR)",
     )
     parser.add_argument(
         "--pods",
         default="default",
-        help=f"pod list CSV or a bundled trace: {', '.join(TRACES)} (default: default)",
+        help=f"pod list CSV or an Alibaba trace under $GPUPOOL_TRACE_DIR: {', '.join(TRACES)} (default: default)",
     )
     parser.add_argument(
         "--policy",

@@ -4,26 +4,32 @@ Nodes: ``sn, cpu_milli, memory_mib, gpu, model``. Pods: ``name, cpu_milli, memor
 num_gpu, gpu_milli`` and optionally ``gpu_spec`` (allowed models separated by ``|``),
 ``qos``, ``creation_time`` and ``deletion_time`` (seconds). A missing column or a bad row
 raises :class:`~airflow_gpupool.exceptions.TraceFormatError` naming it.
+
+The Alibaba trace itself is third-party data and is not shipped: the named traces
+(``nodes``, ``default``, ``gpuspec33``, ...) are read from ``$GPUPOOL_TRACE_DIR/alibaba-gpu-v2023/``.
 """
 
 from __future__ import annotations
 
 import csv
 import io
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from airflow_gpupool.exceptions import InvalidRequestError, TraceFormatError
+from airflow_gpupool.exceptions import ConfigurationError, InvalidRequestError, TraceFormatError
 from airflow_gpupool.placement.snapshot import GpuState, NodeState
 from airflow_gpupool.resources import MILLI_PER_GPU, GpuRequest
 
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
 
-#: Bundled pod lists by short name; the node list is shared.
+#: Where the named traces are read from: ``$GPUPOOL_TRACE_DIR/<TRACE_SET>/<file>``.
+TRACE_DIR_ENV = "GPUPOOL_TRACE_DIR"
+TRACE_SET = "alibaba-gpu-v2023"
+#: The Alibaba pod lists by short name; the node list is shared.
 TRACES = {
     "default": "openb_pod_list_default.csv",
     "gpushare100": "openb_pod_list_gpushare100.csv",
@@ -66,19 +72,31 @@ class TracePod:
 def _open(source: str | Path) -> tuple[str, io.TextIOBase]:
     path = Path(source)
     if not path.exists() and str(source) in TRACES:
-        return str(source), bundled(TRACES[str(source)])
-    if not path.exists() and str(source) == "nodes":
-        return "nodes", bundled(NODE_LIST)
+        path = named_trace(TRACES[str(source)])
+    elif not path.exists() and str(source) == "nodes":
+        path = named_trace(NODE_LIST)
     try:
         return str(path), path.open(newline="")
     except OSError as e:
         raise TraceFormatError(str(path), 0, "-", f"cannot read the file: {e.strerror}") from e
 
 
-def bundled(filename: str) -> io.TextIOBase:
-    """Open one of the bundled trace files (see :data:`TRACES`)."""
-    ref = resources.files("airflow_gpupool").joinpath("data", "traces", "alibaba-gpu-v2023", filename)
-    return io.StringIO(ref.read_text(encoding="utf-8"))
+def named_trace(filename: str) -> Path:
+    """Return the path of one file of the Alibaba trace under ``$GPUPOOL_TRACE_DIR``.
+
+    :raises ConfigurationError: ``GPUPOOL_TRACE_DIR`` is unset or lacks the file
+    """
+    root = os.environ.get(TRACE_DIR_ENV)
+    if not root:
+        raise ConfigurationError(
+            f"the Alibaba GPU trace is not shipped with airflow-gpupool: set {TRACE_DIR_ENV} to a folder "
+            f"holding {TRACE_SET}/{filename} (the files of cluster-trace-gpu-v2023 in Alibaba's public "
+            "clusterdata repository), or pass a CSV path"
+        )
+    path = Path(root).expanduser() / TRACE_SET / filename
+    if not path.is_file():
+        raise ConfigurationError(f"{TRACE_DIR_ENV}={root}: no {TRACE_SET}/{filename} there")
+    return path
 
 
 def _rows(
@@ -108,7 +126,7 @@ def _int(name: str, line: int, row: dict[str, str], column: str, default: int | 
 def load_nodes(source: str | Path = "nodes") -> tuple[NodeState, ...]:
     """Return the nodes of a node-list CSV, every GPU free.
 
-    :param source: a path, or ``nodes`` for the bundled Alibaba node list
+    :param source: a path, or ``nodes`` for the Alibaba node list (:func:`named_trace`)
     """
     name, handle = _open(source)
     nodes = []
@@ -163,7 +181,7 @@ def _request(name: str, line: int, row: dict[str, str]) -> GpuRequest:
 def load_pods(source: str | Path = "default") -> list[TracePod]:
     """Return the pods of a pod-list CSV in file order.
 
-    :param source: a path, or a bundled trace name (see :data:`TRACES`)
+    :param source: a path, or a trace name of :data:`TRACES` (:func:`named_trace`)
     """
     name, handle = _open(source)
     pods = []

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+from pathlib import Path
 
 import pytest
 
 from airflow_gpupool.cli.simulate import register
-from airflow_gpupool.exceptions import TraceFormatError
+from airflow_gpupool.exceptions import ConfigurationError, TraceFormatError
 from airflow_gpupool.sim.queue import QUEUE_BASELINE, simulate_queue, whole_slots
 from airflow_gpupool.sim.replay import replay, workload
-from airflow_gpupool.sim.trace import load_nodes, load_pods
+from airflow_gpupool.sim.trace import TRACE_DIR_ENV, TRACE_SET, load_nodes, load_pods
+from tests.skips import skip_or_fail
 
 NODES = "sn,cpu_milli,memory_mib,gpu,model\n" + "".join(
     f"n{i},32000,131072,{g},{m}\n"
@@ -69,9 +72,24 @@ def test_bad_pod_trace_names_row_and_column(tmp_path, text, row, column):
     assert (err.value.row, err.value.column) == (row, column)
 
 
-def test_bundled_default_trace_loads():
+def test_named_alibaba_trace_loads_from_the_trace_dir():
+    root = os.environ.get(TRACE_DIR_ENV)
+    if not root or not Path(root, TRACE_SET).is_dir():
+        skip_or_fail(f"no Alibaba trace: set {TRACE_DIR_ENV} (here: ../shared/traces)", what="the trace test")
     assert len(load_nodes()) == 1213
     assert len(load_pods("default")) == 8152
+
+
+def test_named_trace_without_the_trace_dir_says_how_to_get_it(monkeypatch):
+    monkeypatch.delenv(TRACE_DIR_ENV, raising=False)
+    with pytest.raises(ConfigurationError, match="GPUPOOL_TRACE_DIR"):
+        load_pods("default")
+
+
+def test_named_trace_missing_from_the_trace_dir(monkeypatch, tmp_path):
+    monkeypatch.setenv(TRACE_DIR_ENV, str(tmp_path))
+    with pytest.raises(ConfigurationError, match="no alibaba-gpu-v2023/openb_node_list_gpu_node.csv there"):
+        load_nodes()
 
 
 def test_workload_reaches_ratio_and_is_seeded(trace):
