@@ -136,8 +136,9 @@ def verdict(
         return f"pod {_name(last)} finished ({_phase(last)})"
     grant = reservation.grant
     assert grant is not None
-    if grant.bound:
+    if grant.pod_uid is not None:
         return f"pod {grant.pod_namespace}/{grant.pod_name} gone"
+    # Bound by name alone, the pod may be on its way: judged like an unbound grant.
     if now - grant.granted_at >= grace_seconds:
         return f"no pod for {grace_seconds:g}s"
     return None

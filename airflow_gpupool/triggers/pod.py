@@ -100,6 +100,9 @@ class LeasedPodTrigger(KubernetesPodTrigger):
                     event = following.result()
                 except StopAsyncIteration:
                     return
+                # The operator resumes on the grant named here: an adopted one keeps its first try's id.
+                if isinstance(event.payload, dict):
+                    event = trigger_event({**event.payload, "reservation_id": self.reservation_id})
                 yield event
         finally:
             renewer.cancel()
