@@ -113,6 +113,11 @@ class Reservation:
     ended_at: float | None = None
     orphaned_at: float | None = None
 
+    @property
+    def waited_seconds(self) -> float:
+        """How long an ended request waited, on the ledger's clock (its timeout, once timed out)."""
+        return (self.ended_at if self.ended_at is not None else self.deadline) - self.created_at
+
     def to_dict(self) -> dict[str, Any]:
         """Return primitives only (XCom, trigger events, JSON)."""
         return {

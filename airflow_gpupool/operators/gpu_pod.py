@@ -229,9 +229,7 @@ class GpuPodOperator(KubernetesPodOperator):
             if reservation.state is ReservationState.GRANTED and reservation.grant is not None:
                 return reservation.grant
             if reservation.state is ReservationState.TIMED_OUT:
-                raise ReservationTimeoutError(
-                    rid, time.time() - reservation.created_at, [reservation.message]
-                )
+                raise ReservationTimeoutError(rid, reservation.waited_seconds, [reservation.message])
             if reservation.state.ended:
                 raise GpuPoolError(
                     f"reservation {rid} ended as {reservation.state.value}: {reservation.message}"
@@ -249,7 +247,7 @@ class GpuPodOperator(KubernetesPodOperator):
         self.gpu_hook.release(rid, reason=f"reservation {status}")
         if status == ReservationEventStatus.TIMEOUT.value:
             reservation = self.gpu_hook.get(rid)
-            error = ReservationTimeoutError(rid, time.time() - reservation.created_at, [event["message"]])
+            error = ReservationTimeoutError(rid, reservation.waited_seconds, [event["message"]])
             raise self._failed(context, rid, error)
         raise GpuPoolError(f"waiting for reservation {rid} failed: {event['message']}")
 
