@@ -106,6 +106,10 @@ def plan_interruption(
     return None
 
 
+#: The reason of an "interruption" that only ends a running pod's work early, successfully.
+FINISH_NOW = "FinishNow"
+
+
 def interrupted(interruption: Interruption, node: str) -> Outcome:
     """Return the outcome of an evicted pod or one whose node was lost.
 

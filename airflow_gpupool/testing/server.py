@@ -305,6 +305,16 @@ class KubernetesEmulatorServer(BackgroundEmulatorServer):
 
         self._run_sync(interrupt)
 
+    def finish_pod(self, name: str, namespace: str = "default") -> None:
+        """End a running pod's work now, as if its duration were up (it succeeds, unless told to fail).
+
+        :param name: pod name
+        :param namespace: its namespace
+        """
+        from airflow_gpupool.testing.failures import FINISH_NOW
+
+        self.interrupt_pod(name, namespace, reason=FINISH_NOW, message="")
+
     def reset(self) -> None:
         """Delete every pod and event, restore the initial nodes, and clear rules and the request log."""
 

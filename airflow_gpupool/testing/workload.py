@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow_gpupool.testing import checkpoints
-from airflow_gpupool.testing.failures import Interruption, interrupted
+from airflow_gpupool.testing.failures import FINISH_NOW, Interruption, interrupted
 from airflow_gpupool.testing.pod_status import Outcome
 
 if TYPE_CHECKING:
@@ -144,7 +144,7 @@ class PodWorkload:
         interval = self.duration / (len(steps) + 1)
         for step in steps:
             if (interruption := await self.pause(interval)) is not None:
-                return interrupted(interruption, self.node)
+                return None if interruption.reason == FINISH_NOW else interrupted(interruption, self.node)
             assert plan is not None
             checkpoints.write_step(plan.root, step)
             self.log(
@@ -155,7 +155,7 @@ class PodWorkload:
                     f"Traceback (most recent call last): RuntimeError: simulated crash after step {step}"
                 )
                 return Outcome("Failed", 1, "Error")
-        if (interruption := await self.pause(interval)) is not None:
+        if (interruption := await self.pause(interval)) is not None and interruption.reason != FINISH_NOW:
             return interrupted(interruption, self.node)
         return None
 
