@@ -53,6 +53,7 @@ class PodRecord:
     :param started_at: when its containers started running
     :param ended_at: when it ended (terminated or deleted)
     :param end: ``Succeeded``, ``Failed`` or ``Deleted``
+    :param labels: its labels at creation
     """
 
     uid: str
@@ -65,6 +66,7 @@ class PodRecord:
     started_at: float | None = None
     ended_at: float | None = None
     end: str | None = None
+    labels: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def running_between(self, now: float) -> tuple[float, float] | None:
         """Return ``(start, end)`` of its running time (``end`` is ``now`` while it runs), or ``None``."""
@@ -120,6 +122,7 @@ class PodHistory:
             reservation_id=(meta.get("labels") or {}).get(RESERVATION_LABEL),
             gpus=pinned_gpus(pod),
             created_at=self._clock(),
+            labels=dict(meta.get("labels") or {}),
         )
 
     def started(self, uid: str, node: str) -> None:
@@ -144,7 +147,8 @@ class PodHistory:
 
     def records(self) -> list[PodRecord]:
         """Return copies of every record, oldest first."""
-        return [dataclasses.replace(r) for r in sorted(self._records.values(), key=lambda r: r.created_at)]
+        records = sorted(self._records.values(), key=lambda r: r.created_at)
+        return [dataclasses.replace(r, labels=dict(r.labels)) for r in records]
 
     def clear(self) -> None:
         """Forget every pod."""

@@ -127,3 +127,4 @@ def test_the_emulator_records_running_and_deleted_pods() -> None:
         "Deleted",
     )
     assert r.started_at is not None and r.ended_at is not None and r.created_at <= r.started_at <= r.ended_at
+    assert r.labels == {"gpupool.io/reservation-id": "gp-1"}

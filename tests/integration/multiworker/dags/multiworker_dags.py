@@ -17,7 +17,10 @@ from airflow.sdk import DAG
 
 from airflow_gpupool.operators import GpuPodOperator
 
-LONG_POD_SECONDS = os.environ.get("GPUPOOL_MW_LONG_POD_SECONDS", "60")
+# The durable pod must outlive the kill and its retry's start (it is re-attached, not rerun);
+# the ephemeral one only the kill (its retry runs a new pod from the start).
+DURABLE_POD_SECONDS = os.environ.get("GPUPOOL_MW_DURABLE_POD_SECONDS", "60")
+EPHEMERAL_POD_SECONDS = os.environ.get("GPUPOOL_MW_EPHEMERAL_POD_SECONDS", "45")
 SHORT_POD_SECONDS = os.environ.get("GPUPOOL_MW_SHORT_POD_SECONDS", "3")
 
 COMMON: dict[str, Any] = {
@@ -61,12 +64,15 @@ def once(dag_id: str) -> DAG:
 
 with once("mw_long") as mw_long:
     # Queued first and picked up by the first worker, which the test then kills mid-pod.
-    for task_id, durable in (("durable_pod", True), ("ephemeral_pod", False)):
+    for task_id, durable, seconds in (
+        ("durable_pod", True, DURABLE_POD_SECONDS),
+        ("ephemeral_pod", False, EPHEMERAL_POD_SECONDS),
+    ):
         GpuPodOperator(
             task_id=task_id,
             name=task_id.replace("_", "-"),
             durable=durable,
-            annotations=runs(LONG_POD_SECONDS),
+            annotations=runs(seconds),
             priority=10,  # the ledger serves them first
             priority_weight=100,
             weight_rule="absolute",
