@@ -28,7 +28,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine, make_url
 
 from airflow_gpupool.ledger import Ledger
-from airflow_gpupool.ledger.models import Reservation
+from airflow_gpupool.ledger.models import Reservation, ReservationState
 from airflow_gpupool.testing import KubernetesEmulatorServer, gpu_node
 from airflow_gpupool.testing.pod_history import PodRecord, gpu_overlaps
 from tests.integration.multiworker.harness import (
@@ -123,10 +123,11 @@ class Outcome:
     killed: list[int]
     killed_tries: dict[str, int]
 
-    def pods_of(self, task_id: str) -> list[PodRecord]:
-        """Return the pods of one task (KubernetesPodOperator names them ``<name>-<suffix>``)."""
-        prefix = task_id.replace("_", "-") + "-"
-        return [r for r in self.records if r.name.startswith(prefix) and r.name[len(prefix) :].isalnum()]
+    def pods_of(self, dag_id: str, task_id: str) -> list[PodRecord]:
+        """Return the pods of one task (by KubernetesPodOperator's labels), oldest first."""
+        return [
+            r for r in self.records if (r.labels.get("dag_id"), r.labels.get("task_id")) == (dag_id, task_id)
+        ]
 
     def reservations_of(self, dag_id: str, task_id: str) -> list[Reservation]:
         """Return the ledger's reservations of one task, oldest first."""
@@ -292,3 +293,49 @@ def test_two_celery_workers_race_for_gpus_and_survive_a_worker_kill(
     assert len(ran) > 2 * GPUS, "too few pods for a race"
     assert gpu_overlaps(outcome.records) == []
     assert [r.describe() for r in outcome.records if r.ended_at is None] == []
+
+    check_durable_reattach(outcome)
+    check_fresh_start(outcome)
+
+
+def try_of(pod: PodRecord) -> int:
+    return int(pod.labels["try_number"])
+
+
+def check_durable_reattach(outcome: Outcome) -> None:
+    """``durable=True``: the retry re-attached to the killed try's pod and adopted its grant."""
+    killed = outcome.killed_tries["durable_pod"]
+    pods = outcome.pods_of("mw_long", "durable_pod")
+    [pod] = [p for p in pods if try_of(p) == killed]
+    assert pod.end == "Succeeded", (
+        f"the retry did not re-attach to {pod.describe()}, which ended {pod.end}"
+        " (if it ended on its own first: raise GPUPOOL_MW_FIRST_TRY_POD_SECONDS)"
+    )
+    assert [p.describe() for p in pods if try_of(p) != killed] == [], "a retry ran a pod of its own"
+    granted = [r for r in outcome.reservations_of("mw_long", "durable_pod") if r.grant is not None]
+    assert [r.id for r in granted] == [pod.reservation_id], "not one grant in the history"
+    [grant] = granted
+    assert grant.state is ReservationState.RELEASED, grant
+    assert f"/try-{killed}@" not in grant.holder, f"the grant was not adopted by the retry: {grant.holder}"
+
+
+def check_fresh_start(outcome: Outcome) -> None:
+    """``durable=False``: the killed try's pod was deleted and its grant freed before the retry reserved."""
+    killed = outcome.killed_tries["ephemeral_pod"]
+    pods = outcome.pods_of("mw_long", "ephemeral_pod")
+    [old] = [p for p in pods if try_of(p) == killed]
+    later = [p for p in pods if try_of(p) > killed]
+    assert old.end == "Deleted" and old.ended_at is not None, (
+        f"{old.describe()} ended {old.end}, not deleted (if it ended on its own first: raise GPUPOOL_MW_FIRST_TRY_POD_SECONDS)"
+    )
+    assert later and all(p.created_at >= old.ended_at for p in later), (
+        "a new pod ran before the old one was deleted"
+    )
+    reservations = outcome.reservations_of("mw_long", "ephemeral_pod")
+    [freed] = [r for r in reservations if r.id == old.reservation_id]
+    newer = [r for r in reservations if r.created_at > freed.created_at]
+    assert freed.state is ReservationState.RELEASED and freed.ended_at is not None, freed
+    assert newer and all(r.created_at >= freed.ended_at for r in newer), (
+        "the retry reserved before the old grant was freed"
+    )
+    assert all(r.grant is not None for r in newer), "the retry got no grant of its own"

@@ -17,10 +17,12 @@ from airflow.sdk import DAG
 
 from airflow_gpupool.operators import GpuPodOperator
 
-# The durable pod must outlive the kill and its retry's start (it is re-attached, not rerun);
-# the ephemeral one only the kill (its retry runs a new pod from the start).
-DURABLE_POD_SECONDS = os.environ.get("GPUPOOL_MW_DURABLE_POD_SECONDS", "60")
-EPHEMERAL_POD_SECONDS = os.environ.get("GPUPOOL_MW_EPHEMERAL_POD_SECONDS", "45")
+# The first try of each long task runs its pod long enough to outlive the kill and the retry's
+# start on a loaded machine (the retry of the durable task re-attaches to it); a later try's new
+# pod (the ephemeral task's) is short, as the test needs it only to finish.
+FIRST_TRY_POD_SECONDS = os.environ.get("GPUPOOL_MW_FIRST_TRY_POD_SECONDS", "90")
+RETRY_POD_SECONDS = os.environ.get("GPUPOOL_MW_RETRY_POD_SECONDS", "5")
+LONG_POD_SECONDS = f"{{{{ '{FIRST_TRY_POD_SECONDS}' if ti.try_number == 1 else '{RETRY_POD_SECONDS}' }}}}"
 SHORT_POD_SECONDS = os.environ.get("GPUPOOL_MW_SHORT_POD_SECONDS", "3")
 
 COMMON: dict[str, Any] = {
@@ -64,15 +66,12 @@ def once(dag_id: str) -> DAG:
 
 with once("mw_long") as mw_long:
     # Queued first and picked up by the first worker, which the test then kills mid-pod.
-    for task_id, durable, seconds in (
-        ("durable_pod", True, DURABLE_POD_SECONDS),
-        ("ephemeral_pod", False, EPHEMERAL_POD_SECONDS),
-    ):
+    for task_id, durable in (("durable_pod", True), ("ephemeral_pod", False)):
         GpuPodOperator(
             task_id=task_id,
             name=task_id.replace("_", "-"),
             durable=durable,
-            annotations=runs(seconds),
+            annotations=runs(LONG_POD_SECONDS),  # templated: rendered per try
             priority=10,  # the ledger serves them first
             priority_weight=100,
             weight_rule="absolute",
