@@ -33,6 +33,7 @@ from airflow_gpupool.testing.failures import (
 from airflow_gpupool.testing.kinds import EVENTS, NODES, PODS
 from airflow_gpupool.testing.logs import LogBook
 from airflow_gpupool.testing.pod_events import pod_event
+from airflow_gpupool.testing.pod_history import PodHistory
 from airflow_gpupool.testing.pod_status import Outcome, bind, mark_running, mark_unschedulable, terminate
 from airflow_gpupool.testing.scheduling import choose_node
 from airflow_gpupool.testing.workload import CheckpointPlan, PodWorkload, checkpoint_plan
@@ -73,6 +74,8 @@ class SimulatedKubelet:
         self._changed: asyncio.Event | None = None
         self._next_ip = 0
         self._background: set[asyncio.Task[None]] = set()
+        # pod history (tests/integration/multiworker): who ran on which GPU, when
+        self.history = PodHistory()
 
     # -- wiring ------------------------------------------------------------------------------
 
@@ -98,6 +101,7 @@ class SimulatedKubelet:
         if pod is None:
             return
         uid = pod["metadata"]["uid"]
+        self.history.created(pod)  # pod history
         self._uids[namespace, name] = uid
         self._interruptions.watch(uid)
         task = asyncio.get_running_loop().create_task(
@@ -138,6 +142,7 @@ class SimulatedKubelet:
         if task is not None:
             task.cancel()
         self.logs.finish_pod(uid)
+        self.history.ended(uid, "Deleted")  # pod history
         node = self._running.pop(uid, None)
         if node is not None:
             involved = {"metadata": {"name": name, "namespace": namespace, "uid": uid}}
@@ -335,6 +340,7 @@ class SimulatedKubelet:
         self._next_ip += 1
         pod_ip = f"10.244.{self._next_ip // 250}.{self._next_ip % 250 + 2}"
         self._running[uid] = node
+        self.history.started(uid, node)  # pod history
         return await self.api.update_object(PODS, namespace, name, lambda p: mark_running(p, pod_ip))
 
     async def _work(self, pod: dict[str, Any], uid: str, node: str, behaviour: PodBehaviour) -> Outcome:
@@ -374,6 +380,7 @@ class SimulatedKubelet:
         """
         self._running.pop(uid, None)
         pod = await self.api.update_object(PODS, namespace, name, lambda p: terminate(p, outcome))
+        self.history.ended(uid, str(((pod or {}).get("status") or {}).get("phase", "Failed")))  # pod history
         self.logs.finish_pod(uid)
         if pod is not None:
             for kind, reason, message, component in outcome.events:

@@ -24,6 +24,7 @@ from airflow_gpupool.testing.behaviour import PodBehaviour, PodPredicate, PodRul
 from airflow_gpupool.testing.kinds import EVENTS, NODES, PODS
 from airflow_gpupool.testing.kubeconfig import CONTEXT_NAME, kubeconfig, write_kubeconfig
 from airflow_gpupool.testing.nodes import gpu_node
+from airflow_gpupool.testing.pod_history import PodRecord
 from airflow_gpupool.testing.scheduling import TERMINAL_PHASES
 from airflow_gpupool.testing.selectors import parse_field_selector, parse_label_selector
 
@@ -90,6 +91,13 @@ class KubernetesEmulatorServer(BackgroundEmulatorServer):
             return [copy.deepcopy(v.raw) for v in api.objects[key].history if v is not None]
 
         return self._run_sync(history)
+
+    def pod_records(self) -> list[PodRecord]:
+        """Return every pod's node, pinned GPUs and running time, deleted pods included (pod history).
+
+        Check them with :func:`~airflow_gpupool.testing.pod_history.gpu_overlaps`.
+        """
+        return self._run_sync(lambda api: api.kubelet.history.records())
 
     def events(
         self, namespace: str | None = None, *, involved_name: str | None = None
@@ -329,6 +337,7 @@ class KubernetesEmulatorServer(BackgroundEmulatorServer):
                 await api.put_object(NODES, copy.deepcopy(node))
             api.kubelet.rules.clear()
             api.kubelet.logs.clear()
+            api.kubelet.history.clear()
             api.recorded.clear()
             api.kubelet.notify()
 
