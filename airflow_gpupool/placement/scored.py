@@ -13,10 +13,11 @@ from typing import Any
 
 import numpy as np
 
-from airflow_gpupool.placement.fit import EXCLUSIVE_CLASSES, choices, fraction_memory
+from airflow_gpupool.placement.explain import explain
+from airflow_gpupool.placement.fit import EXCLUSIVE_CLASSES, fraction_memory
 from airflow_gpupool.placement.snapshot import ClusterSnapshot
 from airflow_gpupool.placement.table import NodeTable, seeded_rank
-from airflow_gpupool.placement.verdict import Assignment, NoFit, NoFitReason, Verdict
+from airflow_gpupool.placement.verdict import Assignment, NoFit, Verdict
 from airflow_gpupool.resources import MIG_PROFILES, MILLI_PER_GPU, GpuKind, GpuRequest, WorkloadClass
 
 
@@ -146,16 +147,6 @@ def _mig_candidates(table: NodeTable, request: GpuRequest, ok: np.ndarray) -> Ca
         request.memory_mib,
         tuple(slices),
     )
-
-
-def explain(snapshot: ClusterSnapshot, request: GpuRequest) -> NoFit:
-    """Return a NoFit whose reasons name why each node rejects ``request``, closest first."""
-    reasons = []
-    for node in snapshot.nodes:
-        verdict = choices(node, request)
-        if isinstance(verdict, NoFitReason):
-            reasons.append(verdict)
-    return NoFit(tuple(sorted(reasons)))
 
 
 class ScoredPolicy:
