@@ -10,6 +10,7 @@ keeps working::
     │   └── InvalidInventoryError          a node inventory (YAML, Kubernetes node, API call) is malformed
     ├── ConfigurationError (ValueError)    an option, connection or argument is missing or contradictory
     ├── TraceFormatError (ValueError)      a simulator trace (CSV) lacks a column or has a bad row
+    ├── SimulationError (ValueError)       a simulator argument is out of range (``--load 0``)
     ├── CorruptCheckpointError (ValueError) a checkpoint manifest exists but breaks the contract
     ├── NoCapacityError                    the ledger: a request fits no node, not even an empty one
     ├── ReservationTimeoutError            the operator: a queued request waited past its timeout
@@ -67,6 +68,7 @@ __all__ = [
     "PodFailureError",
     "PreemptedError",
     "ReservationTimeoutError",
+    "SimulationError",
     "StaleCacheError",
     "TraceFormatError",
     "UnknownPodFailureError",
@@ -226,6 +228,21 @@ class TraceFormatError(GpuPoolError, ValueError):
         self.detail = detail
         where = "header" if row == 0 else f"line {row}"
         super().__init__(f"{path}: {where}: column {column!r}: {detail}")
+
+
+class SimulationError(GpuPoolError, ValueError):
+    """An argument of the simulator (``gpupool simulate``) is out of range.
+
+    :param option: the option (``--load``, ``--queue-nodes``, ``--plot``...)
+    :param value: what was given
+    :param expected: what is accepted
+    """
+
+    def __init__(self, option: str, value: Any, expected: str) -> None:
+        self.option = option
+        self.value = value
+        self.expected = expected
+        super().__init__(f"{option} {value!r}: expected {expected}")
 
 
 class CorruptCheckpointError(GpuPoolError, ValueError):
