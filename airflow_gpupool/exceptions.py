@@ -11,6 +11,7 @@ keeps working::
     ├── ConfigurationError (ValueError)    an option, connection or argument is missing or contradictory
     ├── TraceFormatError (ValueError)      a simulator trace (CSV) lacks a column or has a bad row
     ├── SimulationError (ValueError)       a simulator argument is out of range (``--load 0``)
+    ├── TraceFetchError                    ``gpupool traces fetch``: a download failed or its SHA-256 differs
     ├── CorruptCheckpointError (ValueError) a checkpoint manifest exists but breaks the contract
     ├── NoCapacityError                    the ledger: a request fits no node, not even an empty one
     ├── ReservationTimeoutError            the operator: a queued request waited past its timeout
@@ -70,6 +71,7 @@ __all__ = [
     "ReservationTimeoutError",
     "SimulationError",
     "StaleCacheError",
+    "TraceFetchError",
     "TraceFormatError",
     "UnknownPodFailureError",
     "UnknownReservationError",
@@ -243,6 +245,19 @@ class SimulationError(GpuPoolError, ValueError):
         self.value = value
         self.expected = expected
         super().__init__(f"{option} {value!r}: expected {expected}")
+
+
+class TraceFetchError(GpuPoolError):
+    """A trace file could not be downloaded, or is not the pinned file (``gpupool traces fetch``).
+
+    :param url: the file's URL
+    :param detail: what went wrong
+    """
+
+    def __init__(self, url: str, detail: str) -> None:
+        self.url = url
+        self.detail = detail
+        super().__init__(f"{url}: {detail}")
 
 
 class CorruptCheckpointError(GpuPoolError, ValueError):

@@ -12,7 +12,17 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from airflow_gpupool.cli import bench, controller, emulator, inventory, ledger, metrics, reconcile, simulate
+from airflow_gpupool.cli import (
+    bench,
+    controller,
+    emulator,
+    inventory,
+    ledger,
+    metrics,
+    reconcile,
+    simulate,
+    traces,
+)
 from airflow_gpupool.exceptions import GpuPoolError
 
 __all__ = ["build_parser", "main"]
@@ -27,6 +37,7 @@ _REGISTRARS: tuple[Callable[[Any], None], ...] = (
     ledger.register_commands,
     bench.register,
     simulate.register,
+    traces.register,
     emulator.register,
     reconcile.register,
     controller.register,

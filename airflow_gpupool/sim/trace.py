@@ -14,29 +14,40 @@ needs, or the least each whole GPU must have). A missing column or a bad row rai
 GPU-memory requests included): :data:`EXAMPLE_NODES` and :data:`EXAMPLE_PODS`.
 
 The Alibaba trace itself is third-party data and is not shipped: the named traces
-(``nodes``, ``default``, ``gpuspec33``, ...) are read from ``$GPUPOOL_TRACE_DIR/alibaba-gpu-v2023/``.
+(``nodes``, ``default``, ``gpuspec33``, ...) are read from ``$GPUPOOL_TRACE_DIR/alibaba-gpu-v2023/``,
+else from the cache ``gpupool traces fetch`` fills (:mod:`airflow_gpupool.sim.fetch`).
 """
 
 from __future__ import annotations
 
 import csv
 import io
-import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from airflow_gpupool.exceptions import ConfigurationError, InvalidRequestError, TraceFormatError
+from airflow_gpupool.exceptions import InvalidRequestError, TraceFormatError
 from airflow_gpupool.placement.snapshot import GpuState, NodeState
 from airflow_gpupool.resources import MIG_PROFILES, MILLI_PER_GPU, GpuRequest
+from airflow_gpupool.sim.fetch import TRACE_DIR_ENV, TRACE_SET, trace_root
+
+__all__ = [
+    "EXAMPLE_NODES",
+    "EXAMPLE_PODS",
+    "NODE_LIST",
+    "TRACES",
+    "TRACE_DIR_ENV",
+    "TRACE_SET",
+    "TracePod",
+    "load_nodes",
+    "load_pods",
+    "named_trace",
+]
 
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
 
-#: Where the named traces are read from: ``$GPUPOOL_TRACE_DIR/<TRACE_SET>/<file>``.
-TRACE_DIR_ENV = "GPUPOOL_TRACE_DIR"
-TRACE_SET = "alibaba-gpu-v2023"
 #: The Alibaba pod lists by short name; the node list is shared.
 TRACES = {
     "default": "openb_pod_list_default.csv",
@@ -94,21 +105,12 @@ def _open(source: str | Path) -> tuple[str, io.TextIOBase]:
 
 
 def named_trace(filename: str) -> Path:
-    """Return the path of one file of the Alibaba trace under ``$GPUPOOL_TRACE_DIR``.
+    """Return the path of one file of the Alibaba trace: under ``$GPUPOOL_TRACE_DIR``, else the cache.
 
-    :raises ConfigurationError: ``GPUPOOL_TRACE_DIR`` is unset or lacks the file
+    :raises ConfigurationError: neither holds it; the message says how to fetch it
+        (``gpupool traces fetch``, see :mod:`airflow_gpupool.sim.fetch`)
     """
-    root = os.environ.get(TRACE_DIR_ENV)
-    if not root:
-        raise ConfigurationError(
-            f"the Alibaba GPU trace is not shipped with airflow-gpupool: set {TRACE_DIR_ENV} to a folder "
-            f"holding {TRACE_SET}/{filename} (the files of cluster-trace-gpu-v2023 in Alibaba's public "
-            "clusterdata repository), or pass a CSV path"
-        )
-    path = Path(root).expanduser() / TRACE_SET / filename
-    if not path.is_file():
-        raise ConfigurationError(f"{TRACE_DIR_ENV}={root}: no {TRACE_SET}/{filename} there")
-    return path
+    return trace_root(filename) / filename
 
 
 def _rows(
