@@ -122,6 +122,7 @@ class GpuPoolPolicy(FragmentationPolicy):
     """
 
     name = "gpupool"
+    fast_default = True
 
     def __init__(
         self,
@@ -181,6 +182,7 @@ class GpuPoolPolicy(FragmentationPolicy):
             if np.any(gpus != self._gpus[changed]):  # a node's GPUs changed: what fits where too
                 self._gpus[changed] = gpus
                 self._pressure = self.node_pressure()
+                return None  # every node's cost may have changed
         return changed
 
     def costs(self, request: GpuRequest, cand: Candidates) -> tuple[np.ndarray, np.ndarray]:

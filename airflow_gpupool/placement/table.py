@@ -10,6 +10,7 @@ thousand-node cluster well under a millisecond.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from operator import is_not
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -82,16 +83,18 @@ class NodeTable:
         if len(old) != len(nodes):
             self._rebuild(nodes)
             return None
-        changed = [i for i, (a, b) in enumerate(zip(old, nodes, strict=True)) if a is not b]
-        for i in changed:
+        # map(is_not) runs in C: the identity scan of a thousand nodes costs microseconds.
+        changed = np.flatnonzero(np.fromiter(map(is_not, old, nodes), dtype=bool, count=len(nodes)))
+        rows = changed.tolist()
+        for i in rows:
             node = nodes[i]
             if node.name != old[i].name or len(node.gpus) > self.width:
                 self._rebuild(nodes)
                 return None
         self.nodes = nodes
-        for i in changed:
+        for i in rows:
             self._fill(i, nodes[i])
-        return np.asarray(changed, dtype=np.int64)
+        return changed
 
     def _rebuild(self, nodes: tuple[NodeState, ...]) -> None:
         self.nodes = nodes
