@@ -188,8 +188,8 @@ def replay(
     points = list(REPORT_POINTS)
     asked = allocated = failed = 0
     start = time.perf_counter()
+    snapshot = ClusterSnapshot(tuple(current))
     for k, pod in enumerate(arrivals):
-        snapshot = ClusterSnapshot(tuple(current))
         t0 = time.perf_counter()
         verdict = place(snapshot, pod.request)
         ms[k] = (time.perf_counter() - t0) * 1000
@@ -197,13 +197,15 @@ def replay(
         if isinstance(verdict, Assignment):
             i = where[verdict.node]
             current[i] = allocate(current[i], pod.request, verdict)
+            # One node changed: the next snapshot says so (see ClusterSnapshot.derive).
+            snapshot = snapshot.derive(tuple(current), (i,))
             allocated += pod.gpu_milli
         else:
             failed += 1
         arrived[k] = asked * 100 / capacity
         alloc[k] = allocated * 100 / capacity
         while points and arrived[k] >= points[0]:
-            frag[points.pop(0)] = meter.percent(ClusterSnapshot(tuple(current)))
+            frag[points.pop(0)] = meter.percent(snapshot)
         if progress is not None and k % 500 == 0:
             progress(k / len(arrivals))
     seconds = time.perf_counter() - start
