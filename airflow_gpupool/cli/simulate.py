@@ -13,7 +13,14 @@ from airflow_gpupool.cli.common import require_extra
 from airflow_gpupool.exceptions import GpuPoolError, SimulationError
 from airflow_gpupool.placement.policy import DEFAULT_POLICY, policy_names
 from airflow_gpupool.sim.plot import plot_queue, plot_replay
-from airflow_gpupool.sim.replay import REPORT_POINTS, ReplayResult, replay, stderr_progress, trace_shapes
+from airflow_gpupool.sim.replay import (
+    REPORT_POINTS,
+    ReplayResult,
+    replay,
+    scale_cluster,
+    stderr_progress,
+    trace_shapes,
+)
 from airflow_gpupool.sim.trace import TRACES, load_nodes, load_pods
 
 #: Policies compared by ``--policy all``.
@@ -59,6 +66,12 @@ def register(subparsers: Any) -> None:
         "--plot",
         metavar="FILE.png",
         help="draw allocation vs arrived %% (fgd mode), or the wait distribution and allocation over time (queue mode)",
+    )
+    parser.add_argument(
+        "--scale",
+        type=int,
+        default=1,
+        help="fgd mode: replicate the cluster K times, the pods to match (default: 1)",
     )
     parser.add_argument("--load", type=float, default=1.0, help="queue mode: offered GPU load (default: 1.0)")
     parser.add_argument(
@@ -127,8 +140,9 @@ def check_plot_path(path: str | None) -> None:
 
 def _run_fgd(args: argparse.Namespace) -> int:
     check_plot_path(args.plot)
-    nodes = load_nodes(args.nodes)
-    pods = load_pods(args.pods)
+    if args.scale < 1:
+        raise SimulationError("--scale", args.scale, "a positive whole number of copies of the cluster")
+    nodes, pods = scale_cluster(load_nodes(args.nodes), load_pods(args.pods), args.scale)
     shapes = trace_shapes(pods)
     results = []
     for name in _policies(args):

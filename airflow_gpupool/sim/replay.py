@@ -13,7 +13,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 
 import numpy as np
@@ -95,6 +95,24 @@ class ReplayResult:
         out["decision_ms_p50"] = round(float(np.percentile(ms, 50)), 4)
         out["decision_ms_p99"] = round(float(np.percentile(ms, 99)), 4)
         return out
+
+
+def scale_cluster(
+    nodes: Sequence[NodeState], pods: Sequence[TracePod], k: int
+) -> tuple[tuple[NodeState, ...], list[TracePod]]:
+    """Return the cluster replicated ``k`` times (nodes ``<name>-r<i>``) and the pods to match.
+
+    The pod list is repeated ``k`` times, so the shapes keep their frequencies and the FGD
+    protocol asks for 1.3 × the larger capacity from the same mix.
+
+    :raises SimulationError: ``k`` is not a positive integer
+    """
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise SimulationError("--scale", k, "a positive whole number of copies of the cluster")
+    if k == 1:
+        return tuple(nodes), list(pods)
+    copies = tuple(replace(n, name=f"{n.name}-r{i}") for i in range(k) for n in nodes)
+    return copies, [p for _ in range(k) for p in pods]
 
 
 def _rounded(value: float | None) -> float | None:

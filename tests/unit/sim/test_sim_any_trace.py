@@ -185,3 +185,20 @@ def test_bad_arguments_fail_early_with_what_to_fix(
 def test_simulate_queue_refuses_a_zero_load_with_a_typed_error() -> None:
     with pytest.raises(SimulationError, match="--load"):
         simulate_queue(load_nodes(EXAMPLE_NODES), load_pods(EXAMPLE_PODS), "gpupool", load=0)
+
+
+def test_scale_replicates_the_cluster_and_the_pods(
+    small: tuple[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from airflow_gpupool.sim.replay import scale_cluster
+
+    nodes, pods = scale_cluster(load_nodes(small[0]), load_pods(small[1]), 3)
+
+    assert [n.name for n in nodes] == ["n0-r0", "n0-r1", "n0-r2"]
+    assert len(pods) == 9
+    args = _command("--nodes", small[0], "--pods", small[1], "--scale", "3", "--json", "--quiet")
+    assert args.func(args) == 0
+    assert json.loads(capsys.readouterr().out)["pods"] >= 9
+    args = _command("--nodes", small[0], "--pods", small[1], "--scale", "0", "--quiet")
+    assert args.func(args) == 2
+    assert "--scale 0: expected a positive whole number" in capsys.readouterr().err
