@@ -144,12 +144,19 @@ class ShapeCache:
                 kept.mig[int(cand.node[k])] = cand.mig[k]
 
 
-def pick(best: BestPerNode, rank: np.ndarray) -> int | None:
-    """Return the row of the cheapest node, ties to the lowest seeded rank; None when none fits."""
+def pick(
+    best: BestPerNode, rank: np.ndarray, prefer: Callable[[np.ndarray], np.ndarray] | None = None
+) -> int | None:
+    """Return the row of the cheapest node, ties to the lowest seeded rank; None when none fits.
+
+    :param prefer: narrows tied rows to the preferred ones (the request's ``prefer_node_labels``)
+    """
     low = best.primary.min()
     if not np.isfinite(low):
         return None
     ties = np.flatnonzero(best.primary == low)
+    if prefer is not None and len(ties) > 1:
+        ties = prefer(ties)
     if len(ties) == 1:
         return int(ties[0])
     return int(ties[np.argmin(rank[ties])])

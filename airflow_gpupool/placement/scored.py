@@ -165,6 +165,20 @@ def _mig_candidates(table: NodeTable, request: GpuRequest, nodes: np.ndarray) ->
     )
 
 
+def preferred(table: NodeTable, request: GpuRequest, rows: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """Return those of ``keep`` whose node (``rows``, in step) carries the request's preferred labels.
+
+    All of ``keep`` when none does: a preference only orders nodes the policy scores equally well,
+    it never turns a request away.
+    """
+    want = set(request.prefer_node_labels)
+    if not want:
+        return keep
+    nodes = table.nodes
+    match = np.fromiter((want.issubset(nodes[int(i)].labels) for i in rows), dtype=bool, count=len(rows))
+    return keep[match] if match.any() else keep
+
+
 class ScoredPolicy:
     """Base of the built-in policies: the lowest cost wins, ties go to the seeded node order.
 
@@ -221,7 +235,7 @@ class ScoredPolicy:
             return explain(snapshot, request) if explain_no_fit else NoFit(())
         cand = self.reduce(cand)
         primary, secondary = self.costs(request, cand)
-        pick = self._select(cand, primary, secondary)
+        pick = self._select(cand, primary, secondary, request)
         return self._assignment(request, cand, pick, float(primary[pick]))
 
     def reduce(self, cand: Candidates) -> Candidates:
@@ -244,7 +258,10 @@ class ScoredPolicy:
         """Place as :meth:`place` does, rescoring only the nodes changed since the shape's last decision."""
         self._shapes.note(changed, self.table.size)
         best = self._shapes.best(request, self._score_rows)
-        row = pick(best, self._rank)
+        prefer = (
+            (lambda rows: preferred(self.table, request, rows, rows)) if request.prefer_node_labels else None
+        )
+        row = pick(best, self._rank, prefer)
         if row is None:
             return explain(snapshot, request) if explain_no_fit else NoFit(())
         gpu = int(best.gpu[row])
@@ -262,8 +279,12 @@ class ScoredPolicy:
         )
         return self._assignment(request, one, 0, float(best.primary[row]))
 
-    def _select(self, cand: Candidates, primary: np.ndarray, secondary: np.ndarray) -> int:
+    def _select(
+        self, cand: Candidates, primary: np.ndarray, secondary: np.ndarray, request: GpuRequest | None = None
+    ) -> int:
         best = np.flatnonzero(primary == primary.min())
+        if request is not None and request.prefer_node_labels and len(best) > 1:
+            best = preferred(self.table, request, cand.node[best], best)
         if len(best) == 1:
             return int(best[0])
         rank = self._rank[cand.node[best]]
