@@ -4,6 +4,11 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 export AIRFLOW__CORE__LOAD_EXAMPLES ?= False
+# The Alibaba GPU trace (third-party data, not in the repository): the shared copy beside the
+# checkout when there is one; elsewhere `gpupool traces fetch` fills a cache the simulator reads.
+ifneq ($(wildcard ../shared/traces/alibaba-gpu-v2023),)
+export GPUPOOL_TRACE_DIR ?= $(abspath ../shared/traces)
+endif
 
 .PHONY: install lint test test-fast demo ui bench-placement bench-ledger clean constraints
 

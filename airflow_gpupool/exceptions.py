@@ -11,6 +11,8 @@ keeps working::
     │   └── QuotaFileError                 a team quota file is malformed, or names what the ledger lacks
     ├── ConfigurationError (ValueError)    an option, connection or argument is missing or contradictory
     ├── TraceFormatError (ValueError)      a simulator trace (CSV) lacks a column or has a bad row
+    ├── SimulationError (ValueError)       a simulator argument is out of range (``--load 0``)
+    ├── TraceFetchError                    ``gpupool traces fetch``: a download failed or its SHA-256 differs
     ├── CorruptCheckpointError (ValueError) a checkpoint manifest exists but breaks the contract
     ├── NoCapacityError                    the ledger: a request fits no node, not even an empty one
     ├── ReservationTimeoutError            the operator: a queued request waited past its timeout
@@ -69,7 +71,9 @@ __all__ = [
     "PodFailureError",
     "PreemptedError",
     "ReservationTimeoutError",
+    "SimulationError",
     "StaleCacheError",
+    "TraceFetchError",
     "TraceFormatError",
     "UnknownPodFailureError",
     "UnknownReservationError",
@@ -232,6 +236,34 @@ class TraceFormatError(GpuPoolError, ValueError):
         self.detail = detail
         where = "header" if row == 0 else f"line {row}"
         super().__init__(f"{path}: {where}: column {column!r}: {detail}")
+
+
+class SimulationError(GpuPoolError, ValueError):
+    """An argument of the simulator (``gpupool simulate``) is out of range.
+
+    :param option: the option (``--load``, ``--queue-nodes``, ``--plot``...)
+    :param value: what was given
+    :param expected: what is accepted
+    """
+
+    def __init__(self, option: str, value: Any, expected: str) -> None:
+        self.option = option
+        self.value = value
+        self.expected = expected
+        super().__init__(f"{option} {value!r}: expected {expected}")
+
+
+class TraceFetchError(GpuPoolError):
+    """A trace file could not be downloaded, or is not the pinned file (``gpupool traces fetch``).
+
+    :param url: the file's URL
+    :param detail: what went wrong
+    """
+
+    def __init__(self, url: str, detail: str) -> None:
+        self.url = url
+        self.detail = detail
+        super().__init__(f"{url}: {detail}")
 
 
 class CorruptCheckpointError(GpuPoolError, ValueError):

@@ -134,6 +134,9 @@ class GpuRequest:
     :param mig_profile: a MIG profile name such as ``1g.10gb``
     :param gpu_models: GPU models allowed (empty: any)
     :param node_labels: labels the node must carry (data locality, node pools)
+    :param prefer_node_labels: labels a node should carry (soft: data locality, a local NVMe
+        or a dataset's cache); among the nodes placement scores equally well, those carrying
+        all of them come first, and a request never fails for lack of them (placement issue 13)
     :param workload_class: ``training``, ``inference`` or ``batch``
     :param priority: higher is served first
     :param team: the team that pays for it
@@ -148,6 +151,7 @@ class GpuRequest:
     mig_profile: str | None = None
     gpu_models: frozenset[str] = field(default_factory=frozenset)
     node_labels: tuple[tuple[str, str], ...] = ()
+    prefer_node_labels: tuple[tuple[str, str], ...] = ()
     workload_class: WorkloadClass = WorkloadClass.BATCH
     priority: int = 0
     team: str = "default"
@@ -201,6 +205,11 @@ class GpuRequest:
         object.__setattr__(self, "gpu_models", models)
         object.__setattr__(
             self, "node_labels", normalize_labels("node_labels", self.node_labels, InvalidRequestError)
+        )
+        object.__setattr__(
+            self,
+            "prefer_node_labels",
+            normalize_labels("prefer_node_labels", self.prefer_node_labels, InvalidRequestError),
         )
         try:
             object.__setattr__(self, "workload_class", WorkloadClass(self.workload_class))
@@ -257,6 +266,7 @@ class GpuRequest:
             "priority": self.priority,
             "team": self.team,
             "preemptible": self.preemptible,
+            "prefer_node_labels": dict(self.prefer_node_labels),
         }
 
     @classmethod

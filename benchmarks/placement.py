@@ -16,7 +16,8 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from airflow_gpupool.cli.simulate import ALL_POLICIES, plot
+from airflow_gpupool.cli.simulate import ALL_POLICIES
+from airflow_gpupool.sim.plot import plot_replay
 from airflow_gpupool.sim.replay import ReplayResult, replay, trace_shapes, where_lost
 from airflow_gpupool.sim.trace import TRACES, load_nodes, load_pods
 
@@ -116,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     table = "\n".join(lines)
     (OUT / "placement.md").write_text(table + "\n")
     if "default" in args.traces:
-        plot(
+        plot_replay(
             [results[("default", p)][0] for p in args.policies],
             str(OUT / "placement.png"),
             "default trace, seed 42",

@@ -22,6 +22,7 @@ from airflow_gpupool.cli import (
     quota,
     reconcile,
     simulate,
+    traces,
 )
 from airflow_gpupool.exceptions import GpuPoolError
 
@@ -37,6 +38,7 @@ _REGISTRARS: tuple[Callable[[Any], None], ...] = (
     ledger.register_commands,
     bench.register,
     simulate.register,
+    traces.register,
     emulator.register,
     reconcile.register,
     controller.register,

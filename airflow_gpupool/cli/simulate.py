@@ -6,12 +6,21 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from airflow_gpupool.cli.common import require_extra
-from airflow_gpupool.exceptions import GpuPoolError
+from airflow_gpupool.exceptions import GpuPoolError, SimulationError
 from airflow_gpupool.placement.policy import DEFAULT_POLICY, policy_names
-from airflow_gpupool.sim.replay import REPORT_POINTS, ReplayResult, replay, stderr_progress, trace_shapes
+from airflow_gpupool.sim.plot import plot_queue, plot_replay
+from airflow_gpupool.sim.replay import (
+    REPORT_POINTS,
+    ReplayResult,
+    replay,
+    scale_cluster,
+    stderr_progress,
+    trace_shapes,
+)
 from airflow_gpupool.sim.trace import TRACES, load_nodes, load_pods
 
 #: Policies compared by ``--policy all``.
@@ -53,7 +62,17 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--json", action="store_true", help="print one JSON object per policy (one line each)"
     )
-    parser.add_argument("--plot", metavar="FILE.png", help="draw allocation vs arrived %% (fgd mode)")
+    parser.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help="draw allocation vs arrived %% (fgd mode), or the wait distribution and allocation over time (queue mode)",
+    )
+    parser.add_argument(
+        "--scale",
+        type=int,
+        default=1,
+        help="fgd mode: replicate the cluster K times, the pods to match (default: 1)",
+    )
     parser.add_argument("--load", type=float, default=1.0, help="queue mode: offered GPU load (default: 1.0)")
     parser.add_argument(
         "--queue-nodes",
@@ -106,12 +125,24 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
 
+def check_plot_path(path: str | None) -> None:
+    """Check ``--plot`` before a run that can take minutes: matplotlib, and a folder that exists.
+
+    :raises SimulationError: the folder of ``path`` does not exist
+    """
+    if not path:
+        return
+    require_extra("matplotlib", "plot", "--plot")
+    folder = Path(path).expanduser().resolve().parent
+    if not folder.is_dir():
+        raise SimulationError("--plot", path, f"a PNG file in an existing folder ({folder} does not exist)")
+
+
 def _run_fgd(args: argparse.Namespace) -> int:
-    if args.plot:
-        # Before the replay, which can take minutes, rather than after it.
-        require_extra("matplotlib", "plot", "--plot")
-    nodes = load_nodes(args.nodes)
-    pods = load_pods(args.pods)
+    check_plot_path(args.plot)
+    if args.scale < 1:
+        raise SimulationError("--scale", args.scale, "a positive whole number of copies of the cluster")
+    nodes, pods = scale_cluster(load_nodes(args.nodes), load_pods(args.pods), args.scale)
     shapes = trace_shapes(pods)
     results = []
     for name in _policies(args):
@@ -130,21 +161,30 @@ def _run_fgd(args: argparse.Namespace) -> int:
     if not args.json:
         print(format_table(results))
     if args.plot:
-        plot(results, args.plot, title=f"{args.pods}, seed {args.seed}")
+        plot_replay(results, args.plot, title=f"{args.pods}, seed {args.seed}")
     return 0
 
 
+#: What a table shows for a point the trace does not reach.
+UNREACHED = "–"
+
+
+def _cell(value: float | None) -> str:
+    return f"{UNREACHED:>8}" if value is None else f"{value:8.2f}"
+
+
 def format_table(results: Sequence[ReplayResult]) -> str:
-    """Return a text table of allocation and fragmentation % by arrived % for each run."""
+    """Return a text table of allocation and fragmentation % by arrived % for each run.
+
+    A point the trace does not reach shows ``–``.
+    """
     head = "policy".ljust(12) + "".join(f"{p:>7}%" for p in REPORT_POINTS)
     lines = ["GPU allocation % at arrived %", head]
     for r in results:
-        lines.append(r.policy.ljust(12) + "".join(f"{r.alloc_at(p):8.2f}" for p in REPORT_POINTS))
+        lines.append(r.policy.ljust(12) + "".join(_cell(r.alloc_at(p)) for p in REPORT_POINTS))
     lines += ["", "fragmentation % at arrived %", head]
     for r in results:
-        lines.append(
-            r.policy.ljust(12) + "".join(f"{r.frag.get(p, float('nan')):8.2f}" for p in REPORT_POINTS)
-        )
+        lines.append(r.policy.ljust(12) + "".join(_cell(r.frag_at(p)) for p in REPORT_POINTS))
     lines += ["", "policy".ljust(12) + "    pods  failed  seconds  decision ms p50/p99"]
     for r in results:
         s = r.summary()
@@ -154,46 +194,31 @@ def format_table(results: Sequence[ReplayResult]) -> str:
     return "\n".join(lines)
 
 
-def plot(results: Sequence[ReplayResult], path: str, title: str = "") -> None:
-    """Draw allocation % against arrived % for each run into a PNG file.
-
-    :param results: the runs (one line each)
-    :param path: the PNG file to write
-    :param title: the figure title
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for r in results:
-        ax.plot(r.arrived, r.alloc, label=f"{r.policy} ({r.alloc_at(130):.2f}% at 130%)", linewidth=1.2)
-    ax.plot([0, 130], [0, 100], color="grey", linewidth=0.6, linestyle=":")
-    ax.set_xlim(50, 131)
-    ax.set_ylim(50, 100)
-    ax.set_xlabel("arrived GPU demand, % of capacity")
-    ax.set_ylabel("allocated GPU, % of capacity")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
 def _run_queue(args: argparse.Namespace) -> int:
-    from airflow_gpupool.sim.queue import MAX_OVERTAKES, QUEUE_BASELINE, simulate_queue
+    from airflow_gpupool.sim.queue import MAX_OVERTAKES, QUEUE_BASELINE, check_queue_args, simulate_queue
 
+    max_overtakes = MAX_OVERTAKES if args.max_overtakes is None else args.max_overtakes
+    check_queue_args(
+        load=args.load,
+        sample_nodes=args.queue_nodes,
+        arrivals=args.arrivals,
+        warmup_s=args.warmup_hours * 3600,
+        window_s=args.hours * 3600,
+        max_overtakes=max_overtakes,
+    )
+    check_plot_path(args.plot)
     nodes = load_nodes(args.nodes)
     pods = load_pods(args.pods)
     names = args.policy or [DEFAULT_POLICY, QUEUE_BASELINE]
     rows = []
+    series: list[dict[str, Any]] = []
     for name in names:
         if name != QUEUE_BASELINE and name not in policy_names():
             print(f"gpupool simulate: unknown policy {name!r}", file=sys.stderr)
             return 2
         progress = None if args.quiet else stderr_progress(f"{name} load {args.load}")
+        drawn: dict[str, Any] = {}
+        series.append(drawn)
         out = simulate_queue(
             nodes,
             pods,
@@ -204,8 +229,9 @@ def _run_queue(args: argparse.Namespace) -> int:
             arrivals=args.arrivals,
             warmup_s=args.warmup_hours * 3600,
             window_s=args.hours * 3600,
-            max_overtakes=MAX_OVERTAKES if args.max_overtakes is None else args.max_overtakes,
+            max_overtakes=max_overtakes,
             progress=progress,
+            series=drawn,
         )
         if progress is not None:
             sys.stderr.write("\r" + " " * 40 + "\r")
@@ -222,4 +248,6 @@ def _run_queue(args: argparse.Namespace) -> int:
                 f"{r['policy']:<14}{r['load']:>6}{r['offered_load']:>9.3f}{r['mean_wait_s']:>13.0f}"
                 f"{r['p99_wait_s']:>13.0f}{r['mean_alloc']:>14.2f}{r['frag_mean']:>13.2f}{r['still_waiting']:>9}"
             )
+    if args.plot:
+        plot_queue(rows, series, args.plot, title=f"{args.pods}, load {args.load}, seed {args.seed}")
     return 0

@@ -97,7 +97,14 @@ class GpuPoolHook(BaseHook):
         """The ledger client, created on first use."""
         from airflow_gpupool.ledger import Ledger
 
-        return Ledger(self.options.ledger_url, policy=self.options.placement_policy)
+        # Placement honours the connection's bindings: a request goes only to a node pool
+        # whose binding can express it (placement issue 13).
+        return Ledger(
+            self.options.ledger_url,
+            policy=self.options.placement_policy,
+            binding=self.options.binding,
+            node_pool_bindings=self.options.node_pool_bindings,
+        )
 
     def reserve(
         self,

@@ -20,15 +20,17 @@ from sqlalchemy import Connection, Row, delete, select
 from airflow_gpupool.exceptions import StaleCacheError
 from airflow_gpupool.ledger import schema
 from airflow_gpupool.ledger import statements as sql
-from airflow_gpupool.ledger.cache import classes_from_counts
+from airflow_gpupool.ledger.cache import CapacityCache, classes_from_counts
 from airflow_gpupool.ledger.equivalence import EquivalenceIndex
+from airflow_gpupool.ledger.explain import WaitContext, blocked_message
 from airflow_gpupool.ledger.models import ReapResult, ReservationState
-from airflow_gpupool.ledger.records import GRANTED, HOLDING, assignment_of, class_delta, waiting_ahead
+from airflow_gpupool.ledger.records import GRANTED, HOLDING, assignment_of, class_delta
 from airflow_gpupool.ledger.store import LOGGER_NAME, LedgerStore, Tx
 from airflow_gpupool.placement.accounting import allocate, deallocate
 from airflow_gpupool.placement.policy import PlacementPolicy
+from airflow_gpupool.placement.pools import UNCONSTRAINED, PoolBindings
 from airflow_gpupool.placement.queue import QueueEntry, hold_node, serve
-from airflow_gpupool.placement.snapshot import NodeState
+from airflow_gpupool.placement.snapshot import ClusterSnapshot, NodeState
 from airflow_gpupool.placement.verdict import Assignment, NoFit
 from airflow_gpupool.resources import GpuRequest
 
@@ -62,30 +64,25 @@ def delete_node(tx: Tx, name: str) -> None:
     tx.dirty = tx.inventory_changed = True
 
 
-def blocked_message(policy: PlacementPolicy, tx: Tx, row: Row[Any], request: GpuRequest) -> str:
-    """Say why the waiting reservation ``row`` waits: its place in the queue, or the closest nodes."""
-    verdict = policy.place(tx.snapshot(), request)
-    waited = tx.now - row.created_at
-    ahead = waiting_ahead(tx.conn, row)
-    if isinstance(verdict, NoFit):
-        closest = "; ".join(verdict.summary(3)) or "the inventory is empty"
-        blocked = f"no node fits {request.describe()}; closest: {closest}"
-    else:
-        blocked = f"it fits {verdict.node} now but {ahead} earlier request(s) hold the queue"
-    return f"waited {waited:.0f}s with {ahead} request(s) ahead; {blocked}"
-
-
 class WriteCycle:
     """Write transactions that expire what is due first, and the queue they serve.
 
     :param policy: where requests go
     :param max_overtakes: the no-starvation bound, see :mod:`airflow_gpupool.placement.queue`
+    :param bindings: the binding of each node pool: a request goes only where it can be expressed
     """
 
-    def __init__(self, store: LedgerStore, policy: PlacementPolicy, max_overtakes: int) -> None:
+    def __init__(
+        self,
+        store: LedgerStore,
+        policy: PlacementPolicy,
+        max_overtakes: int,
+        bindings: PoolBindings = UNCONSTRAINED,
+    ) -> None:
         self.store = store
         self.policy = policy
         self.max_overtakes = max_overtakes
+        self.bindings = bindings
         self._equivalence = EquivalenceIndex()
 
     def write(self, fn: Callable[[Tx], T]) -> T:
@@ -118,11 +115,22 @@ class WriteCycle:
 
         :param changed: the nodes changed since the last call (None: any may have)
         """
-        return self.policy.place(self._equivalence.representatives(nodes, skipped, changed), request)
+        snapshot = self._equivalence.representatives(nodes, skipped, changed)
+        if not self.bindings.unconstrained:
+            # The pool is part of a node's class, so leaving out representatives is exact.
+            allows = self.bindings.allows
+            snapshot = ClusterSnapshot(tuple(n for n in snapshot.nodes if allows(n.node_pool, request)))
+        return self.policy.place(snapshot, request)
 
-    def blocked_message(self, tx: Tx, row: Row[Any]) -> str:
-        """Say why the waiting reservation ``row`` waits (see :func:`blocked_message`)."""
-        return blocked_message(self.policy, tx, row, self.store.request_of(row))
+    def blocked_message(self, tx: Tx, row: Row[Any], cache: CapacityCache | None = None) -> str:
+        """Say why the waiting reservation ``row`` waits (see :func:`~airflow_gpupool.ledger.explain.blocked_message`).
+
+        :param cache: a loaded capacity copy (default: the store's)
+        """
+        ctx = WaitContext(
+            self.store, cache or self.store.cache, self.policy, self.bindings, self.max_overtakes
+        )
+        return blocked_message(ctx, tx, row, self.store.request_of(row))
 
     def expire_due(self, tx: Tx) -> None:
         """End the leases and waits that are overdue at ``tx.now``, then serve the queue if any were.
@@ -232,7 +240,8 @@ class WriteCycle:
 
         def hold(entry: QueueEntry, held: frozenset[str]) -> str | None:
             current = list(tx.nodes.values())
-            return hold_node(current, self.store.cache.empty_snapshot(current).nodes, entry.request, held)
+            empty = self.store.cache.empty_snapshot(current).nodes
+            return hold_node(current, empty, entry.request, held, self.bindings)
 
         outcome = serve(entries, try_place, self.max_overtakes, hold)
         for rid, count in outcome.overtakes.items():

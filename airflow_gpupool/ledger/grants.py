@@ -257,7 +257,7 @@ class LedgerGrants:
         empty = self._store.cache.empty_snapshot(tx.nodes.values())
         reasons = []
         for node in empty.nodes:
-            verdict = choices(node, request)
+            verdict = choices(node, request, self._cycle.bindings)
             if not isinstance(verdict, NoFitReason):
                 return
             reasons.append(verdict)

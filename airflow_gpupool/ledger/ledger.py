@@ -25,12 +25,13 @@ one where the database has it, the serialized cycle when that one declines.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from sqlalchemy import Connection
 
 from airflow_gpupool import settings
+from airflow_gpupool.binding import check_binding_name
 from airflow_gpupool.ledger.cycle import WriteCycle
 from airflow_gpupool.ledger.engine import transient_retry
 from airflow_gpupool.ledger.grants import ConcurrentGrants, LedgerGrants, PodBinding, ReserveArgs, bind_pod
@@ -45,12 +46,29 @@ from airflow_gpupool.ledger.models import (
 from airflow_gpupool.ledger.store import LedgerStore, Tx
 from airflow_gpupool.ledger.views import LedgerViews
 from airflow_gpupool.placement.policy import PlacementPolicy, get_policy
+from airflow_gpupool.placement.pools import PoolBinding, PoolBindings
 from airflow_gpupool.placement.snapshot import ClusterSnapshot
 from airflow_gpupool.resources import GpuRequest, NodeHealth, NodeInventory
 
-__all__ = ["InventoryChange", "Ledger", "Tx"]
+__all__ = ["InventoryChange", "Ledger", "Tx", "pool_bindings"]
 
 T = TypeVar("T")
+
+
+def pool_bindings(binding: str | None, node_pool_bindings: Mapping[str, str] | None) -> PoolBindings:
+    """Return what each node pool's binding can express, for placement.
+
+    :param binding: the strategy of pools not listed (None: such pools take any request)
+    :param node_pool_bindings: the strategy of each listed pool
+    :raises ConfigurationError: an unknown strategy name
+    """
+
+    def one(name: str, source: str) -> PoolBinding:
+        strategy = check_binding_name(name, source)
+        return PoolBinding(strategy.name, strategy.supports)
+
+    pools = {pool: one(name, f"node pool {pool}") for pool, name in (node_pool_bindings or {}).items()}
+    return PoolBindings(one(binding, "ledger binding") if binding is not None else None, pools)
 
 
 class Ledger:
@@ -66,6 +84,10 @@ class Ledger:
     :param concurrent: on PostgreSQL, grant and release under the shared lock when no queue
         decision is needed (see :mod:`airflow_gpupool.ledger.pg_functions`); False makes
         every write take the exclusive lock, as on SQLite
+    :param binding: the slice binding of node pools not in ``node_pool_bindings``
+        (:mod:`airflow_gpupool.binding`); a request is placed only on a pool whose binding
+        can express it. None (with no ``node_pool_bindings``): any pool takes any request
+    :param node_pool_bindings: the binding of each named node pool
     """
 
     def __init__(
@@ -76,6 +98,8 @@ class Ledger:
         clock: Callable[[], float] | None = None,
         max_overtakes: int | None = None,
         concurrent: bool = True,
+        binding: str | None = None,
+        node_pool_bindings: Mapping[str, str] | None = None,
     ) -> None:
         self.url = settings.ledger_url(url)
         self._store = LedgerStore(
@@ -84,7 +108,10 @@ class Ledger:
         if policy is None or isinstance(policy, str):
             policy = get_policy(policy or settings.placement_policy())
         self._cycle = WriteCycle(
-            self._store, policy, max_overtakes if max_overtakes is not None else settings.max_overtakes()
+            self._store,
+            policy,
+            max_overtakes if max_overtakes is not None else settings.max_overtakes(),
+            pool_bindings(binding, node_pool_bindings),
         )
         self._inventory = LedgerInventory(self._store, self._cycle)
         self._grants = LedgerGrants(self._store, self._cycle)

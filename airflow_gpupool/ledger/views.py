@@ -53,7 +53,8 @@ class LedgerViews:
             if row.state != WAITING:
                 return f"reservation is {row.state}"
             cache = _loaded_cache(conn)
-            return self._cycle.blocked_message(Tx(conn, self._store.clock(conn), 0, dict(cache.nodes)), row)
+            tx = Tx(conn, self._store.clock(conn), 0, dict(cache.nodes))
+            return self._cycle.blocked_message(tx, row, cache)
 
         return self._store.read(run)
 

@@ -174,6 +174,9 @@ class GpuPodOperator(KubernetesPodOperator):
     @cached_property
     def gpu_hook(self) -> GpuPoolHook:
         """The ledger hook, created on first use (never at parse time)."""
+        if self.binding is not None:
+            # The task's binding applies on every node pool: placement may use any of them.
+            return GpuPoolHook(self.ledger_conn_id, binding=self.binding, node_pool_bindings={})
         return GpuPoolHook(self.ledger_conn_id)
 
     # -- execute ---------------------------------------------------------------------------------

@@ -1,12 +1,32 @@
 """Feasibility: which ways a request can be placed on one node, or why it cannot.
 
-Every policy calls these functions, so all of them agree on what "fits" means: CPU,
-memory, GPU model, node labels, the workload-class rule, then the GPU part (whole
-GPUs, a fraction of one GPU with its memory, or a free MIG slice of the profile).
+Every policy calls these functions (or, vectorized, the same rules in
+:mod:`~airflow_gpupool.placement.scored`), so all of them agree on what "fits" means.
+
+When a node rejects a request, the reason names the *first* dimension that does not fit,
+checked in this documented order (what the ledger's ``explain`` tells a user):
+
+1. **health**: the node is cordoned, draining or quarantined;
+2. **workload class**: training and inference never share a node;
+3. **binding**: the node pool's slice binding cannot express the request (``whole`` and a
+   fraction, see :mod:`~airflow_gpupool.placement.pools`);
+4. **GPU model**: the node lacks a required label, has no GPU, none of an accepted model,
+   or (with ``gpu_memory_mib``) none that large;
+5. **MIG availability**: for a MIG request, the node has no MIG-partitioned GPU (such a
+   node is never "close"), or no free slice of the profile;
+6. **GPU milli**: not enough free GPUs, or no GPU with the milli-GPU a fraction needs;
+7. **GPU memory**: no GPU with that milli free also has the fraction's GPU memory free;
+8. **CPU**, then 9. **memory** of the node.
+
+The ledger adds a 10th, **held for a starving request**, for a node the queue keeps for a
+request whose overtake budget is spent (:mod:`~airflow_gpupool.placement.queue`).
+A reason's ``shortfall`` orders the nodes: 2.0 for a node that can never fit, 1.5 for a
+class conflict, else the missing share of the dimension that failed (0 < s <= 1).
 """
 
 from __future__ import annotations
 
+from airflow_gpupool.placement.pools import UNCONSTRAINED, PoolBindings
 from airflow_gpupool.placement.snapshot import GpuState, NodeState
 from airflow_gpupool.placement.verdict import Assignment, NoFitReason
 from airflow_gpupool.resources import MIG_PROFILES, MILLI_PER_GPU, GpuKind, GpuRequest, WorkloadClass
@@ -16,6 +36,9 @@ EXCLUSIVE_CLASSES = {
     WorkloadClass.TRAINING.value: WorkloadClass.INFERENCE.value,
     WorkloadClass.INFERENCE.value: WorkloadClass.TRAINING.value,
 }
+
+#: Shortfall of a node that can never take the request as it is configured.
+NEVER = 2.0
 
 
 def fraction_memory(request: GpuRequest, gpu: GpuState) -> int:
@@ -29,18 +52,30 @@ def _short(need: float, have: float) -> float:
     return (need - have) / need if need > 0 else 1.0
 
 
-def check_node(node: NodeState, request: GpuRequest) -> NoFitReason | None:
-    """Return why ``request`` cannot go on ``node`` for reasons other than its GPUs, or None."""
+def check_node(
+    node: NodeState, request: GpuRequest, bindings: PoolBindings = UNCONSTRAINED
+) -> NoFitReason | None:
+    """Return why ``request`` cannot go on ``node`` for its health, class, binding or labels, or None."""
     if not node.schedulable:
-        return NoFitReason(2.0, node.name, "node is not schedulable (cordoned, draining or quarantined)")
-    for key, value in request.node_labels:
-        if (key, value) not in node.labels:
-            return NoFitReason(2.0, node.name, f"node lacks label {key}={value}")
+        return NoFitReason(NEVER, node.name, "node is not schedulable (cordoned, draining or quarantined)")
     conflicting = EXCLUSIVE_CLASSES.get(request.workload_class.value)
     if conflicting is not None and conflicting in node.classes:
         return NoFitReason(
-            1.5, node.name, f"node runs {conflicting} work; {request.workload_class.value} may not share it"
+            1.5,
+            node.name,
+            f"node runs {conflicting} work, which {request.workload_class.value} may not share",
         )
+    unbindable = bindings.reason(node.node_pool, request)
+    if unbindable is not None:
+        return NoFitReason(NEVER, node.name, unbindable)
+    for key, value in request.node_labels:
+        if (key, value) not in node.labels:
+            return NoFitReason(NEVER, node.name, f"node lacks label {key}={value}")
+    return None
+
+
+def host_reason(node: NodeState, request: GpuRequest) -> NoFitReason | None:
+    """Return why the node's free CPU or memory cannot hold ``request``, or None."""
     if request.cpu_milli > node.cpu_free:
         return NoFitReason(
             _short(request.cpu_milli, node.cpu_free),
@@ -61,40 +96,63 @@ def gpu_model_ok(request: GpuRequest, gpu: GpuState) -> bool:
     return not request.gpu_models or gpu.model in request.gpu_models
 
 
-def choices(node: NodeState, request: GpuRequest) -> list[Assignment] | NoFitReason:
+def choices(
+    node: NodeState, request: GpuRequest, bindings: PoolBindings = UNCONSTRAINED
+) -> list[Assignment] | NoFitReason:
     """Return every distinct way ``request`` fits ``node`` now, or why it does not.
 
     Whole GPUs yield one choice (the lowest free indices: free GPUs are interchangeable),
     a fraction one choice per GPU it fits, a MIG request one choice per GPU with a free
-    slice of its profile.
+    slice of its profile. A rejection names the first dimension that fails, in the order
+    of this module's docstring.
+
+    :param bindings: the binding of each node pool (default: none, every pool takes any kind)
     """
-    rejected = check_node(node, request)
+    rejected = check_node(node, request, bindings)
     if rejected is not None:
         return rejected
     kind = request.kind
+    out: list[Assignment] | NoFitReason
     if kind is GpuKind.NONE:
-        return [Assignment(node.name, (), 0, 0)]
-    if kind is GpuKind.WHOLE:
-        return _whole(node, request)
-    if kind is GpuKind.FRACTION:
-        return _fraction(node, request)
-    return _mig(node, request)
+        out = [Assignment(node.name, (), 0, 0)]
+    elif kind is GpuKind.WHOLE:
+        out = _whole(node, request)
+    elif kind is GpuKind.FRACTION:
+        out = _fraction(node, request)
+    else:
+        out = _mig(node, request)
+    if isinstance(out, NoFitReason):
+        return out
+    return host_reason(node, request) or out
 
 
 def _model_reason(node: NodeState, request: GpuRequest) -> NoFitReason:
+    if not node.gpus:
+        return NoFitReason(NEVER, node.name, "node has no GPUs")
     models = "|".join(sorted(request.gpu_models))
-    have = "|".join(sorted(node.models)) or "no GPUs"
-    return NoFitReason(2.0, node.name, f"needs GPU model {models}, node has {have}")
+    have = "|".join(sorted(node.models))
+    return NoFitReason(NEVER, node.name, f"needs GPU model {models}, node has {have}")
+
+
+def _usable(node: NodeState, request: GpuRequest) -> list[GpuState] | NoFitReason:
+    """The unpartitioned GPUs of an accepted model and large enough, or why there are none."""
+    usable = [g for g in node.gpus if gpu_model_ok(request, g) and not g.partitioned]
+    if not usable:
+        return _model_reason(node, request)
+    need = request.gpu_memory_mib
+    if need is not None:
+        usable = [g for g in usable if g.memory_mib >= need]
+        if not usable:
+            return NoFitReason(NEVER, node.name, f"no GPU with {need} MiB memory")
+    return usable
 
 
 def _whole(node: NodeState, request: GpuRequest) -> list[Assignment] | NoFitReason:
-    usable = [g for g in node.gpus if gpu_model_ok(request, g) and not g.partitioned]
-    if not usable:
-        return _model_reason(node, request) if node.gpus else NoFitReason(2.0, node.name, "node has no GPUs")
-    if request.gpu_memory_mib is not None:
-        usable = [g for g in usable if g.memory_mib >= request.gpu_memory_mib]
-        if not usable:
-            return NoFitReason(2.0, node.name, f"no GPU with {request.gpu_memory_mib} MiB memory")
+    usable = _usable(node, request)
+    if isinstance(usable, NoFitReason):
+        return usable
+    if len(usable) < request.gpus:
+        return NoFitReason(NEVER, node.name, f"needs {request.gpus} GPUs, node has {len(usable)}")
     free = [g for g in usable if g.free_milli == MILLI_PER_GPU]
     if len(free) < request.gpus:
         return NoFitReason(
@@ -109,26 +167,32 @@ def _whole(node: NodeState, request: GpuRequest) -> list[Assignment] | NoFitReas
 
 def _fraction(node: NodeState, request: GpuRequest) -> list[Assignment] | NoFitReason:
     milli = request.gpu_milli or 0
-    usable = [g for g in node.gpus if gpu_model_ok(request, g) and not g.partitioned]
-    if not usable:
-        return _model_reason(node, request) if node.gpus else NoFitReason(2.0, node.name, "node has no GPUs")
-    out = []
-    best_free = 0
-    for gpu in usable:
-        memory = fraction_memory(request, gpu)
-        if memory > gpu.memory_mib:
-            continue
-        best_free = max(best_free, gpu.free_milli)
-        if gpu.free_milli >= milli and gpu.free_memory_mib >= memory:
-            out.append(Assignment(node.name, (gpu.index,), milli, memory))
+    usable = _usable(node, request)
+    if isinstance(usable, NoFitReason):
+        return usable
+    usable = [g for g in usable if fraction_memory(request, g) <= g.memory_mib]
+    with_milli = [g for g in usable if g.free_milli >= milli]
+    if not with_milli:
+        best_free = max((g.free_milli for g in usable), default=0)
+        return NoFitReason(
+            _short(milli, best_free),
+            node.name,
+            f"needs {milli} milli-GPU on one GPU, the freest GPU has {best_free}",
+        )
+    out = [
+        Assignment(node.name, (g.index,), milli, fraction_memory(request, g))
+        for g in with_milli
+        if g.free_memory_mib >= fraction_memory(request, g)
+    ]
     if out:
         return out
-    if request.gpu_memory_mib is not None and all(fraction_memory(request, g) > g.memory_mib for g in usable):
-        return NoFitReason(2.0, node.name, f"no GPU with {request.gpu_memory_mib} MiB memory")
+    most = max(with_milli, key=lambda g: g.free_memory_mib)
+    need = fraction_memory(request, most)
     return NoFitReason(
-        _short(milli, best_free),
+        _short(need, most.free_memory_mib),
         node.name,
-        f"needs {milli} milli-GPU on one GPU, the freest GPU has {best_free}",
+        f"needs {need} MiB GPU memory on one GPU with {milli} milli-GPU free, "
+        f"the most such a GPU has is {most.free_memory_mib} MiB",
     )
 
 
@@ -136,16 +200,18 @@ def _mig(node: NodeState, request: GpuRequest) -> list[Assignment] | NoFitReason
     profile = str(request.mig_profile)
     milli = MIG_PROFILES[profile].milli
     memory = MIG_PROFILES[profile].memory_gb * 1024
+    accepted = [g for g in node.gpus if gpu_model_ok(request, g)]
+    if not accepted:
+        return _model_reason(node, request)
+    partitioned = [g for g in accepted if g.partitioned or g.mig_free]
+    if not partitioned:
+        return NoFitReason(NEVER, node.name, "node has no MIG-partitioned GPU")
     out = []
-    for gpu in node.gpus:
-        if not gpu_model_ok(request, gpu):
-            continue
+    for gpu in partitioned:
         for slice_id, slice_profile in gpu.mig_free:
             if slice_profile == profile:
                 out.append(Assignment(node.name, (gpu.index,), milli, memory, mig_slice=slice_id))
                 break
     if out:
         return out
-    if request.gpu_models and not any(gpu_model_ok(request, g) for g in node.gpus):
-        return _model_reason(node, request)
     return NoFitReason(1.0, node.name, f"no free MIG slice {profile}")

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from airflow_gpupool.placement.fit import choices
+from airflow_gpupool.placement.pools import UNCONSTRAINED, PoolBindings
 from airflow_gpupool.placement.snapshot import NodeState
 from airflow_gpupool.placement.verdict import Assignment, NoFitReason
 from airflow_gpupool.resources import GpuRequest
@@ -125,7 +126,11 @@ def _take_holds(
 
 
 def hold_node(
-    current: Iterable[NodeState], empty: Iterable[NodeState], request: GpuRequest, held: frozenset[str]
+    current: Iterable[NodeState],
+    empty: Iterable[NodeState],
+    request: GpuRequest,
+    held: frozenset[str],
+    bindings: PoolBindings = UNCONSTRAINED,
 ) -> str | None:
     """Return the node to hold for ``request``: of those that could hold it once emptied, the closest now.
 
@@ -133,12 +138,14 @@ def hold_node(
     :param empty: the same nodes, in the same order, with nothing granted
     :param request: the blocked request
     :param held: nodes already held for other requests
+    :param bindings: the binding of each node pool: a node whose binding cannot express the
+        request is never held for it
     """
     best: tuple[float, str] | None = None
     for node, blank in zip(current, empty, strict=True):
-        if node.name in held or isinstance(choices(blank, request), NoFitReason):
+        if node.name in held or isinstance(choices(blank, request, bindings), NoFitReason):
             continue
-        now = choices(node, request)
+        now = choices(node, request, bindings)
         shortfall = now.shortfall if isinstance(now, NoFitReason) else 0.0
         if best is None or shortfall < best[0]:
             best = (shortfall, node.name)

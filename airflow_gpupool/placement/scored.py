@@ -13,10 +13,12 @@ from typing import Any
 
 import numpy as np
 
-from airflow_gpupool.placement.fit import EXCLUSIVE_CLASSES, choices, fraction_memory
+from airflow_gpupool.placement.explain import explain
+from airflow_gpupool.placement.fast import ShapeCache, pick
+from airflow_gpupool.placement.fit import EXCLUSIVE_CLASSES, fraction_memory
 from airflow_gpupool.placement.snapshot import ClusterSnapshot
 from airflow_gpupool.placement.table import NodeTable, seeded_rank
-from airflow_gpupool.placement.verdict import Assignment, NoFit, NoFitReason, Verdict
+from airflow_gpupool.placement.verdict import Assignment, NoFit, Verdict
 from airflow_gpupool.resources import MIG_PROFILES, MILLI_PER_GPU, GpuKind, GpuRequest, WorkloadClass
 
 
@@ -68,65 +70,80 @@ def first_per_free_value(table: NodeTable, cand: Candidates) -> Candidates:
     return replace(cand, node=cand.node[first], gpu=cand.gpu[first])
 
 
-def _class_ok(table: NodeTable, request: GpuRequest) -> np.ndarray | bool:
+def _class_ok(table: NodeTable, request: GpuRequest, rows: Any) -> np.ndarray | bool:
     conflicting = EXCLUSIVE_CLASSES.get(request.workload_class.value)
+    ok: np.ndarray
     if conflicting == WorkloadClass.TRAINING.value:
-        return ~table.training
+        ok = ~table.training[rows]
+        return ok
     if conflicting == WorkloadClass.INFERENCE.value:
-        return ~table.inference
+        ok = ~table.inference[rows]
+        return ok
     return True
 
 
-def _node_ok(table: NodeTable, request: GpuRequest) -> np.ndarray:
-    ok = table.schedulable & (table.cpu_free >= request.cpu_milli) & (table.mem_free >= request.memory_mib)
-    ok &= _class_ok(table, request)
+def _node_ok(table: NodeTable, request: GpuRequest, rows: Any, base: np.ndarray) -> np.ndarray:
+    ok: np.ndarray = (
+        table.schedulable[rows]
+        & (table.cpu_free[rows] >= request.cpu_milli)
+        & (table.mem_free[rows] >= request.memory_mib)
+    )
+    ok &= _class_ok(table, request, rows)
     if request.node_labels:
         want = set(request.node_labels)
-        ok &= np.fromiter((want.issubset(n.labels) for n in table.nodes), dtype=bool, count=table.size)
+        nodes = table.nodes
+        ok &= np.fromiter((want.issubset(nodes[i].labels) for i in base), dtype=bool, count=len(base))
     return ok
 
 
-def _gpu_ok(table: NodeTable, request: GpuRequest) -> np.ndarray:
-    ok = table.gpu_model >= 0
+def _gpu_ok(table: NodeTable, request: GpuRequest, rows: Any = slice(None)) -> np.ndarray:
+    ok: np.ndarray = table.gpu_model[rows] >= 0
     if request.gpu_models:
-        ok &= table.allowed_models(request.gpu_models)[table.gpu_model]
+        ok &= table.allowed_models(request.gpu_models)[table.gpu_model[rows]]
     return ok
 
 
-def find_candidates(table: NodeTable, request: GpuRequest) -> Candidates:
-    """Return every feasible placement of ``request`` on the synced ``table``."""
-    ok = _node_ok(table, request)
+def find_candidates(table: NodeTable, request: GpuRequest, rows: np.ndarray | None = None) -> Candidates:
+    """Return every feasible placement of ``request`` on the synced ``table``.
+
+    :param rows: look at these node rows only (default: all); candidates name table rows
+    """
+    base = np.arange(table.size) if rows is None else rows
+    at: Any = slice(None) if rows is None else rows
+    ok = _node_ok(table, request, at, base)
     kind = request.kind
     cpu, mem = request.cpu_milli, request.memory_mib
     if kind is GpuKind.NONE:
-        rows = np.flatnonzero(ok)
-        return Candidates(rows, np.full(len(rows), -1), kind, 0, 0, cpu, mem)
+        found = base[np.flatnonzero(ok)]
+        return Candidates(found, np.full(len(found), -1), kind, 0, 0, cpu, mem)
     if kind is GpuKind.MIG:
-        return _mig_candidates(table, request, ok)
-    usable = _gpu_ok(table, request) & ok[:, None]
+        return _mig_candidates(table, request, base[np.flatnonzero(ok & table.has_mig[at])])
+    usable = _gpu_ok(table, request, at) & ok[:, None]
     need = request.gpu_memory_mib
+    gpu_free = table.gpu_free[at]
     if kind is GpuKind.WHOLE:
-        usable &= table.gpu_free == MILLI_PER_GPU
+        usable &= gpu_free == MILLI_PER_GPU
         if need is not None:
-            usable &= table.gpu_mem_cap >= need
-        rows = np.flatnonzero(usable.sum(axis=1) >= request.gpus)
-        return Candidates(rows, np.full(len(rows), -1), kind, 0, request.gpus, cpu, mem)
+            usable &= table.gpu_mem_cap[at] >= need
+        found = base[np.flatnonzero(usable.sum(axis=1) >= request.gpus)]
+        return Candidates(found, np.full(len(found), -1), kind, 0, request.gpus, cpu, mem)
     milli = int(request.gpu_milli or 0)
-    usable &= table.gpu_free >= milli
+    usable &= gpu_free >= milli
+    mem_free, mem_cap = table.gpu_mem_free[at], table.gpu_mem_cap[at]
     if need is None:
-        usable &= table.gpu_mem_free >= milli * table.gpu_mem_cap // MILLI_PER_GPU
+        usable &= mem_free >= milli * mem_cap // MILLI_PER_GPU
     else:
-        usable &= (table.gpu_mem_free >= need) & (table.gpu_mem_cap >= need)
-    rows, cols = np.nonzero(usable)
-    return Candidates(rows, cols, kind, milli, 0, cpu, mem)
+        usable &= (mem_free >= need) & (mem_cap >= need)
+    local, cols = np.nonzero(usable)
+    return Candidates(base[local], cols, kind, milli, 0, cpu, mem)
 
 
-def _mig_candidates(table: NodeTable, request: GpuRequest, ok: np.ndarray) -> Candidates:
+def _mig_candidates(table: NodeTable, request: GpuRequest, nodes: np.ndarray) -> Candidates:
     profile = str(request.mig_profile)
     rows: list[int] = []
     cols: list[int] = []
     slices: list[str] = []
-    for i in np.flatnonzero(ok & table.has_mig):
+    for i in nodes:
         for j, gpu in enumerate(table.nodes[i].gpus):
             if request.gpu_models and gpu.model not in request.gpu_models:
                 continue
@@ -148,14 +165,18 @@ def _mig_candidates(table: NodeTable, request: GpuRequest, ok: np.ndarray) -> Ca
     )
 
 
-def explain(snapshot: ClusterSnapshot, request: GpuRequest) -> NoFit:
-    """Return a NoFit whose reasons name why each node rejects ``request``, closest first."""
-    reasons = []
-    for node in snapshot.nodes:
-        verdict = choices(node, request)
-        if isinstance(verdict, NoFitReason):
-            reasons.append(verdict)
-    return NoFit(tuple(sorted(reasons)))
+def preferred(table: NodeTable, request: GpuRequest, rows: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """Return those of ``keep`` whose node (``rows``, in step) carries the request's preferred labels.
+
+    All of ``keep`` when none does: a preference only orders nodes the policy scores equally well,
+    it never turns a request away.
+    """
+    want = set(request.prefer_node_labels)
+    if not want:
+        return keep
+    nodes = table.nodes
+    match = np.fromiter((want.issubset(nodes[int(i)].labels) for i in rows), dtype=bool, count=len(rows))
+    return keep[match] if match.any() else keep
 
 
 class ScoredPolicy:
@@ -165,8 +186,12 @@ class ScoredPolicy:
     """
 
     name = "scored"
+    #: Whether :meth:`place` takes the fast path (:mod:`~airflow_gpupool.placement.fast`) by default.
+    fast_default = False
 
-    def __init__(self, *, seed: int = 0, typical_shapes: Any = None, **options: Any) -> None:
+    def __init__(
+        self, *, seed: int = 0, typical_shapes: Any = None, fast: bool | None = None, **options: Any
+    ) -> None:
         # typical_shapes is accepted by every policy so callers can pass one option set.
         del typical_shapes
         if options:
@@ -174,6 +199,8 @@ class ScoredPolicy:
         self.seed = int(seed)
         self.table = NodeTable()
         self._rank = np.zeros(0, dtype=np.int64)
+        self.fast = self.fast_default if fast is None else bool(fast)
+        self._shapes = ShapeCache()
 
     def sync(self, snapshot: ClusterSnapshot) -> np.ndarray | None:
         """Update the table (and the subclass's per-node state); return the rows changed."""
@@ -200,21 +227,64 @@ class ScoredPolicy:
         :param explain_no_fit: build the NoFit reasons (a scan of every node); the
             simulator turns it off for speed
         """
-        self.sync(snapshot)
+        changed = self.sync(snapshot)
+        if self.fast:
+            return self._place_fast(snapshot, request, changed, explain_no_fit)
         cand = find_candidates(self.table, request)
         if len(cand) == 0:
             return explain(snapshot, request) if explain_no_fit else NoFit(())
         cand = self.reduce(cand)
         primary, secondary = self.costs(request, cand)
-        pick = self._select(cand, primary, secondary)
+        pick = self._select(cand, primary, secondary, request)
         return self._assignment(request, cand, pick, float(primary[pick]))
 
     def reduce(self, cand: Candidates) -> Candidates:
         """Return the candidates worth scoring (default: all of them)."""
         return cand
 
-    def _select(self, cand: Candidates, primary: np.ndarray, secondary: np.ndarray) -> int:
+    def _score_rows(
+        self, request: GpuRequest, rows: np.ndarray | None
+    ) -> tuple[Candidates, np.ndarray, np.ndarray]:
+        cand = find_candidates(self.table, request, rows)
+        if len(cand) == 0:
+            return cand, np.zeros(0), np.zeros(0)
+        cand = self.reduce(cand)
+        primary, secondary = self.costs(request, cand)
+        return cand, primary, secondary
+
+    def _place_fast(
+        self, snapshot: ClusterSnapshot, request: GpuRequest, changed: np.ndarray | None, explain_no_fit: bool
+    ) -> Verdict:
+        """Place as :meth:`place` does, rescoring only the nodes changed since the shape's last decision."""
+        self._shapes.note(changed, self.table.size)
+        best = self._shapes.best(request, self._score_rows)
+        prefer = (
+            (lambda rows: preferred(self.table, request, rows, rows)) if request.prefer_node_labels else None
+        )
+        row = pick(best, self._rank, prefer)
+        if row is None:
+            return explain(snapshot, request) if explain_no_fit else NoFit(())
+        gpu = int(best.gpu[row])
+        one = Candidates(
+            np.array([row]),
+            np.array([gpu]),
+            request.kind,
+            MIG_PROFILES[str(request.mig_profile)].milli
+            if request.kind is GpuKind.MIG
+            else int(request.gpu_milli or 0),
+            request.gpus if request.kind is GpuKind.WHOLE else 0,
+            request.cpu_milli,
+            request.memory_mib,
+            (best.mig[row],) if request.kind is GpuKind.MIG else (),
+        )
+        return self._assignment(request, one, 0, float(best.primary[row]))
+
+    def _select(
+        self, cand: Candidates, primary: np.ndarray, secondary: np.ndarray, request: GpuRequest | None = None
+    ) -> int:
         best = np.flatnonzero(primary == primary.min())
+        if request is not None and request.prefer_node_labels and len(best) > 1:
+            best = preferred(self.table, request, cand.node[best], best)
         if len(best) == 1:
             return int(best[0])
         rank = self._rank[cand.node[best]]
@@ -231,7 +301,7 @@ class ScoredPolicy:
         if cand.kind is GpuKind.NONE:
             return Assignment(node.name, (), 0, 0, score=score)
         if cand.kind is GpuKind.WHOLE:
-            usable = _gpu_ok(self.table, request)[i] & (self.table.gpu_free[i] == MILLI_PER_GPU)
+            usable = _gpu_ok(self.table, request, i) & (self.table.gpu_free[i] == MILLI_PER_GPU)
             if request.gpu_memory_mib is not None:
                 usable &= self.table.gpu_mem_cap[i] >= request.gpu_memory_mib
             taken = [node.gpus[j] for j in np.flatnonzero(usable)[: request.gpus]]

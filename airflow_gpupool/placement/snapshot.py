@@ -81,9 +81,17 @@ class NodeState:
 
 @dataclass(frozen=True)
 class ClusterSnapshot:
-    """All nodes, in a fixed order that policies use to break ties."""
+    """All nodes, in a fixed order that policies use to break ties.
+
+    :param base: the snapshot this one derives from, and ``changed`` the positions of the
+        nodes that differ from it: a hint that lets a policy that saw ``base`` last skip
+        comparing every node (one that did not compares them all); see :meth:`derive`
+    :param changed: see ``base``
+    """
 
     nodes: tuple[NodeState, ...]
+    base: ClusterSnapshot | None = field(default=None, compare=False, repr=False)
+    changed: tuple[int, ...] = field(default=(), compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "nodes", tuple(self.nodes))
@@ -97,7 +105,19 @@ class ClusterSnapshot:
 
     def with_node(self, new: NodeState) -> ClusterSnapshot:
         """Return a snapshot with the node of the same name replaced by ``new``."""
-        return replace(self, nodes=tuple(new if n.name == new.name else n for n in self.nodes))
+        return replace(
+            self, nodes=tuple(new if n.name == new.name else n for n in self.nodes), base=None, changed=()
+        )
+
+    def derive(self, nodes: tuple[NodeState, ...], changed: tuple[int, ...]) -> ClusterSnapshot:
+        """Return the snapshot of ``nodes``, which differ from this one's at positions ``changed`` only.
+
+        Only the last step is kept: this snapshot forgets its own ``base``, so a long chain of
+        derived snapshots holds two at a time, not all of them.
+        """
+        object.__setattr__(self, "base", None)
+        object.__setattr__(self, "changed", ())
+        return ClusterSnapshot(nodes, base=self, changed=changed)
 
     @property
     def gpu_capacity_milli(self) -> int:

@@ -10,6 +10,7 @@ thousand-node cluster well under a millisecond.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from operator import is_not
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -79,19 +80,29 @@ class NodeTable:
         """
         nodes = snapshot.nodes
         old = self.nodes
+        if nodes is old:
+            return np.zeros(0, dtype=np.int64)
         if len(old) != len(nodes):
             self._rebuild(nodes)
             return None
-        changed = [i for i, (a, b) in enumerate(zip(old, nodes, strict=True)) if a is not b]
-        for i in changed:
+        base = snapshot.base
+        if base is not None and base.nodes is old:
+            # The snapshot says which positions differ from the one this table holds.
+            rows = sorted({i for i in snapshot.changed if old[i] is not nodes[i]})
+            changed = np.asarray(rows, dtype=np.int64)
+        else:
+            # map(is_not) runs in C: the identity scan of a thousand nodes costs microseconds.
+            changed = np.flatnonzero(np.fromiter(map(is_not, old, nodes), dtype=bool, count=len(nodes)))
+            rows = changed.tolist()
+        for i in rows:
             node = nodes[i]
             if node.name != old[i].name or len(node.gpus) > self.width:
                 self._rebuild(nodes)
                 return None
         self.nodes = nodes
-        for i in changed:
+        for i in rows:
             self._fill(i, nodes[i])
-        return np.asarray(changed, dtype=np.int64)
+        return changed
 
     def _rebuild(self, nodes: tuple[NodeState, ...]) -> None:
         self.nodes = nodes

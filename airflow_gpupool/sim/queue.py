@@ -17,6 +17,7 @@ the running tasks asked for, so a rounded-up slot counts only its useful part.
 from __future__ import annotations
 
 import heapq
+import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -24,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from airflow_gpupool.exceptions import SimulationError
 from airflow_gpupool.placement.accounting import allocate, deallocate
 from airflow_gpupool.placement.fit import EXCLUSIVE_CLASSES, choices
 from airflow_gpupool.placement.policy import get_policy
@@ -38,6 +40,31 @@ QUEUE_BASELINE = "airflow-pool"
 MAX_DURATION_S = 24 * 3600
 #: Overtakes a blocked request tolerates in the project's queue (the ledger's default).
 MAX_OVERTAKES = 8
+
+
+def check_queue_args(
+    *, load: float, sample_nodes: int, arrivals: int, warmup_s: float, window_s: float, max_overtakes: int
+) -> None:
+    """Check the arguments of :func:`simulate_queue` before any work.
+
+    :raises SimulationError: one is out of range, named as the ``gpupool simulate`` option
+    """
+    checks = (
+        (
+            "--load",
+            load,
+            load > 0 and math.isfinite(load),
+            "a positive number (the offered GPU load, 1.0 = capacity)",
+        ),
+        ("--queue-nodes", sample_nodes, sample_nodes >= 0, "0 (all nodes) or a positive number of nodes"),
+        ("--arrivals", arrivals, arrivals >= 0, "0 (as many as the hours need) or a positive count"),
+        ("--warmup-hours", warmup_s / 3600, warmup_s >= 0 and math.isfinite(warmup_s), "0 or more hours"),
+        ("--hours", window_s / 3600, window_s > 0 and math.isfinite(window_s), "a positive number of hours"),
+        ("--max-overtakes", max_overtakes, max_overtakes >= 0, "0 or more"),
+    )
+    for option, value, ok, expected in checks:
+        if not ok:
+            raise SimulationError(option, value, expected)
 
 
 def whole_slots(request: GpuRequest) -> GpuRequest:
@@ -68,7 +95,7 @@ def offered_rate(capacity_milli: int, gpu_milli: np.ndarray, durations: np.ndarr
     """
     work = float(np.mean(gpu_milli * durations))
     if work <= 0:
-        raise ValueError("queue mode needs pods that ask for GPU time")
+        raise SimulationError("--pods", "(trace)", "queue mode needs pods that ask for GPU time")
     return load * capacity_milli / work
 
 
@@ -85,6 +112,7 @@ def simulate_queue(
     window_s: float = 2 * MAX_DURATION_S,
     max_overtakes: int = MAX_OVERTAKES,
     progress: Callable[[float], None] | None = None,
+    series: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Simulate the queue and return mean and p99 wait, mean allocation and fragmentation.
 
@@ -108,13 +136,24 @@ def simulate_queue(
     :param window_s: simulated seconds measured
     :param max_overtakes: no-starvation bound of the project's queue
     :param progress: called with the fraction done, now and then
+    :param series: filled, when given, with what ``--plot`` draws: ``waits`` (seconds, one per
+        request of the window) and ``alloc`` (``(hours, allocation %)`` samples of the window)
+    :raises SimulationError: an argument is out of range (a load of 0 offers nothing)
     """
+    check_queue_args(
+        load=load,
+        sample_nodes=sample_nodes,
+        arrivals=arrivals,
+        warmup_s=warmup_s,
+        window_s=window_s,
+        max_overtakes=max_overtakes,
+    )
     rng = np.random.default_rng(seed)
     if 0 < sample_nodes < len(nodes):
         nodes = [nodes[int(i)] for i in sorted(rng.choice(len(nodes), sample_nodes, replace=False))]
     usable, durations = _workload(pods)
     if not usable:
-        raise ValueError("queue mode needs pods with creation_time < deletion_time")
+        raise SimulationError("--pods", "(trace)", "queue mode needs pods with creation_time < deletion_time")
     capacity = ClusterSnapshot(tuple(nodes)).gpu_capacity_milli
     rate = offered_rate(capacity, np.array([p.gpu_milli for p in usable], dtype=np.float64), durations, load)
     if arrivals <= 0:
@@ -149,6 +188,9 @@ def simulate_queue(
             progress(k / arrivals)
     waits = sim.waits(horizon, warm)
     span = max(horizon - warm, 1e-9)
+    if series is not None:
+        series["waits"] = [float(w) for w in waits]
+        series["alloc"] = [(t / 3600, a * 100 / capacity) for t, a in sim.alloc_samples]
     offered = float(np.sum([usable[int(i)].gpu_milli * durations[int(i)] for i in picks])) / (
         capacity * horizon
     )
@@ -199,6 +241,7 @@ class _QueueSim:
         self.last = 0.0
         self.meter = ClusterFrag(shapes)
         self.frag_samples: list[float] = []
+        self.alloc_samples: list[tuple[float, int]] = []
         self._events = 0
         # Shapes that did not fit in the last pass; capacity has only shrunk since unless a
         # task departed, so a pass whose new arrivals all have such shapes grants nothing.
@@ -213,6 +256,7 @@ class _QueueSim:
         self._events += 1
         if now > warm and self._events % 25 == 0:
             self.frag_samples.append(self.meter.percent(ClusterSnapshot(tuple(self.nodes))))
+            self.alloc_samples.append((now, self.allocated))
 
     def arrive(self, k: int, request: GpuRequest, now: float, useful: int) -> None:
         self.waiting[str(k)] = QueueEntry(str(k), request, k)

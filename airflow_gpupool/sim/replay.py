@@ -13,11 +13,12 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 
 import numpy as np
 
+from airflow_gpupool.exceptions import SimulationError
 from airflow_gpupool.placement.accounting import allocate
 from airflow_gpupool.placement.frag import Fragmentation, TypicalShape, shape_key, typical_shapes
 from airflow_gpupool.placement.policy import PlacementPolicy, get_policy
@@ -59,10 +60,22 @@ class ReplayResult:
     decision_ms: np.ndarray = field(default_factory=lambda: np.zeros(0))
     nodes: tuple[NodeState, ...] = ()
 
-    def alloc_at(self, percent: int) -> float:
-        """Mean allocation % over the arrivals whose rounded arrived % is ``percent`` (NaN if none)."""
+    def alloc_at(self, percent: int) -> float | None:
+        """Mean allocation % over the arrivals whose rounded arrived % is ``percent``.
+
+        :return: None when the trace never reaches that point (a small trace, a big cluster)
+        """
         mask = np.floor(self.arrived + 0.5) == percent
-        return float(self.alloc[mask].mean()) if mask.any() else float("nan")
+        return float(self.alloc[mask].mean()) if mask.any() else None
+
+    def frag_at(self, percent: int) -> float | None:
+        """Cluster fragmentation % when arrived % first reached ``percent`` (None: never reached)."""
+        return self.frag.get(percent)
+
+    def last_point(self) -> int | None:
+        """The highest report point the run reached, or None."""
+        reached = [p for p in REPORT_POINTS if self.alloc_at(p) is not None]
+        return reached[-1] if reached else None
 
     def summary(self) -> dict[str, object]:
         """Return the figures of the run as JSON-ready values."""
@@ -73,14 +86,37 @@ class ReplayResult:
             "pods": self.pods,
             "failed": self.failed,
         }
+        # A point the run never reached is None (JSON null), never NaN, which is not JSON.
         for p in REPORT_POINTS:
-            out[f"alloc_{p}"] = round(self.alloc_at(p), 3)
+            out[f"alloc_{p}"] = _rounded(self.alloc_at(p))
         for p in REPORT_POINTS:
-            out[f"frag_{p}"] = round(self.frag.get(p, float("nan")), 3)
+            out[f"frag_{p}"] = _rounded(self.frag_at(p))
         out["seconds"] = round(self.seconds, 3)
         out["decision_ms_p50"] = round(float(np.percentile(ms, 50)), 4)
         out["decision_ms_p99"] = round(float(np.percentile(ms, 99)), 4)
         return out
+
+
+def scale_cluster(
+    nodes: Sequence[NodeState], pods: Sequence[TracePod], k: int
+) -> tuple[tuple[NodeState, ...], list[TracePod]]:
+    """Return the cluster replicated ``k`` times (nodes ``<name>-r<i>``) and the pods to match.
+
+    The pod list is repeated ``k`` times, so the shapes keep their frequencies and the FGD
+    protocol asks for 1.3 × the larger capacity from the same mix.
+
+    :raises SimulationError: ``k`` is not a positive integer
+    """
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise SimulationError("--scale", k, "a positive whole number of copies of the cluster")
+    if k == 1:
+        return tuple(nodes), list(pods)
+    copies = tuple(replace(n, name=f"{n.name}-r{i}") for i in range(k) for n in nodes)
+    return copies, [p for _ in range(k) for p in pods]
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
 
 
 def trace_shapes(pods: Sequence[TracePod], coverage: float = 0.95) -> tuple[TypicalShape, ...]:
@@ -151,7 +187,10 @@ def replay(
     :param ratio: arrived GPU milli to reach, as a multiple of the capacity
     :param shapes: typical shapes (default: those of ``pods``)
     :param progress: called with the fraction done, now and then
+    :raises SimulationError: ``ratio`` is not positive
     """
+    if not ratio > 0:
+        raise SimulationError("ratio", ratio, "a positive multiple of the cluster's GPU capacity")
     shapes = tuple(shapes) if shapes is not None else trace_shapes(pods)
     engine = get_policy(policy, typical_shapes=shapes, seed=seed)
     place = quick(engine)
@@ -167,8 +206,8 @@ def replay(
     points = list(REPORT_POINTS)
     asked = allocated = failed = 0
     start = time.perf_counter()
+    snapshot = ClusterSnapshot(tuple(current))
     for k, pod in enumerate(arrivals):
-        snapshot = ClusterSnapshot(tuple(current))
         t0 = time.perf_counter()
         verdict = place(snapshot, pod.request)
         ms[k] = (time.perf_counter() - t0) * 1000
@@ -176,13 +215,15 @@ def replay(
         if isinstance(verdict, Assignment):
             i = where[verdict.node]
             current[i] = allocate(current[i], pod.request, verdict)
+            # One node changed: the next snapshot says so (see ClusterSnapshot.derive).
+            snapshot = snapshot.derive(tuple(current), (i,))
             allocated += pod.gpu_milli
         else:
             failed += 1
         arrived[k] = asked * 100 / capacity
         alloc[k] = allocated * 100 / capacity
         while points and arrived[k] >= points[0]:
-            frag[points.pop(0)] = meter.percent(ClusterSnapshot(tuple(current)))
+            frag[points.pop(0)] = meter.percent(snapshot)
         if progress is not None and k % 500 == 0:
             progress(k / len(arrivals))
     seconds = time.perf_counter() - start

@@ -268,6 +268,7 @@ def test_to_dict_is_primitive_values() -> None:
         "priority": 0,
         "team": "default",
         "preemptible": False,
+        "prefer_node_labels": {},
     }
 
 

@@ -24,6 +24,7 @@ COMMANDS = {
     "reap": [],
     "bench": ["ledger", "operator"],
     "simulate": [],
+    "traces": ["fetch", "synth"],
     "emulator": [],
     "reconcile": [],
     "controller": ["run"],

@@ -18,6 +18,7 @@ LAYERS = [
     {"migrations", "cache"},
     {"records"},
     {"store"},
+    {"explain"},
     {"cycle"},
     {"inventory", "grants", "views"},
     {"ledger"},

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-from pathlib import Path
 
 import pytest
 
 from airflow_gpupool.cli.simulate import register
 from airflow_gpupool.exceptions import ConfigurationError, TraceFormatError
+from airflow_gpupool.sim.fetch import trace_root
 from airflow_gpupool.sim.queue import QUEUE_BASELINE, simulate_queue, whole_slots
 from airflow_gpupool.sim.replay import replay, workload
-from airflow_gpupool.sim.trace import TRACE_DIR_ENV, TRACE_SET, load_nodes, load_pods
+from airflow_gpupool.sim.trace import NODE_LIST, TRACE_DIR_ENV, load_nodes, load_pods
 from tests.skips import skip_or_fail
 
 NODES = "sn,cpu_milli,memory_mib,gpu,model\n" + "".join(
@@ -73,15 +72,19 @@ def test_bad_pod_trace_names_row_and_column(tmp_path, text, row, column):
 
 
 def test_named_alibaba_trace_loads_from_the_trace_dir():
-    root = os.environ.get(TRACE_DIR_ENV)
-    if not root or not Path(root, TRACE_SET).is_dir():
-        skip_or_fail(f"no Alibaba trace: set {TRACE_DIR_ENV} (here: ../shared/traces)", what="the trace test")
+    try:
+        trace_root(NODE_LIST)
+    except ConfigurationError as e:
+        skip_or_fail(
+            f"no Alibaba trace (here: {TRACE_DIR_ENV}=../shared/traces): {e}", what="the full-trace test"
+        )
     assert len(load_nodes()) == 1213
     assert len(load_pods("default")) == 8152
 
 
-def test_named_trace_without_the_trace_dir_says_how_to_get_it(monkeypatch):
+def test_named_trace_without_the_trace_dir_says_how_to_get_it(monkeypatch, tmp_path):
     monkeypatch.delenv(TRACE_DIR_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # an empty cache
     with pytest.raises(ConfigurationError, match="GPUPOOL_TRACE_DIR"):
         load_pods("default")
 

@@ -1,0 +1,162 @@
+"""The fast path of a scored policy: each node's best choice kept per request shape.
+
+A policy's cost of placing a request on a node depends on that node's state only (and on
+the policy's fixed parameters), and a new snapshot usually differs from the last one in a
+node or two. So for each request shape seen, the best choice on every node (its cost, the
+GPU, the MIG slice) is kept, and a decision rescores only the nodes changed since that shape
+was last placed, then takes the cheapest node, ties going to the seeded node order exactly
+as the reference scoring of :class:`~airflow_gpupool.placement.scored.ScoredPolicy` does.
+Inside a node, the reference keeps the candidate of lowest primary, then secondary cost,
+then GPU position; so does this. ``tests/unit/placement/test_fast_path.py`` checks that the
+decisions are identical on random snapshots.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from airflow_gpupool.resources import GpuRequest
+
+if TYPE_CHECKING:
+    from airflow_gpupool.placement.scored import Candidates
+
+__all__ = ["BestPerNode", "ShapeCache", "pick", "shape_of"]
+
+#: Request shapes kept; the least recently used goes first beyond it.
+MAX_SHAPES = 4096
+
+
+def shape_of(request: GpuRequest) -> tuple[Any, ...]:
+    """Return what placement reads of a request (priority, team... do not change where it goes)."""
+    return (
+        request.cpu_milli,
+        request.memory_mib,
+        request.gpus,
+        request.gpu_milli,
+        request.gpu_memory_mib,
+        request.mig_profile,
+        request.gpu_models,
+        request.node_labels,
+        request.workload_class,
+    )
+
+
+@dataclass
+class BestPerNode:
+    """The best choice of one request shape on each node, as of ``version``.
+
+    :param primary: the node's best primary cost (``inf``: the request does not fit there)
+    :param secondary: its secondary cost
+    :param gpu: its GPU column (-1 for whole GPUs or none)
+    :param mig: its MIG slice by node row (MIG requests only)
+    """
+
+    version: int
+    primary: np.ndarray
+    secondary: np.ndarray
+    gpu: np.ndarray
+    mig: dict[int, str]
+
+
+Scorer = Callable[[GpuRequest, "np.ndarray | None"], "tuple[Candidates, np.ndarray, np.ndarray]"]
+
+
+class ShapeCache:
+    """Best choices per request shape, refreshed from the rows changed since each was computed."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self._changed_at = np.zeros(0, dtype=np.int64)
+        self._shapes: OrderedDict[tuple[Any, ...], BestPerNode] = OrderedDict()
+
+    def note(self, changed: np.ndarray | None, size: int) -> None:
+        """Record a sync: ``changed`` rows were rewritten (None: everything was)."""
+        self.version += 1
+        if changed is None or len(self._changed_at) != size:
+            self._changed_at = np.full(size, self.version, dtype=np.int64)
+            self._shapes.clear()
+        elif len(changed):
+            self._changed_at[changed] = self.version
+
+    def best(self, request: GpuRequest, score: Scorer) -> BestPerNode:
+        """Return the best choice of ``request``'s shape on every node, rescoring what changed.
+
+        :param score: scores the candidates of the request on the given rows (None: all rows)
+            and returns them with their primary and secondary costs
+        """
+        key = shape_of(request)
+        kept = self._shapes.get(key)
+        size = len(self._changed_at)
+        if kept is None:
+            kept = BestPerNode(
+                -1,
+                np.full(size, np.inf),
+                np.zeros(size),
+                np.full(size, -1, dtype=np.int64),
+                {},
+            )
+            rows = None
+        else:
+            self._shapes.move_to_end(key)
+            stale = np.flatnonzero(self._changed_at > kept.version)
+            if len(stale) == 0:
+                return kept
+            rows = None if len(stale) * 4 > size else stale
+        self._refresh(kept, request, rows, score)
+        self._shapes[key] = kept
+        if len(self._shapes) > MAX_SHAPES:
+            self._shapes.popitem(last=False)
+        return kept
+
+    def _refresh(
+        self, kept: BestPerNode, request: GpuRequest, rows: np.ndarray | None, score: Scorer
+    ) -> None:
+        cand, primary, secondary = score(request, rows)
+        if rows is None:
+            kept.primary.fill(np.inf)
+            kept.gpu.fill(-1)
+            kept.mig.clear()
+        else:
+            kept.primary[rows] = np.inf
+            kept.gpu[rows] = -1
+            for i in rows.tolist():
+                kept.mig.pop(i, None)
+        kept.version = self.version
+        if len(cand) == 0:
+            return
+        # Per node, the candidate of lowest primary, then secondary cost, then GPU position.
+        order = np.lexsort((cand.gpu, secondary, primary, cand.node))
+        nodes = cand.node[order]
+        starts = np.ones(len(nodes), dtype=bool)
+        starts[1:] = nodes[1:] != nodes[:-1]
+        first = order[starts]
+        at = cand.node[first]
+        kept.primary[at] = primary[first]
+        kept.secondary[at] = secondary[first]
+        kept.gpu[at] = cand.gpu[first]
+        if cand.mig:
+            for k in first.tolist():
+                kept.mig[int(cand.node[k])] = cand.mig[k]
+
+
+def pick(
+    best: BestPerNode, rank: np.ndarray, prefer: Callable[[np.ndarray], np.ndarray] | None = None
+) -> int | None:
+    """Return the row of the cheapest node, ties to the lowest seeded rank; None when none fits.
+
+    :param prefer: narrows tied rows to the preferred ones (the request's ``prefer_node_labels``)
+    """
+    low = best.primary.min()
+    if not np.isfinite(low):
+        return None
+    ties = np.flatnonzero(best.primary == low)
+    if prefer is not None and len(ties) > 1:
+        ties = prefer(ties)
+    if len(ties) == 1:
+        return int(ties[0])
+    return int(ties[np.argmin(rank[ties])])
