@@ -305,8 +305,13 @@ class KubernetesEmulatorServer(BackgroundEmulatorServer):
 
         self._run_sync(interrupt)
 
-    def reset(self) -> None:
-        """Delete every pod and event, restore the initial nodes, and clear rules and the request log."""
+    def reset(self, nodes: Iterable[Mapping[str, Any]] | None = None) -> None:
+        """Delete every pod and event, restore the initial nodes, and clear rules and the request log.
+
+        :param nodes: Node objects that become the initial nodes (this reset's and the next ones')
+        """
+        if nodes is not None:
+            self.initial_nodes = [copy.deepcopy(dict(n)) for n in nodes]
 
         async def reset() -> None:
             assert self.api is not None
