@@ -35,6 +35,7 @@ from airflow_gpupool.operators.request import (
     check_seconds,
     templated,
 )
+from airflow_gpupool.operators.unschedulable import UnschedulableFailFast  # kit (issue 15)
 from airflow_gpupool.resources import GpuRequest
 from airflow_gpupool.task_try import TaskTry
 from airflow_gpupool.triggers.lease import LEASE_LOST_STATUS
@@ -52,7 +53,7 @@ __all__ = ["XCOM_GRANT_KEY", "GpuPodOperator"]
 XCOM_GRANT_KEY = "gpupool_grant"
 
 
-class GpuPodOperator(KubernetesPodOperator):
+class GpuPodOperator(UnschedulableFailFast, KubernetesPodOperator):
     """Reserve a GPU slice from the shared ledger, then run a Kubernetes pod pinned to it.
 
     Takes every argument of :class:`KubernetesPodOperator`, plus the request. The request
@@ -173,6 +174,10 @@ class GpuPodOperator(KubernetesPodOperator):
     def gpu_hook(self) -> GpuPoolHook:
         """The ledger hook, created on first use (never at parse time)."""
         return GpuPoolHook(self.ledger_conn_id)
+
+    def granted_node(self) -> str | None:
+        """Return the node this try's slice was granted on (its pod is pinned there); kit (issue 15)."""
+        return self._grant.node if self._grant is not None else None
 
     # -- identity -----------------------------------------------------------------------------
 
