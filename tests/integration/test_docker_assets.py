@@ -443,14 +443,30 @@ def _compose() -> dict[str, Any]:
 
 def test_compose_services() -> None:
     services = _compose()["services"]
-    assert set(services) == {"postgres", "airflow-init", *AIRFLOW_SERVICES, "gpupool-metrics", "prometheus"}
+    assert set(services) == {
+        "postgres",
+        "airflow-init",
+        *AIRFLOW_SERVICES,
+        "gpupool-controller",
+        "object-store",
+        "object-store-init",
+        "gpupool-metrics",
+        "prometheus",
+    }
+    # PostgreSQL is not published on the host's 5432 (a local server may hold it), and only on loopback.
+    assert services["postgres"]["ports"] == ["127.0.0.1:${GPUPOOL_POSTGRES_PORT:-15432}:5432"]
+    assert services["object-store"]["image"].startswith("minio/minio:")
+    (script,) = services["object-store-init"]["entrypoint"][2:]
+    assert "mc mb --ignore-existing local/gpupool-checkpoints" in script
     assert services["postgres"]["image"] == "postgres:16"
     assert services["postgres"]["healthcheck"]["test"] == ["CMD", "pg_isready", "-U", "airflow"]
     assert services["prometheus"]["image"].startswith("prom/prometheus:v3.")
     assert services["prometheus"]["profiles"] == services["gpupool-metrics"]["profiles"] == ["monitoring"]
 
 
-@pytest.mark.parametrize("service", ["airflow-init", *AIRFLOW_SERVICES, "gpupool-metrics"])
+@pytest.mark.parametrize(
+    "service", ["airflow-init", *AIRFLOW_SERVICES, "gpupool-controller", "gpupool-metrics"]
+)
 def test_compose_airflow_service(service: str) -> None:
     spec = _compose()["services"][service]
     assert spec["image"] == "airflow-gpupool:0.1.0"
@@ -466,6 +482,11 @@ def test_compose_airflow_service(service: str) -> None:
         "extra": {"ledger_url": LEDGER_URL},
     }
     assert env["GPUPOOL_LEDGER_URL"] == LEDGER_URL
+    # The mounted kubeconfig is the one used: nothing falls back to in-cluster configuration.
+    assert env["KUBECONFIG"] == "/home/airflow/.kube/config"
+    # Checkpoints on the shared object store, reached through fsspec's S3 filesystem.
+    assert env["GPUPOOL_CHECKPOINT_ROOT"] == "s3://gpupool-checkpoints"
+    assert env["AWS_ENDPOINT_URL"] == "http://object-store:9000"
     assert spec["volumes"] == [
         "../dags:/opt/airflow/dags:ro",
         "../examples:/opt/airflow/gpupool-examples:ro",
@@ -477,6 +498,7 @@ def test_compose_airflow_service(service: str) -> None:
         assert spec["depends_on"] == {
             "postgres": {"condition": "service_healthy"},
             "airflow-init": {"condition": "service_completed_successfully"},
+            "object-store-init": {"condition": "service_completed_successfully"},
         }
     if service in AIRFLOW_SERVICES:
         assert spec["command"] == AIRFLOW_SERVICES[service]
@@ -491,6 +513,8 @@ def test_compose_init_migrates_both_databases() -> None:
     assert (
         services["gpupool-metrics"]["command"][-1] == "exec gpupool metrics serve --bind 0.0.0.0 --port 9464"
     )
+    controller = services["gpupool-controller"]["command"][-1]
+    assert controller == "exec gpupool controller run --sync-interval 60 --reconcile-interval 30"
 
 
 def test_compose_ledger_database_and_volumes() -> None:
@@ -500,7 +524,7 @@ def test_compose_ledger_database_and_volumes() -> None:
         "postgres-data:/var/lib/postgresql/data",
         "./postgres/init-ledger.sql:/docker-entrypoint-initdb.d/10-init-ledger.sql:ro",
     ]
-    assert set(compose["volumes"]) == {"postgres-data"}
+    assert set(compose["volumes"]) == {"postgres-data", "object-store-data"}
     sql = (DOCKER / "postgres" / "init-ledger.sql").read_text()
     assert "CREATE ROLE gpupool LOGIN PASSWORD 'gpupool';" in sql
     assert "CREATE DATABASE gpupool OWNER gpupool;" in sql
@@ -599,8 +623,8 @@ def _verbs(rules: list[Any]) -> dict[str, list[str]]:
 def test_rbac() -> None:
     objects = _manifest("rbac.yaml")
     assert sorted(objects) == [
-        ("ClusterRole", "gpupool-node-reader"),
-        ("ClusterRoleBinding", "gpupool-node-reader"),
+        ("ClusterRole", "gpupool-operator-cluster"),
+        ("ClusterRoleBinding", "gpupool-operator-cluster"),
         ("Role", "gpupool-operator"),
         ("RoleBinding", "gpupool-operator"),
         ("ServiceAccount", "gpupool-operator"),
@@ -612,14 +636,15 @@ def test_rbac() -> None:
         "pods/log": ["get"],
         "events": ["list", "watch"],
     }
-    assert _verbs(objects[("ClusterRole", "gpupool-node-reader")].rules) == {
-        "nodes": ["get", "list", "watch"]
+    assert _verbs(objects[("ClusterRole", "gpupool-operator-cluster")].rules) == {
+        "nodes": ["get", "list"],
+        "pods": ["list"],
     }
     for kind, role_kind in (("RoleBinding", "Role"), ("ClusterRoleBinding", "ClusterRole")):
         binding = next(obj for (k, _), obj in objects.items() if k == kind)
         assert (binding.role_ref.kind, binding.role_ref.name) == (
             role_kind,
-            "gpupool-operator" if role_kind == "Role" else "gpupool-node-reader",
+            "gpupool-operator" if role_kind == "Role" else "gpupool-operator-cluster",
         )
         (subject,) = binding.subjects
         assert (subject.kind, subject.name, subject.namespace) == (
@@ -686,8 +711,8 @@ def test_controller_deployment() -> None:
     ]
     account = objects[("ServiceAccount", "gpupool-controller")]
     assert _rules_by_group(objects[("ClusterRole", "gpupool-controller")].rules) == {
-        ("", "nodes"): ["get", "list"],
-        ("", "pods"): ["get", "list", "delete"],
+        ("", "nodes"): ["list"],
+        ("", "pods"): ["list", "delete"],
         ("", "events"): ["create"],
     }
     role = objects[("Role", "gpupool-controller-leader-election")]
