@@ -27,6 +27,7 @@ from airflow_gpupool.operators.escalation import EscalationPolicy
 from airflow_gpupool.operators.failures import Classification, classify
 from airflow_gpupool.operators.ladder import FailedTry, FailureLadder
 from airflow_gpupool.operators.lease import LeaseRenewer, delete_pod
+from airflow_gpupool.operators.links import GpuReservationLink  # kit (issue 15)
 from airflow_gpupool.operators.pod_spec import pin_pod
 from airflow_gpupool.operators.request import (
     REQUEST_FIELDS,
@@ -91,6 +92,8 @@ class GpuPodOperator(UnschedulableFailFast, KubernetesPodOperator):
         "checkpoint_dir",
     )
     ui_color = "#76b900"
+    # kit (issue 15): "GPU reservation" opens the try's reservation page.
+    operator_extra_links = (*KubernetesPodOperator.operator_extra_links, GpuReservationLink())
 
     def __init__(
         self,
