@@ -14,7 +14,7 @@ from airflow.sdk import BaseOperatorLink
 from airflow_gpupool.task_try import TaskTry
 
 if TYPE_CHECKING:
-    from airflow.models.taskinstancekey import TaskInstanceKey
+    from airflow.sdk.types import TaskInstanceKey
 
 #: Where the plugin serves a reservation's page (the plugin's ``URL_PREFIX`` + ``/reservations/``).
 RESERVATION_PAGE = "/gpupool/reservations/"
