@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 from airflow_gpupool.operators import GpuPodOperator
 from airflow_gpupool.operators.links import GpuReservationLink
 from airflow_gpupool.plugins.app import create_app
+from airflow_gpupool.task_try import TaskTry
 from tests.unit.metrics.scenario import Pool, build_pool
 
 
@@ -64,5 +65,5 @@ def test_the_extra_link_opens_the_page_of_the_tries_own_reservation() -> None:
     assert link.name == "GPU reservation"
     key = SimpleNamespace(dag_id="train_dag", task_id="fit", run_id="manual__1", map_index=-1, try_number=2)
     ti = SimpleNamespace(**vars(key), start_date=datetime.datetime.now(tz=datetime.UTC))
-    expected = GpuPodOperator.reservation_id_for({"ti": ti})  # what the operator reserves under
+    expected = TaskTry.from_context({"ti": ti}).reservation_id  # what the operator reserves under
     assert link.get_link(None, ti_key=key) == f"/gpupool/reservations/{expected}"  # type: ignore[arg-type]
