@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_ui_browser import ARTIFACTS, CHROMIUM
+from tests.integration.test_ui_browser import ARTIFACTS, CHROMIUM, require_browser
 from tests.unit.metrics.scenario import build_pool
 
 TASK_URL = "/dags/train_dag/runs/manual__2027-01-15T10%3A00%3A00%2B00%3A00/tasks/fit"
@@ -35,10 +35,9 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def airflow_ui(
-    browser_ready: None, airflow_db: None, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[str]:
+def airflow_ui(airflow_db: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Serve the Airflow UI with the GPU pool plugin over the scenario ledger; return its base URL."""
+    require_browser()
     ledger_url = f"sqlite:///{tmp_path_factory.mktemp('embedded')}/ledger.db"
     build_pool(ledger_url).ledger.close()
     port = _free_port()
