@@ -36,20 +36,25 @@ test-fast: install
 demo: install
 	$(BIN)/python -m airflow_gpupool.demo
 
-# The Airflow UI (airflow standalone, http://localhost:8080) with the Kubernetes emulator (the demo's
-# cluster, port $(UI_PORT)), a SQLite ledger synced from it, the controller beside them (its log in
-# .demo/ui/controller.log) and the example DAGs in dags/.
+# The Airflow UI (airflow standalone, http://localhost:$(AIRFLOW_UI_PORT)) with the Kubernetes
+# emulator (the demo's cluster, port $(EMULATOR_PORT)), a SQLite ledger synced from it, the
+# controller beside them (its log in .demo/ui/controller.log) and the example DAGs in dags/.
+# Sized for a laptop: the LocalExecutor starts one worker process per parallelism slot (32 by
+# default, about 6 GB); UI_WORKERS of them run the example DAGs' few parallel tasks.
 UI_DIR := $(abspath .demo/ui)
-UI_PORT ?= 8001
+EMULATOR_PORT ?= 8001
+AIRFLOW_UI_PORT ?= 8080
+UI_WORKERS ?= 4
 UI_CONN := {"conn_type": "gpupool", "extra": {"ledger_url": "sqlite:///$(UI_DIR)/ledger.db", "node_pool_bindings": "a100-mig=mig,t4-shared=hami"}}
 UI_ENV := AIRFLOW_HOME=$(UI_DIR)/airflow AIRFLOW__CORE__DAGS_FOLDER=$(abspath dags) AIRFLOW__CORE__LOAD_EXAMPLES=False \
 	KUBECONFIG=$(UI_DIR)/kubeconfig GPUPOOL_EMULATOR=1 GPUPOOL_CHECKPOINT_ROOT=$(UI_DIR)/checkpoints \
+	AIRFLOW__CORE__PARALLELISM=$(UI_WORKERS) AIRFLOW__API__PORT=$(AIRFLOW_UI_PORT) AIRFLOW__API__WORKERS=1 \
 	AIRFLOW_CONN_GPUPOOL_DEFAULT='$(UI_CONN)'
 
 ui: install
 	mkdir -p $(UI_DIR) && rm -f $(UI_DIR)/kubeconfig
 	$(BIN)/python -m airflow_gpupool.demo --write-nodes $(UI_DIR)/nodes.json
-	$(BIN)/python -m airflow_gpupool.testing.emulator --port $(UI_PORT) --kubeconfig $(UI_DIR)/kubeconfig \
+	$(BIN)/python -m airflow_gpupool.testing.emulator --port $(EMULATOR_PORT) --kubeconfig $(UI_DIR)/kubeconfig \
 		--nodes $(UI_DIR)/nodes.json & emulator=$$!; trap 'kill $$emulator $${controller:-}' EXIT INT TERM; \
 	while [ ! -s $(UI_DIR)/kubeconfig ]; do sleep 0.2; done; \
 	$(UI_ENV) $(BIN)/gpupool inventory sync --url sqlite:///$(UI_DIR)/ledger.db --kubeconfig $(UI_DIR)/kubeconfig \

@@ -44,6 +44,7 @@ def get_provider_info() -> dict[str, Any]:
             {"integration-name": "GPU pool", "python-modules": ["airflow_gpupool.sensors.checkpoint"]}
         ],
         "notifications": ["airflow_gpupool.notifiers.escalation.EscalationNotifier"],
+        "extra-links": ["airflow_gpupool.operators.links.GpuReservationLink"],
         "plugins": [{"name": "gpupool", "plugin-class": "airflow_gpupool.plugins.gpupool.GpuPoolPlugin"}],
         "config": {
             "gpupool": {

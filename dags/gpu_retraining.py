@@ -34,6 +34,9 @@ KUBECONFIG = os.environ.get("KUBECONFIG")
 CHECKPOINT_ROOT = os.environ.get("GPUPOOL_CHECKPOINT_ROOT") or os.path.join(
     os.environ.get("AIRFLOW_HOME") or os.path.expanduser("~/airflow"), "checkpoints"
 )
+# The day's dataset: the logical date's, or the run's own day when it was triggered without one
+# (UI or REST API, Airflow 3: no `ds`, no data interval).
+DATASET = "s3://datasets/recsys/{{ (dag_run.logical_date or dag_run.run_after) | ds }}"
 CHECKPOINTS = CHECKPOINT_ROOT.rstrip("/") + "/{{ dag.dag_id }}/{{ run_id }}"
 SHARED_GPUS = ["Tesla-T4", "NVIDIA-L4"]
 
@@ -71,14 +74,14 @@ with DAG(
         task_id="prepare_data",
         name="prepare-data",
         image="ghcr.io/example/prepare:1.0",
-        cmds=["python", "-m", "prepare", "--out", "s3://datasets/recsys/{{ ds }}"],
+        cmds=["python", "-m", "prepare", "--out", DATASET],
         **POD,
     )
     train = GpuPodOperator(
         task_id="train",
         name="train",
         image="ghcr.io/example/train:1.0",
-        cmds=["python", "-m", "train", "--data", "s3://datasets/recsys/{{ ds }}"],
+        cmds=["python", "-m", "train", "--data", DATASET],
         gpus=1,
         gpu_models=["NVIDIA-A100-SXM4-80GB", "NVIDIA-H100-80GB-HBM3"],
         workload_class="training",

@@ -20,6 +20,10 @@ from airflow_gpupool.operators import GpuPodOperator
 EMULATOR = os.environ.get("GPUPOOL_EMULATOR") == "1"
 KUBECONFIG = os.environ.get("KUBECONFIG")
 
+# The start of the hour to refresh: the data interval's, or, for a run triggered without a
+# logical date (UI or REST API, Airflow 3), the hour before the run.
+SINCE = "{{ (dag_run.data_interval_start or dag_run.run_after - macros.timedelta(hours=1)).isoformat() }}"
+
 with DAG(
     dag_id="inference_refresh",
     schedule="@hourly",
@@ -34,7 +38,7 @@ with DAG(
         name="refresh-embeddings",
         namespace="default",
         image="ghcr.io/example/embed:1.0",
-        cmds=["python", "-m", "embed", "--since", "{{ data_interval_start }}"],
+        cmds=["python", "-m", "embed", "--since", SINCE],
         config_file=KUBECONFIG,
         in_cluster=not KUBECONFIG,
         get_logs=True,

@@ -47,11 +47,52 @@ _REGISTRARS: tuple[Callable[[Any], None], ...] = (
 )
 
 
+def plain_text(text: str, *, formatted: bool) -> str:
+    """Return docstring text as a terminal shows it: no RST double backticks, ``%%`` as ``%``.
+
+    argparse %-formats help strings (so they write ``%%``) but descriptions only when they
+    name ``%(prog)``; either way the reader should see one ``%``.
+
+    :param text: a description or an expanded help string
+    :param formatted: whether argparse has already %-formatted it
+    """
+    text = text.replace("``", "")
+    return text if formatted or "%(prog)" in text else text.replace("%%", "%")
+
+
+class _PlainTextMixin(argparse.HelpFormatter):
+    """Show descriptions and help as plain text (kit, issue 15: no ``code`` markup, no ``130%%``)."""
+
+    def _format_text(self, text: str) -> str:
+        return super()._format_text(plain_text(text, formatted=False))
+
+    def _expand_help(self, action: argparse.Action) -> str:
+        return plain_text(super()._expand_help(action), formatted=True)
+
+
+class _PlainHelpFormatter(_PlainTextMixin, argparse.HelpFormatter):
+    """Wrapped plain text, for the subcommands."""
+
+
+class _PlainRawDescriptionFormatter(_PlainTextMixin, argparse.RawDescriptionHelpFormatter):
+    """Plain text with the description's own line breaks, for ``gpupool --help``."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose subcommand parsers show plain text too (they are built as this class)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        chosen = kwargs.get("formatter_class", argparse.HelpFormatter)
+        if chosen is argparse.RawDescriptionHelpFormatter:
+            chosen = _PlainRawDescriptionFormatter
+        elif not issubclass(chosen, _PlainTextMixin):
+            chosen = _PlainHelpFormatter
+        super().__init__(*args, **{**kwargs, "formatter_class": chosen})
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Return the argument parser of the ``gpupool`` command."""
-    parser = argparse.ArgumentParser(
-        prog="gpupool", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = _Parser(prog="gpupool", description=__doc__, formatter_class=_PlainRawDescriptionFormatter)
     parser.add_argument("-v", "--verbose", action="store_true", help="log what happens")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True

@@ -1,4 +1,9 @@
-"""``gpupool metrics serve``: a Prometheus exporter for deployments without the Airflow UI."""
+"""``gpupool metrics serve``: the Prometheus exporter of the ledger.
+
+Unauthenticated, as exporters are, so Prometheus can scrape it; it binds to loopback unless
+told where (``--bind 0.0.0.0`` in a container or pod, where the network policy is the fence).
+The plugin's ``/gpupool/metrics`` stays behind Airflow's login and is for people, not scrapers.
+"""
 
 from __future__ import annotations
 
@@ -29,8 +34,11 @@ def make_registry(url: str | None = None) -> CollectorRegistry:
     return registry
 
 
+DEFAULT_BIND = "127.0.0.1"
+
+
 def serve(
-    port: int, url: str | None = None, addr: str = "0.0.0.0", stop: threading.Event | None = None
+    port: int, url: str | None = None, addr: str = DEFAULT_BIND, stop: threading.Event | None = None
 ) -> None:
     """Serve ``/metrics`` on ``addr:port`` until ``stop`` is set (forever when None).
 
@@ -53,7 +61,7 @@ def serve(
 def cmd_metrics_serve(args: argparse.Namespace) -> int:
     """Serve the ledger's Prometheus metrics over HTTP (``/metrics``)."""
     try:
-        serve(args.port, args.url, args.addr)
+        serve(args.port, args.url, args.bind)
     except KeyboardInterrupt:
         pass
     return 0
@@ -69,7 +77,14 @@ def register(subparsers: Any) -> None:
     sub.required = True
     p = sub.add_parser("serve", help="serve /metrics over HTTP", description=cmd_metrics_serve.__doc__)
     p.add_argument("--port", type=int, default=9464, help="TCP port (default: 9464)")
-    p.add_argument("--addr", default="0.0.0.0", help="address to bind (default: 0.0.0.0)")
+    p.add_argument(
+        "--bind",
+        "--addr",
+        dest="bind",
+        default=DEFAULT_BIND,
+        metavar="ADDR",
+        help=f"address to listen on; 0.0.0.0 for every interface (default: {DEFAULT_BIND})",
+    )
     p.add_argument(
         "--url", help="ledger SQLAlchemy URL (default: GPUPOOL_LEDGER_URL or [gpupool] ledger_url)"
     )

@@ -155,7 +155,9 @@ class CapacityCache:
             row = conn.execute(_PG_WRITE if writing else _PG_READ, {"since": since}).one()
             self._apply(row.nodes or [], row.gpus or [], row.migs or [])
             return Stamp(row.generation, row.watermark, row.version, counter=False)
-        meta = dict(conn.execute(sql.READ_META).tuples().all())
+        meta = dict(
+            conn.execute(sql.READ_META).all()
+        )  # rows are tuples (Result.tuples() is deprecated in 2.1)
         version = meta["version"] + 1
         stamp = Stamp(meta["inventory_generation"], version, version if writing else 0, counter=True)
         if since != version:  # on a counter, an unchanged watermark means nothing changed

@@ -1,47 +1,57 @@
 """A Prometheus collector that reads one ledger snapshot per scrape.
 
-Metric names are a contract with the alert rules and dashboard in ``docker/``:
+Metric names are a contract with the alert rules and dashboard in ``docker/`` (the dashboard's
+queries are checked against these names and types in ``tests/integration/test_docker_assets.py``):
 
-==========================================================  =====================================
-``gpupool_gpu_capacity_milli{node_pool,model}``             GPU compute installed (1000 per GPU)
-``gpupool_gpu_allocated_milli{node_pool,model}``            granted (a MIG slice counts its share)
-``gpupool_gpu_free_milli{node_pool,model}``                 capacity minus allocated
-``gpupool_gpu_allocation_ratio{node_pool,model}``           allocated / capacity (0–1)
-``gpupool_fragmentation_ratio``                             FGD fragmentation / capacity (0–1)
-``gpupool_queue_depth{priority}``                           waiting requests; ``sum()`` for total
-``gpupool_queue_wait_seconds``                              histogram of current waiters' wait
-``gpupool_grants{team,workload_class}``                     live grants (orphans included)
-``gpupool_orphaned_grants``                                 grants whose lease expired while their pod ran on
-``gpupool_reservations_total{state}``                       ended reservations by final state
-``gpupool_node_heartbeat_age_seconds{node}``                nodes that have sent a heartbeat
-``gpupool_node_health{node,health}``                        1 for the node's current health
-``gpupool_ledger_up``                                       1 when the ledger answered the scrape
-==========================================================  =====================================
+==============================================================  =================================
+gauges (now)
+``gpupool_gpu_capacity_milli{node_pool,model}``                 GPU compute installed (1000 per GPU)
+``gpupool_gpu_allocated_milli{node_pool,model}``                granted (a MIG slice counts its share)
+``gpupool_gpu_free_milli{node_pool,model}``                     capacity minus allocated
+``gpupool_gpu_allocation_ratio{node_pool,model}``               allocated / capacity (0–1)
+``gpupool_fragmentation_ratio``                                 FGD fragmentation / capacity (0–1)
+``gpupool_queue_requests``                                      waiting requests (0 when none)
+``gpupool_queue_requests_by_priority{priority}``                the same per priority (only those waiting)
+``gpupool_queue_requested_gpu_milli``                           GPU compute the waiting requests ask for
+``gpupool_queue_oldest_wait_seconds``                           how long the oldest waiter has waited (0: none)
+``gpupool_active_grants{team,workload_class}``                  live grants (orphans included)
+``gpupool_orphaned_grants``                                     grants whose lease expired while their pod ran on
+``gpupool_node_heartbeat_age_seconds{node}``                    nodes that have sent a heartbeat
+``gpupool_node_health{node,health}``                            1 for the node's current health
+``gpupool_ledger_up``                                           1 when the ledger answered the scrape
+counters and histogram (since the ledger was created)
+``gpupool_reservation_wait_seconds{outcome}``                   histogram: how long a request waited, observed
+                                                                at its grant (``granted``) or timeout (``timed_out``)
+``gpupool_grants_total``                                        reservations granted
+``gpupool_reservation_timeouts_total``                          requests that waited past their deadline
+``gpupool_lease_expiries_total``                                leases that expired unrenewed and were reaped
+``gpupool_preemptions_total``                                   task tries whose pod was preempted or evicted
+``gpupool_reservations_total{state}``                           ended reservations by final state
+==============================================================  =================================
 
-``gpupool_reservations_total{state="expired"}`` counts leases that expired without renewal:
-it is the reap (lease expiry) counter, and its ``rate()`` is what a "slices are being
-reaped" alert watches. ``state="timed_out"`` counts requests that waited past their
-deadline. The counters are counted from the ledger's reservations table, so every
-exporter of one ledger reports the same values, and they survive exporter restarts.
+The counters and the histogram are counted from the ledger's tables
+(:func:`airflow_gpupool.metrics.stats.ledger_totals`), not kept in the exporter's memory: every
+exporter of one ledger reports the same values, they survive exporter restarts, and they are
+cumulative, so ``rate()`` and ``histogram_quantile()`` over them mean what they say.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from airflow_gpupool.metrics.stats import WAIT_BUCKETS
 from airflow_gpupool.resources import MILLI_PER_GPU
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
     from airflow_gpupool.ledger import Ledger, LedgerSnapshot
+    from airflow_gpupool.metrics.stats import LedgerTotals
 
 log = logging.getLogger(__name__)
-
-WAIT_BUCKETS = (10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 4 * 3600.0)
 
 METRIC_NAMES = (
     "gpupool_gpu_capacity_milli",
@@ -49,10 +59,17 @@ METRIC_NAMES = (
     "gpupool_gpu_allocation_ratio",
     "gpupool_gpu_free_milli",
     "gpupool_fragmentation_ratio",
-    "gpupool_queue_depth",
-    "gpupool_queue_wait_seconds",
-    "gpupool_grants",
+    "gpupool_queue_requests",
+    "gpupool_queue_requests_by_priority",
+    "gpupool_queue_requested_gpu_milli",
+    "gpupool_queue_oldest_wait_seconds",
+    "gpupool_active_grants",
     "gpupool_orphaned_grants",
+    "gpupool_reservation_wait_seconds",
+    "gpupool_grants_total",
+    "gpupool_reservation_timeouts_total",
+    "gpupool_lease_expiries_total",
+    "gpupool_preemptions_total",
     "gpupool_reservations_total",
     "gpupool_node_heartbeat_age_seconds",
     "gpupool_node_health",
@@ -110,35 +127,18 @@ def pool_usage(snapshot: LedgerSnapshot) -> dict[tuple[str, str], tuple[int, int
     return {k: (capacity[k], allocated[k]) for k in keys}
 
 
-def _histogram(values: Iterable[float], buckets: tuple[float, ...]) -> tuple[list[tuple[str, float]], float]:
-    ordered = sorted(values)
-    out = [(str(float(b)), float(sum(1 for v in ordered if v <= b))) for b in buckets]
-    out.append(("+Inf", float(len(ordered))))
-    return out, float(sum(ordered))
+def _pool_gauges(snapshot: LedgerSnapshot) -> list[Metric]:
+    """Return capacity, allocation, ratio and free compute per ``(node_pool, model)``.
 
-
-def ledger_metrics(snapshot: LedgerSnapshot, counts: dict[str, int]) -> list[Metric]:
-    """Return every metric family except ``gpupool_ledger_up``, from one snapshot.
-
-    :param snapshot: a ledger snapshot; its ``taken_at`` is "now" for ages and waits
-    :param counts: ended reservations by state, from :func:`airflow_gpupool.metrics.stats.reservation_counts`
+    :param snapshot: a ledger snapshot
     """
-    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+    from prometheus_client.core import GaugeMetricFamily
 
-    now = snapshot.taken_at
-    pool_labels = ["node_pool", "model"]
-    cap = GaugeMetricFamily(
-        "gpupool_gpu_capacity_milli", "GPU compute installed, milli-GPU", labels=pool_labels
-    )
-    alloc = GaugeMetricFamily(
-        "gpupool_gpu_allocated_milli", "GPU compute granted, milli-GPU", labels=pool_labels
-    )
-    ratio = GaugeMetricFamily(
-        "gpupool_gpu_allocation_ratio", "Granted share of GPU compute", labels=pool_labels
-    )
-    free = GaugeMetricFamily(
-        "gpupool_gpu_free_milli", "GPU compute not granted, milli-GPU", labels=pool_labels
-    )
+    labels = ["node_pool", "model"]
+    cap = GaugeMetricFamily("gpupool_gpu_capacity_milli", "GPU compute installed, milli-GPU", labels=labels)
+    alloc = GaugeMetricFamily("gpupool_gpu_allocated_milli", "GPU compute granted, milli-GPU", labels=labels)
+    ratio = GaugeMetricFamily("gpupool_gpu_allocation_ratio", "Granted share of GPU compute", labels=labels)
+    free = GaugeMetricFamily("gpupool_gpu_free_milli", "GPU compute not granted, milli-GPU", labels=labels)
     for (pool, model), (c, a) in pool_usage(snapshot).items():
         cap.add_metric([pool, model], c)
         alloc.add_metric([pool, model], a)
@@ -148,15 +148,94 @@ def ledger_metrics(snapshot: LedgerSnapshot, counts: dict[str, int]) -> list[Met
         "gpupool_fragmentation_ratio", "GPU compute unusable by the typical request shapes, share of capacity"
     )
     frag.add_metric([], fragmentation_ratio(snapshot))
+    return [cap, alloc, ratio, free, frag]
 
-    depth = GaugeMetricFamily("gpupool_queue_depth", "Waiting reservations by priority", labels=["priority"])
-    for priority, n in sorted(Counter(r.request.priority for r in snapshot.queue).items()):
-        depth.add_metric([str(priority)], n)
-    buckets, total = _histogram((max(0.0, now - r.created_at) for r in snapshot.queue), WAIT_BUCKETS)
-    wait = HistogramMetricFamily("gpupool_queue_wait_seconds", "How long current waiters have waited so far")
-    wait.add_metric([], buckets, total)
 
-    grants = GaugeMetricFamily("gpupool_grants", "Live grants", labels=["team", "workload_class"])
+def _queue_gauges(snapshot: LedgerSnapshot) -> list[Metric]:
+    """Return the queue's gauges; the unlabelled ones are 0 (not absent) when nothing waits.
+
+    :param snapshot: a ledger snapshot; its ``taken_at`` is "now"
+    """
+    from prometheus_client.core import GaugeMetricFamily
+
+    queue = snapshot.queue
+    total = GaugeMetricFamily("gpupool_queue_requests", "Reservation requests waiting in the queue")
+    total.add_metric([], len(queue))
+    by_priority = GaugeMetricFamily(
+        "gpupool_queue_requests_by_priority", "Waiting reservation requests per priority", labels=["priority"]
+    )
+    for priority, n in sorted(Counter(r.request.priority for r in queue).items()):
+        by_priority.add_metric([str(priority)], n)
+    asked = GaugeMetricFamily(
+        "gpupool_queue_requested_gpu_milli", "GPU compute the waiting requests ask for, milli-GPU"
+    )
+    asked.add_metric([], sum(r.request.total_gpu_milli for r in queue))
+    oldest = GaugeMetricFamily(
+        "gpupool_queue_oldest_wait_seconds",
+        "How long the longest-waiting request has waited so far (0: none)",
+    )
+    oldest.add_metric([], max((max(0.0, snapshot.taken_at - r.created_at) for r in queue), default=0.0))
+    return [total, by_priority, asked, oldest]
+
+
+def _wait_histogram(totals: LedgerTotals) -> Metric:
+    """Return the cumulative wait histogram, one series per outcome.
+
+    :param totals: the ledger's cumulative counts
+    """
+    from prometheus_client.core import HistogramMetricFamily
+
+    wait = HistogramMetricFamily(
+        "gpupool_reservation_wait_seconds",
+        "How long reservation requests waited: observed at their grant (granted) or their timeout (timed_out)",
+        labels=["outcome"],
+    )
+    for outcome, hist in (("granted", totals.waited_granted), ("timed_out", totals.waited_timed_out)):
+        buckets = [(str(bound), float(n)) for bound, n in zip(WAIT_BUCKETS, hist.buckets, strict=True)]
+        wait.add_metric([outcome], [*buckets, ("+Inf", float(hist.count))], hist.total)
+    return wait
+
+
+def _counters(totals: LedgerTotals) -> list[Metric]:
+    """Return the cumulative counters; each is present (0 at first) from the first scrape.
+
+    :param totals: the ledger's cumulative counts
+    """
+    from prometheus_client.core import CounterMetricFamily
+
+    def counter(name: str, doc: str, value: int) -> Metric:
+        family = CounterMetricFamily(name, doc)
+        family.add_metric([], value)
+        return family
+
+    ended = CounterMetricFamily("gpupool_reservations", "Ended reservations by final state", labels=["state"])
+    for state, n in sorted(totals.ended.items()):
+        ended.add_metric([state], n)
+    return [
+        counter("gpupool_grants", "Reservations granted", totals.grants),
+        counter(
+            "gpupool_reservation_timeouts",
+            "Requests that waited past their deadline",
+            totals.ended["timed_out"],
+        ),
+        counter(
+            "gpupool_lease_expiries", "Leases that expired unrenewed and were reaped", totals.ended["expired"]
+        ),
+        counter("gpupool_preemptions", "Task tries whose pod was preempted or evicted", totals.preemptions),
+        ended,
+    ]
+
+
+def ledger_metrics(snapshot: LedgerSnapshot, totals: LedgerTotals) -> list[Metric]:
+    """Return every metric family except ``gpupool_ledger_up``, from one snapshot and the ledger's totals.
+
+    :param snapshot: a ledger snapshot; its ``taken_at`` is "now" for ages and waits
+    :param totals: cumulative counts, from :func:`airflow_gpupool.metrics.stats.ledger_totals`
+    """
+    from prometheus_client.core import GaugeMetricFamily
+
+    now = snapshot.taken_at
+    grants = GaugeMetricFamily("gpupool_active_grants", "Live grants", labels=["team", "workload_class"])
     per_team = Counter((r.request.team, _value(r.request.workload_class)) for r in snapshot.grants)
     for (team, wclass), n in sorted(per_team.items()):
         grants.add_metric([team, wclass], n)
@@ -165,14 +244,6 @@ def ledger_metrics(snapshot: LedgerSnapshot, counts: dict[str, int]) -> list[Met
         "Grants whose lease expired while their pod ran on: held until the pod is finished, gone or deleted",
     )
     orphaned.add_metric([], sum(r.state.value == "orphaned" for r in snapshot.grants))
-    ended = CounterMetricFamily(
-        "gpupool_reservations",
-        "Ended reservations by final state (expired: lease expiries, i.e. reaps; timed_out: waited past deadline)",
-        labels=["state"],
-    )
-    for state, n in sorted(counts.items()):
-        ended.add_metric([state], n)
-
     age = GaugeMetricFamily(
         "gpupool_node_heartbeat_age_seconds", "Seconds since the node's last heartbeat", labels=["node"]
     )
@@ -183,7 +254,16 @@ def ledger_metrics(snapshot: LedgerSnapshot, counts: dict[str, int]) -> list[Met
         if node.heartbeat_at is not None:
             age.add_metric([node.name], max(0.0, now - node.heartbeat_at))
         health.add_metric([node.name, node.health], 1)
-    return [cap, alloc, ratio, free, frag, depth, wait, grants, orphaned, ended, age, health]
+    return [
+        *_pool_gauges(snapshot),
+        *_queue_gauges(snapshot),
+        grants,
+        orphaned,
+        _wait_histogram(totals),
+        *_counters(totals),
+        age,
+        health,
+    ]
 
 
 def _value(item: Any) -> str:
@@ -210,13 +290,13 @@ class GpuPoolCollector:
         """Read one snapshot and yield every metric family."""
         from prometheus_client.core import GaugeMetricFamily
 
-        from airflow_gpupool.metrics.stats import reservation_counts
+        from airflow_gpupool.metrics.stats import ledger_totals
 
         up = GaugeMetricFamily("gpupool_ledger_up", "1 when the ledger answered this scrape")
         try:
             ledger = self._ledger() if callable(self._ledger) else self._ledger
             snapshot = ledger.snapshot()
-            families = ledger_metrics(snapshot, reservation_counts(ledger.url))
+            families = ledger_metrics(snapshot, ledger_totals(ledger.url))
         except Exception:
             # Any failure to read means "down" for this scrape; the cause goes to the log.
             log.exception("Could not read the GPU ledger for metrics")

@@ -1,5 +1,9 @@
 """Read-only aggregates over the ledger's reservations table that snapshots do not carry.
 
+The cumulative counts (:func:`ledger_totals`) are counted from the table rather than kept in
+an exporter's memory, so every exporter of one ledger reports the same values and they survive
+exporter restarts; they only grow because the ledger never deletes a reservation row.
+
 :class:`~airflow_gpupool.ledger.Ledger` returns live reservations and a bounded history;
 metrics and the UI chart need counts over every ended reservation and the times slices
 were held, so these few queries read the table directly, in one read transaction each.
@@ -14,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from sqlalchemy import Engine
+    from sqlalchemy import ColumnElement, Connection, Engine
 
 ENDED_STATES = ("released", "expired", "timed_out", "cancelled")
 
@@ -33,25 +37,6 @@ def _engine(url: str) -> Engine:
     from airflow_gpupool.ledger.engine import make_engine
 
     return make_engine(url)
-
-
-def reservation_counts(url: str) -> dict[str, int]:
-    """Return the number of reservations in each ended state (every state present, 0 when none).
-
-    :param url: the ledger's SQLAlchemy URL
-    """
-    from sqlalchemy import func, select
-
-    from airflow_gpupool.ledger import schema
-    from airflow_gpupool.ledger.engine import read_transaction
-
-    r = schema.reservations.c
-    query = select(r.state, func.count()).where(r.state.in_(ENDED_STATES)).group_by(r.state)
-    counts = dict.fromkeys(ENDED_STATES, 0)
-    with read_transaction(_engine(url)) as conn:
-        for state, count in conn.execute(query):
-            counts[state] = int(count)
-    return counts
 
 
 def held_spans(url: str, since: float) -> list[HeldSpan]:
@@ -104,3 +89,87 @@ def allocation_series(
         points.append((at, level / capacity_milli))
     points.append((until, level / capacity_milli))
     return points
+
+
+WAIT_BUCKETS = (1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 4 * 3600.0)
+"""Upper bounds (seconds) of the wait histogram's buckets."""
+
+
+@dataclass(frozen=True)
+class WaitHistogram:
+    """A cumulative histogram of waits: ``buckets[i]`` counts waits ``<= WAIT_BUCKETS[i]``.
+
+    :param buckets: cumulative counts, one per bound of :data:`WAIT_BUCKETS`
+    :param count: every wait observed (the ``+Inf`` bucket)
+    :param total: the sum of the waits, seconds
+    """
+
+    buckets: tuple[int, ...]
+    count: int
+    total: float
+
+
+@dataclass(frozen=True)
+class LedgerTotals:
+    """Counts over every reservation the ledger has kept: they only grow (no row is ever deleted).
+
+    :param ended: ended reservations by final state (every state of :data:`ENDED_STATES`)
+    :param grants: reservations ever granted
+    :param preemptions: task tries whose pod was preempted or evicted (failure records)
+    :param waited_granted: how long granted reservations waited, observed at their grant
+    :param waited_timed_out: how long timed-out reservations waited, observed at their timeout
+    """
+
+    ended: dict[str, int]
+    grants: int
+    preemptions: int
+    waited_granted: WaitHistogram
+    waited_timed_out: WaitHistogram
+
+
+def _wait_histogram(
+    conn: Connection, waited: ColumnElement[float], where: ColumnElement[bool]
+) -> WaitHistogram:
+    """Count waits into the buckets in one aggregate query.
+
+    :param conn: an open read transaction
+    :param waited: the wait of one row, seconds
+    :param where: which rows
+    """
+    from sqlalchemy import case, func, select
+
+    from airflow_gpupool.ledger import schema
+
+    columns = [func.sum(case((waited <= bound, 1), else_=0)) for bound in WAIT_BUCKETS]
+    row = conn.execute(
+        select(func.count(), func.coalesce(func.sum(waited), 0.0), *columns)
+        .select_from(schema.reservations)
+        .where(where)
+    ).one()
+    return WaitHistogram(tuple(int(n or 0) for n in row[2:]), int(row[0]), float(row[1]))
+
+
+def ledger_totals(url: str) -> LedgerTotals:
+    """Return the ledger's cumulative counts, read in one transaction.
+
+    :param url: the ledger's SQLAlchemy URL
+    """
+    from sqlalchemy import func, select
+
+    from airflow_gpupool.exceptions import FailureClass
+    from airflow_gpupool.ledger import schema
+    from airflow_gpupool.ledger.engine import read_transaction
+
+    r, a = schema.reservations.c, schema.task_attempts.c
+    ended = dict.fromkeys(ENDED_STATES, 0)
+    with read_transaction(_engine(url)) as conn:
+        for state, count in conn.execute(
+            select(r.state, func.count()).where(r.state.in_(ENDED_STATES)).group_by(r.state)
+        ):
+            ended[state] = int(count)
+        grants = conn.execute(select(func.count()).where(r.granted_at.is_not(None))).scalar_one()
+        preempted = select(func.count()).where(a.failure_class == FailureClass.PREEMPTED.value)
+        preemptions = conn.execute(preempted).scalar_one()
+        granted = _wait_histogram(conn, r.granted_at - r.created_at, r.granted_at.is_not(None))
+        timed_out = _wait_histogram(conn, r.ended_at - r.created_at, r.state == "timed_out")
+    return LedgerTotals(ended, int(grants), int(preemptions), granted, timed_out)

@@ -135,9 +135,19 @@ def classify(
         return found(FailureClass.OUT_OF_MEMORY, oom.group(0))
     if exit_code not in (None, 0):
         return found(FailureClass.APPLICATION_ERROR, terminated.get("reason") or f"exit code {exit_code}")
-    return found(
-        FailureClass.UNKNOWN, terminated.get("reason") or (pod.get("status") or {}).get("phase") or "unknown"
-    )
+    return found(FailureClass.UNKNOWN, _fallback_reason(pod, terminated))
+
+
+def _fallback_reason(pod: Mapping[str, Any], terminated: Mapping[str, Any]) -> str:
+    """Return the reason of an unclassified failure; a pod never placed says the scheduler's why (kit, issue 15).
+
+    :param pod: the pod as the API returns it
+    :param terminated: its main container's terminated state
+    """
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "PodScheduled" and condition.get("reason") == "Unschedulable":
+            return f"unschedulable: {condition.get('message') or 'Unschedulable'}"
+    return str(terminated.get("reason") or (pod.get("status") or {}).get("phase") or "unknown")
 
 
 _ERRORS: dict[FailureClass, type[PodFailureError]] = {

@@ -27,6 +27,7 @@ from airflow_gpupool.operators.escalation import EscalationPolicy
 from airflow_gpupool.operators.failures import Classification, classify
 from airflow_gpupool.operators.ladder import FailedTry, FailureLadder
 from airflow_gpupool.operators.lease import LeaseRenewer, delete_pod
+from airflow_gpupool.operators.links import GpuReservationLink  # kit (issue 15)
 from airflow_gpupool.operators.pod_spec import pin_pod
 from airflow_gpupool.operators.reattach import EarlierTries
 from airflow_gpupool.operators.request import (
@@ -36,6 +37,7 @@ from airflow_gpupool.operators.request import (
     check_seconds,
     templated,
 )
+from airflow_gpupool.operators.unschedulable import UnschedulableFailFast  # kit (issue 15)
 from airflow_gpupool.resources import GpuRequest
 from airflow_gpupool.task_try import TaskTry
 from airflow_gpupool.triggers.lease import LEASE_LOST_STATUS
@@ -53,7 +55,7 @@ __all__ = ["XCOM_GRANT_KEY", "GpuPodOperator"]
 XCOM_GRANT_KEY = "gpupool_grant"
 
 
-class GpuPodOperator(KubernetesPodOperator):
+class GpuPodOperator(UnschedulableFailFast, KubernetesPodOperator):
     """Reserve a GPU slice from the shared ledger, then run a Kubernetes pod pinned to it.
 
     Takes every argument of :class:`KubernetesPodOperator`, plus the request. The request
@@ -91,6 +93,8 @@ class GpuPodOperator(KubernetesPodOperator):
         "checkpoint_dir",
     )
     ui_color = "#76b900"
+    # kit (issue 15): "GPU reservation" opens the try's reservation page.
+    operator_extra_links = (*KubernetesPodOperator.operator_extra_links, GpuReservationLink())
 
     def __init__(
         self,
@@ -178,6 +182,10 @@ class GpuPodOperator(KubernetesPodOperator):
             # The task's binding applies on every node pool: placement may use any of them.
             return GpuPoolHook(self.ledger_conn_id, binding=self.binding, node_pool_bindings={})
         return GpuPoolHook(self.ledger_conn_id)
+
+    def granted_node(self) -> str | None:
+        """Return the node this try's slice was granted on (its pod is pinned there); kit (issue 15)."""
+        return self._grant.node if self._grant is not None else None
 
     # -- execute ---------------------------------------------------------------------------------
 

@@ -202,6 +202,7 @@ def create_app(ledger_factory: Callable[[], Ledger] | None = None) -> FastAPI:
     _add_page_route(app, state)
     _add_api_routes(app, state)
     _add_metrics_route(app, state)
+    _add_reservation_route(app, state)
     return app
 
 
@@ -224,6 +225,44 @@ def _add_page_route(app: FastAPI, state: _State) -> None:
         request: Request, partial: bool = False, hours: Annotated[float, Query(gt=0, le=24 * 14)] = 6.0
     ) -> HTMLResponse:
         body = _body(state, _ui_base(request.scope.get("root_path", "")), hours)
+        return HTMLResponse(body if partial else render_page(body))
+
+
+def _reservation_body(state: _State, reservation_id: str, ui_base: str) -> str | None:
+    """Return the body of a reservation's page, or ``None`` when the ledger has no such reservation.
+
+    :param state: the app's state
+    :param reservation_id: the reservation
+    :param ui_base: the Airflow UI's path prefix
+    """
+    from airflow_gpupool.exceptions import UnknownReservationError
+    from airflow_gpupool.ledger import ReservationState
+    from airflow_gpupool.ledger.attempts import TaskAttempts
+    from airflow_gpupool.plugins.reservation import reservation_html
+    from airflow_gpupool.task_try import TaskTry
+
+    ledger = state.ledger()
+    try:
+        reservation = ledger.get(reservation_id)
+    except UnknownReservationError:
+        return None
+    waiting = reservation.state is ReservationState.WAITING
+    explanation = ledger.explain(reservation_id) if waiting else None
+    ref = TaskTry.from_holder(reservation.holder)
+    attempts = [
+        a
+        for a in (TaskAttempts(ledger).history(ref.task_key) if ref else [])
+        if a.reservation_id == reservation_id
+    ]
+    return reservation_html(reservation, explanation, attempts, ui_base, ledger.now())
+
+
+def _add_reservation_route(app: FastAPI, state: _State) -> None:
+    @app.get("/reservations/{reservation_id}", response_class=HTMLResponse)
+    def reservation_page(request: Request, reservation_id: str, partial: bool = False) -> HTMLResponse:
+        body = _reservation_body(state, reservation_id, _ui_base(request.scope.get("root_path", "")))
+        if body is None:
+            raise HTTPException(status_code=404, detail=f"no reservation {reservation_id} in the ledger")
         return HTMLResponse(body if partial else render_page(body))
 
 

@@ -54,7 +54,7 @@ def holder_html(holder: str, ui_base: str) -> str:
         return f'<span class="holder">{escape(holder)}</span>'
     label = f"{ref.dag_id} / {ref.task_id}" + (f" [{ref.map_index}]" if ref.map_index >= 0 else "")
     return (
-        f'<a class="ti" target="_top" href="{escape(task_instance_url(ref, ui_base))}" '
+        f'<a class="ti" data-airflow-link href="{escape(task_instance_url(ref, ui_base))}" '
         f'title="{escape(holder)}">{escape(label)}</a>'
     )
 
@@ -66,7 +66,7 @@ def _segment(r: Reservation, milli: int, label: str, ui_base: str) -> str:
     title = f"{team} · {who} · {label} · {r.id}"
     body = f'<span class="team">{escape(team)}</span> <span class="who">{escape(who)}</span>'
     if ref is not None:
-        body = f'<a target="_top" href="{escape(task_instance_url(ref, ui_base))}">{body}</a>'
+        body = f'<a data-airflow-link href="{escape(task_instance_url(ref, ui_base))}">{body}</a>'
     return (
         f'<div class="seg held" style="flex-basis:{milli / 10:.2f}%;background:{team_colour(team)}" '
         f'data-reservation="{escape(r.id)}" data-team="{escape(team)}" title="{escape(title)}">{body}</div>'

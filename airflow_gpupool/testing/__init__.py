@@ -19,12 +19,14 @@ from airflow_gpupool.testing.apiserver import KubernetesApiEmulator, RecordedReq
 from airflow_gpupool.testing.behaviour import ANNOTATION_PREFIX, ANNOTATIONS, PodBehaviour, PodRule
 from airflow_gpupool.testing.checkpoints import COMPLETE_MARKER, MANIFEST_NAME, RESUME_ENV
 from airflow_gpupool.testing.nodes import cpu_node, default_nodes, gpu_node, load_nodes
+from airflow_gpupool.testing.pools import GpuPool, hami_pool, kai_pool, mig_pool, whole_gpu_pool
 from airflow_gpupool.testing.server import KubernetesEmulatorServer, kubeconfig, write_kubeconfig
 
 __all__ = [
     "ANNOTATIONS",
     "ANNOTATION_PREFIX",
     "COMPLETE_MARKER",
+    "GpuPool",
     "MANIFEST_NAME",
     "POOL_LABEL",
     "RESUME_ENV",
@@ -36,7 +38,11 @@ __all__ = [
     "cpu_node",
     "default_nodes",
     "gpu_node",
+    "hami_pool",
+    "kai_pool",
     "kubeconfig",
     "load_nodes",
+    "mig_pool",
+    "whole_gpu_pool",
     "write_kubeconfig",
 ]

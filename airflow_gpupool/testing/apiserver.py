@@ -10,6 +10,8 @@ On top of kmock 0.8 this serves what clients such as ``KubernetesPodOperator`` r
 * ``GET pods/<name>/log`` as ``text/plain`` with ``container``, ``timestamps``, ``tailLines``,
   ``sinceSeconds``/``sinceTime``, ``limitBytes`` and ``follow`` (streams until the container ends);
 * core/v1 ``events`` and ``nodes``;
+* discovery as ``kubectl`` reads it (:mod:`~airflow_gpupool.testing.discovery`) and ``Table``
+  answers for ``kubectl get`` (:mod:`~airflow_gpupool.testing.tables`);
 * coordination.k8s.io/v1 ``leases`` (leader election): ``PUT`` replaces, refused with 409 Conflict
   when the ``resourceVersion`` sent is not the stored one;
 * a log of every request (:class:`RecordedRequest`).
@@ -30,13 +32,15 @@ from typing import Any, TypeVar, cast
 import aiohttp.web
 from kmock import KubernetesEmulator, KubernetesError, KubernetesObjectNotFoundError, action, resource
 
+from airflow_gpupool.testing.discovery import SERVED, discovery_document, kmock_resources, not_found
 from airflow_gpupool.testing.kinds import LEASES, NAMESPACES, NODES, PODS
 from airflow_gpupool.testing.kubelet import SimulatedKubelet
 from airflow_gpupool.testing.selectors import parse_field_selector, parse_label_selector
+from airflow_gpupool.testing.tables import table, wants_table
 
 T = TypeVar("T")
 
-_KINDS = {"pods": "Pod", "events": "Event", "nodes": "Node", "namespaces": "Namespace", "leases": "Lease"}
+_KINDS = {res.plural: res.kind for res in SERVED}
 _WATCH_VALUES = {"true", "1", "yes"}
 DEFAULT_WATCH_SECONDS = 1800.0
 
@@ -102,25 +106,8 @@ class KubernetesApiEmulator(KubernetesEmulator):
         self._resource_version = 0
         self.recorded: list[RecordedRequest] = []
         self.kubelet = SimulatedKubelet(self, default_duration_seconds=default_duration_seconds)
-        for plural, namespaced in (("pods", True), ("events", True), ("nodes", False), ("namespaces", False)):
-            self.resources[f"v1/{plural}"] = {
-                "namespaced": namespaced,
-                "kind": _KINDS[plural],
-                "singular": plural[:-1],
-                "verbs": ["create", "delete", "get", "list", "patch", "watch"],
-                "shortnames": [],
-                "categories": [],
-                "subresources": ["log", "status"] if plural == "pods" else [],
-            }
-        self.resources["coordination.k8s.io/v1/leases"] = {
-            "namespaced": True,
-            "kind": "Lease",
-            "singular": "lease",
-            "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"],
-            "shortnames": [],
-            "categories": [],
-            "subresources": [],
-        }
+        for key, info in kmock_resources().items():
+            self.resources[key] = cast("Any", info)  # kmock takes the plain dict
         self.objects[NAMESPACES, None, "default"] = self._stamp(
             {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "default"}}
         )
@@ -250,13 +237,48 @@ class KubernetesApiEmulator(KubernetesEmulator):
             )
         )
 
+    async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        """Serve one HTTP request; namespaces are read here, as kmock cannot parse their paths.
+
+        kmock reads ``/api/v1/namespaces/<x>`` as "namespace x" with no resource, so
+        ``kubectl get namespaces`` (and ``describe``'s namespace look-ups) would fail.
+
+        :param raw_request: aiohttp's request
+        """
+        parts = raw_request.path.strip("/").split("/")
+        if (
+            parts[:3] != ["api", "v1", "namespaces"]
+            or len(parts) > 4
+            or raw_request.method not in ("GET", "POST")
+        ):
+            return await super().__call__(raw_request)
+        if raw_request.method == "POST":
+            body = {"apiVersion": "v1", "kind": "Namespace", **await raw_request.json()}
+            created = await self.put_object(NAMESPACES, {**body, "status": {"phase": "Active"}})
+            return aiohttp.web.json_response(created, status=201)
+        accept = raw_request.headers.get("Accept")
+        found = self.list_objects(NAMESPACES)
+        if len(parts) == 4:
+            found = [ns for ns in found if ns["metadata"]["name"] == parts[3]]
+            if not found:
+                return aiohttp.web.json_response(not_found("namespaces", parts[3]), status=404)
+        if wants_table(accept):
+            doc = table("namespaces", found, resource_version=str(self._resource_version))
+        elif len(parts) == 4:
+            doc = found[0]
+        else:
+            doc = {"apiVersion": "v1", "kind": "NamespaceList", "metadata": {}, "items": found}
+        return aiohttp.web.json_response(doc)
+
     async def _handle(self, request: Any) -> aiohttp.web.StreamResponse:
         """Serve one request, handling what kmock lacks before delegating to it.
 
         :param request: kmock's parsed request
         """
         self._record(request)
-        if request.resource is None or request.resource.plural is None:  # discovery: /apis/<group>/<version>
+        if (doc := discovery_document(request.url.path)) is not None:
+            return aiohttp.web.json_response(doc, status=int(doc.get("code", 200)))
+        if request.resource is None or request.resource.plural is None:
             return await super()._handle(request)
         if str(request.params.get("watch", "")).lower() in _WATCH_VALUES and request.method.value == "GET":
             return await self._serve_watch_stream(request)
@@ -264,13 +286,36 @@ class KubernetesApiEmulator(KubernetesEmulator):
             return await self._serve_pod_log(request)
         if request.resource == LEASES and request.method.value == "PUT" and request.name:
             return aiohttp.web.json_response(await self._serve_replace(request))
-        if request.action == action.LIST:
-            return aiohttp.web.json_response(self._serve_selected_list(request))
+        if (read := self._serve_read(request)) is not None:
+            return read
         self._before_write(request)
         response = await super()._handle(request)
         if response.status < 300:
             await self._after_success(request)
         return response
+
+    def _serve_read(self, request: Any) -> aiohttp.web.StreamResponse | None:
+        """Serve a list, or a get or delete of a missing object; ``None`` for what kmock serves.
+
+        A get of a missing object answers the API server's ``pods "x" not found``; a get asked
+        as a ``Table`` (``kubectl get pod x``) is printed here.
+
+        :param request: kmock's parsed request
+        """
+        if request.action == action.LIST:
+            listed = self._serve_selected_list(request)
+            return aiohttp.web.json_response(self._as_table(request, listed["items"]) or listed)
+        if request.action not in (action.FETCH, action.DELETE) or not request.name:
+            return None
+        obj = self.get_object(request.resource, request.namespace, request.name)
+        if obj is None:
+            return aiohttp.web.json_response(not_found(request.resource.plural, request.name), status=404)
+        shown = (
+            self._as_table(request, [obj])
+            if request.action == action.FETCH and not request.subresource
+            else None
+        )
+        return aiohttp.web.json_response(shown) if shown else None
 
     def _before_write(self, request: Any) -> None:
         """Stamp a created object, and give an updated one a new resource version.
@@ -366,6 +411,21 @@ class KubernetesApiEmulator(KubernetesEmulator):
             "metadata": {"resourceVersion": str(self._resource_version)},
             "items": items,
         }
+
+    def _as_table(self, request: Any, objects: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """Return objects as a ``Table`` when the client asked for one (``kubectl get``), else ``None``.
+
+        :param request: kmock's parsed request
+        :param objects: the objects to print
+        """
+        if not wants_table(request.headers.get("Accept")):
+            return None
+        return table(
+            request.resource.plural or "",
+            objects,
+            resource_version=str(self._resource_version),
+            include_object=request.params.get("includeObject"),
+        )
 
     def _initial_watch_events(
         self, request: Any, selected: Callable[[Mapping[str, Any]], bool]

@@ -32,6 +32,7 @@ from airflow_gpupool.labels import (
     POOL_LABEL,
     PRODUCT_LABEL,
 )
+from airflow_gpupool.testing.discovery import KUBELET_VERSION
 
 _NODE_ARGS = {
     "name",
@@ -184,8 +185,8 @@ def _node_object(
                 "bootID": _uid(name, "boot"),
                 "containerRuntimeVersion": "containerd://1.7.0",
                 "kernelVersion": "6.1.0-gpupool-emulator",
-                "kubeProxyVersion": "v1.30.0",
-                "kubeletVersion": "v1.30.0",
+                "kubeProxyVersion": KUBELET_VERSION,
+                "kubeletVersion": KUBELET_VERSION,
                 "machineID": _uid(name, "machine").replace("-", ""),
                 "operatingSystem": "linux",
                 "osImage": "Ubuntu 22.04.4 LTS",

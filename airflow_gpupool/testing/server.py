@@ -323,8 +323,13 @@ class KubernetesEmulatorServer(BackgroundEmulatorServer):
 
         self.interrupt_pod(name, namespace, reason=FINISH_NOW, message="")
 
-    def reset(self) -> None:
-        """Delete every pod and event, restore the initial nodes, and clear rules and the request log."""
+    def reset(self, nodes: Iterable[Mapping[str, Any]] | None = None) -> None:
+        """Delete every pod and event, restore the initial nodes, and clear rules and the request log.
+
+        :param nodes: Node objects that become the initial nodes (this reset's and the next ones')
+        """
+        if nodes is not None:
+            self.initial_nodes = [copy.deepcopy(dict(n)) for n in nodes]
 
         async def reset() -> None:
             assert self.api is not None

@@ -9,10 +9,12 @@ whole check rather than a skip.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -27,23 +29,34 @@ DOCKER = Path(__file__).resolve().parents[2] / "docker"
 RULES = DOCKER / "prometheus" / "rules.yaml"
 KUBERNETES = DOCKER / "kubernetes"
 
-# The exporter's metrics and their labels (issue #6).
-METRICS: dict[str, frozenset[str]] = {
-    "gpupool_gpu_capacity_milli": frozenset({"node_pool", "model"}),
-    "gpupool_gpu_allocated_milli": frozenset({"node_pool", "model"}),
-    "gpupool_gpu_allocation_ratio": frozenset({"node_pool", "model"}),
-    "gpupool_gpu_free_milli": frozenset({"node_pool", "model"}),
-    "gpupool_fragmentation_ratio": frozenset(),
-    "gpupool_queue_depth": frozenset({"priority"}),
-    "gpupool_queue_wait_seconds_bucket": frozenset({"le"}),
-    "gpupool_queue_wait_seconds_sum": frozenset(),
-    "gpupool_queue_wait_seconds_count": frozenset(),
-    "gpupool_grants": frozenset({"team", "workload_class"}),
-    "gpupool_reservations_total": frozenset({"state"}),
-    "gpupool_node_heartbeat_age_seconds": frozenset({"node"}),
-    "gpupool_node_health": frozenset({"node", "health"}),
-    "gpupool_ledger_up": frozenset(),
-}
+
+@functools.cache
+def exported() -> dict[str, tuple[str, frozenset[str]]]:
+    """Return every sample name the exporter writes, with its family's type and its labels.
+
+    Read from a real scrape of the scenario ledger (tests/unit/metrics/scenario.py), so the
+    assets are checked against what the exporter exports, not against a list kept beside it.
+    """
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from airflow_gpupool.metrics import GpuPoolCollector
+    from tests.unit.metrics.scenario import build_pool
+
+    with tempfile.TemporaryDirectory() as tmp:
+        pool = build_pool(f"sqlite:///{tmp}/ledger.db")
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(GpuPoolCollector(pool.ledger))
+        text = generate_latest(registry).decode()
+        pool.ledger.close()
+    found: dict[str, tuple[str, set[str]]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if not sample.name.endswith("_created"):
+                found.setdefault(sample.name, (family.type, set()))[1].update(sample.labels)
+    return {name: (kind, frozenset(labels)) for name, (kind, labels) in found.items()}
+
+
 RESERVATION_STATES = {"expired", "timed_out", "released", "cancelled"}
 
 _PROMQL_KEYWORDS = {
@@ -101,15 +114,75 @@ def assert_known_metrics(expr: str) -> set[str]:
     """Assert an expression selects only the exporter's metrics, on their labels; return them."""
     selectors = metric_selectors(expr)
     assert selectors, f"no metric in {expr!r}"
+    metrics = exported()
     for name, labels in selectors:
-        assert name in METRICS, f"{expr!r} uses {name!r}, not a gpupool metric"
-        assert labels <= METRICS[name], f"{expr!r}: {name} has no label {sorted(labels - METRICS[name])}"
+        assert name in metrics, f"{expr!r} uses {name!r}, not a gpupool metric"
+        known = metrics[name][1]
+        assert labels <= known, f"{expr!r}: {name} has no label {sorted(labels - known)}"
     grouped = re.findall(r"\b(?:by|without)\s*\(([^)]*)\)", expr)
-    known_labels = set().union(*(METRICS[name] for name, _ in selectors))
+    known_labels = set().union(*(metrics[name][1] for name, _ in selectors))
     for group in grouped:
         labels = {label.strip() for label in group.split(",") if label.strip()}
         assert labels <= known_labels, f"{expr!r} groups by {sorted(labels - known_labels)}"
     return {name for name, _ in selectors}
+
+
+_RATE = re.compile(r"\b(?:rate|irate|increase)\(\s*([a-zA-Z_:][a-zA-Z0-9_:]*)\s*(?:\{[^}]*\})?\s*\[")
+
+
+def assert_types_fit(expr: str) -> None:
+    """Assert each metric is used as its exported type allows.
+
+    Counters and histogram series only under ``rate()``/``increase()`` (their raw values count
+    since the ledger was created); gauges never there (a gauge's rate means nothing);
+    ``histogram_quantile()`` over the rate of a histogram's ``_bucket``, summed by ``le``.
+    """
+    metrics = exported()
+    rated = set(_RATE.findall(expr))
+    for name, _ in metric_selectors(expr):
+        kind = metrics[name][0]
+        if name in rated:
+            assert kind in ("counter", "histogram"), f"{expr!r}: rate() of the {kind} {name}"
+        elif not expr.startswith("absent("):
+            assert kind == "gauge", f"{expr!r}: the {kind} {name} is used without rate()"
+    if "histogram_quantile(" in expr:
+        buckets = [n for n in rated if n.endswith("_bucket") and metrics[n][0] == "histogram"]
+        assert buckets, f"{expr!r}: histogram_quantile() needs the rate of a histogram's _bucket"
+        assert re.search(r"\bby\s*\([^)]*\ble\b", expr), f"{expr!r}: sum the buckets by (le)"
+
+
+@pytest.mark.parametrize(
+    ("expr", "problem"),
+    [
+        (
+            "histogram_quantile(0.5, sum by (le) (rate(gpupool_queue_requests[5m])))",
+            "rate\\(\\) of the gauge",
+        ),
+        ("gpupool_grants_total > 3", "the counter gpupool_grants_total is used without rate"),
+        ("histogram_quantile(0.5, rate(gpupool_reservation_wait_seconds_bucket[5m]))", "sum the buckets by"),
+        (
+            "histogram_quantile(0.5, sum by (le) (rate(gpupool_grants_total[5m])))",
+            "needs the rate of a histogram",
+        ),
+    ],
+    ids=["rate-of-gauge", "raw-counter", "quantile-without-le", "quantile-of-counter"],
+)
+def test_a_query_that_misuses_a_type_is_caught(expr: str, problem: str) -> None:
+    with pytest.raises(AssertionError, match=problem):
+        assert_types_fit(expr)
+
+
+def test_the_exported_types_are_the_documented_ones() -> None:
+    metrics = exported()
+    assert metrics["gpupool_reservation_wait_seconds_bucket"] == ("histogram", frozenset({"le", "outcome"}))
+    for counter in (
+        "gpupool_grants_total",
+        "gpupool_reservation_timeouts_total",
+        "gpupool_lease_expiries_total",
+    ):
+        assert metrics[counter] == ("counter", frozenset())
+    assert metrics["gpupool_reservations_total"] == ("counter", frozenset({"state"}))
+    assert metrics["gpupool_queue_requests"] == ("gauge", frozenset())
 
 
 @pytest.mark.parametrize(
@@ -118,8 +191,8 @@ def assert_known_metrics(expr: str) -> set[str]:
         ("gpupool_gpu_allocation_ratio > 0.9", [("gpupool_gpu_allocation_ratio", set())]),
         ('gpupool_node_health{health="quarantined"} == 1', [("gpupool_node_health", {"health"})]),
         (
-            "histogram_quantile(0.95, sum by (le) (rate(gpupool_queue_wait_seconds_bucket[$__rate_interval])))",
-            [("gpupool_queue_wait_seconds_bucket", set())],
+            "histogram_quantile(0.95, sum by (le) (rate(gpupool_reservation_wait_seconds_bucket[$__rate_interval])))",
+            [("gpupool_reservation_wait_seconds_bucket", set())],
         ),
         ("sum(up) > 10", [("up", set())]),
         ("absent(gpupool_ledger_up) or vector(0)", [("gpupool_ledger_up", set())]),
@@ -159,7 +232,7 @@ def _rules() -> dict[str, dict[str, Any]]:
     ("alert", "expr", "for_", "severity"),
     [
         ("GpuPoolAllocationHigh", "gpupool_gpu_allocation_ratio > 0.9", "5m", "warning"),
-        ("GpuPoolQueueBacklog", "sum(gpupool_queue_depth) > 10", "3m", "warning"),
+        ("GpuPoolQueueBacklog", "gpupool_queue_requests > 10", "3m", "warning"),
         # Heartbeats every 30 s: 3 missed is an age past 90 s.
         ("GpuPoolNodeHeartbeatMissing", "gpupool_node_heartbeat_age_seconds > 90", "0s", "warning"),
         ("GpuPoolNodeQuarantined", 'gpupool_node_health{health="quarantined"} == 1', "10m", "warning"),
@@ -172,6 +245,7 @@ def test_alert_rule(alert: str, expr: str, for_: str, severity: str) -> None:
     assert (rule["expr"], rule["for"], rule["labels"]["severity"]) == (expr, for_, severity)
     assert _DURATION.match(rule["for"]), rule["for"]
     assert_known_metrics(rule["expr"])
+    assert_types_fit(rule["expr"])
     assert set(rule["annotations"]) == {"summary", "description"}
     assert all(text.strip() for text in rule["annotations"].values())
 
@@ -253,13 +327,20 @@ def test_dashboard_identity_and_datasource_variable() -> None:
         ("GPU allocation by node pool and model", {"gpupool_gpu_allocation_ratio"}),
         ("Free GPU capacity (GPUs)", {"gpupool_gpu_free_milli", "gpupool_gpu_capacity_milli"}),
         ("Fragmentation ratio", {"gpupool_fragmentation_ratio"}),
-        ("Queue depth by priority", {"gpupool_queue_depth"}),
-        ("Queue wait time (p50, p95)", {"gpupool_queue_wait_seconds_bucket"}),
-        ("Grants by team", {"gpupool_grants"}),
-        ("Lease expiries and reservation timeouts", {"gpupool_reservations_total"}),
+        ("Waiting requests by priority", {"gpupool_queue_requests_by_priority", "gpupool_queue_requests"}),
+        ("Wait until granted (p50, p95)", {"gpupool_reservation_wait_seconds_bucket"}),
+        ("Grants by team", {"gpupool_active_grants"}),
+        (
+            "Lease expiries, timeouts and preemptions",
+            {
+                "gpupool_lease_expiries_total",
+                "gpupool_reservation_timeouts_total",
+                "gpupool_preemptions_total",
+            },
+        ),
         ("Node heartbeat age", {"gpupool_node_heartbeat_age_seconds"}),
         ("Ledger up", {"gpupool_ledger_up"}),
-        ("GPUs queued", {"gpupool_queue_depth"}),
+        ("GPUs queued", {"gpupool_queue_requested_gpu_milli"}),
         ("Fragmentation", {"gpupool_fragmentation_ratio"}),
         ("Quarantined nodes", {"gpupool_node_health"}),
     ],
@@ -270,6 +351,7 @@ def test_dashboard_panel(title: str, metrics: set[str]) -> None:
     used: set[str] = set()
     for target in panel["targets"]:
         used |= assert_known_metrics(target["expr"])
+        assert_types_fit(target["expr"])
     assert used == metrics
 
 
@@ -278,19 +360,18 @@ def test_every_dashboard_query_uses_only_exporter_metrics() -> None:
     assert len(dashboard["panels"]) == 12
     for _, target in _targets(dashboard):
         assert_known_metrics(target["expr"])
+        assert_types_fit(target["expr"])
     for variable in dashboard["templating"]["list"]:
         if variable["type"] == "query":
             assert_known_metrics(variable["definition"].removeprefix("label_values(").split(",")[0])
 
 
-def test_wait_time_quantiles_and_lease_states() -> None:
+def test_wait_time_quantiles_are_over_granted_waits() -> None:
     panels = {p["title"]: p for p in _dashboard()["panels"]}
-    wait = [t["expr"] for t in panels["Queue wait time (p50, p95)"]["targets"]]
+    wait = [t["expr"] for t in panels["Wait until granted (p50, p95)"]["targets"]]
     assert [e.split(",")[0] for e in wait] == ["histogram_quantile(0.5", "histogram_quantile(0.95"]
-    assert all("sum by (le) (rate(gpupool_queue_wait_seconds_bucket[" in e for e in wait)
-    (lease,) = panels["Lease expiries and reservation timeouts"]["targets"]
-    states = set(re.search(r'state=~"([^"]*)"', lease["expr"]).group(1).split("|"))  # type: ignore[union-attr]
-    assert states == {"expired", "timed_out"} and states <= RESERVATION_STATES
+    bucket = 'sum by (le) (rate(gpupool_reservation_wait_seconds_bucket{outcome="granted"}['
+    assert all(bucket in e for e in wait)
 
 
 def test_dashboard_layout() -> None:
@@ -362,14 +443,30 @@ def _compose() -> dict[str, Any]:
 
 def test_compose_services() -> None:
     services = _compose()["services"]
-    assert set(services) == {"postgres", "airflow-init", *AIRFLOW_SERVICES, "gpupool-metrics", "prometheus"}
+    assert set(services) == {
+        "postgres",
+        "airflow-init",
+        *AIRFLOW_SERVICES,
+        "gpupool-controller",
+        "object-store",
+        "object-store-init",
+        "gpupool-metrics",
+        "prometheus",
+    }
+    # PostgreSQL is not published on the host's 5432 (a local server may hold it), and only on loopback.
+    assert services["postgres"]["ports"] == ["127.0.0.1:${GPUPOOL_POSTGRES_PORT:-15432}:5432"]
+    assert services["object-store"]["image"].startswith("minio/minio:")
+    (script,) = services["object-store-init"]["entrypoint"][2:]
+    assert "mc mb --ignore-existing local/gpupool-checkpoints" in script
     assert services["postgres"]["image"] == "postgres:16"
     assert services["postgres"]["healthcheck"]["test"] == ["CMD", "pg_isready", "-U", "airflow"]
     assert services["prometheus"]["image"].startswith("prom/prometheus:v3.")
     assert services["prometheus"]["profiles"] == services["gpupool-metrics"]["profiles"] == ["monitoring"]
 
 
-@pytest.mark.parametrize("service", ["airflow-init", *AIRFLOW_SERVICES, "gpupool-metrics"])
+@pytest.mark.parametrize(
+    "service", ["airflow-init", *AIRFLOW_SERVICES, "gpupool-controller", "gpupool-metrics"]
+)
 def test_compose_airflow_service(service: str) -> None:
     spec = _compose()["services"][service]
     assert spec["image"] == "airflow-gpupool:0.1.0"
@@ -385,6 +482,11 @@ def test_compose_airflow_service(service: str) -> None:
         "extra": {"ledger_url": LEDGER_URL},
     }
     assert env["GPUPOOL_LEDGER_URL"] == LEDGER_URL
+    # The mounted kubeconfig is the one used: nothing falls back to in-cluster configuration.
+    assert env["KUBECONFIG"] == "/home/airflow/.kube/config"
+    # Checkpoints on the shared object store, reached through fsspec's S3 filesystem.
+    assert env["GPUPOOL_CHECKPOINT_ROOT"] == "s3://gpupool-checkpoints"
+    assert env["AWS_ENDPOINT_URL"] == "http://object-store:9000"
     assert spec["volumes"] == [
         "../dags:/opt/airflow/dags:ro",
         "../examples:/opt/airflow/gpupool-examples:ro",
@@ -396,6 +498,7 @@ def test_compose_airflow_service(service: str) -> None:
         assert spec["depends_on"] == {
             "postgres": {"condition": "service_healthy"},
             "airflow-init": {"condition": "service_completed_successfully"},
+            "object-store-init": {"condition": "service_completed_successfully"},
         }
     if service in AIRFLOW_SERVICES:
         assert spec["command"] == AIRFLOW_SERVICES[service]
@@ -407,7 +510,11 @@ def test_compose_init_migrates_both_databases() -> None:
     assert (bash, flag) == ("bash", "-c")
     assert script == 'airflow db migrate && gpupool ledger init --url "$$GPUPOOL_LEDGER_URL"'
     assert services["airflow-init"]["restart"] == "no"
-    assert services["gpupool-metrics"]["command"][-1] == "exec gpupool metrics serve --port 9464"
+    assert (
+        services["gpupool-metrics"]["command"][-1] == "exec gpupool metrics serve --bind 0.0.0.0 --port 9464"
+    )
+    controller = services["gpupool-controller"]["command"][-1]
+    assert controller == "exec gpupool controller run --sync-interval 60 --reconcile-interval 30"
 
 
 def test_compose_ledger_database_and_volumes() -> None:
@@ -417,7 +524,7 @@ def test_compose_ledger_database_and_volumes() -> None:
         "postgres-data:/var/lib/postgresql/data",
         "./postgres/init-ledger.sql:/docker-entrypoint-initdb.d/10-init-ledger.sql:ro",
     ]
-    assert set(compose["volumes"]) == {"postgres-data"}
+    assert set(compose["volumes"]) == {"postgres-data", "object-store-data"}
     sql = (DOCKER / "postgres" / "init-ledger.sql").read_text()
     assert "CREATE ROLE gpupool LOGIN PASSWORD 'gpupool';" in sql
     assert "CREATE DATABASE gpupool OWNER gpupool;" in sql
@@ -476,7 +583,9 @@ def test_manifest_files() -> None:
         "namespace.yaml",
         "nvml-agent-daemonset.yaml",
         "pool-controller.yaml",
+        "pool-metrics.yaml",
         "priority-classes.yaml",
+        "prometheus-operator",
         "rbac.yaml",
     ]
     # `kubectl apply -f docker/kubernetes/` goes in file-name order: the namespace first.
@@ -514,8 +623,8 @@ def _verbs(rules: list[Any]) -> dict[str, list[str]]:
 def test_rbac() -> None:
     objects = _manifest("rbac.yaml")
     assert sorted(objects) == [
-        ("ClusterRole", "gpupool-node-reader"),
-        ("ClusterRoleBinding", "gpupool-node-reader"),
+        ("ClusterRole", "gpupool-operator-cluster"),
+        ("ClusterRoleBinding", "gpupool-operator-cluster"),
         ("Role", "gpupool-operator"),
         ("RoleBinding", "gpupool-operator"),
         ("ServiceAccount", "gpupool-operator"),
@@ -527,14 +636,15 @@ def test_rbac() -> None:
         "pods/log": ["get"],
         "events": ["list", "watch"],
     }
-    assert _verbs(objects[("ClusterRole", "gpupool-node-reader")].rules) == {
-        "nodes": ["get", "list", "watch"]
+    assert _verbs(objects[("ClusterRole", "gpupool-operator-cluster")].rules) == {
+        "nodes": ["get", "list"],
+        "pods": ["list"],
     }
     for kind, role_kind in (("RoleBinding", "Role"), ("ClusterRoleBinding", "ClusterRole")):
         binding = next(obj for (k, _), obj in objects.items() if k == kind)
         assert (binding.role_ref.kind, binding.role_ref.name) == (
             role_kind,
-            "gpupool-operator" if role_kind == "Role" else "gpupool-node-reader",
+            "gpupool-operator" if role_kind == "Role" else "gpupool-operator-cluster",
         )
         (subject,) = binding.subjects
         assert (subject.kind, subject.name, subject.namespace) == (
@@ -601,8 +711,8 @@ def test_controller_deployment() -> None:
     ]
     account = objects[("ServiceAccount", "gpupool-controller")]
     assert _rules_by_group(objects[("ClusterRole", "gpupool-controller")].rules) == {
-        ("", "nodes"): ["get", "list"],
-        ("", "pods"): ["get", "list", "delete"],
+        ("", "nodes"): ["list"],
+        ("", "pods"): ["list", "delete"],
         ("", "events"): ["create"],
     }
     role = objects[("Role", "gpupool-controller-leader-election")]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import os
 import time
 from pathlib import Path
@@ -118,4 +119,33 @@ def test_inference_refresh_runs_on_a_mig_slice_with_the_inference_priority_class
     (reservation,) = gpu_ledger.history()
     assert reservation.request.workload_class.value == "inference"
     assert reservation.grant is not None and reservation.grant.node == "gpu-mig"
+    assert_nothing_held(gpu_ledger)
+
+
+def test_inference_refresh_runs_without_a_logical_date(
+    dagbag: Any, k8s: KubernetesEmulatorServer, gpu_ledger: Ledger
+) -> None:
+    # Triggered from the UI or the REST API with no logical date (Airflow 3): no data interval.
+    dag_run = dagbag.get_dag("inference_refresh").test(logical_date=None)
+
+    assert dag_run.logical_date is None
+    assert str(dag_run.state) == "success", states(dag_run)
+    (pod,) = k8s.created_pods()
+    since = pod["spec"]["containers"][0]["command"][-1]
+    assert since == (dag_run.run_after - datetime.timedelta(hours=1)).isoformat()
+    assert_nothing_held(gpu_ledger)
+
+
+def test_gpu_retraining_runs_without_a_logical_date(
+    dagbag: Any, k8s: KubernetesEmulatorServer, gpu_ledger: Ledger
+) -> None:
+    dag_run = dagbag.get_dag("gpu_retraining").test(logical_date=None)
+
+    assert dag_run.logical_date is None
+    assert str(dag_run.state) == "success", states(dag_run)
+    prepare = next(p for p in k8s.created_pods() if p["metadata"]["name"].startswith("prepare"))
+    assert (
+        prepare["spec"]["containers"][0]["command"][-1]
+        == f"s3://datasets/recsys/{dag_run.run_after:%Y-%m-%d}"
+    )
     assert_nothing_held(gpu_ledger)

@@ -10,6 +10,7 @@ import pytest
 from airflow_gpupool.cli import main
 from airflow_gpupool.ledger import Ledger
 from airflow_gpupool.metrics import ledger_metrics
+from airflow_gpupool.metrics.stats import ledger_totals
 from airflow_gpupool.plugins.page import grants_html
 from airflow_gpupool.resources import GpuRequest
 from tests.ledger_fixtures import FakeClock, node
@@ -48,8 +49,8 @@ def test_the_page_and_the_metrics_show_the_orphan(orphaned: tuple[str, Ledger]) 
     snapshot = ledger.snapshot()
     html = grants_html(snapshot, "")
     assert html.count('class="state s-orphaned"') == 1 and "<code>ml/train-0</code>" in html
-    metrics = {m.name: m for m in ledger_metrics(snapshot, {})}
+    metrics = {m.name: m for m in ledger_metrics(snapshot, ledger_totals(ledger.url))}
     assert [s.value for s in metrics["gpupool_orphaned_grants"].samples] == [1]
-    assert sum(s.value for s in metrics["gpupool_grants"].samples) == 2
+    assert sum(s.value for s in metrics["gpupool_active_grants"].samples) == 2
     assert snapshot.gpu_allocated_milli == 2000
     ledger.close()

@@ -33,6 +33,11 @@ ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 @pytest.fixture(scope="module")
 def browser_ready() -> None:
     """Skip (or, under CI=true, fail) before anything starts when there is no browser to drive."""
+    require_browser()
+
+
+def require_browser() -> None:
+    """Skip (or, under CI=true, fail) the test when there is no browser to drive."""
     reason = None
     if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)) and not shutil.which(CHROMIUM):
         reason = f"no Chromium at {CHROMIUM} (apt-get install -y chromium, or set GPUPOOL_TEST_CHROMIUM)"

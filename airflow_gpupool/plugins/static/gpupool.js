@@ -11,3 +11,30 @@
   }
   setInterval(refresh, 15000);
 })();
+
+// Links to Airflow's own pages (task instances). Airflow shows this page in an iframe sandboxed
+// without top navigation, so `target="_top"` is blocked ("Unsafe attempt to initiate navigation").
+// The frame is same-origin, though: push the URL onto the Airflow UI's history and tell its router
+// (a popstate, as the Back button sends), which navigates without reloading. Opened on its own,
+// or if the parent cannot be reached, the link navigates as a plain link.
+(function () {
+  function airflowNavigate(href) {
+    const top = window.top;
+    if (top === window) return false;
+    try {
+      const target = new URL(href, top.location.href);
+      if (target.origin !== top.location.origin) return false;
+      top.history.pushState(top.history.state, "", target.pathname + target.search + target.hash);
+      top.dispatchEvent(new PopStateEvent("popstate", { state: top.history.state }));
+      return true;
+    } catch (e) {
+      console.warn("gpupool: cannot reach the Airflow UI, following the link in place", e);
+      return false;
+    }
+  }
+  document.addEventListener("click", function (event) {
+    const link = event.target.closest && event.target.closest("a[data-airflow-link]");
+    if (!link || event.defaultPrevented || event.button !== 0 || event.metaKey || event.ctrlKey || event.shiftKey) return;
+    if (airflowNavigate(link.getAttribute("href"))) event.preventDefault();
+  });
+})();

@@ -12,7 +12,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from airflow_gpupool.ledger import Ledger
 from airflow_gpupool.metrics import METRIC_NAMES, GpuPoolCollector
 from airflow_gpupool.metrics.stats import HeldSpan, allocation_series
-from tests.unit.metrics.scenario import Pool, build_pool
+from airflow_gpupool.resources import GpuRequest
+from tests.ledger_fixtures import FakeClock, node
+from tests.unit.metrics.scenario import T0, Pool, build_pool
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -56,16 +58,44 @@ def test_every_sample_matches_the_ledger(pool: Pool) -> None:
     # a100-1 (750 free on GPU 1): whole-GPU and 2-GPU shapes cannot -> (750 + 2*750)/5 = 450;
     # a100-mig: a partitioned GPU has no free milli -> 0. (600 + 450) / 4000.
     expected[("gpupool_fragmentation_ratio", ())] = 1050 / 4000
-    expected[("gpupool_queue_depth", (("priority", "0"),))] = 1
-    expected[("gpupool_queue_depth", (("priority", "5"),))] = 1
-    # Waiters: wide for 120 s, wide2 for 20 s.
-    for le, count in [("10.0", 0), ("30.0", 1), ("60.0", 1), ("120.0", 2), ("300.0", 2), ("600.0", 2),
-                      ("1800.0", 2), ("3600.0", 2), ("14400.0", 2), ("+Inf", 2)]:  # fmt: skip
-        expected[("gpupool_queue_wait_seconds_bucket", (("le", le),))] = count
-    expected[("gpupool_queue_wait_seconds_count", ())] = 2
-    expected[("gpupool_queue_wait_seconds_sum", ())] = 140
-    expected[("gpupool_grants", (("team", "nlp"), ("workload_class", "batch")))] = 2
-    expected[("gpupool_grants", (("team", "vision"), ("workload_class", "training")))] = 1
+    expected[("gpupool_queue_requests", ())] = 2
+    expected[("gpupool_queue_requests_by_priority", (("priority", "0"),))] = 1
+    expected[("gpupool_queue_requests_by_priority", (("priority", "5"),))] = 1
+    expected[("gpupool_queue_requested_gpu_milli", ())] = 4000  # two requests of 2 GPUs
+    expected[("gpupool_queue_oldest_wait_seconds", ())] = 120  # wide
+    # Cumulative waits. Granted at once (0 s): released, expired (the T4 was free again), train,
+    # embed, mig; cancelled waited behind timed_out and was never granted. Timed out: timed_out,
+    # reaped 20 s after its request.
+    bounds = (
+        "1.0",
+        "5.0",
+        "10.0",
+        "30.0",
+        "60.0",
+        "120.0",
+        "300.0",
+        "600.0",
+        "1800.0",
+        "3600.0",
+        "14400.0",
+        "+Inf",
+    )
+    for le in bounds:
+        expected[("gpupool_reservation_wait_seconds_bucket", (("le", le), ("outcome", "granted")))] = 5
+        timed_out = 0 if le in ("1.0", "5.0", "10.0") else 1
+        expected[("gpupool_reservation_wait_seconds_bucket", (("le", le), ("outcome", "timed_out")))] = (
+            timed_out
+        )
+    expected[("gpupool_reservation_wait_seconds_count", (("outcome", "granted"),))] = 5
+    expected[("gpupool_reservation_wait_seconds_sum", (("outcome", "granted"),))] = 0
+    expected[("gpupool_reservation_wait_seconds_count", (("outcome", "timed_out"),))] = 1
+    expected[("gpupool_reservation_wait_seconds_sum", (("outcome", "timed_out"),))] = 20
+    expected[("gpupool_grants_total", ())] = 5
+    expected[("gpupool_reservation_timeouts_total", ())] = 1
+    expected[("gpupool_lease_expiries_total", ())] = 1
+    expected[("gpupool_preemptions_total", ())] = 0
+    expected[("gpupool_active_grants", (("team", "nlp"), ("workload_class", "batch")))] = 2
+    expected[("gpupool_active_grants", (("team", "vision"), ("workload_class", "training")))] = 1
     for state in ("released", "expired", "timed_out", "cancelled"):
         expected[("gpupool_reservations_total", (("state", state),))] = 1
     expected[("gpupool_node_heartbeat_age_seconds", (("node", "a100-1"),))] = 30
@@ -91,11 +121,25 @@ def test_a_ledger_that_cannot_be_read_reports_only_down(tmp_path: Path) -> None:
     assert scrape(broken) == {("gpupool_ledger_up", ()): 0}
 
 
-def test_an_empty_ledger_has_no_fragmentation_and_no_queue(tmp_path: Path) -> None:
+def test_an_empty_ledger_reports_zeros_not_absent_series(tmp_path: Path) -> None:
     with Ledger.create(f"sqlite:///{tmp_path}/empty.db") as ledger:
         samples = scrape(ledger)
     assert samples[("gpupool_fragmentation_ratio", ())] == 0
-    assert samples[("gpupool_queue_wait_seconds_count", ())] == 0
+    # Nothing waiting, nothing counted yet: the series are there, at 0 ("No data" is not 0).
+    for name in (
+        "gpupool_queue_requests",
+        "gpupool_queue_requested_gpu_milli",
+        "gpupool_queue_oldest_wait_seconds",
+    ):
+        assert samples[(name, ())] == 0
+    for name in (
+        "gpupool_grants_total",
+        "gpupool_reservation_timeouts_total",
+        "gpupool_lease_expiries_total",
+    ):
+        assert samples[(name, ())] == 0
+    assert samples[("gpupool_preemptions_total", ())] == 0
+    assert samples[("gpupool_reservation_wait_seconds_count", (("outcome", "granted"),))] == 0
     assert samples[("gpupool_reservations_total", (("state", "expired"),))] == 0
     assert samples[("gpupool_ledger_up", ())] == 1
 
@@ -116,3 +160,25 @@ def test_allocation_series_steps_at_grants_and_ends(
     spans: list[HeldSpan], expected: list[tuple[float, float]]
 ) -> None:
     assert allocation_series(spans, 2000, 0, 100) == expected
+
+
+def test_the_wait_histogram_is_cumulative_and_observed_at_grant(tmp_path: Path) -> None:
+    clock = FakeClock(T0)
+    with Ledger.create(f"sqlite:///{tmp_path}/wait.db", clock=clock) as ledger:
+        ledger.upsert_nodes([node("n1", gpus=1, model="A100")])
+        first = ledger.reserve(GpuRequest(gpus=1), "first@w", ttl=3600)
+        ledger.reserve(GpuRequest(gpus=1), "second@w", ttl=3600, timeout=3600)
+        clock.advance(45)
+        ledger.release(first.id)  # serves the queue: the second request is granted after 45 s
+        clock.advance(600)
+        granted = {
+            labels: value
+            for (name, labels), value in scrape(ledger).items()
+            if name.startswith("gpupool_reservation_wait_seconds") and ("outcome", "granted") in labels
+        }
+        assert granted[(("le", "30.0"), ("outcome", "granted"))] == 1  # the first, at once
+        assert granted[(("le", "60.0"), ("outcome", "granted"))] == 2  # the second, 45 s
+        # Waiting longer changes nothing: waits are observed once, at the grant.
+        clock.advance(3600)
+        assert scrape(ledger)[("gpupool_reservation_wait_seconds_sum", (("outcome", "granted"),))] == 45
+        assert scrape(ledger)[("gpupool_grants_total", ())] == 2

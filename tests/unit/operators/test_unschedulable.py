@@ -1,0 +1,117 @@
+"""Fail-fast of a granted pod the scheduler cannot place: table tests on real client models."""
+
+from __future__ import annotations
+
+import pytest
+from airflow.providers.cncf.kubernetes.kubernetes_helper_functions import PodLaunchFailedException
+from kubernetes.client import (
+    V1Container,
+    V1Node,
+    V1NodeStatus,
+    V1ObjectMeta,
+    V1Pod,
+    V1PodCondition,
+    V1PodSpec,
+    V1PodStatus,
+    V1ResourceRequirements,
+)
+
+from airflow_gpupool.operators.unschedulable import fail_if_unschedulable, never_fits, unschedulable_message
+
+MESSAGE = "0/1 nodes are available: 1 Insufficient nvidia.com/gpucores."
+
+
+def pod(*, unschedulable: bool = True, nominated: str | None = None, node_name: str | None = None) -> V1Pod:
+    limits = {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "4096", "nvidia.com/gpucores": "25", "cpu": "2"}
+    conditions = [
+        V1PodCondition(type="PodScheduled", status="False", reason="Unschedulable", message=MESSAGE)
+    ]
+    return V1Pod(
+        metadata=V1ObjectMeta(name="embed"),
+        spec=V1PodSpec(
+            containers=[V1Container(name="base", resources=V1ResourceRequirements(limits=limits))],
+            node_name=node_name,
+        ),
+        status=V1PodStatus(
+            phase="Pending", conditions=conditions if unschedulable else [], nominated_node_name=nominated
+        ),
+    )
+
+
+def node(**allocatable: str) -> V1Node:
+    return V1Node(metadata=V1ObjectMeta(name="t4-0"), status=V1NodeStatus(allocatable=allocatable))
+
+
+HAMI = {"nvidia.com/gpu": "2", "nvidia.com/gpumem": "30720", "nvidia.com/gpucores": "200"}
+
+
+@pytest.mark.parametrize(
+    ("the_node", "expected"),
+    [
+        pytest.param(node(**HAMI), None, id="fits-when-free"),
+        pytest.param(
+            node(**{"nvidia.com/gpu": "2"}),
+            "node t4-0 advertises 0 nvidia.com/gpucores, the pod asks for 25",
+            id="no-hami-resources",
+        ),
+        pytest.param(None, "its granted node is gone", id="node-gone"),
+    ],
+)
+def test_never_fits(the_node: V1Node | None, expected: str | None) -> None:
+    assert never_fits(pod(), the_node) == expected
+
+
+def test_only_an_unschedulable_pending_pod_without_a_nomination_has_a_message() -> None:
+    assert unschedulable_message(pod()) == MESSAGE
+    assert unschedulable_message(pod(unschedulable=False)) is None
+    assert unschedulable_message(pod(nominated="t4-0")) is None  # preemption under way: wait
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def watch(pods: list[V1Pod], the_node: V1Node | None, clock: Clock) -> None:
+    reads = iter(pods)
+    last: list[V1Pod] = []
+
+    def read() -> V1Pod:
+        last[:] = [next(reads, last[0] if last else pods[-1])]
+        return last[0]
+
+    fail_if_unschedulable(
+        read,
+        lambda: the_node,
+        grace_seconds=30,
+        timeout_seconds=120,
+        interval_seconds=1,
+        clock=clock,
+        sleep=clock.sleep,
+    )
+
+
+def test_a_pod_that_can_never_fit_fails_at_the_first_look() -> None:
+    clock = Clock()
+    with pytest.raises(PodLaunchFailedException, match=r"Insufficient nvidia.com/gpucores.*advertises 0"):
+        watch([pod()], node(**{"nvidia.com/gpu": "2"}), clock)
+    assert clock.now == 0
+
+
+def test_a_pod_that_may_fit_fails_after_the_grace() -> None:
+    clock = Clock()
+    with pytest.raises(PodLaunchFailedException, match="still unschedulable after 30 s"):
+        watch([pod()], node(**HAMI), clock)
+    assert clock.now == 30
+
+
+def test_a_pod_scheduled_within_the_grace_is_left_to_start() -> None:
+    clock = Clock()
+    watch([pod(), pod(), pod(unschedulable=False, node_name="t4-0")], node(**HAMI), clock)
+    assert clock.now == 2
