@@ -10,6 +10,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
+from airflow_gpupool.argtypes import non_empty, port
+from airflow_gpupool.cli.common import url_arg
+
 log = logging.getLogger(__name__)
 
 
@@ -20,12 +23,12 @@ def make_registry(url: str | None = None) -> CollectorRegistry:
     """
     from prometheus_client import CollectorRegistry
 
-    from airflow_gpupool import settings
+    from airflow_gpupool.hooks.gpupool import resolve_ledger_url
     from airflow_gpupool.ledger import Ledger
     from airflow_gpupool.metrics.collector import GpuPoolCollector
 
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(GpuPoolCollector(Ledger(settings.ledger_url(url))))
+    registry.register(GpuPoolCollector(Ledger(resolve_ledger_url(url))))
     return registry
 
 
@@ -68,9 +71,7 @@ def register(subparsers: Any) -> None:
     sub = metrics.add_subparsers(dest="metrics_command", metavar="WHAT")
     sub.required = True
     p = sub.add_parser("serve", help="serve /metrics over HTTP", description=cmd_metrics_serve.__doc__)
-    p.add_argument("--port", type=int, default=9464, help="TCP port (default: 9464)")
-    p.add_argument("--addr", default="0.0.0.0", help="address to bind (default: 0.0.0.0)")
-    p.add_argument(
-        "--url", help="ledger SQLAlchemy URL (default: GPUPOOL_LEDGER_URL or [gpupool] ledger_url)"
-    )
+    p.add_argument("--port", type=port, default=9464, help="TCP port, 1-65535 (default: 9464)")
+    p.add_argument("--addr", type=non_empty, default="0.0.0.0", help="address to bind (default: 0.0.0.0)")
+    url_arg(p)
     p.set_defaults(func=cmd_metrics_serve)
