@@ -106,7 +106,7 @@ class FailureLadder:
         KubernetesPodOperator's contract is kept: the exception returned is ``error`` itself
         (same type, same message), the class and the decision added to it
         (:func:`~airflow_gpupool.operators.failures.annotate`: the ``gpupool_failure``
-        attribute and a note). Only where the ladder fails the task at once is it an
+        attribute and a note). Only where the ladder stops retries Airflow would make is it an
         ``AirflowFailException`` instead, carrying ``error``'s message, with ``error`` as its cause.
 
         :param context: the task's context (passed on to the notifier; its ``ti`` gets the XCom)
@@ -127,7 +127,8 @@ class FailureLadder:
         self._publish(context, report)
         if self._record(failed, classification, decision, step):
             self._notify(context, failed, classification, step, tail, decision.reason)
-        if decision.retry:
+        if decision.retry or not failed.retries_left:
+            # Retried, or failed anyway (no retries left): KPO's exception, as it was.
             return error
         fail = AirflowFailException(str(error))
         fail.__cause__ = error

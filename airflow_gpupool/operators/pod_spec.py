@@ -69,6 +69,9 @@ def _container(pod: k8s.V1Pod, name: str) -> k8s.V1Container:
 
 def _set_resources(container: k8s.V1Container, request: GpuRequest, binding: PodBinding) -> None:
     resources = container.resources or k8s.V1ResourceRequirements()
+    if isinstance(resources, dict):
+        # KPO passes a container_resources dict through to the container as it is.
+        resources = k8s.V1ResourceRequirements(**resources)
     requests = dict(resources.requests or {})
     limits = dict(resources.limits or {})
     # The kube-scheduler must agree with the ledger on what the pod takes.

@@ -43,7 +43,13 @@ DEFAULT_MEMORY_MIB = 1024
 
 
 def templated(value: Any) -> bool:
-    """Return whether a value (or anything inside it) is a Jinja template still to be rendered."""
+    """Return whether a value (or anything inside it) is a Jinja template still to be rendered.
+
+    Looks inside mappings, sequences and ``V1ResourceRequirements`` (``container_resources``).
+    """
+    if hasattr(value, "openapi_types"):
+        # A Kubernetes model (V1ResourceRequirements): its fields are what KPO renders.
+        return any(templated(getattr(value, name, None)) for name in value.openapi_types)
     if isinstance(value, str):
         return "{{" in value or "{%" in value
     if isinstance(value, Mapping):
@@ -54,7 +60,17 @@ def templated(value: Any) -> bool:
 
 
 def _requested(container_resources: Any, key: str) -> Any:
-    requests = getattr(container_resources, "requests", None) or {}
+    # KPO takes a V1ResourceRequirements or the same as a dict.
+    if isinstance(container_resources, Mapping):
+        requests = container_resources.get("requests")
+    else:
+        requests = getattr(container_resources, "requests", None)
+    if requests is None:
+        return None
+    if not isinstance(requests, Mapping):
+        raise InvalidRequestError(
+            "container_resources.requests", requests, "a mapping such as {'cpu': '2', 'memory': '8Gi'}"
+        )
     return requests.get(key)
 
 

@@ -113,12 +113,11 @@ def test_exhausted_retries_fail_and_notify_once(hook: GpuPoolHook) -> None:
     raised = ladder.failed({"run_id": "manual__1"}, try_of(2, retries_left=False, observed=APP), kpo)
     again = ladder.failed({}, try_of(2, retries_left=False, observed=APP), RuntimeError())
 
-    # Fail-fast where the ladder decides it, carrying KPO's message; KPO's error is the cause.
-    assert isinstance(raised, AirflowFailException) and raised.__cause__ is kpo
-    assert str(raised) == "Pod train-abc returned a failure."
+    # No retries left: Airflow fails the task anyway, so KPO's exception is raised as it was.
+    assert raised is kpo and str(raised) == "Pod train-abc returned a failure."
     assert isinstance(report(raised).error(), ApplicationError) and not report(raised).retry
     assert "application_error" in raised.__notes__[0] and "retries exhausted" in raised.__notes__[0]
-    assert isinstance(again, AirflowFailException)
+    assert isinstance(again, RuntimeError)
     (context,) = sent
     escalation = context[ESCALATION_KEY]
     assert context["run_id"] == "manual__1" and "needs a person" in context[MESSAGE_KEY]
@@ -202,3 +201,15 @@ def test_a_broken_xcom_push_does_not_hide_the_failure(hook: GpuPoolHook) -> None
         ladder.failed({"ti": BrokenTaskInstance()}, try_of(1, retries_left=True, observed=APP), error)
         is error
     )
+
+
+def test_fail_fast_where_the_ladder_stops_retries_carries_kpos_message(hook: GpuPoolHook) -> None:
+    image = (Classification(FailureClass.IMAGE_PULL, "ErrImagePull", None, "train-abc"), "")
+    ladder = FailureLadder(hook, EscalationPolicy(), log=LOG)
+    kpo = AirflowException("Pod train-abc returned a failure.")
+
+    raised = ladder.failed({}, try_of(1, retries_left=True, observed=image), kpo)
+
+    assert isinstance(raised, AirflowFailException) and raised.__cause__ is kpo
+    assert str(raised) == "Pod train-abc returned a failure."
+    assert report(raised).remedy == "fail" and report(raised).failure_class is FailureClass.IMAGE_PULL
