@@ -19,6 +19,7 @@ __all__ = [
     "REQUEST_FIELDS",
     "build_request",
     "check_keep_checkpoints",
+    "check_log_tail_lines",
     "check_seconds",
     "requested_cpu_milli",
     "requested_memory_mib",
@@ -131,12 +132,22 @@ def build_request(
     models = fields["gpu_models"]
     if isinstance(models, str):
         models = [m for m in models.replace(",", "|").split("|") if m]
+    if models is not None and (
+        not isinstance(models, list | tuple | set | frozenset)
+        or not all(isinstance(m, str) and m for m in models)
+    ):
+        raise InvalidRequestError("gpu_models", models, "GPU model names: a list of strings, or 'A100|H100'")
+    labels = fields["node_labels"] or {}
+    if not isinstance(labels, Mapping) or not all(isinstance(v, str) for v in labels.values()):
+        raise InvalidRequestError("node_labels", labels, "a mapping of label names to strings")
+    if not isinstance(fields["team"], str) or not fields["team"]:
+        raise InvalidRequestError("team", fields["team"], "a team name")
     return GpuRequest(
         cpu_milli=requested_cpu_milli(container_resources),
         memory_mib=requested_memory_mib(container_resources),
         mig_profile=fields["mig_profile"] or None,
         gpu_models=frozenset(models or ()),
-        node_labels=tuple((fields["node_labels"] or {}).items()),
+        node_labels=tuple(labels.items()),
         workload_class=workload_class,  # type: ignore[arg-type]
         team=fields["team"],
         preemptible=preemptible,
@@ -160,10 +171,19 @@ def check_seconds(name: str, value: Any) -> None:
         raise InvalidRequestError(name, value, "a positive number of seconds") from None
 
 
+def check_log_tail_lines(value: Any) -> None:
+    """Refuse a log tail that is not an integer of at least 1.
+
+    :raises InvalidRequestError: naming ``log_tail_lines``
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidRequestError("log_tail_lines", value, "an integer of at least 1")
+
+
 def check_keep_checkpoints(value: Any) -> None:
     """Refuse a checkpoint retention that is not an integer of at least 1 (None: never prune).
 
     :raises InvalidRequestError: naming ``keep_checkpoints``
     """
-    if value is not None and (isinstance(value, bool) or value < 1):
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
         raise InvalidRequestError("keep_checkpoints", value, "an integer of at least 1, or None")
