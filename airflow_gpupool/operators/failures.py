@@ -52,6 +52,7 @@ __all__ = [
     "annotate",
     "classify",
     "error_for",
+    "read_failure",
     "report_of",
 ]
 
@@ -269,3 +270,61 @@ def report_of(error: BaseException) -> FailureReport | None:
     if report is None and error.__cause__ is not None:
         report = getattr(error.__cause__, FAILURE_ATTRIBUTE, None)
     return report if isinstance(report, FailureReport) else None
+
+
+def read_failure(operator: Any, pod: Any, remote_pod: Any) -> tuple[Classification, str]:
+    """Read why a pod failed (status, events, log tail) before it is deleted, and classify it.
+
+    Runs inside ``cleanup``: it never raises. Every read that fails is logged and skipped; a
+    response of an unexpected shape gives the ``unknown`` class and a log line.
+
+    :param operator: the ``GpuPodOperator`` (its pod manager, client, container name, log tail)
+    :param pod: the pod as created
+    :param remote_pod: its last known state
+    :return: the classification and the log tail
+    """
+    name = getattr(getattr(pod, "metadata", None), "name", None)
+    try:
+        remote_pod = operator.pod_manager.read_pod(pod)
+    except Exception:
+        operator.log.warning("Could not re-read pod %s; classifying its last known state", name)
+    events = _events(operator, pod, name)
+    tail = _log_tail(operator, pod, name)
+    try:
+        from kubernetes.client import ApiClient
+
+        data = ApiClient().sanitize_for_serialization(remote_pod)
+    except Exception as e:
+        operator.log.warning(
+            "Pod %s's state cannot be read (%s); its class is unknown", name, type(e).__name__
+        )
+        return Classification(
+            FailureClass.UNKNOWN, f"unreadable pod state: {type(e).__name__}", None, name
+        ), tail
+    return classify(data, events, tail, container=operator.base_container_name), tail
+
+
+def _events(operator: Any, pod: Any, name: str | None) -> list[dict[str, Any]]:
+    try:
+        return [
+            {"reason": e.reason, "message": e.message}
+            for e in operator.pod_manager.read_pod_events(pod).items
+        ]
+    except Exception:
+        operator.log.warning("Could not read the events of pod %s", name)
+        return []
+
+
+def _log_tail(operator: Any, pod: Any, name: str | None) -> str:
+    try:
+        raw = operator.client.read_namespaced_pod_log(
+            name=name,
+            namespace=pod.metadata.namespace,
+            container=operator.base_container_name,
+            tail_lines=operator.log_tail_lines,
+            _preload_content=False,
+        )
+        return str(raw.data.decode("utf-8", errors="replace"))
+    except Exception:
+        operator.log.info("No log tail for pod %s", name)
+        return ""

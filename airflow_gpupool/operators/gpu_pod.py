@@ -24,7 +24,7 @@ from airflow_gpupool.hooks.gpupool import GpuPoolHook
 from airflow_gpupool.ledger.models import Grant, ReservationState
 from airflow_gpupool.operators.checkpointing import TaskCheckpoints
 from airflow_gpupool.operators.escalation import EscalationPolicy
-from airflow_gpupool.operators.failures import Classification, classify
+from airflow_gpupool.operators.failures import Classification, read_failure
 from airflow_gpupool.operators.ladder import FailedTry, FailureLadder
 from airflow_gpupool.operators.lease import LeaseRenewer, delete_pod
 from airflow_gpupool.operators.pod_spec import pin_pod
@@ -33,6 +33,7 @@ from airflow_gpupool.operators.request import (
     REQUEST_FIELDS,
     build_request,
     check_keep_checkpoints,
+    check_log_tail_lines,
     check_seconds,
     templated,
 )
@@ -148,10 +149,14 @@ class GpuPodOperator(KubernetesPodOperator):
         self._own_pod: tuple[str, str] | None = None  # (namespace, name) once created
         self._adopted = False  # the grant is an earlier try's, whose running pod the parent re-attaches to
         check_keep_checkpoints(keep_checkpoints)
+        check_log_tail_lines(log_tail_lines)
         check_seconds("reservation_timeout", reservation_timeout)
         check_seconds("lease_ttl", lease_ttl)
-        # Parse-time validation, no I/O: fail the DAG import, not the run, on a bad request.
-        if not any(templated(getattr(self, f)) for f in REQUEST_FIELDS):
+        # Parse-time validation, no I/O: fail the DAG import, not the run, on a bad request. A
+        # templated field (container_resources included, a KPO template field) is checked once
+        # rendered, when the request is built in execute.
+        fields = [getattr(self, f) for f in REQUEST_FIELDS] + [self.container_resources]
+        if not any(templated(value) for value in fields):
             request = self.gpu_request()
             if binding is not None:
                 binding_for(request, binding, f"task {self.task_id}")
@@ -342,7 +347,14 @@ class GpuPodOperator(KubernetesPodOperator):
         meta = pod.metadata
         if meta is None or not meta.uid:
             # The parent returns the request it sent, without the uid the server gave it.
-            meta = self.pod_manager.read_pod(pod).metadata
+            try:
+                meta = self.pod_manager.read_pod(pod).metadata
+            except Exception as e:
+                # The pod is bound by name already; what KPO does next with an unreadable pod
+                # (and what it raises) is KPO's, unchanged.
+                self.log.warning("Could not read pod %s for its uid: %s", pod.metadata.name, type(e).__name__)
+                self._own_pod = (pod.metadata.namespace, pod.metadata.name)
+                return pod
         self._own_pod = (meta.namespace, meta.name)
         self.gpu_hook.bind_pod(rid, namespace=meta.namespace, name=meta.name, uid=meta.uid)
         self.log.info("GPU slice %s bound to pod %s/%s (uid %s)", rid, meta.namespace, meta.name, meta.uid)
@@ -447,38 +459,8 @@ class GpuPodOperator(KubernetesPodOperator):
         """Read why a failed pod failed (status, events, log tail) before the parent deletes it."""
         phase = getattr(getattr(remote_pod, "status", None), "phase", None)
         if remote_pod is not None and not self._killed and phase != "Succeeded":
-            self._failure = self._read_failure(pod, remote_pod)
+            self._failure = read_failure(self, pod, remote_pod)
         super().cleanup(pod, remote_pod, xcom_result=xcom_result, context=context)
-
-    def _read_failure(self, pod: k8s.V1Pod, remote_pod: k8s.V1Pod) -> tuple[Classification, str]:
-        from kubernetes.client import ApiClient
-
-        try:
-            remote_pod = self.pod_manager.read_pod(pod)
-        except Exception:
-            self.log.warning("Could not re-read pod %s; classifying its last known state", pod.metadata.name)
-        events: list[dict[str, Any]] = []
-        tail = ""
-        try:
-            events = [
-                {"reason": e.reason, "message": e.message}
-                for e in self.pod_manager.read_pod_events(pod).items
-            ]
-        except Exception:
-            self.log.warning("Could not read the events of pod %s", pod.metadata.name)
-        try:
-            raw = self.client.read_namespaced_pod_log(
-                name=pod.metadata.name,
-                namespace=pod.metadata.namespace,
-                container=self.base_container_name,
-                tail_lines=self.log_tail_lines,
-                _preload_content=False,
-            )
-            tail = raw.data.decode("utf-8", errors="replace")
-        except Exception:
-            self.log.info("No log tail for pod %s", pod.metadata.name)
-        data = ApiClient().sanitize_for_serialization(remote_pod)
-        return classify(data, events, tail, container=self.base_container_name), tail
 
     def _failed(self, context: Context, rid: str, error: Exception) -> BaseException:
         """Walk the failure ladder for this try; return the exception to raise (before the release)."""
