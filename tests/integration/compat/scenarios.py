@@ -116,6 +116,8 @@ SCENARIOS: list[Scenario] = [
         behaviour={"image-pull-error": "true"},
         kwargs={"startup_timeout_seconds": 3},
     ),
+    # -- do_xcom_push: the emulator has no exec, so reading the sidecar's result fails alike
+    *_both("xcom-push", "failed", kwargs={"do_xcom_push": True}),
     # -- the API server fails -----------------------------------------------------------------
     Scenario("api-500-delete", "success", faults=(("delete", "", 500),)),
     Scenario("api-500-read", "failed", faults=(("get", "", 500),)),

@@ -40,6 +40,8 @@ ANNOTATION = "gpupool.emulator/"
 _DATE_HEADER = re.compile(r"'Date': '[^']*'")
 PINNING_ENV = ("GPUPOOL_", "NVIDIA_")
 PINNING_PREFIX = "gpupool.io/"
+#: The exception the last run raised (None: it succeeded), for tests that look beyond the Outcome.
+LAST_ERROR: list[Any] = [None]
 
 
 class FakeTaskInstance:
@@ -222,6 +224,7 @@ def run_once(scenario: Scenario, gpu: bool, tmp_path: Path, k8s: KubernetesEmula
         result = drive(op, context)
     except Exception as e:
         error = e
+    LAST_ERROR[:] = [error]
     if error is None:
         state = "success"
     elif isinstance(error, AirflowSkipException):
@@ -287,3 +290,38 @@ def resources_kept(kpo: dict[str, Any], gpo: dict[str, Any]) -> None:
             set_by_kpo, set_by_us = theirs["resources"].get(kind, {}), ours["resources"].get(kind, {})
             assert {k: set_by_us.get(k) for k in set_by_kpo} == set_by_kpo, (kind, theirs, ours)
             assert set(set_by_us) - set(set_by_kpo) <= {"cpu", "memory"}, (kind, theirs, ours)
+
+
+@pytest.mark.parametrize("deferrable", [False, True], ids=["sync", "def"])
+def test_the_ladders_fail_fast_keeps_kpos_message(
+    deferrable: bool, k8s: KubernetesEmulatorServer, compat_ledger: Ledger, tmp_path: Path
+) -> None:
+    """An image pull error with retries left: KPO is retried, the ladder fails fast (its decision).
+
+    The one difference the ladder may make: ``AirflowFailException`` instead of a retry, with
+    KPO's message, KPO's exception as its cause, and the class in its note.
+    """
+    from airflow_gpupool.operators.failures import report_of
+
+    scenario = Scenario(
+        f"ladder-image-pull-{'def' if deferrable else 'sync'}",
+        "up_for_retry",
+        behaviour={"image-pull-error": "true"},
+        kwargs={"startup_timeout_seconds": 3},
+        deferrable=deferrable,
+        retries=2,
+    )
+    kpo = run_once(scenario, gpu=False, tmp_path=tmp_path, k8s=k8s)
+    gpo = run_once(scenario, gpu=True, tmp_path=tmp_path, k8s=k8s)
+    assert kpo.state == "up_for_retry" and gpo.state == "failed"
+    assert gpo.error_type == "airflow.sdk.exceptions.AirflowFailException"
+    assert (gpo.message, gpo.pod_dump, gpo.xcoms, gpo.pod_deleted) == (
+        kpo.message,
+        kpo.pod_dump,
+        kpo.xcoms,
+        kpo.pod_deleted,
+    )
+    assert report_of(LAST_ERROR[0]) is not None and "image_pull" in LAST_ERROR[0].__notes__[0]
+    assert f"{type(LAST_ERROR[0].__cause__).__module__}.{type(LAST_ERROR[0].__cause__).__qualname__}" == (
+        kpo.error_type
+    )
