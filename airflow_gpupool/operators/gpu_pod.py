@@ -35,6 +35,7 @@ from airflow_gpupool.operators.request import (
     check_keep_checkpoints,
     check_log_tail_lines,
     check_seconds,
+    shm_mib,
     templated,
 )
 from airflow_gpupool.resources import GpuRequest
@@ -84,6 +85,8 @@ class GpuPodOperator(KubernetesPodOperator):
     :param escalation_notifier: called once per task run when the ladder escalates (default
         :class:`~airflow_gpupool.notifiers.EscalationNotifier`); any Airflow notifier or callable
     :param log_tail_lines: lines of the container log kept for classification and escalation
+    :param shm_size: a memory-backed ``/dev/shm`` of this size (``8Gi``), counted in the request's
+        memory; data loaders with several workers need one
     """
 
     template_fields: Sequence[str] = (
@@ -117,6 +120,7 @@ class GpuPodOperator(KubernetesPodOperator):
         escalation: EscalationPolicy | Mapping[str, str] | None = None,
         escalation_notifier: Any = None,
         log_tail_lines: int = 50,
+        shm_size: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -141,6 +145,7 @@ class GpuPodOperator(KubernetesPodOperator):
         self.escalation = EscalationPolicy.of(escalation)
         self.escalation_notifier = escalation_notifier
         self.log_tail_lines = log_tail_lines
+        self.shm_size = shm_size
         self._grant: Grant | None = None
         self._held_id: str | None = None
         self._request_override: GpuRequest | None = None
@@ -174,6 +179,7 @@ class GpuPodOperator(KubernetesPodOperator):
             workload_class=self.workload_class,
             preemptible=self.preemptible,
             container_resources=self.container_resources,
+            shm_size=self.shm_size,
         )
 
     @cached_property
@@ -327,6 +333,7 @@ class GpuPodOperator(KubernetesPodOperator):
             checkpoint_dir=self.checkpoint_dir,
             priority_class=settings.workload_priority_classes().get(request.workload_class.value),
             resume_from=self._resume_from.location if self._resume_from is not None else None,
+            shm_mib=shm_mib(self.shm_size),
         )
 
     def get_or_create_pod(self, pod_request_obj: k8s.V1Pod, context: Context) -> k8s.V1Pod:

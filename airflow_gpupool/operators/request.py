@@ -23,6 +23,7 @@ __all__ = [
     "check_seconds",
     "requested_cpu_milli",
     "requested_memory_mib",
+    "shm_mib",
     "templated",
 ]
 
@@ -118,8 +119,33 @@ def _integer(name: str, value: Any) -> Any:
         raise InvalidRequestError(name, value, "an integer (after templating)") from None
 
 
+def shm_mib(shm_size: Any) -> int:
+    """Return the size of a memory-backed ``/dev/shm`` in MiB (0: none).
+
+    :param shm_size: a memory quantity with a unit (``8Gi``), or None
+    :raises InvalidRequestError: not a positive memory quantity with a unit
+    """
+    if shm_size is None:
+        return 0
+    expected = "a memory quantity with a unit such as 8Gi or 512Mi (or None)"
+    if not isinstance(shm_size, str) or shm_size.strip().replace(".", "", 1).isdigit():
+        raise InvalidRequestError("shm_size", shm_size, expected)
+    try:
+        mib = quantity.memory_mib(shm_size)
+    except ValueError:
+        raise InvalidRequestError("shm_size", shm_size, expected) from None
+    if mib < 1:
+        raise InvalidRequestError("shm_size", shm_size, "at least 1Mi")
+    return mib
+
+
 def build_request(
-    fields: Mapping[str, Any], *, workload_class: str, preemptible: bool, container_resources: Any
+    fields: Mapping[str, Any],
+    *,
+    workload_class: str,
+    preemptible: bool,
+    container_resources: Any,
+    shm_size: Any = None,
 ) -> GpuRequest:
     """Return the request of the operator's (rendered) arguments.
 
@@ -127,6 +153,8 @@ def build_request(
     :param workload_class: ``training``, ``inference`` or ``batch``
     :param preemptible: whether higher-priority work may take the slice back
     :param container_resources: the operator's ``V1ResourceRequirements`` (CPU and memory), or None
+    :param shm_size: a memory-backed ``/dev/shm``; its size is counted in the request's memory
+        (Kubernetes charges tmpfs pages to the pod's memory)
     :raises InvalidRequestError: a bad field, named in the error's ``field``
     """
     models = fields["gpu_models"]
@@ -144,7 +172,7 @@ def build_request(
         raise InvalidRequestError("team", fields["team"], "a team name")
     return GpuRequest(
         cpu_milli=requested_cpu_milli(container_resources),
-        memory_mib=requested_memory_mib(container_resources),
+        memory_mib=requested_memory_mib(container_resources) + shm_mib(shm_size),
         mig_profile=fields["mig_profile"] or None,
         gpu_models=frozenset(models or ()),
         node_labels=tuple(labels.items()),
