@@ -27,7 +27,7 @@ from airflow_gpupool.operators.escalation import EscalationPolicy
 from airflow_gpupool.operators.failures import Classification, read_failure
 from airflow_gpupool.operators.ladder import FailedTry, FailureLadder
 from airflow_gpupool.operators.lease import LeaseRenewer, delete_pod
-from airflow_gpupool.operators.pod_spec import pin_pod
+from airflow_gpupool.operators.pod_spec import cpu_only, pin_pod
 from airflow_gpupool.operators.reattach import EarlierTries
 from airflow_gpupool.operators.request import (
     REQUEST_FIELDS,
@@ -50,9 +50,11 @@ if TYPE_CHECKING:
 
     from airflow_gpupool.checkpoints.manifest import CheckpointManifest
 
-__all__ = ["XCOM_GRANT_KEY", "GpuPodOperator"]
+__all__ = ["XCOM_DEVICE_KEY", "XCOM_GRANT_KEY", "GpuPodOperator"]
 
 XCOM_GRANT_KEY = "gpupool_grant"
+#: Pushed as ``"cpu"`` when the task ran its CPU fallback.
+XCOM_DEVICE_KEY = "gpupool_device"
 
 
 class GpuPodOperator(KubernetesPodOperator):
@@ -85,6 +87,8 @@ class GpuPodOperator(KubernetesPodOperator):
     :param escalation_notifier: called once per task run when the ladder escalates (default
         :class:`~airflow_gpupool.notifiers.EscalationNotifier`); any Airflow notifier or callable
     :param log_tail_lines: lines of the container log kept for classification and escalation
+    :param cpu_fallback: when the reservation times out, run the pod without a GPU instead of failing
+        (not pinned, no slice; the container sees ``GPUPOOL_DEVICE=cpu``)
     :param shm_size: a memory-backed ``/dev/shm`` of this size (``8Gi``), counted in the request's
         memory; data loaders with several workers need one
     """
@@ -121,6 +125,7 @@ class GpuPodOperator(KubernetesPodOperator):
         escalation_notifier: Any = None,
         log_tail_lines: int = 50,
         shm_size: str | None = None,
+        cpu_fallback: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -146,6 +151,8 @@ class GpuPodOperator(KubernetesPodOperator):
         self.escalation_notifier = escalation_notifier
         self.log_tail_lines = log_tail_lines
         self.shm_size = shm_size
+        self.cpu_fallback = cpu_fallback
+        self._cpu_fallback_active = False
         self._grant: Grant | None = None
         self._held_id: str | None = None
         self._request_override: GpuRequest | None = None
@@ -195,7 +202,16 @@ class GpuPodOperator(KubernetesPodOperator):
         try:
             return self._reserve_and_run(context)
         except ReservationTimeoutError as e:
-            raise self._failed(context, TaskTry.from_context(context).reservation_id, e)  # noqa: B904 (cause set by _failed)
+            return self._timed_out(context, TaskTry.from_context(context).reservation_id, e)
+
+    def _timed_out(self, context: Context, rid: str, error: ReservationTimeoutError) -> Any:
+        """Fail with the timeout (through the ladder), or run the CPU fallback: degraded, not stopped."""
+        if not self.cpu_fallback:
+            raise self._failed(context, rid, error)
+        self.log.warning("%s; running the CPU fallback (GPUPOOL_DEVICE=cpu)", error)
+        self._cpu_fallback_active = True
+        context["ti"].xcom_push(key=XCOM_DEVICE_KEY, value="cpu")
+        return KubernetesPodOperator.execute(self, context)
 
     def _reserve_and_run(self, context: Context) -> Any:
         request = self.gpu_request()
@@ -259,7 +275,7 @@ class GpuPodOperator(KubernetesPodOperator):
         if status == ReservationEventStatus.TIMEOUT.value:
             reservation = self.gpu_hook.get(rid)
             error = ReservationTimeoutError(rid, reservation.waited_seconds, [event["message"]])
-            raise self._failed(context, rid, error)
+            return self._timed_out(context, rid, error)
         raise GpuPoolError(f"waiting for reservation {rid} failed: {event['message']}")
 
     def _run_granted(self, context: Context, rid: str, grant: Grant) -> Any:
@@ -313,7 +329,7 @@ class GpuPodOperator(KubernetesPodOperator):
         """Build the parent's pod, then pin it to the granted slice."""
         pod = super().build_pod_request_obj(context, dry_run=dry_run)
         if self._grant is None or self._held_id is None:
-            return pod
+            return cpu_only(pod, self.base_container_name) if self._cpu_fallback_active else pod
         request = self.gpu_request()
         grant = self._grant
         facts = SliceFacts(
@@ -368,12 +384,7 @@ class GpuPodOperator(KubernetesPodOperator):
         return pod
 
     def defer(
-        self,
-        *,
-        trigger: Any,
-        method_name: str,
-        kwargs: dict[str, Any] | None = None,
-        timeout: timedelta | int | float | None = None,
+        self, *, trigger: Any, method_name: str, kwargs: dict[str, Any] | None = None, timeout: Any = None
     ) -> Any:
         """Defer; a pod trigger is swapped for one that also renews the grant's lease."""
         if (

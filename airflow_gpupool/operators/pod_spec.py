@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from airflow_gpupool.ledger.models import Grant
     from airflow_gpupool.resources import GpuRequest
 
-__all__ = ["GPU_TOLERATION", "grant_env", "pin_pod"]
+__all__ = ["DEVICE_ENV", "GPU_TOLERATION", "add_shm", "cpu_only", "grant_env", "pin_pod"]
 
 GPU_TOLERATION = k8s.V1Toleration(key=GPU_RESOURCE, operator="Exists", effect="NoSchedule")
 
@@ -116,6 +116,20 @@ def add_shm(pod: k8s.V1Pod, container: k8s.V1Container, shm_mib: int, memory_mib
     if "memory" in limits:
         limits["memory"] = f"{quantity.memory_mib(limits['memory']) + shm_mib}Mi"
     container.resources = k8s.V1ResourceRequirements(requests=requests, limits=limits or None)
+
+
+#: What the container of a CPU fallback sees.
+DEVICE_ENV = "GPUPOOL_DEVICE"
+
+
+def cpu_only(pod: k8s.V1Pod, container_name: str) -> k8s.V1Pod:
+    """Return ``pod`` as the CPU fallback runs it: unpinned, no GPU, ``GPUPOOL_DEVICE=cpu``.
+
+    :param pod: the parent's pod (changed in place)
+    :param container_name: the main container
+    """
+    _set_env(_container(pod, container_name), {DEVICE_ENV: "cpu"})
+    return pod
 
 
 def _set_env(container: k8s.V1Container, env: dict[str, str]) -> None:
