@@ -11,7 +11,7 @@ from airflow_gpupool.exceptions import ReservationTimeoutError
 from airflow_gpupool.ledger import Ledger
 from airflow_gpupool.resources import GpuRequest
 from airflow_gpupool.testing import KubernetesEmulatorServer
-from tests.integration.compat.test_compat import FakeTaskInstance, drive
+from tests.integration.compat.driver import FakeTaskInstance, drive
 
 
 def fallback_task(k8s: KubernetesEmulatorServer, task_id: str, **kwargs: Any) -> Any:

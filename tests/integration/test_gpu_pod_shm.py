@@ -10,7 +10,7 @@ from airflow.sdk import DAG
 from airflow_gpupool.exceptions import InvalidRequestError
 from airflow_gpupool.ledger import Ledger
 from airflow_gpupool.testing import KubernetesEmulatorServer
-from tests.integration.compat.test_compat import FakeTaskInstance, drive
+from tests.integration.compat.driver import FakeTaskInstance, drive
 
 
 def shm_task(k8s: KubernetesEmulatorServer, task_id: str, **kwargs: Any) -> Any:

@@ -18,8 +18,6 @@ project adds to an exception (its notes and ``gpupool_failure`` attribute). A fa
 
 from __future__ import annotations
 
-import asyncio
-import datetime
 import json
 import re
 from collections.abc import Iterator
@@ -33,6 +31,7 @@ from airflow.sdk import DAG
 from airflow_gpupool.ledger import Ledger
 from airflow_gpupool.testing import KubernetesEmulatorServer
 from tests.integration.compat import callbacks
+from tests.integration.compat.driver import FakeTaskInstance, drive
 from tests.integration.compat.scenarios import SCENARIOS, Scenario
 
 ANNOTATION = "gpupool.emulator/"
@@ -42,23 +41,6 @@ PINNING_ENV = ("GPUPOOL_", "NVIDIA_")
 PINNING_PREFIX = "gpupool.io/"
 #: The exception the last run raised (None: it succeeded), for tests that look beyond the Outcome.
 LAST_ERROR: list[Any] = [None]
-
-
-class FakeTaskInstance:
-    """The task-instance fields both operators read, and an in-memory XCom."""
-
-    def __init__(self, task_id: str, retries: int) -> None:
-        self.dag_id = "compat"
-        self.task_id = task_id
-        self.run_id = "manual__2027-01-01T00:00:00+00:00"
-        self.map_index = -1
-        self.try_number = 1
-        self.max_tries = retries
-        self.start_date = datetime.datetime.now(tz=datetime.UTC)
-        self.xcoms: dict[str, Any] = {}
-
-    def xcom_push(self, key: str, value: Any) -> None:
-        self.xcoms[key] = value
 
 
 @dataclass(frozen=True)
@@ -140,37 +122,6 @@ def inject_faults(k8s: KubernetesEmulatorServer, scenario: Scenario) -> None:
             api[f"{method} {path}"] << status << body
 
         k8s._run_sync(react)
-
-
-def run_trigger(trigger: Any) -> Any:
-    async def first_event() -> Any:
-        async for event in trigger.run():
-            return event
-        raise AssertionError("the trigger ended without an event")
-
-    return asyncio.run(asyncio.wait_for(first_event(), 60))
-
-
-def drive(op: Any, context: dict[str, Any]) -> Any:
-    """Run ``execute``, and each deferral's trigger and resume method, as the task runner would."""
-    from airflow.sdk.exceptions import TaskDeferred
-
-    def call() -> Any:
-        return op.execute(context)
-
-    step = call
-    for _ in range(6):
-        try:
-            return step()
-        except TaskDeferred as deferred:
-            event = run_trigger(deferred.trigger)
-            method = getattr(op, deferred.method_name)
-            extra = deferred.kwargs or {}
-
-            def step(method: Any = method, payload: Any = event.payload, extra: Any = extra) -> Any:
-                return method(context, payload, **extra)
-
-    raise AssertionError("deferred more than 6 times")
 
 
 def _pod_shape(body: dict[str, Any]) -> dict[str, Any]:
