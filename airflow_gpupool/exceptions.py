@@ -40,12 +40,17 @@ errors, as the other errors' first homes (:mod:`~airflow_gpupool.checkpoints.man
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Protocol
 
-from airflow.sdk.exceptions import AirflowException
+# Importing Airflow may log to stdout (its unit-test mode does): keep stdout for the caller's own
+# output (the CLI's JSON, a child process's protocol).
+with contextlib.redirect_stdout(sys.stderr):
+    from airflow.sdk.exceptions import AirflowException
 
 __all__ = [
     "ApplicationError",
