@@ -1,33 +1,29 @@
 """The ``gpupool`` command: ledger administration, status, debugging and benchmarks.
 
-The ledger URL is found as the operator finds it: ``--url``, else ``GPUPOOL_LEDGER_URL``, else the
-``gpupool_default`` connection, else ``[gpupool] ledger_url``, else a SQLite file under
-``AIRFLOW_HOME``. Only ``ledger init`` and ``inventory load|sync`` create a ledger.
+The ledger URL comes from ``--url``, else ``GPUPOOL_LEDGER_URL``, else ``[gpupool] ledger_url``,
+else a SQLite file under ``AIRFLOW_HOME``.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-# The errors derive from Airflow's, and importing Airflow may log (to stdout, under its unit test
-# mode): stdout is kept for the command's own output.
-with contextlib.redirect_stdout(sys.stderr):
-    from airflow_gpupool.cli import (
-        bench,
-        controller,
-        emulator,
-        inventory,
-        ledger,
-        metrics,
-        reconcile,
-        simulate,
-    )
-    from airflow_gpupool.exceptions import GpuPoolError
+from airflow_gpupool.cli import (
+    bench,
+    controller,
+    emulator,
+    inventory,
+    ledger,
+    metrics,
+    quota,
+    reconcile,
+    simulate,
+)
+from airflow_gpupool.exceptions import GpuPoolError
 
 __all__ = ["build_parser", "main"]
 
@@ -45,6 +41,7 @@ _REGISTRARS: tuple[Callable[[Any], None], ...] = (
     reconcile.register,
     controller.register,
     metrics.register,
+    quota.register,
 )
 
 
