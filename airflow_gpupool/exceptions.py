@@ -1,7 +1,8 @@
 """Every public error of airflow-gpupool, in one place.
 
 Each carries its data in fields, so callers branch on attributes, never on message text. All
-derive from :class:`GpuPoolError`; the ones that mean "a bad value was given" also derive from
+derive from :class:`GpuPoolError`, itself an Airflow ``AirflowException``, so a DAG's ``except
+AirflowException`` and Airflow's own handling (retried, not failed fast) keep working; the ones that mean "a bad value was given" also derive from
 :class:`ValueError` (and the unknown-id one from :class:`KeyError`), so ``except ValueError``
 keeps working::
 
@@ -42,10 +43,17 @@ errors, as the other errors' first homes (:mod:`~airflow_gpupool.checkpoints.man
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Protocol
+
+# Importing Airflow may log to stdout (its unit-test mode does): keep stdout for the caller's own
+# output (the CLI's JSON, a child process's protocol).
+with contextlib.redirect_stdout(sys.stderr):
+    from airflow.sdk.exceptions import AirflowException
 
 __all__ = [
     "ApplicationError",
@@ -80,8 +88,8 @@ __all__ = [
 ]
 
 
-class GpuPoolError(Exception):
-    """Base class of every error raised by airflow-gpupool."""
+class GpuPoolError(AirflowException):
+    """Base class of every error raised by airflow-gpupool: an ``AirflowException``, as task code expects."""
 
 
 class InvalidRequestError(GpuPoolError, ValueError):

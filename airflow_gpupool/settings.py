@@ -79,7 +79,7 @@ def _airflow_cfg_section() -> dict[str, str]:
 def _positive(option: str) -> float:
     raw = _get(option)
     try:
-        return positive_seconds(raw)
+        return positive_seconds(raw, finite=True)
     except ValueError as e:
         raise ConfigurationError(f"[{SECTION}] {option}: {e}") from None
 
@@ -96,18 +96,56 @@ def airflow_home() -> Path:
     return Path(os.environ.get("AIRFLOW_HOME", "~/airflow")).expanduser()
 
 
-def ledger_url(explicit: str | None = None) -> str:
-    """Return the ledger URL: the argument, else ``GPUPOOL_LEDGER_URL``, else ``[gpupool] ledger_url``,
-    else a SQLite file under ``AIRFLOW_HOME``."""
-    if explicit:
-        return explicit
-    env = os.environ.get(LEDGER_URL_ENV)
-    if env:
-        return env
-    configured = _get("ledger_url")
-    if configured:
-        return configured
+def ledger_url(explicit: str | None = None, connection: str | None = None) -> str:
+    """Return the ledger URL, the one way every part finds it.
+
+    The argument (a hook's ``ledger_url``, the CLI's ``--url``), else ``GPUPOOL_LEDGER_URL``,
+    else the ``gpupool`` connection's URL, else ``[gpupool] ledger_url``, else
+    :func:`default_ledger_url`.
+
+    :param explicit: the URL given by the caller
+    :param connection: the URL of the ``gpupool`` connection, when one was found
+    """
+    for candidate in (explicit, os.environ.get(LEDGER_URL_ENV), connection, _get("ledger_url")):
+        if candidate:
+            return candidate
+    return default_ledger_url()
+
+
+def default_ledger_url() -> str:
+    """Return the ledger URL used when none is configured: a SQLite file under ``AIRFLOW_HOME``."""
     return f"sqlite:///{airflow_home() / 'gpupool-ledger.db'}"
+
+
+#: Executors that run every task on the one machine (a SQLite ledger file is then shared).
+LOCAL_EXECUTORS = frozenset({"LocalExecutor", "SequentialExecutor", "DebugExecutor"})
+
+
+def executors() -> tuple[str, ...]:
+    """Return the class names of the configured executors (``[core] executor``, comma-separated).
+
+    Module paths and team prefixes (``team:executor``) are reduced to the class name.
+    """
+    raw = os.environ.get("AIRFLOW__CORE__EXECUTOR")
+    if raw is None:
+        if "airflow.configuration" in sys.modules:
+            from airflow.configuration import conf
+
+            raw = conf.get("core", "executor", fallback="LocalExecutor")
+        else:
+            raw = _airflow_cfg_option("core", "executor") or "LocalExecutor"
+    names = (item.strip().rpartition(":")[2].rpartition(".")[2] for item in str(raw).split(","))
+    return tuple(n for n in names if n) or ("LocalExecutor",)
+
+
+def _airflow_cfg_option(section: str, option: str) -> str | None:
+    path = Path(os.environ.get("AIRFLOW_CONFIG", airflow_home() / "airflow.cfg")).expanduser()
+    parser = configparser.ConfigParser(interpolation=None)
+    try:
+        parser.read(path)
+    except configparser.Error as e:
+        raise ConfigurationError(f"{path} is not a valid Airflow configuration file: {e}") from e
+    return parser.get(section, option, fallback=None)
 
 
 def placement_policy() -> str:

@@ -13,11 +13,13 @@ from datetime import timedelta
 __all__ = ["pairs", "positive_seconds"]
 
 
-def positive_seconds(value: object, *, maximum: float | None = None) -> float:
-    """Return a duration in seconds that must be above zero (and at most ``maximum``).
+def positive_seconds(value: object, *, maximum: float | None = None, finite: bool = True) -> float:
+    """Return a duration in seconds that must be above zero, finite (and at most ``maximum``).
 
     :param value: a number, a numeric string (from a config file or connection extra) or a timedelta
-    :raises ValueError: not a number of seconds, not positive, or above ``maximum``
+    :param finite: refuse infinity (a lease that never expires); True everywhere but where
+        "forever" is meant
+    :raises ValueError: not a number of seconds, not positive, infinite, or above ``maximum``
     """
     if isinstance(value, timedelta):
         seconds: object = value.total_seconds()
@@ -32,6 +34,8 @@ def positive_seconds(value: object, *, maximum: float | None = None) -> float:
         raise ValueError(f"{value!r} is not a number of seconds (or a timedelta)")
     if not seconds > 0:  # also refuses NaN
         raise ValueError(f"{value!r} must be a positive number of seconds")
+    if finite and seconds == float("inf"):
+        raise ValueError(f"{value!r} must be a finite number of seconds")
     if maximum is not None and seconds > maximum:
         raise ValueError(f"{value!r} is more than {maximum:g} seconds")
     return float(seconds)

@@ -8,9 +8,9 @@ import json
 import sys
 from typing import Any
 
-from airflow_gpupool import settings
+from airflow_gpupool.argtypes import integer, number
 from airflow_gpupool.bench import operator_bench
-from airflow_gpupool.cli.common import require_extra, url_arg
+from airflow_gpupool.cli.common import ledger_url, require_extra, url_arg
 
 __all__ = ["cmd_bench_ledger", "cmd_bench_operator", "register"]
 
@@ -19,7 +19,7 @@ def cmd_bench_ledger(args: argparse.Namespace) -> int:
     """Measure ledger throughput and check its invariants under contention."""
     from airflow_gpupool.bench.ledger_bench import run_ledger_bench
 
-    url = settings.ledger_url(args.url)
+    url = ledger_url(args)
     result = run_ledger_bench(
         url,
         clients=args.clients,
@@ -65,10 +65,10 @@ def register(subparsers: Any) -> None:
         description=cmd_bench_ledger.__doc__,
     )
     url_arg(p)
-    p.add_argument("--clients", type=int, default=16, help="concurrent client processes")
-    p.add_argument("--seconds", type=float, default=10, help="measured duration")
-    p.add_argument("--nodes", type=int, default=1000, help="nodes in the bench inventory")
-    p.add_argument("--hold-ms", type=float, default=2.0, help="how long each grant is held")
+    p.add_argument("--clients", type=integer(1, 256), default=16, help="concurrent client processes (1-256)")
+    p.add_argument("--seconds", type=number(0, above=True), default=10, help="measured duration")
+    p.add_argument("--nodes", type=integer(1, 100_000), default=1000, help="nodes in the bench inventory")
+    p.add_argument("--hold-ms", type=number(0), default=2.0, help="how long each grant is held")
     p.add_argument(
         "--serialized",
         action="store_true",
@@ -82,7 +82,7 @@ def register(subparsers: Any) -> None:
         description=operator_bench.__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--tasks", type=int, default=10, help="pairs of tasks to run")
-    p.add_argument("--pod-seconds", type=float, default=0.5, help="how long each emulated pod runs")
+    p.add_argument("--tasks", type=integer(1, 1000), default=10, help="pairs of tasks to run")
+    p.add_argument("--pod-seconds", type=number(0), default=0.5, help="how long each emulated pod runs")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_bench_operator)

@@ -6,9 +6,9 @@ import argparse
 import importlib
 import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from airflow_gpupool import settings
 from airflow_gpupool.exceptions import GpuPoolError
 
 if TYPE_CHECKING:
@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 __all__ = [
     "cluster_args",
     "kubernetes_api_errors",
+    "ledger_url",
     "open_ledger",
     "print_json",
     "require_extra",
@@ -25,15 +26,49 @@ __all__ = [
 ]
 
 
+URL_HELP = (
+    "ledger URL (default: GPUPOOL_LEDGER_URL, the gpupool_default connection, [gpupool] ledger_url, "
+    "or SQLite under AIRFLOW_HOME)"
+)
+
+
 def url_arg(parser: argparse.ArgumentParser) -> None:
     """Add ``--url``, the ledger URL.
 
     :param parser: a command's parser
     """
-    parser.add_argument(
-        "--url",
-        help="ledger URL (default: GPUPOOL_LEDGER_URL, [gpupool] ledger_url, or SQLite under AIRFLOW_HOME)",
-    )
+    parser.add_argument("--url", help=URL_HELP)
+
+
+def ledger_url(args: argparse.Namespace) -> str:
+    """Return the ledger URL of a command, found as the operator finds it.
+
+    :param args: parsed arguments (``--url``)
+    """
+    from airflow_gpupool.hooks.gpupool import resolve_ledger_url
+
+    return resolve_ledger_url(getattr(args, "url", None))
+
+
+def _require_sqlite_file(url: str) -> None:
+    # SQLite creates a missing file on connect: a read would leave an empty "ledger" behind.
+    from sqlalchemy.engine import make_url
+
+    from airflow_gpupool.exceptions import LedgerSchemaError
+    from airflow_gpupool.redact import redact_url
+
+    try:
+        parsed = make_url(url)
+    except Exception:  # the ledger's own URL check says what is wrong
+        return
+    database = parsed.database or ""
+    if parsed.get_backend_name() != "sqlite" or database in ("", ":memory:") or database.startswith("file:"):
+        return
+    if not Path(database).is_file():
+        shown = redact_url(url)
+        raise LedgerSchemaError(
+            f"no GPU ledger at {shown}: create it with `gpupool ledger init --url {shown}`"
+        )
 
 
 def cluster_args(parser: argparse.ArgumentParser) -> None:
@@ -49,16 +84,22 @@ def cluster_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
-def open_ledger(args: argparse.Namespace, create: bool = False) -> Ledger:
-    """Open the ledger that ``--url`` (or the configuration) names.
+def open_ledger(args: argparse.Namespace, create: bool = False, *, must_exist: bool = True) -> Ledger:
+    """Open the ledger that ``--url`` (or the configuration) names; never create one by reading.
 
     :param args: parsed arguments
     :param create: create or migrate its schema first
+    :param must_exist: without ``create``, fail (:class:`LedgerSchemaError`) when a SQLite ledger
+        file does not exist, instead of leaving an empty file behind
     """
     from airflow_gpupool.ledger import Ledger
 
-    url = settings.ledger_url(getattr(args, "url", None))
-    return Ledger.create(url) if create else Ledger(url)
+    url = ledger_url(args)
+    if create:
+        return Ledger.create(url)
+    if must_exist:
+        _require_sqlite_file(url)
+    return Ledger(url)
 
 
 def print_json(data: Any) -> None:

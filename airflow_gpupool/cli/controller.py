@@ -12,6 +12,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from airflow_gpupool.argtypes import non_empty, number
 from airflow_gpupool.cli.common import open_ledger, url_arg
 from airflow_gpupool.controller.leader import DEFAULT_LEASE_DURATION, DEFAULT_LEASE_NAME
 from airflow_gpupool.controller.run import DEFAULT_RECONCILE_INTERVAL, DEFAULT_SYNC_INTERVAL
@@ -73,7 +74,7 @@ def cmd_controller_run(args: argparse.Namespace) -> int:
         lease.lease_duration,
         intervals.sync,
         intervals.reconcile,
-        ledger.url,
+        ledger.display_url,
     )
     try:
         if args.once:
@@ -104,14 +105,14 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--sync-interval",
         metavar="S",
-        type=float,
+        type=number(0, above=True),
         default=DEFAULT_SYNC_INTERVAL,
         help="seconds between inventory syncs (default %(default)g)",
     )
     p.add_argument(
         "--reconcile-interval",
         metavar="S",
-        type=float,
+        type=number(0, above=True),
         default=DEFAULT_RECONCILE_INTERVAL,
         help="seconds between reconciles of grants with pods, each followed by a reap (default %(default)g)",
     )
@@ -121,17 +122,24 @@ def register(subparsers: Any) -> None:
         help="the Lease's namespace (default: POD_NAMESPACE, the pod's, or default)",
     )
     p.add_argument(
-        "--lease-name", metavar="NAME", default=DEFAULT_LEASE_NAME, help="the Lease (default %(default)s)"
+        "--lease-name",
+        metavar="NAME",
+        type=non_empty,
+        default=DEFAULT_LEASE_NAME,
+        help="the Lease (default %(default)s)",
     )
     p.add_argument(
         "--lease-duration",
         metavar="S",
-        type=float,
+        type=number(0, above=True),
         default=DEFAULT_LEASE_DURATION,
         help="seconds a silent leader keeps the Lease before another takes over (default %(default)g)",
     )
     p.add_argument(
-        "--identity", metavar="ID", help="this replica's holder identity (default: hostname_random)"
+        "--identity",
+        metavar="ID",
+        type=non_empty,
+        help="this replica's holder identity (default: hostname_random)",
     )
     p.add_argument(
         "--once", action="store_true", help="run one pass (every step) and exit: for cron and tests"

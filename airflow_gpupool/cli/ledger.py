@@ -7,6 +7,7 @@ import sys
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from airflow_gpupool.argtypes import integer, key_value, non_empty, number
 from airflow_gpupool.cli.common import open_ledger, print_json, table, url_arg
 
 if TYPE_CHECKING:
@@ -26,10 +27,10 @@ __all__ = [
 
 def cmd_ledger_init(args: argparse.Namespace) -> int:
     """Create or migrate the ledger schema."""
-    ledger = open_ledger(args)
+    ledger = open_ledger(args, must_exist=False)
     applied = ledger.migrate()
     print(
-        f"ledger at {ledger.url}: "
+        f"ledger at {ledger.display_url}: "
         + (f"applied schema {', '.join(f'v{v}' for v in applied)}" if applied else "already up to date")
     )
     return 0
@@ -135,7 +136,7 @@ def cmd_reserve(args: argparse.Namespace) -> int:
         gpu_memory_mib=args.gpu_memory_mib,
         mig_profile=args.mig_profile,
         gpu_models=frozenset(args.gpu_model or ()),
-        node_labels=tuple(_label(x) for x in args.label or ()),
+        node_labels=tuple(args.label or ()),
         workload_class=WorkloadClass(args.workload_class),
         priority=args.priority,
         team=args.team,
@@ -159,13 +160,6 @@ def cmd_reserve(args: argparse.Namespace) -> int:
     else:
         print(f"{reservation.id} {reservation.state.value}, position {reservation.position} in the queue")
     return 0
-
-
-def _label(text: str) -> tuple[str, str]:
-    key, sep, value = text.partition("=")
-    if not sep:
-        raise argparse.ArgumentTypeError(f"label {text!r} is not key=value")
-    return key, value
 
 
 def _lease_left(reservation: Reservation, now: float) -> str:
@@ -229,7 +223,7 @@ def register_commands(subparsers: Any) -> None:
         "release", help="release a grant or withdraw a request", description=cmd_release.__doc__
     )
     url_arg(p)
-    p.add_argument("id", help="reservation id")
+    p.add_argument("id", type=non_empty, help="reservation id")
     p.add_argument("--reason", default="released from the gpupool CLI")
     p.set_defaults(func=cmd_release)
     p = subparsers.add_parser(
@@ -243,20 +237,24 @@ def _reserve_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("reserve", help="reserve a GPU slice by hand", description=cmd_reserve.__doc__)
     url_arg(p)
     part = p.add_mutually_exclusive_group()
-    part.add_argument("--gpus", type=int, default=0, help="whole GPUs")
-    part.add_argument("--gpu-milli", type=int, help="a fraction of one GPU, 1-999 milli-GPU")
-    part.add_argument("--mig-profile", help="a MIG profile such as 1g.10gb")
-    p.add_argument("--gpu-memory-mib", type=int, help="GPU memory for a fraction")
-    p.add_argument("--gpu-model", action="append", help="allowed GPU model (repeatable)")
-    p.add_argument("--label", action="append", help="required node label key=value (repeatable)")
-    p.add_argument("--cpu-milli", type=int, default=1000)
-    p.add_argument("--memory-mib", type=int, default=1024)
+    part.add_argument("--gpus", type=integer(0), default=0, help="whole GPUs")
+    part.add_argument("--gpu-milli", type=integer(1, 999), help="a fraction of one GPU, 1-999 milli-GPU")
+    part.add_argument("--mig-profile", type=non_empty, help="a MIG profile such as 1g.10gb")
+    p.add_argument("--gpu-memory-mib", type=integer(1), help="GPU memory for a fraction")
+    p.add_argument("--gpu-model", type=non_empty, action="append", help="allowed GPU model (repeatable)")
+    p.add_argument(
+        "--label", type=key_value, action="append", help="required node label key=value (repeatable)"
+    )
+    p.add_argument("--cpu-milli", type=integer(0), default=1000)
+    p.add_argument("--memory-mib", type=integer(0), default=1024)
     p.add_argument("--workload-class", default="batch", choices=["training", "inference", "batch"])
-    p.add_argument("--priority", type=int, default=0)
-    p.add_argument("--team", default="default")
-    p.add_argument("--holder", default="gpupool-cli", help="who holds it")
-    p.add_argument("--ttl", type=float, help="lease seconds")
-    p.add_argument("--timeout", type=float, help="seconds it may wait in the queue")
-    p.add_argument("--id", help="reservation id (idempotent); made and printed on stderr when not given")
+    p.add_argument("--priority", type=integer(), default=0)
+    p.add_argument("--team", type=non_empty, default="default")
+    p.add_argument("--holder", type=non_empty, default="gpupool-cli", help="who holds it")
+    p.add_argument("--ttl", type=number(0, above=True), help="lease seconds")
+    p.add_argument("--timeout", type=number(0, above=True), help="seconds it may wait in the queue")
+    p.add_argument(
+        "--id", type=non_empty, help="reservation id (idempotent); made and printed on stderr when not given"
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_reserve)

@@ -15,6 +15,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
+from airflow_gpupool.argtypes import non_empty, port
+from airflow_gpupool.cli.common import url_arg
+
 log = logging.getLogger(__name__)
 
 
@@ -25,12 +28,12 @@ def make_registry(url: str | None = None) -> CollectorRegistry:
     """
     from prometheus_client import CollectorRegistry
 
-    from airflow_gpupool import settings
+    from airflow_gpupool.hooks.gpupool import resolve_ledger_url
     from airflow_gpupool.ledger import Ledger
     from airflow_gpupool.metrics.collector import GpuPoolCollector
 
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(GpuPoolCollector(Ledger(settings.ledger_url(url))))
+    registry.register(GpuPoolCollector(Ledger(resolve_ledger_url(url))))
     return registry
 
 
@@ -76,16 +79,15 @@ def register(subparsers: Any) -> None:
     sub = metrics.add_subparsers(dest="metrics_command", metavar="WHAT")
     sub.required = True
     p = sub.add_parser("serve", help="serve /metrics over HTTP", description=cmd_metrics_serve.__doc__)
-    p.add_argument("--port", type=int, default=9464, help="TCP port (default: 9464)")
+    p.add_argument("--port", type=port, default=9464, help="TCP port, 1-65535 (default: 9464)")
     p.add_argument(
         "--bind",
         "--addr",
         dest="bind",
+        type=non_empty,
         default=DEFAULT_BIND,
         metavar="ADDR",
         help=f"address to listen on; 0.0.0.0 for every interface (default: {DEFAULT_BIND})",
     )
-    p.add_argument(
-        "--url", help="ledger SQLAlchemy URL (default: GPUPOOL_LEDGER_URL or [gpupool] ledger_url)"
-    )
+    url_arg(p)
     p.set_defaults(func=cmd_metrics_serve)

@@ -6,6 +6,7 @@ import argparse
 import json
 from typing import Any
 
+from airflow_gpupool.argtypes import number
 from airflow_gpupool.cli.common import cluster_args, kubernetes_api_errors, open_ledger
 from airflow_gpupool.controller.reconcile import DEFAULT_GRACE_SECONDS
 from airflow_gpupool.exceptions import GpuPoolError
@@ -66,13 +67,13 @@ def register(subparsers: Any) -> None:
     cluster_args(p)
     p.add_argument(
         "--grace-seconds",
-        type=float,
+        type=number(0),
         default=DEFAULT_GRACE_SECONDS,
         help="how long a grant may wait for its pod (default %(default)g)",
     )
     p.add_argument(
         "--orphan-grace-seconds",
-        type=float,
+        type=number(0),
         default=None,
         help="how long an orphaned grant's pod may run on before it is deleted "
         "(default [gpupool] orphan_grace_seconds)",

@@ -10,21 +10,32 @@ read by name::
 
 Without ``ledger_url`` extra, a connection with a host is read as a PostgreSQL server
 (host, port, login, password, schema = database). Constructor arguments beat extras,
-extras beat the ``[gpupool]`` configuration. With no connection id at all the hook uses
-the configuration alone (``GPUPOOL_LEDGER_URL``, ``[gpupool] ledger_url``, or a SQLite
-file under ``AIRFLOW_HOME``).
+extras beat the ``[gpupool]`` configuration. The ledger URL is found one way everywhere
+(:func:`airflow_gpupool.settings.ledger_url`): the ``ledger_url`` argument, else
+``GPUPOOL_LEDGER_URL``, else the connection, else ``[gpupool] ledger_url``, else a SQLite file
+under ``AIRFLOW_HOME``, which is refused under an executor that is not local (each worker
+would have a ledger of its own). Only a missing ``gpupool_default`` connection falls back to the
+configuration; any other error while resolving a connection propagates.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseHook
+from airflow.sdk.exceptions import AirflowNotFoundException
 
 from airflow_gpupool.exceptions import ConfigurationError
-from airflow_gpupool.hooks.options import LedgerOptions, NoConnection, extras_of, options_from
+from airflow_gpupool.hooks.options import (
+    LedgerOptions,
+    NoConnection,
+    check_shared_ledger,
+    extras_of,
+    options_from,
+)
 
 if TYPE_CHECKING:
     from airflow_gpupool.ledger import Ledger, ReapResult, ReleaseResult, Reservation
@@ -32,7 +43,7 @@ if TYPE_CHECKING:
     from airflow_gpupool.placement.snapshot import ClusterSnapshot
     from airflow_gpupool.resources import GpuRequest
 
-__all__ = ["AsyncGpuPoolHook", "GpuPoolHook", "LedgerOptions"]
+__all__ = ["AsyncGpuPoolHook", "GpuPoolHook", "LedgerOptions", "resolve_ledger_url"]
 
 
 class GpuPoolHook(BaseHook):
@@ -74,17 +85,26 @@ class GpuPoolHook(BaseHook):
     def _resolve(self, conn: Any | None) -> LedgerOptions:
         """Resolve the options from a fetched connection (None: no connection id, configuration only)."""
         if conn is None:
-            return options_from({}, self._overrides, "[gpupool] configuration")
-        return options_from(extras_of(conn), self._overrides, f"connection {self.ledger_conn_id!r}")
+            options = options_from({}, self._overrides, "[gpupool] configuration")
+        else:
+            options = options_from(extras_of(conn), self._overrides, f"connection {self.ledger_conn_id!r}")
+        check_shared_ledger(options.ledger_url, f"GPU pool hook ({self.ledger_conn_id or 'no connection'})")
+        return options
 
     def _connection(self) -> Any:
         try:
             return self.get_connection(str(self.ledger_conn_id))
-        except Exception as e:
+        except AirflowNotFoundException as e:
             return self._missing_connection(e)
 
     def _missing_connection(self, error: Exception) -> NoConnection:
-        if self.ledger_conn_id == self.default_conn_name and not isinstance(error, ConfigurationError):
+        """Fall back to ``[gpupool]`` for a missing default connection; fail for a missing named one.
+
+        Only "not found" reaches here: any other error while resolving the connection (a secrets
+        backend down, a malformed URI) propagates, so no worker silently falls back to a ledger
+        of its own.
+        """
+        if self.ledger_conn_id == self.default_conn_name:
             # The default connection is optional: the [gpupool] configuration applies.
             return NoConnection()
         raise ConfigurationError(
@@ -219,7 +239,7 @@ class AsyncGpuPoolHook(GpuPoolHook):
     async def _aconnection(self) -> Any:
         try:
             return await self.aget_connection(str(self.ledger_conn_id))
-        except Exception as e:
+        except AirflowNotFoundException as e:
             return self._missing_connection(e)
 
     async def aget(self, reservation_id: str) -> Reservation:
@@ -236,3 +256,21 @@ class AsyncGpuPoolHook(GpuPoolHook):
         """Renew a lease without blocking the triggerer's loop."""
         await self.aoptions()
         return await asyncio.to_thread(self.ledger.renew, reservation_id, ttl)
+
+
+def resolve_ledger_url(explicit: str | None = None) -> str:
+    """Return the ledger URL as the operator finds it (for the CLI, the UI, the metrics server).
+
+    ``explicit`` (``--url``), else ``GPUPOOL_LEDGER_URL``, else the ``gpupool_default`` connection,
+    else ``[gpupool] ledger_url``, else the SQLite default (refused under an executor that is not
+    local). The connection is only looked up (which imports Airflow's secrets backends) when
+    neither of the first two is given.
+
+    :param explicit: the URL given on the command line
+    :raises ConfigurationError: the connection is malformed, or the SQLite default is refused
+    """
+    from airflow_gpupool import settings
+
+    if explicit or os.environ.get(settings.LEDGER_URL_ENV):
+        return settings.ledger_url(explicit)
+    return GpuPoolHook(GpuPoolHook.default_conn_name).options.ledger_url

@@ -11,8 +11,9 @@ from typing import Any
 from airflow_gpupool import settings, validate
 from airflow_gpupool.binding import check_binding_name
 from airflow_gpupool.exceptions import ConfigurationError
+from airflow_gpupool.redact import ledger_url_from_fields, redact_url
 
-__all__ = ["EXTRAS", "LedgerOptions", "NoConnection", "extras_of", "options_from"]
+__all__ = ["EXTRAS", "LedgerOptions", "NoConnection", "check_shared_ledger", "extras_of", "options_from"]
 
 #: The connection extras read by name; any other is a mistake and fails loudly.
 EXTRAS = (
@@ -30,13 +31,18 @@ EXTRAS = (
 class LedgerOptions:
     """Everything resolved from arguments, connection extras and configuration."""
 
-    ledger_url: str
+    ledger_url: str = field(repr=False)
     placement_policy: str
     binding: str
     node_pool_bindings: dict[str, str] = field(default_factory=dict)
     lease_ttl_seconds: float = 600.0
     reservation_timeout_seconds: float = 300.0
     poll_interval_seconds: float = 5.0
+
+    @property
+    def display_url(self) -> str:
+        """The ledger URL as it may be shown: its password hidden."""
+        return redact_url(self.ledger_url)
 
 
 class NoConnection:
@@ -85,7 +91,7 @@ def options_from(extras: dict[str, Any], overrides: dict[str, Any], source: str)
     configured = _configured_seconds()
     seconds = {name: _seconds(name, merged.get(name, configured[name]), source) for name in configured}
     options = LedgerOptions(
-        ledger_url=settings.ledger_url(merged.get("ledger_url")),
+        ledger_url=settings.ledger_url(overrides.get("ledger_url"), extras.get("ledger_url")),
         placement_policy=str(merged.get("placement_policy") or settings.placement_policy()),
         binding=str(merged.get("binding") or settings.binding()),
         node_pool_bindings=_pool_bindings(
@@ -101,6 +107,28 @@ def options_from(extras: dict[str, Any], overrides: dict[str, Any], source: str)
     return options
 
 
+def check_shared_ledger(url: str, source: str) -> None:
+    """Refuse the per-machine SQLite default where tasks run on more than one machine.
+
+    Under Celery, Kubernetes, Edge or any executor that is not local, each worker would open its
+    own SQLite file under its own ``AIRFLOW_HOME``: several ledgers, and one GPU granted twice.
+
+    :param url: the resolved ledger URL
+    :param source: where the options came from, for the error
+    :raises ConfigurationError: the URL is the SQLite default and an executor is not local
+    """
+    remote = [name for name in settings.executors() if name not in settings.LOCAL_EXECUTORS]
+    if url != settings.default_ledger_url() or not remote:
+        return
+    raise ConfigurationError(
+        f"{source}: no GPU ledger is configured, and the SQLite default ({url}) would be a separate "
+        f"ledger on each worker of {', '.join(remote)}: two workers could be granted the same GPU. "
+        "Point every worker at one shared PostgreSQL ledger: the gpupool_default connection "
+        "(AIRFLOW_CONN_GPUPOOL_DEFAULT with extra ledger_url, or host/login/password/schema), "
+        "GPUPOOL_LEDGER_URL, or [gpupool] ledger_url (AIRFLOW__GPUPOOL__LEDGER_URL)"
+    )
+
+
 def extras_of(conn: Any) -> dict[str, Any]:
     """Return a connection's extras; a host without a ``ledger_url`` extra names a PostgreSQL server.
 
@@ -108,11 +136,7 @@ def extras_of(conn: Any) -> dict[str, Any]:
     """
     extras = dict(conn.extra_dejson or {})
     if "ledger_url" not in extras and conn.host:
-        auth = conn.login or ""
-        if conn.password:
-            auth += f":{conn.password}"
-        port = f":{conn.port}" if conn.port else ""
-        extras["ledger_url"] = (
-            f"postgresql://{auth}{'@' if auth else ''}{conn.host}{port}/{conn.schema or 'gpupool'}"
+        extras["ledger_url"] = ledger_url_from_fields(
+            login=conn.login, password=conn.password, host=conn.host, port=conn.port, schema=conn.schema
         )
     return extras

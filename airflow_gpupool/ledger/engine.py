@@ -19,6 +19,7 @@ from tenacity import Retrying, before_sleep_log, retry_if_exception, stop_after_
 
 from airflow_gpupool import settings
 from airflow_gpupool.exceptions import ConfigurationError, LedgerBusyError, LedgerUnavailableError
+from airflow_gpupool.redact import redact_url
 
 log = logging.getLogger(__name__)
 
@@ -43,15 +44,21 @@ def normalize_url(url: str) -> str:
         parsed = make_url(url)
     except Exception as e:
         raise ConfigurationError(
-            f"ledger URL {url!r} is not a SQLAlchemy URL: use sqlite:////path/ledger.db or "
+            f"ledger URL {redact_url(url)!r} is not a SQLAlchemy URL: use sqlite:////path/ledger.db or "
             "postgresql://user@host:5432/db"
         ) from e
+    if parsed.port is not None and not 0 < parsed.port < 65536:
+        raise ConfigurationError(
+            f"ledger URL {redact_url(url)!r}: port {parsed.port} is not between 1 and 65535"
+        )
     backend = parsed.get_backend_name()
     if backend == "postgresql":
         return parsed.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
     if backend == "sqlite":
         return url
-    raise ConfigurationError(f"ledger URL {url!r}: only sqlite and postgresql ledgers are supported")
+    raise ConfigurationError(
+        f"ledger URL {redact_url(url)!r}: only sqlite and postgresql ledgers are supported"
+    )
 
 
 def make_engine(url: str, **options: Any) -> Engine:

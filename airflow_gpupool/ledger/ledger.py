@@ -48,6 +48,7 @@ from airflow_gpupool.ledger.views import LedgerViews
 from airflow_gpupool.placement.policy import PlacementPolicy, get_policy
 from airflow_gpupool.placement.pools import PoolBinding, PoolBindings
 from airflow_gpupool.placement.snapshot import ClusterSnapshot
+from airflow_gpupool.redact import redact_url
 from airflow_gpupool.resources import GpuRequest, NodeHealth, NodeInventory
 
 __all__ = ["InventoryChange", "Ledger", "Tx", "pool_bindings"]
@@ -118,6 +119,14 @@ class Ledger:
         path = self._store.concurrent
         self._concurrent = ConcurrentGrants(self._store, path, self._cycle) if path is not None else None
         self._views = LedgerViews(self._store, self._cycle)
+
+    @property
+    def display_url(self) -> str:
+        """The ledger's URL as it may be shown: its password hidden (:func:`~airflow_gpupool.redact.redact_url`)."""
+        return redact_url(self.url)
+
+    def __repr__(self) -> str:
+        return f"Ledger({self.display_url!r})"
 
     @property
     def policy(self) -> PlacementPolicy:

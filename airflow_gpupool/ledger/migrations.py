@@ -20,6 +20,7 @@ from sqlalchemy import Column, Connection, Engine, insert, inspect, select, upda
 
 from airflow_gpupool.exceptions import LedgerSchemaError
 from airflow_gpupool.ledger import pg_functions, schema
+from airflow_gpupool.redact import redact_url
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +153,7 @@ def require_current(conn: Connection, url: str) -> None:
     version = current_version(conn)
     if version == LATEST:
         return
+    url = redact_url(url)
     if version == 0:
         raise LedgerSchemaError(f"no GPU ledger at {url}: create it with `gpupool ledger init --url {url}`")
     if version < LATEST:

@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from airflow_gpupool.metrics.stats import WAIT_BUCKETS
+from airflow_gpupool.redact import redact_url, scrub
 from airflow_gpupool.resources import MILLI_PER_GPU
 
 if TYPE_CHECKING:
@@ -293,13 +294,21 @@ class GpuPoolCollector:
         from airflow_gpupool.metrics.stats import ledger_totals
 
         up = GaugeMetricFamily("gpupool_ledger_up", "1 when the ledger answered this scrape")
+        url: str | None = None
         try:
             ledger = self._ledger() if callable(self._ledger) else self._ledger
+            url = ledger.url
             snapshot = ledger.snapshot()
             families = ledger_metrics(snapshot, ledger_totals(ledger.url))
-        except Exception:
-            # Any failure to read means "down" for this scrape; the cause goes to the log.
-            log.exception("Could not read the GPU ledger for metrics")
+        except Exception as e:  # any failure to read means "down" for this scrape
+            # The cause goes to the log, its text scrubbed of the URL's password; no traceback,
+            # whose frames' messages could quote it.
+            log.error(
+                "Could not read the GPU ledger %s for metrics: %s: %s",
+                redact_url(url) if url else "(not opened)",
+                type(e).__name__,
+                scrub(str(e), url),
+            )
             up.add_metric([], 0)
             yield up
             return

@@ -24,17 +24,19 @@ from airflow_gpupool.hooks.gpupool import GpuPoolHook
 from airflow_gpupool.ledger.models import Grant, ReservationState
 from airflow_gpupool.operators.checkpointing import TaskCheckpoints
 from airflow_gpupool.operators.escalation import EscalationPolicy
-from airflow_gpupool.operators.failures import Classification, classify
+from airflow_gpupool.operators.failures import Classification, read_failure
 from airflow_gpupool.operators.ladder import FailedTry, FailureLadder
 from airflow_gpupool.operators.lease import LeaseRenewer, delete_pod
 from airflow_gpupool.operators.links import GpuReservationLink  # kit (issue 15)
-from airflow_gpupool.operators.pod_spec import pin_pod
+from airflow_gpupool.operators.pod_spec import cpu_only, pin_pod
 from airflow_gpupool.operators.reattach import EarlierTries
 from airflow_gpupool.operators.request import (
     REQUEST_FIELDS,
     build_request,
     check_keep_checkpoints,
+    check_log_tail_lines,
     check_seconds,
+    shm_mib,
     templated,
 )
 from airflow_gpupool.operators.unschedulable import UnschedulableFailFast  # kit (issue 15)
@@ -50,9 +52,11 @@ if TYPE_CHECKING:
 
     from airflow_gpupool.checkpoints.manifest import CheckpointManifest
 
-__all__ = ["XCOM_GRANT_KEY", "GpuPodOperator"]
+__all__ = ["XCOM_DEVICE_KEY", "XCOM_GRANT_KEY", "GpuPodOperator"]
 
 XCOM_GRANT_KEY = "gpupool_grant"
+#: Pushed as ``"cpu"`` when the task ran its CPU fallback.
+XCOM_DEVICE_KEY = "gpupool_device"
 
 
 class GpuPodOperator(UnschedulableFailFast, KubernetesPodOperator):
@@ -85,6 +89,10 @@ class GpuPodOperator(UnschedulableFailFast, KubernetesPodOperator):
     :param escalation_notifier: called once per task run when the ladder escalates (default
         :class:`~airflow_gpupool.notifiers.EscalationNotifier`); any Airflow notifier or callable
     :param log_tail_lines: lines of the container log kept for classification and escalation
+    :param cpu_fallback: when the reservation times out, run the pod without a GPU instead of failing
+        (not pinned, no slice; the container sees ``GPUPOOL_DEVICE=cpu``)
+    :param shm_size: a memory-backed ``/dev/shm`` of this size (``8Gi``), counted in the request's
+        memory; data loaders with several workers need one
     """
 
     template_fields: Sequence[str] = (
@@ -120,6 +128,8 @@ class GpuPodOperator(UnschedulableFailFast, KubernetesPodOperator):
         escalation: EscalationPolicy | Mapping[str, str] | None = None,
         escalation_notifier: Any = None,
         log_tail_lines: int = 50,
+        shm_size: str | None = None,
+        cpu_fallback: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -144,6 +154,9 @@ class GpuPodOperator(UnschedulableFailFast, KubernetesPodOperator):
         self.escalation = EscalationPolicy.of(escalation)
         self.escalation_notifier = escalation_notifier
         self.log_tail_lines = log_tail_lines
+        self.shm_size = shm_size
+        self.cpu_fallback = cpu_fallback
+        self._cpu_fallback_active = False
         self._grant: Grant | None = None
         self._held_id: str | None = None
         self._request_override: GpuRequest | None = None
@@ -152,10 +165,14 @@ class GpuPodOperator(UnschedulableFailFast, KubernetesPodOperator):
         self._own_pod: tuple[str, str] | None = None  # (namespace, name) once created
         self._adopted = False  # the grant is an earlier try's, whose running pod the parent re-attaches to
         check_keep_checkpoints(keep_checkpoints)
+        check_log_tail_lines(log_tail_lines)
         check_seconds("reservation_timeout", reservation_timeout)
         check_seconds("lease_ttl", lease_ttl)
-        # Parse-time validation, no I/O: fail the DAG import, not the run, on a bad request.
-        if not any(templated(getattr(self, f)) for f in REQUEST_FIELDS):
+        # Parse-time validation, no I/O: fail the DAG import, not the run, on a bad request. A
+        # templated field (container_resources included, a KPO template field) is checked once
+        # rendered, when the request is built in execute.
+        fields = [getattr(self, f) for f in REQUEST_FIELDS] + [self.container_resources]
+        if not any(templated(value) for value in fields):
             request = self.gpu_request()
             if binding is not None:
                 binding_for(request, binding, f"task {self.task_id}")
@@ -173,6 +190,7 @@ class GpuPodOperator(UnschedulableFailFast, KubernetesPodOperator):
             workload_class=self.workload_class,
             preemptible=self.preemptible,
             container_resources=self.container_resources,
+            shm_size=self.shm_size,
         )
 
     @cached_property
@@ -195,7 +213,16 @@ class GpuPodOperator(UnschedulableFailFast, KubernetesPodOperator):
         try:
             return self._reserve_and_run(context)
         except ReservationTimeoutError as e:
-            raise self._failed(context, TaskTry.from_context(context).reservation_id, e)  # noqa: B904 (cause set by _failed)
+            return self._timed_out(context, TaskTry.from_context(context).reservation_id, e)
+
+    def _timed_out(self, context: Context, rid: str, error: ReservationTimeoutError) -> Any:
+        """Fail with the timeout (through the ladder), or run the CPU fallback: degraded, not stopped."""
+        if not self.cpu_fallback:
+            raise self._failed(context, rid, error)
+        self.log.warning("%s; running the CPU fallback (GPUPOOL_DEVICE=cpu)", error)
+        self._cpu_fallback_active = True
+        context["ti"].xcom_push(key=XCOM_DEVICE_KEY, value="cpu")
+        return KubernetesPodOperator.execute(self, context)
 
     def _reserve_and_run(self, context: Context) -> Any:
         request = self.gpu_request()
@@ -259,7 +286,7 @@ class GpuPodOperator(UnschedulableFailFast, KubernetesPodOperator):
         if status == ReservationEventStatus.TIMEOUT.value:
             reservation = self.gpu_hook.get(rid)
             error = ReservationTimeoutError(rid, reservation.waited_seconds, [event["message"]])
-            raise self._failed(context, rid, error)
+            return self._timed_out(context, rid, error)
         raise GpuPoolError(f"waiting for reservation {rid} failed: {event['message']}")
 
     def _run_granted(self, context: Context, rid: str, grant: Grant) -> Any:
@@ -313,7 +340,7 @@ class GpuPodOperator(UnschedulableFailFast, KubernetesPodOperator):
         """Build the parent's pod, then pin it to the granted slice."""
         pod = super().build_pod_request_obj(context, dry_run=dry_run)
         if self._grant is None or self._held_id is None:
-            return pod
+            return cpu_only(pod, self.base_container_name) if self._cpu_fallback_active else pod
         request = self.gpu_request()
         grant = self._grant
         facts = SliceFacts(
@@ -333,6 +360,7 @@ class GpuPodOperator(UnschedulableFailFast, KubernetesPodOperator):
             checkpoint_dir=self.checkpoint_dir,
             priority_class=settings.workload_priority_classes().get(request.workload_class.value),
             resume_from=self._resume_from.location if self._resume_from is not None else None,
+            shm_mib=shm_mib(self.shm_size),
         )
 
     def get_or_create_pod(self, pod_request_obj: k8s.V1Pod, context: Context) -> k8s.V1Pod:
@@ -353,19 +381,21 @@ class GpuPodOperator(UnschedulableFailFast, KubernetesPodOperator):
         meta = pod.metadata
         if meta is None or not meta.uid:
             # The parent returns the request it sent, without the uid the server gave it.
-            meta = self.pod_manager.read_pod(pod).metadata
+            try:
+                meta = self.pod_manager.read_pod(pod).metadata
+            except Exception as e:
+                # The pod is bound by name already; what KPO does next with an unreadable pod
+                # (and what it raises) is KPO's, unchanged.
+                self.log.warning("Could not read pod %s for its uid: %s", pod.metadata.name, type(e).__name__)
+                self._own_pod = (pod.metadata.namespace, pod.metadata.name)
+                return pod
         self._own_pod = (meta.namespace, meta.name)
         self.gpu_hook.bind_pod(rid, namespace=meta.namespace, name=meta.name, uid=meta.uid)
         self.log.info("GPU slice %s bound to pod %s/%s (uid %s)", rid, meta.namespace, meta.name, meta.uid)
         return pod
 
     def defer(
-        self,
-        *,
-        trigger: Any,
-        method_name: str,
-        kwargs: dict[str, Any] | None = None,
-        timeout: timedelta | int | float | None = None,
+        self, *, trigger: Any, method_name: str, kwargs: dict[str, Any] | None = None, timeout: Any = None
     ) -> Any:
         """Defer; a pod trigger is swapped for one that also renews the grant's lease."""
         if (
@@ -458,38 +488,8 @@ class GpuPodOperator(UnschedulableFailFast, KubernetesPodOperator):
         """Read why a failed pod failed (status, events, log tail) before the parent deletes it."""
         phase = getattr(getattr(remote_pod, "status", None), "phase", None)
         if remote_pod is not None and not self._killed and phase != "Succeeded":
-            self._failure = self._read_failure(pod, remote_pod)
+            self._failure = read_failure(self, pod, remote_pod)
         super().cleanup(pod, remote_pod, xcom_result=xcom_result, context=context)
-
-    def _read_failure(self, pod: k8s.V1Pod, remote_pod: k8s.V1Pod) -> tuple[Classification, str]:
-        from kubernetes.client import ApiClient
-
-        try:
-            remote_pod = self.pod_manager.read_pod(pod)
-        except Exception:
-            self.log.warning("Could not re-read pod %s; classifying its last known state", pod.metadata.name)
-        events: list[dict[str, Any]] = []
-        tail = ""
-        try:
-            events = [
-                {"reason": e.reason, "message": e.message}
-                for e in self.pod_manager.read_pod_events(pod).items
-            ]
-        except Exception:
-            self.log.warning("Could not read the events of pod %s", pod.metadata.name)
-        try:
-            raw = self.client.read_namespaced_pod_log(
-                name=pod.metadata.name,
-                namespace=pod.metadata.namespace,
-                container=self.base_container_name,
-                tail_lines=self.log_tail_lines,
-                _preload_content=False,
-            )
-            tail = raw.data.decode("utf-8", errors="replace")
-        except Exception:
-            self.log.info("No log tail for pod %s", pod.metadata.name)
-        data = ApiClient().sanitize_for_serialization(remote_pod)
-        return classify(data, events, tail, container=self.base_container_name), tail
 
     def _failed(self, context: Context, rid: str, error: Exception) -> BaseException:
         """Walk the failure ladder for this try; return the exception to raise (before the release)."""

@@ -1,7 +1,8 @@
 """The failure ladder of a GPU task: what happens after a try fails, and what the task raises.
 
 A failed try is classified (from what the operator read off its pod before the pod was deleted),
-recorded in the ledger, so that a retry on any worker knows what failed before it, and decided
+its exception annotated (never replaced: a DAG written for KubernetesPodOperator catches what it
+always caught), recorded in the ledger, so that a retry on any worker knows what failed before it, and decided
 by the task's :class:`~airflow_gpupool.operators.escalation.EscalationPolicy`: retry as before,
 retry with a larger slice, fail at once, or escalate to a person. It runs before the slice is
 released, so the outcome is recorded first.
@@ -15,9 +16,16 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from airflow_gpupool.exceptions import LeaseLostError, ReservationTimeoutError
+from airflow_gpupool.exceptions import LeaseLostError
 from airflow_gpupool.operators.escalation import Decision, EscalationPolicy, Remedy, decide, describe_policy
-from airflow_gpupool.operators.failures import Classification, FailureClass, classify, error_for
+from airflow_gpupool.operators.failures import (
+    FAILURE_ATTRIBUTE,
+    Classification,
+    FailureClass,
+    FailureReport,
+    annotate,
+    classify,
+)
 
 if TYPE_CHECKING:
     from airflow.sdk.types import Logger
@@ -28,7 +36,10 @@ if TYPE_CHECKING:
     from airflow_gpupool.resources import GpuRequest
     from airflow_gpupool.task_try import TaskTry
 
-__all__ = ["FailedTry", "FailureLadder"]
+__all__ = ["XCOM_FAILURE_KEY", "FailedTry", "FailureLadder"]
+
+#: The XCom a failed try pushes: its :class:`FailureReport` as a dict.
+XCOM_FAILURE_KEY = FAILURE_ATTRIBUTE
 
 
 @dataclass(frozen=True)
@@ -92,7 +103,13 @@ class FailureLadder:
     def failed(self, context: Mapping[str, Any], failed: FailedTry, error: Exception) -> BaseException:
         """Classify a failed try, record it, walk the ladder; return the exception to raise.
 
-        :param context: the task's context (passed on to the notifier)
+        KubernetesPodOperator's contract is kept: the exception returned is ``error`` itself
+        (same type, same message), the class and the decision added to it
+        (:func:`~airflow_gpupool.operators.failures.annotate`: the ``gpupool_failure``
+        attribute and a note). Only where the ladder stops retries Airflow would make is it an
+        ``AirflowFailException`` instead, carrying ``error``'s message, with ``error`` as its cause.
+
+        :param context: the task's context (passed on to the notifier; its ``ti`` gets the XCom)
         :param failed: the try
         :param error: what the try failed with
         """
@@ -101,19 +118,31 @@ class FailureLadder:
         classification, tail = self._classify(failed, error)
         newest = failed.checkpoints.newest() if failed.checkpoints is not None else None
         step = newest.step if newest else None
-        typed: BaseException = error
-        if not isinstance(error, ReservationTimeoutError):
-            typed = error_for(classification, last_checkpoint=step, log_tail=tail)
-            typed.__cause__ = error
         decision = self._decide(failed, classification.failure_class)
-        self._log.error("Try %s failed: %s; %s", failed.task.try_number, typed, decision.reason)
+        report = FailureReport(
+            classification, decision.remedy.value, decision.reason, decision.retry, step, tail
+        )
+        annotate(error, report)
+        self._log.error("Try %s failed: %s; %s", failed.task.try_number, report.error(), decision.reason)
+        self._publish(context, report)
         if self._record(failed, classification, decision, step):
             self._notify(context, failed, classification, step, tail, decision.reason)
-        if decision.retry:
-            return typed
-        fail = AirflowFailException(f"{typed} ({decision.reason})")
-        fail.__cause__ = typed
-        return fail
+        if decision.retry or not failed.retries_left:
+            # Retried, or failed anyway (no retries left): KPO's exception, as it was.
+            return error
+        fail = AirflowFailException(str(error))
+        fail.__cause__ = error
+        return annotate(fail, report)
+
+    def _publish(self, context: Mapping[str, Any], report: FailureReport) -> None:
+        ti = context.get("ti")
+        if ti is None:
+            return
+        try:
+            ti.xcom_push(key=XCOM_FAILURE_KEY, value=report.to_dict())
+        except Exception:
+            # The pod's failure must surface as it is; the XCom is an addition.
+            self._log.exception("Could not push the %s XCom", XCOM_FAILURE_KEY)
 
     @staticmethod
     def _classify(failed: FailedTry, error: Exception) -> tuple[Classification, str]:

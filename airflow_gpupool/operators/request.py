@@ -19,9 +19,11 @@ __all__ = [
     "REQUEST_FIELDS",
     "build_request",
     "check_keep_checkpoints",
+    "check_log_tail_lines",
     "check_seconds",
     "requested_cpu_milli",
     "requested_memory_mib",
+    "shm_mib",
     "templated",
 ]
 
@@ -43,7 +45,13 @@ DEFAULT_MEMORY_MIB = 1024
 
 
 def templated(value: Any) -> bool:
-    """Return whether a value (or anything inside it) is a Jinja template still to be rendered."""
+    """Return whether a value (or anything inside it) is a Jinja template still to be rendered.
+
+    Looks inside mappings, sequences and ``V1ResourceRequirements`` (``container_resources``).
+    """
+    if hasattr(value, "openapi_types"):
+        # A Kubernetes model (V1ResourceRequirements): its fields are what KPO renders.
+        return any(templated(getattr(value, name, None)) for name in value.openapi_types)
     if isinstance(value, str):
         return "{{" in value or "{%" in value
     if isinstance(value, Mapping):
@@ -54,7 +62,17 @@ def templated(value: Any) -> bool:
 
 
 def _requested(container_resources: Any, key: str) -> Any:
-    requests = getattr(container_resources, "requests", None) or {}
+    # KPO takes a V1ResourceRequirements or the same as a dict.
+    if isinstance(container_resources, Mapping):
+        requests = container_resources.get("requests")
+    else:
+        requests = getattr(container_resources, "requests", None)
+    if requests is None:
+        return None
+    if not isinstance(requests, Mapping):
+        raise InvalidRequestError(
+            "container_resources.requests", requests, "a mapping such as {'cpu': '2', 'memory': '8Gi'}"
+        )
     return requests.get(key)
 
 
@@ -101,8 +119,33 @@ def _integer(name: str, value: Any) -> Any:
         raise InvalidRequestError(name, value, "an integer (after templating)") from None
 
 
+def shm_mib(shm_size: Any) -> int:
+    """Return the size of a memory-backed ``/dev/shm`` in MiB (0: none).
+
+    :param shm_size: a memory quantity with a unit (``8Gi``), or None
+    :raises InvalidRequestError: not a positive memory quantity with a unit
+    """
+    if shm_size is None:
+        return 0
+    expected = "a memory quantity with a unit such as 8Gi or 512Mi (or None)"
+    if not isinstance(shm_size, str) or shm_size.strip().replace(".", "", 1).isdigit():
+        raise InvalidRequestError("shm_size", shm_size, expected)
+    try:
+        mib = quantity.memory_mib(shm_size)
+    except ValueError:
+        raise InvalidRequestError("shm_size", shm_size, expected) from None
+    if mib < 1:
+        raise InvalidRequestError("shm_size", shm_size, "at least 1Mi")
+    return mib
+
+
 def build_request(
-    fields: Mapping[str, Any], *, workload_class: str, preemptible: bool, container_resources: Any
+    fields: Mapping[str, Any],
+    *,
+    workload_class: str,
+    preemptible: bool,
+    container_resources: Any,
+    shm_size: Any = None,
 ) -> GpuRequest:
     """Return the request of the operator's (rendered) arguments.
 
@@ -110,17 +153,29 @@ def build_request(
     :param workload_class: ``training``, ``inference`` or ``batch``
     :param preemptible: whether higher-priority work may take the slice back
     :param container_resources: the operator's ``V1ResourceRequirements`` (CPU and memory), or None
+    :param shm_size: a memory-backed ``/dev/shm``; its size is counted in the request's memory
+        (Kubernetes charges tmpfs pages to the pod's memory)
     :raises InvalidRequestError: a bad field, named in the error's ``field``
     """
     models = fields["gpu_models"]
     if isinstance(models, str):
         models = [m for m in models.replace(",", "|").split("|") if m]
+    if models is not None and (
+        not isinstance(models, list | tuple | set | frozenset)
+        or not all(isinstance(m, str) and m for m in models)
+    ):
+        raise InvalidRequestError("gpu_models", models, "GPU model names: a list of strings, or 'A100|H100'")
+    labels = fields["node_labels"] or {}
+    if not isinstance(labels, Mapping) or not all(isinstance(v, str) for v in labels.values()):
+        raise InvalidRequestError("node_labels", labels, "a mapping of label names to strings")
+    if not isinstance(fields["team"], str) or not fields["team"]:
+        raise InvalidRequestError("team", fields["team"], "a team name")
     return GpuRequest(
         cpu_milli=requested_cpu_milli(container_resources),
-        memory_mib=requested_memory_mib(container_resources),
+        memory_mib=requested_memory_mib(container_resources) + shm_mib(shm_size),
         mig_profile=fields["mig_profile"] or None,
         gpu_models=frozenset(models or ()),
-        node_labels=tuple((fields["node_labels"] or {}).items()),
+        node_labels=tuple(labels.items()),
         workload_class=workload_class,  # type: ignore[arg-type]
         team=fields["team"],
         preemptible=preemptible,
@@ -144,10 +199,19 @@ def check_seconds(name: str, value: Any) -> None:
         raise InvalidRequestError(name, value, "a positive number of seconds") from None
 
 
+def check_log_tail_lines(value: Any) -> None:
+    """Refuse a log tail that is not an integer of at least 1.
+
+    :raises InvalidRequestError: naming ``log_tail_lines``
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidRequestError("log_tail_lines", value, "an integer of at least 1")
+
+
 def check_keep_checkpoints(value: Any) -> None:
     """Refuse a checkpoint retention that is not an integer of at least 1 (None: never prune).
 
     :raises InvalidRequestError: naming ``keep_checkpoints``
     """
-    if value is not None and (isinstance(value, bool) or value < 1):
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
         raise InvalidRequestError("keep_checkpoints", value, "an integer of at least 1, or None")

@@ -89,6 +89,10 @@ class _State:
         self._lock = threading.Lock()
         self.sampler = FragmentationSampler()
 
+    def known_url(self) -> str | None:
+        """The ledger's URL, if it was opened (to hide its password from error texts)."""
+        return self._ledger.url if self._ledger is not None else None
+
     def ledger(self) -> Ledger:
         with self._lock:
             if self._ledger is None:
@@ -198,7 +202,7 @@ def create_app(ledger_factory: Callable[[], Ledger] | None = None) -> FastAPI:
         dependencies=[Depends(get_user)],
     )
     app.state.gpupool = state
-    _add_error_handlers(app)
+    _add_error_handlers(app, state)
     _add_page_route(app, state)
     _add_api_routes(app, state)
     _add_metrics_route(app, state)
@@ -206,14 +210,17 @@ def create_app(ledger_factory: Callable[[], Ledger] | None = None) -> FastAPI:
     return app
 
 
-def _add_error_handlers(app: FastAPI) -> None:
+def _add_error_handlers(app: FastAPI, state: _State) -> None:
     from sqlalchemy.exc import SQLAlchemyError
 
     from airflow_gpupool.exceptions import GpuPoolError
+    from airflow_gpupool.redact import scrub
 
     def ledger_unavailable(request: Request, exc: Exception) -> JSONResponse:
-        # Not the page's fault: say which ledger failed and how, as the CLI would.
-        return JSONResponse({"detail": f"GPU ledger unavailable: {exc}"}, status_code=503)
+        # Not the page's fault: say which ledger failed and how, as the CLI would, and never
+        # its password (a driver's message may quote the URL).
+        detail = scrub(f"GPU ledger unavailable: {exc}", state.known_url())
+        return JSONResponse({"detail": detail}, status_code=503)
 
     app.add_exception_handler(GpuPoolError, ledger_unavailable)
     app.add_exception_handler(SQLAlchemyError, ledger_unavailable)

@@ -19,6 +19,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from airflow_gpupool.argtypes import non_negative, port_or_zero
 from airflow_gpupool.testing.nodes import load_nodes
 from airflow_gpupool.testing.server import KubernetesEmulatorServer
 
@@ -32,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """
     parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: %(default)s)")
     parser.add_argument(
-        "--port", type=int, default=0, help="TCP port; 0 picks a free one (default: %(default)s)"
+        "--port", type=port_or_zero, default=0, help="TCP port; 0 picks a free one (default: %(default)s)"
     )
     parser.add_argument("--kubeconfig", required=True, help="where to write the kubeconfig for the emulator")
     parser.add_argument(
@@ -41,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--namespace", default="default", help="namespace of the kubeconfig context")
     parser.add_argument(
         "--default-duration",
-        type=float,
+        type=non_negative,
         default=0.5,
         help="seconds a container runs unless its annotations say otherwise (default: %(default)s)",
     )

@@ -211,7 +211,8 @@ def test_release_of_unknown_id_is_an_error(loaded: str, capsys: pytest.CaptureFi
         pytest.param("nodes: [name: n1", "expected valid YAML", id="malformed-yaml"),
         pytest.param(
             "nodes: [{name: n1, gpus: [{model: A100, mig: [9g.90gb]}]}]",
-            "invalid nodes[0].gpus[0]: mig profile='9g.90gb'",
+            # The MIG layout check names the list the profile is in (issue 12).
+            "invalid nodes[0].gpus[0].mig='9g.90gb'",
             id="unknown-mig",
         ),
         pytest.param("nodes: []", "expected at least one node", id="empty-node-list"),

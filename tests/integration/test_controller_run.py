@@ -219,8 +219,11 @@ def test_bad_configuration_exits_2(
 ) -> None:
     args = controller_args(url, k8s, "bad", "--once")
     args[args.index(flag) + 1] = value
-    assert main(args) == 2
-    assert message in capsys.readouterr().err
+    # Refused by argparse before anything runs (issue 12): exit 2, naming the option.
+    with pytest.raises(SystemExit) as refused:
+        main([a if a != value else f"{flag}={value}" for a in args if a != flag])
+    assert refused.value.code == 2
+    assert f"argument {flag}: " in capsys.readouterr().err
 
 
 def test_a_failing_step_is_logged_and_retried_at_the_next_pass(

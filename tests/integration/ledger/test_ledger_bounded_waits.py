@@ -15,6 +15,7 @@ import sys
 import textwrap
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from sqlalchemy import create_engine
@@ -53,6 +54,14 @@ def small_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AIRFLOW__GPUPOOL__LEDGER_RETRY_SECONDS", "5")
 
 
+def assert_locked(stdout: Any) -> None:
+    """Wait for the child's "locked"; lines before it are logs (Airflow, imported, logs to stdout)."""
+    lines = [stdout.readline().strip()]
+    while lines[-1] != "locked" and lines[-1] and len(lines) < 50:
+        lines.append(stdout.readline().strip())
+    assert lines[-1] == "locked", lines
+
+
 @pytest.fixture
 def frozen_writer(
     ledger_url: str, small_bounds: None, monkeypatch: pytest.MonkeyPatch
@@ -68,7 +77,7 @@ def frozen_writer(
     )
     try:
         assert child.stdout is not None
-        assert child.stdout.readline().strip() == "locked"
+        assert_locked(child.stdout)
         os.kill(child.pid, signal.SIGSTOP)
         yield child
     finally:
@@ -112,7 +121,7 @@ def test_on_postgresql_the_server_ends_the_frozen_session_and_others_proceed(
     admin = create_engine(normalize_url(pg_schema_url))
     try:
         assert child.stdout is not None
-        assert child.stdout.readline().strip() == "locked"
+        assert_locked(child.stdout)
         os.kill(child.pid, signal.SIGSTOP)
         frozen_at = time.monotonic()
         with Ledger(pg_schema_url, policy="bestfit") as ledger:

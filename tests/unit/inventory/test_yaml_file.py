@@ -91,12 +91,18 @@ def test_documented_format_parses_to_exact_nodes() -> None:
         pytest.param("1.5Gi", 1536, id="fractional-Gi"),
         pytest.param("1G", 953, id="decimal-G"),
         pytest.param(" 16Gi ", 16384, id="surrounding-spaces"),
-        pytest.param(1073741824, 1024, id="int-bytes"),
-        pytest.param("1073741824", 1024, id="str-bytes"),
     ],
 )
 def test_memory_quantities(quantity: object, mib: int) -> None:
     assert memory_to_mib("x", quantity) == mib
+
+
+# Issue 12: a number without a unit was read as bytes (``memory: 64`` became 0 MiB); a unit is
+# now required, plain MiB go in memory_mib. (This table used to accept 1073741824 as bytes.)
+@pytest.mark.parametrize("quantity", [64, 1073741824, "1073741824", "64", 64.0, " 80 "])
+def test_memory_without_a_unit_is_refused(quantity: object) -> None:
+    with pytest.raises(InvalidInventoryError, match="with a unit"):
+        memory_to_mib("nodes[0].memory", quantity)
 
 
 @pytest.mark.parametrize(

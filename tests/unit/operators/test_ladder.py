@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
 from airflow_gpupool.exceptions import ReservationTimeoutError
 from airflow_gpupool.hooks import GpuPoolHook
@@ -19,10 +19,12 @@ from airflow_gpupool.operators.failures import (
     ApplicationError,
     Classification,
     FailureClass,
+    FailureReport,
     OutOfMemoryError,
     UnknownPodFailureError,
+    report_of,
 )
-from airflow_gpupool.operators.ladder import FailedTry, FailureLadder
+from airflow_gpupool.operators.ladder import XCOM_FAILURE_KEY, FailedTry, FailureLadder
 from airflow_gpupool.resources import GpuRequest
 from airflow_gpupool.task_try import TaskTry
 from tests.ledger_fixtures import node
@@ -49,13 +51,46 @@ def try_of(n: int, **kwargs: Any) -> FailedTry:
     return FailedTry(task=task, reservation_id=task.reservation_id, request=QUARTER, **kwargs)
 
 
+def report(raised: BaseException) -> FailureReport:
+    found = report_of(raised)
+    assert found is not None, f"{raised!r} carries no gpupool_failure report"
+    return found
+
+
+class FakeTaskInstance:
+    def __init__(self) -> None:
+        self.xcoms: dict[str, Any] = {}
+
+    def xcom_push(self, key: str, value: Any) -> None:
+        self.xcoms[key] = value
+
+
 def test_out_of_memory_retries_larger_and_the_next_try_asks_for_it(hook: GpuPoolHook) -> None:
     ladder = FailureLadder(hook, EscalationPolicy(), log=LOG)
     failed = try_of(1, retries_left=True, gpu_model="A100", observed=OOM)
+    error = RuntimeError("pod failed")
+    ti = FakeTaskInstance()
 
-    raised = ladder.failed({}, failed, RuntimeError("pod failed"))
+    raised = ladder.failed({"ti": ti}, failed, error)
 
-    assert isinstance(raised, OutOfMemoryError) and isinstance(raised.__cause__, RuntimeError)
+    # KPO's exception, as it was, with the class and the decision added (never substituted).
+    assert raised is error and str(raised) == "pod failed"
+    assert report(raised).failure_class is FailureClass.OUT_OF_MEMORY and report(raised).retry
+    assert isinstance(report(raised).error(), OutOfMemoryError)
+    assert raised.__notes__ == [
+        "gpupool: pod train-abc failed: out_of_memory (OOMKilled, exit code 137, no checkpoint); "
+        + report(raised).decision
+    ]
+    assert ti.xcoms[XCOM_FAILURE_KEY] == {
+        "failure_class": "out_of_memory",
+        "reason": "OOMKilled",
+        "exit_code": 137,
+        "pod_name": "train-abc",
+        "remedy": "retry_larger",
+        "decision": report(raised).decision,
+        "retry": True,
+        "last_checkpoint": None,
+    }
     (attempt,) = hook.attempt_history(failed.task.task_key)
     assert (attempt.failure_class, attempt.remedy, attempt.next_request) == (
         "out_of_memory",
@@ -74,14 +109,15 @@ def test_exhausted_retries_fail_and_notify_once(hook: GpuPoolHook) -> None:
     ladder = FailureLadder(hook, EscalationPolicy(), notifier=sent.append, log=LOG)
     ladder.failed({}, try_of(1, retries_left=True, observed=APP), RuntimeError("pod failed"))
 
-    raised = ladder.failed(
-        {"run_id": "manual__1"}, try_of(2, retries_left=False, observed=APP), RuntimeError()
-    )
+    kpo = AirflowException("Pod train-abc returned a failure.")
+    raised = ladder.failed({"run_id": "manual__1"}, try_of(2, retries_left=False, observed=APP), kpo)
     again = ladder.failed({}, try_of(2, retries_left=False, observed=APP), RuntimeError())
 
-    assert isinstance(raised, AirflowFailException) and isinstance(raised.__cause__, ApplicationError)
-    assert "application_error: retries exhausted" in str(raised)
-    assert isinstance(again, AirflowFailException)
+    # No retries left: Airflow fails the task anyway, so KPO's exception is raised as it was.
+    assert raised is kpo and str(raised) == "Pod train-abc returned a failure."
+    assert isinstance(report(raised).error(), ApplicationError) and not report(raised).retry
+    assert "application_error" in raised.__notes__[0] and "retries exhausted" in raised.__notes__[0]
+    assert isinstance(again, RuntimeError)
     (context,) = sent
     escalation = context[ESCALATION_KEY]
     assert context["run_id"] == "manual__1" and "needs a person" in context[MESSAGE_KEY]
@@ -97,8 +133,10 @@ def test_a_broken_notifier_does_not_hide_the_failure(hook: GpuPoolHook) -> None:
     ladder = FailureLadder(
         hook, EscalationPolicy.of({"application_error": "escalate"}), notifier=broken, log=LOG
     )
-    raised = ladder.failed({}, try_of(1, retries_left=True, observed=APP), RuntimeError())
-    assert isinstance(raised, AirflowFailException) and isinstance(raised.__cause__, ApplicationError)
+    error = RuntimeError("pod failed")
+    raised = ladder.failed({}, try_of(1, retries_left=True, observed=APP), error)
+    assert isinstance(raised, AirflowFailException) and raised.__cause__ is error
+    assert report(raised).failure_class is FailureClass.APPLICATION_ERROR
 
 
 def test_skip_and_fail_pass_through_unrecorded(hook: GpuPoolHook) -> None:
@@ -110,8 +148,9 @@ def test_skip_and_fail_pass_through_unrecorded(hook: GpuPoolHook) -> None:
 
 def test_without_a_pod_the_error_is_the_reason(hook: GpuPoolHook) -> None:
     ladder = FailureLadder(hook, EscalationPolicy(), log=LOG)
-    raised = ladder.failed({}, try_of(1, retries_left=True), RuntimeError("API server gone"))
-    assert isinstance(raised, UnknownPodFailureError)
+    error = RuntimeError("API server gone")
+    raised = ladder.failed({}, try_of(1, retries_left=True), error)
+    assert raised is error and isinstance(report(raised).error(), UnknownPodFailureError)
     (attempt,) = hook.attempt_history(try_of(1, retries_left=True).task.task_key)
     assert attempt.message.startswith("RuntimeError: API server gone: unknown: retrying")
 
@@ -125,8 +164,6 @@ def test_a_reservation_timeout_is_raised_as_it_is(hook: GpuPoolHook) -> None:
 
 
 def test_a_lost_lease_is_classed_lease_lost_and_retried_without_penalty(hook: GpuPoolHook) -> None:
-    from airflow.sdk.exceptions import AirflowException
-
     from airflow_gpupool.exceptions import LeaseLostError
 
     ladder = FailureLadder(hook, EscalationPolicy(), log=LOG)
@@ -136,9 +173,43 @@ def test_a_lost_lease_is_classed_lease_lost_and_retried_without_penalty(hook: Gp
 
     raised = ladder.failed({}, failed, lost)
 
-    assert isinstance(raised, LeaseLostError) and raised.__cause__ is lost
-    assert raised.pod_name == "train-abc"
-    assert not isinstance(raised, AirflowException)  # a plain failure: Airflow retries it
+    assert raised is lost
+    assert report(raised).classification.pod_name == "train-abc"
+    # An AirflowException (what task code catches), not AirflowFailException: Airflow retries it.
+    assert isinstance(raised, AirflowException) and not isinstance(raised, AirflowFailException)
     (attempt,) = hook.attempt_history(failed.task.task_key)
     assert (attempt.failure_class, attempt.remedy, attempt.next_request) == ("lease_lost", "retry", None)
     assert attempt.message.startswith("lease of gp-x lost: grant gp-x can no longer be renewed")
+
+
+def test_a_try_is_annotated_once_even_when_walked_twice(hook: GpuPoolHook) -> None:
+    ladder = FailureLadder(hook, EscalationPolicy(), log=LOG)
+    error = RuntimeError("pod failed")
+    ladder.failed({}, try_of(1, retries_left=True, observed=APP), error)
+    ladder.failed({}, try_of(1, retries_left=True, observed=APP), error)
+    assert len(error.__notes__) == 1
+
+
+def test_a_broken_xcom_push_does_not_hide_the_failure(hook: GpuPoolHook) -> None:
+    class BrokenTaskInstance:
+        def xcom_push(self, key: str, value: Any) -> None:
+            raise ConnectionError("execution API gone")
+
+    ladder = FailureLadder(hook, EscalationPolicy(), log=LOG)
+    error = RuntimeError("pod failed")
+    assert (
+        ladder.failed({"ti": BrokenTaskInstance()}, try_of(1, retries_left=True, observed=APP), error)
+        is error
+    )
+
+
+def test_fail_fast_where_the_ladder_stops_retries_carries_kpos_message(hook: GpuPoolHook) -> None:
+    image = (Classification(FailureClass.IMAGE_PULL, "ErrImagePull", None, "train-abc"), "")
+    ladder = FailureLadder(hook, EscalationPolicy(), log=LOG)
+    kpo = AirflowException("Pod train-abc returned a failure.")
+
+    raised = ladder.failed({}, try_of(1, retries_left=True, observed=image), kpo)
+
+    assert isinstance(raised, AirflowFailException) and raised.__cause__ is kpo
+    assert str(raised) == "Pod train-abc returned a failure."
+    assert report(raised).remedy == "fail" and report(raised).failure_class is FailureClass.IMAGE_PULL
