@@ -24,6 +24,7 @@ from airflow_gpupool.ledger.cache import classes_from_counts
 from airflow_gpupool.ledger.equivalence import EquivalenceIndex
 from airflow_gpupool.ledger.models import ReapResult, ReservationState
 from airflow_gpupool.ledger.records import GRANTED, HOLDING, assignment_of, class_delta, waiting_ahead
+from airflow_gpupool.ledger.service import PassMemo, ServiceMemo
 from airflow_gpupool.ledger.store import LOGGER_NAME, LedgerStore, Tx
 from airflow_gpupool.placement.accounting import allocate, deallocate
 from airflow_gpupool.placement.policy import PlacementPolicy
@@ -82,20 +83,34 @@ class WriteCycle:
     :param max_overtakes: the no-starvation bound, see :mod:`airflow_gpupool.placement.queue`
     """
 
-    def __init__(self, store: LedgerStore, policy: PlacementPolicy, max_overtakes: int) -> None:
+    def __init__(
+        self, store: LedgerStore, policy: PlacementPolicy, max_overtakes: int, *, incremental: bool = True
+    ) -> None:
         self.store = store
         self.policy = policy
         self.max_overtakes = max_overtakes
+        #: Serve incrementally (:mod:`~airflow_gpupool.ledger.service`); False: every pass tries every request.
+        self.incremental = incremental
         self._equivalence = EquivalenceIndex()
+        self._service = ServiceMemo()
 
     def write(self, fn: Callable[[Tx], T]) -> T:
         """Run ``fn`` in one write transaction, after expiring the leases and requests that are due."""
+        last: list[Tx] = []
 
         def run(tx: Tx) -> T:
+            last[:] = [tx]
             self.expire_due(tx)
             return fn(tx)
 
-        return self.store.write(run)
+        result = self.store.write(run)
+        # Committed: what its last pass over the queue found guides the next one.
+        self._service.commit(last[0].served if last else None, self._service_owner())
+        return result
+
+    def _service_owner(self) -> tuple[int, int]:
+        # A pass decided under another policy or overtake bound says nothing about the next one.
+        return id(self.policy), self.max_overtakes
 
     def reap(self) -> ReapResult:
         """Expire dead leases and overdue requests, then serve the queue."""
@@ -106,6 +121,15 @@ class WriteCycle:
             return ReapResult(tuple(tx.expired), tuple(tx.timed_out), tuple(tx.granted), tuple(tx.orphaned))
 
         return self.write(run)
+
+    def reap_due(self) -> ReapResult | None:
+        """Reap if a lease or a wait is overdue; None, after one read and no write, when nothing is."""
+        store = self.store
+
+        def anything_due(conn: Connection) -> bool:
+            return conn.execute(sql.ANY_DUE, {"now": store.clock(conn)}).first() is not None
+
+        return self.reap() if store.read(anything_due) else None
 
     def place(
         self,
@@ -170,6 +194,7 @@ class WriteCycle:
             sql.END_ROW, {"rid": row.id, "new_state": state.value, "now": tx.now, "end_message": message}
         )
         tx.dirty = True
+        tx.settled.append(row.id)
 
     def end_grant(self, tx: Tx, row: Row[Any], state: ReservationState, message: str) -> None:
         """End a grant in ``state`` and give what it held back to its node.
@@ -222,21 +247,28 @@ class WriteCycle:
         if not rows:
             return
         entries = [QueueEntry(row.id, self.store.request_of(row), row.seq, row.overtakes) for row in rows]
-
-        def try_place(entry: QueueEntry, held: frozenset[str]) -> Assignment | None:
-            verdict = self.place(tx.nodes, entry.request, held)
-            if isinstance(verdict, NoFit):
-                return None
-            _grant(tx, entry, verdict)
-            return verdict
+        memo = self._service.begin(tx.nodes, tx.served, self._service_owner()) if self.incremental else None
+        try_place = self._placer(tx, memo)
 
         def hold(entry: QueueEntry, held: frozenset[str]) -> str | None:
             current = list(tx.nodes.values())
             return hold_node(current, self.store.cache.empty_snapshot(current).nodes, entry.request, held)
 
         outcome = serve(entries, try_place, self.max_overtakes, hold)
-        for rid, count in outcome.overtakes.items():
-            tx.conn.execute(sql.SET_OVERTAKES, {"rid": rid, "overtake_count": count})
+        if memo is not None:
+            tx.served = memo.found()
+        counts = outcome.overtakes
+        if self.incremental:
+            # Past the bound, a count decides nothing more (spent is spent): kept at the bound, a
+            # spent request's row is not written again by every later backfill grant.
+            stored = {e.request_id: e.overtakes for e in entries}
+            counts = {rid: n for rid, n in counts.items() if min(n, self.max_overtakes) != stored[rid]}
+            counts = {rid: min(n, self.max_overtakes) for rid, n in counts.items()}
+        if counts:
+            # One statement for all (a backfill grant overtakes every blocked request ahead of it).
+            tx.conn.execute(
+                sql.SET_OVERTAKES, [{"rid": rid, "overtake_count": n} for rid, n in counts.items()]
+            )
         for rid, node in outcome.holds.items():
             log.info(
                 "Queue holds node %s for %s: its overtake budget (%d) is spent", node, rid, self.max_overtakes
@@ -245,6 +277,24 @@ class WriteCycle:
             log.info(
                 "Queue held for %s: its overtake budget is spent and no node can be held", outcome.barrier
             )
+
+    def _placer(
+        self, tx: Tx, memo: PassMemo | None
+    ) -> Callable[[QueueEntry, frozenset[str]], Assignment | None]:
+        """Return the ``try_place`` of one pass: grant the entry if it fits, else None."""
+
+        def try_place(entry: QueueEntry, held: frozenset[str]) -> Assignment | None:
+            if memo is not None and memo.cannot_fit(entry, held):
+                return None
+            verdict = self.place(tx.nodes, entry.request, held)
+            if isinstance(verdict, NoFit):
+                if memo is not None:
+                    memo.found_blocked(entry, held)
+                return None
+            _grant(tx, entry, verdict)
+            return verdict
+
+        return try_place
 
 
 def _grant(tx: Tx, entry: QueueEntry, assignment: Assignment) -> None:
@@ -298,5 +348,6 @@ def _grant(tx: Tx, entry: QueueEntry, assignment: Assignment) -> None:
         raise StaleCacheError(entry.request_id)
     tx.nodes[node] = allocate(tx.nodes[node], request, assignment)
     tx.granted.append(entry.request_id)
+    tx.settled.append(entry.request_id)
     tx.assignments[entry.request_id] = assignment
     tx.dirty = True

@@ -28,6 +28,17 @@ DUE = select(schema.reservations).where(
         and_(_r.state == "waiting", _r.deadline < bindparam("now")),
     )
 )
+# Whether anything is due at all: what a waiting process reads before it takes the write lock.
+ANY_DUE = (
+    select(_r.id)
+    .where(
+        or_(
+            and_(_r.state == "granted", _r.expires_at < bindparam("now")),
+            and_(_r.state == "waiting", _r.deadline < bindparam("now")),
+        )
+    )
+    .limit(1)
+)
 WAITING = (
     select(_r.id, _r.request, _r.seq, _r.overtakes)
     .where(_r.state == "waiting")
