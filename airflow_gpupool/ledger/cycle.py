@@ -35,6 +35,9 @@ from airflow_gpupool.resources import GpuRequest
 
 log = logging.getLogger(LOGGER_NAME)
 
+# Parsed shapes of spent requests kept per process (a queue has few distinct shapes).
+_SHAPES_KEPT = 1000
+
 T = TypeVar("T")
 
 
@@ -93,6 +96,7 @@ class WriteCycle:
         self.incremental = incremental
         self._equivalence = EquivalenceIndex()
         self._service = ServiceMemo()
+        self._shapes: dict[str, GpuRequest] = {}
 
     def write(self, fn: Callable[[Tx], T]) -> T:
         """Run ``fn`` in one write transaction, after expiring the leases and requests that are due."""
@@ -243,11 +247,13 @@ class WriteCycle:
 
     def serve(self, tx: Tx) -> None:
         """Grant what the queue can grant now, in its order (see :func:`~airflow_gpupool.placement.queue.serve`)."""
-        rows = tx.conn.execute(sql.WAITING).all()
+        memo = self._service.begin(tx.nodes, tx.served, self._service_owner()) if self.incremental else None
+        rows = self._waiting(tx, memo) if memo is not None else tx.conn.execute(sql.WAITING).all()
         if not rows:
             return
         entries = [QueueEntry(row.id, self.store.request_of(row), row.seq, row.overtakes) for row in rows]
-        memo = self._service.begin(tx.nodes, tx.served, self._service_owner()) if self.incremental else None
+        if memo is not None:
+            entries.sort(key=lambda e: (-e.request.priority, e.seq, e.request_id))
         try_place = self._placer(tx, memo)
 
         def hold(entry: QueueEntry, held: frozenset[str]) -> str | None:
@@ -277,6 +283,45 @@ class WriteCycle:
             log.info(
                 "Queue held for %s: its overtake budget is spent and no node can be held", outcome.barrier
             )
+
+    def _waiting(self, tx: Tx, memo: PassMemo) -> list[Any]:
+        """Read the waiting requests a pass must see, leaving out those that change nothing.
+
+        A request whose overtake budget is spent keeps its count (at the bound) and is spent
+        whatever happens, so once it cannot be granted it matters only as the first spent one
+        (it gets the pass's hold, or stops the pass). A spent request of a shape that fits no
+        node now, avoiding none, cannot be granted in this pass (grants only shrink what nodes
+        can take, holds only exclude more): only the first spent one is read of those. The
+        pass then decides what a pass over the whole queue decides, reading what it needs.
+        """
+        conn, spent = tx.conn, {"spent": self.max_overtakes}
+        rows = list(conn.execute(sql.WAITING_UNSPENT, spent).all())
+        shapes = conn.execute(sql.SPENT_SHAPES, spent).scalars().all()
+        if not shapes:
+            return rows
+        fitting = []
+        for text in shapes:
+            request = self._shape(text)
+            if memo.shape_still_blocked(text, request) or isinstance(
+                self.place(tx.nodes, request, frozenset()), NoFit
+            ):
+                memo.shapes_blocked.add(text)
+            else:
+                fitting.append(text)
+        if fitting:
+            rows += conn.execute(sql.WAITING_SPENT_OF, {**spent, "shapes": fitting}).all()
+        first = conn.execute(sql.FIRST_SPENT, spent).first()
+        if first is not None and all(row.id != first.id for row in rows):
+            rows.append(first)
+        return rows
+
+    def _shape(self, text: str) -> GpuRequest:
+        request = self._shapes.get(text)
+        if request is None:
+            request = self._shapes[text] = GpuRequest.from_dict(json.loads(text))
+            if len(self._shapes) > _SHAPES_KEPT:
+                self._shapes.pop(next(iter(self._shapes)))
+        return request
 
     def _placer(
         self, tx: Tx, memo: PassMemo | None

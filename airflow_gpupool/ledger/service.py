@@ -31,7 +31,8 @@ from airflow_gpupool.resources import GpuRequest
 __all__ = ["PassMemo", "ServiceMemo"]
 
 # What one pass leaves: the node states after it, and the held nodes each blocked request saw.
-_Found = tuple[dict[str, NodeState], dict[str, frozenset[str]]]
+# and the spent shapes (request texts) that fitted no node at its start.
+_Found = tuple[dict[str, NodeState], dict[str, frozenset[str]], frozenset[str]]
 
 
 class PassMemo:
@@ -43,12 +44,15 @@ class PassMemo:
 
     def __init__(self, nodes: Mapping[str, NodeState], previous: _Found | None) -> None:
         self._nodes = nodes
+        self._shapes_blocked: frozenset[str] = frozenset()
         if previous is None:
             self._changed: set[str] | None = None
             self._was_blocked: Mapping[str, frozenset[str]] = {}
         else:
-            before, self._was_blocked = previous
+            before, self._was_blocked, self._shapes_blocked = previous
             self._changed = {name for name, state in nodes.items() if before.get(name) is not state}
+        #: Spent shapes found to fit no node at this pass's start.
+        self.shapes_blocked: set[str] = set()
         self._shapes: dict[GpuRequest, frozenset[str]] = {}
         self.blocked: dict[str, frozenset[str]] = {}
         #: Requests answered without placing them (tests and the bench read it).
@@ -69,6 +73,16 @@ class PassMemo:
         self.found_blocked(entry, held)
         return True
 
+    def shape_still_blocked(self, text: str, request: GpuRequest) -> bool:
+        """Whether the spent shape ``text`` fitted no node at the last pass's start and no changed node fits it now."""
+        if text not in self._shapes_blocked or self._changed is None:
+            return False
+        for name in self._changed:
+            node = self._nodes.get(name)
+            if node is not None and not isinstance(choices(node, request), NoFitReason):
+                return False
+        return True
+
     def found_blocked(self, entry: QueueEntry, held: frozenset[str]) -> None:
         """Record that ``entry`` did not fit, avoiding ``held``."""
         self.blocked[entry.request_id] = held
@@ -76,7 +90,7 @@ class PassMemo:
 
     def found(self) -> _Found:
         """What this pass leaves for the next one (call once it is over)."""
-        return dict(self._nodes), self.blocked
+        return dict(self._nodes), self.blocked, frozenset(self.shapes_blocked)
 
 
 class ServiceMemo:

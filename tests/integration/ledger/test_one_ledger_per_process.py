@@ -59,8 +59,8 @@ def _ours(admin: psycopg.Connection[Any]) -> int:
     return int(row[0])
 
 
-@pytest.mark.parametrize("triggers", [10_000])
-def test_ten_thousand_triggers_use_at_most_the_budget(
+@pytest.mark.parametrize("triggers", [1_000, pytest.param(10_000, marks=pytest.mark.slow)])
+def test_thousands_of_triggers_use_at_most_the_budget(
     pg_schema_url: str, monkeypatch: pytest.MonkeyPatch, triggers: int
 ) -> None:
     budget = 3
@@ -72,12 +72,14 @@ def test_ten_thousand_triggers_use_at_most_the_budget(
     held = [releaser.reserve(GpuRequest(gpus=1), f"holder-{i}").id for i in range(4)]
     waiting = [releaser.reserve(GpuRequest(gpus=1), f"waiter-{i}", timeout=600).id for i in range(4)]
     admin = psycopg.connect(libpq_url(pg_schema_url), autocommit=True, application_name="sampler")
+    # Sessions of this process opened before (other tests' ledgers) are not the triggers'.
+    before = _ours(admin)
     peak = [0]
     stop = threading.Event()
 
     def sample() -> None:
         while not stop.is_set():
-            peak[0] = max(peak[0], _ours(admin))
+            peak[0] = max(peak[0], _ours(admin) - before)
             time.sleep(0.02)
 
     sampler = threading.Thread(target=sample)

@@ -72,13 +72,14 @@ def detector(monkeypatch: pytest.MonkeyPatch) -> Iterator[WriteDetector]:
 
 
 @pytest.fixture
-def full_pool(ledger_url: str) -> tuple[Ledger, str, list[str]]:
-    """One GPU held, three requests waiting for it; returns the ledger, the grant and the waiters."""
+def full_pool(ledger_url: str) -> Iterator[tuple[Ledger, str, list[str]]]:
+    """One GPU held, three requests waiting for it; yields the ledger, the grant and the waiters."""
     ledger = Ledger.create(ledger_url, policy="bestfit")
     ledger.upsert_nodes([node("n1", gpus=1)])
     held = ledger.reserve(GpuRequest(gpus=1), "holder", ttl=600)
     waiting = [ledger.reserve(GpuRequest(gpus=1), f"waiter-{i}", timeout=600).id for i in range(3)]
-    return ledger, held.id, waiting
+    yield ledger, held.id, waiting
+    ledger.close()
 
 
 def test_the_detector_sees_a_reap_and_a_release(
@@ -177,6 +178,7 @@ def test_with_no_controller_a_waiting_process_ends_a_dead_lease(
         )
     )
     assert event["status"] == "granted"
+    ledger.close()
 
 
 def test_a_waiter_times_out_on_time_when_nobody_else_writes(ledger_url: str) -> None:
@@ -192,6 +194,7 @@ def test_a_waiter_times_out_on_time_when_nobody_else_writes(ledger_url: str) -> 
     )
     assert event["status"] == "timeout" and "no node fits" in event["message"]
     assert time.monotonic() - started < 4, "the waiter's own deadline, not the 5 s poll, ends the wait"
+    ledger.close()
 
 
 async def _first_event(trigger: ReservationTrigger) -> dict[str, Any]:
