@@ -32,7 +32,7 @@ import threading
 import time
 from typing import Any
 
-from sqlalchemy import create_engine, insert
+from sqlalchemy import create_engine, insert, text
 from sqlalchemy.engine import make_url
 
 from airflow_gpupool import settings
@@ -172,6 +172,11 @@ def _client(url: str, index: int, seconds: float, hold_s: float, ready: Any, go:
     out.put({"cycles": cycles, "queued": queued, "elapsed": elapsed})
 
 
+_SESSIONS = text(
+    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name LIKE :pattern"
+)
+
+
 class _Sessions:
     """The most PostgreSQL sessions of the bench's processes at once (sampled)."""
 
@@ -185,12 +190,12 @@ class _Sessions:
             self._thread.start()
 
     def _sample(self) -> None:
+        # A failing sampler must not pass for "no connections": most stays None then.
+        self.most = None  # type: ignore[assignment]
         with self._engine.connect() as conn:
+            self.most = 0
             while not self._stop.is_set():
-                count = conn.exec_driver_sql(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                    " AND application_name LIKE 'gpupool%'"
-                ).scalar_one()
+                count = conn.execute(_SESSIONS, {"pattern": "gpupool%"}).scalar_one()
                 conn.rollback()
                 self.most = max(self.most, int(count))
                 self._stop.wait(0.1)
