@@ -151,6 +151,34 @@ def get_provider_info() -> dict[str, Any]:
                         "",
                         example="s3://ml-checkpoints/airflow",
                     ),
+                    # The waiting path (queue at scale).
+                    "max_connections_per_process": _option(
+                        "Database connections one process (a triggerer, a worker) keeps to one ledger URL, "
+                        "at most: every hook and trigger of the process shares one ledger and its pool. On "
+                        "PostgreSQL with 3 or more, one of them listens for grants (NOTIFY).",
+                        "4",
+                        "integer",
+                    ),
+                    "waiter_reap_interval_seconds": _option(
+                        "A process with waiting requests checks this often (one read) whether a lease or a "
+                        "wait is overdue, and only then ends it and serves the queue: what heals a pool when "
+                        "no controller runs. Waiters themselves only read.",
+                        "30",
+                        "float",
+                    ),
+                    "wait_fallback_poll_seconds": _option(
+                        "PostgreSQL: a waiter woken by NOTIFY still reads its request this often, in case a "
+                        "notification was lost (a dropped listener connection).",
+                        "60",
+                        "float",
+                    ),
+                    "transaction_pooling": _option(
+                        "PostgreSQL ledger reached through PgBouncer in transaction pooling mode: no "
+                        "server-side prepared statements, no session settings (timeouts are set per "
+                        "transaction instead), no LISTEN (waiters poll).",
+                        "false",
+                        "boolean",
+                    ),
                 },
             }
         },

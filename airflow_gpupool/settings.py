@@ -44,6 +44,11 @@ DEFAULTS: dict[str, str] = {
     "node_pool_bindings": "",
     "default_checkpoint_root": "",
     "workload_priority_classes": "training=gpupool-training,inference=gpupool-inference",
+    # The waiting path (queue at scale): one ledger per process, waiters that only read.
+    "max_connections_per_process": "4",
+    "waiter_reap_interval_seconds": "30",
+    "wait_fallback_poll_seconds": "60",
+    "transaction_pooling": "false",
 }
 
 
@@ -289,3 +294,34 @@ def idle_in_transaction_timeout_seconds() -> float:
 def ledger_retry_seconds() -> float:
     """Return how long lost connections to the ledger are retried before :class:`LedgerUnavailableError`."""
     return _positive("ledger_retry_seconds")
+
+
+# -- the waiting path: one ledger per process, waiters that only read (queue at scale) ------
+
+
+def max_connections_per_process() -> int:
+    """Return how many database connections one process keeps to one ledger URL, at most."""
+    raw = _get("max_connections_per_process").strip()
+    if not raw.isdigit() or not 1 <= int(raw) <= 1000:
+        raise ConfigurationError(
+            f"[{SECTION}] max_connections_per_process={raw!r}: expected a whole number from 1 to 1000"
+        )
+    return int(raw)
+
+
+def waiter_reap_interval_seconds() -> float:
+    """Return how often a process with waiting requests checks (one read) whether anything is due."""
+    return _positive("waiter_reap_interval_seconds")
+
+
+def wait_fallback_poll_seconds() -> float:
+    """Return how often a waiter woken by NOTIFY (PostgreSQL) still reads its request, in case one was lost."""
+    return _positive("wait_fallback_poll_seconds")
+
+
+def transaction_pooling() -> bool:
+    """Return whether the PostgreSQL ledger is reached through a transaction-pooling PgBouncer."""
+    raw = _get("transaction_pooling").strip().lower()
+    if raw not in ("true", "false", "on", "off", "1", "0"):
+        raise ConfigurationError(f"[{SECTION}] transaction_pooling={raw!r}: expected true or false")
+    return raw in ("true", "on", "1")

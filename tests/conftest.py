@@ -31,3 +31,16 @@ from tests.skips import under_ci  # noqa: E402
 _hypothesis_settings.register_profile("ci", derandomize=True, print_blob=True)
 if under_ci():
     _hypothesis_settings.load_profile("ci")
+
+
+# Hooks and triggers share one ledger per process and URL (airflow_gpupool.ledger.shared):
+# each test starts without any, so no pool or capacity copy outlives the test that opened it.
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _close_shared_ledgers():  # type: ignore[no-untyped-def]
+    yield
+    from airflow_gpupool.ledger.shared import close_shared
+
+    close_shared()

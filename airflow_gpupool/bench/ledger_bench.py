@@ -66,7 +66,7 @@ def bench_inventory(count: int) -> list[NodeInventory]:
     return nodes
 
 
-def _bench_url(url: str, bench_schema: str) -> str:
+def fresh_bench_url(url: str, bench_schema: str) -> str:
     url = normalize_url(url)
     parsed = make_url(url)
     if parsed.get_backend_name() == "postgresql":
@@ -81,7 +81,7 @@ def _bench_url(url: str, bench_schema: str) -> str:
     return url
 
 
-def _pg_schema(url: str, bench_schema: str, create: bool) -> None:
+def pg_bench_schema(url: str, bench_schema: str, create: bool) -> None:
     engine = create_engine(normalize_url(url))
     with engine.begin() as conn:
         conn.exec_driver_sql(f"DROP SCHEMA IF EXISTS {bench_schema} CASCADE")
@@ -119,7 +119,7 @@ def _client(
     out.put({"reserve_ms": reserve_ms, "release_ms": release_ms, "queued": queued, "elapsed": elapsed})
 
 
-def _gather(queue: Any, procs: list[Any], timeout: float = 300) -> list[Any]:
+def gather(queue: Any, procs: list[Any], timeout: float = 300) -> list[Any]:
     """Take one item per process from ``queue``; fail at once if a process died instead."""
     items: list[Any] = []
     deadline = time.time() + timeout
@@ -137,7 +137,7 @@ def _gather(queue: Any, procs: list[Any], timeout: float = 300) -> list[Any]:
     return items
 
 
-def _percentile(values: list[float], q: float) -> float:
+def percentile(values: list[float], q: float) -> float:
     if not values:
         return 0.0
     ordered = sorted(values)
@@ -152,10 +152,10 @@ def run_ledger_bench(
     :param concurrent: False makes every PostgreSQL write take the exclusive lock
     """
     bench_schema = f"gpupool_bench_{os.getpid()}"  # two benches on one database don't collide
-    bench_url = _bench_url(url, bench_schema)
+    bench_url = fresh_bench_url(url, bench_schema)
     backend = make_url(bench_url).get_backend_name()
     if backend == "postgresql":
-        _pg_schema(url, bench_schema, create=True)
+        pg_bench_schema(url, bench_schema, create=True)
     try:
         ledger = Ledger.create(bench_url)
         ledger.upsert_nodes(bench_inventory(nodes))
@@ -169,7 +169,7 @@ def run_ledger_bench(
         ]
         for p in procs:
             p.start()
-        _gather(ready, procs)  # every client connected and warm: only then does the clock start
+        gather(ready, procs)  # every client connected and warm: only then does the clock start
         go.set()
         samples, violations = 0, []
         deadline = time.time() + seconds
@@ -177,7 +177,7 @@ def run_ledger_bench(
             violations += ledger.check_invariants()
             samples += 1
             time.sleep(min(1.0, max(0.0, deadline - time.time())))
-        results = _gather(out, procs)
+        results = gather(out, procs)
         for p in procs:
             p.join()
         violations += ledger.check_invariants()
@@ -185,7 +185,7 @@ def run_ledger_bench(
         ledger.close()
     finally:
         if backend == "postgresql":
-            _pg_schema(url, bench_schema, create=False)
+            pg_bench_schema(url, bench_schema, create=False)
     reserve = [x for r in results for x in r["reserve_ms"]]
     release = [x for r in results for x in r["release_ms"]]
     cycles = len(release)
@@ -199,9 +199,9 @@ def run_ledger_bench(
         "cycles": cycles,
         "cycles_per_s": round(cycles / wall, 1),
         "reserve_p50_ms": round(statistics.median(reserve), 2) if reserve else 0.0,
-        "reserve_p99_ms": round(_percentile(reserve, 0.99), 2),
+        "reserve_p99_ms": round(percentile(reserve, 0.99), 2),
         "release_p50_ms": round(statistics.median(release), 2) if release else 0.0,
-        "release_p99_ms": round(_percentile(release, 0.99), 2),
+        "release_p99_ms": round(percentile(release, 0.99), 2),
         "queued": sum(r["queued"] for r in results),
         "invariant_samples": samples + 1,
         "violations": len(violations),

@@ -1,4 +1,4 @@
-"""``gpupool bench ledger`` and ``bench operator``: the project's benchmarks."""
+"""``gpupool bench ledger``, ``bench queue`` and ``bench operator``: the project's benchmarks."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from airflow_gpupool.argtypes import integer, number
 from airflow_gpupool.bench import operator_bench
 from airflow_gpupool.cli.common import ledger_url, require_extra, url_arg
 
-__all__ = ["cmd_bench_ledger", "cmd_bench_operator", "register"]
+__all__ = ["cmd_bench_ledger", "cmd_bench_operator", "cmd_bench_queue", "register"]
 
 
 def cmd_bench_ledger(args: argparse.Namespace) -> int:
@@ -50,6 +50,25 @@ def cmd_bench_operator(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_queue(args: argparse.Namespace) -> int:
+    """Measure client cycles on a nearly full pool while many tasks wait, and how fast waiters wake."""
+    from airflow_gpupool.bench.queue_bench import run_queue_bench
+
+    result = run_queue_bench(
+        ledger_url(args),
+        waiters=args.waiters,
+        clients=args.clients,
+        seconds=args.seconds,
+        nodes=args.nodes,
+    )
+    if args.json:
+        print(json.dumps(result, sort_keys=True))
+    else:
+        for key, value in result.items():
+            print(f"{key:>20}: {value}")
+    return 1 if result["violations"] else 0
+
+
 def register(subparsers: Any) -> None:
     """Add ``gpupool bench ledger`` and ``bench operator``.
 
@@ -76,6 +95,18 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_bench_ledger)
+    p = bench.add_parser(
+        "queue",
+        help="client cycles while many tasks wait (triggers), wake-up latency, connections",
+        description=cmd_bench_queue.__doc__,
+    )
+    url_arg(p)
+    p.add_argument("--waiters", type=int, default=1000, help="waiting requests, each with its trigger")
+    p.add_argument("--clients", type=int, default=8, help="client processes doing reserve/release cycles")
+    p.add_argument("--seconds", type=float, default=10, help="measured duration")
+    p.add_argument("--nodes", type=int, default=32, help="nodes of 8 GPUs in the bench inventory")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_bench_queue)
     p = bench.add_parser(
         "operator",
         help="GpuPodOperator wall time over a plain KubernetesPodOperator (needs airflow-gpupool[testing])",

@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
+from airflow_gpupool import settings
 from airflow_gpupool.exceptions import ConfigurationError
 from airflow_gpupool.hooks.options import (
     LedgerOptions,
@@ -114,14 +116,15 @@ class GpuPoolHook(BaseHook):
 
     @cached_property
     def ledger(self) -> Ledger:
-        """The ledger client, created on first use."""
-        from airflow_gpupool.ledger import Ledger
+        """This process's ledger client for the resolved URL, shared with the other hooks (see
+        :mod:`airflow_gpupool.ledger.shared`): one bounded pool however many tasks wait."""
+        from airflow_gpupool.ledger.shared import shared_ledger
 
-        # Placement honours the connection's bindings: a request goes only to a node pool
-        # whose binding can express it (placement issue 13).
-        return Ledger(
+        # One ledger per process and URL (queue at scale); placement honours the connection's
+        # bindings: a request goes only to a node pool whose binding can express it.
+        return shared_ledger(
             self.options.ledger_url,
-            policy=self.options.placement_policy,
+            self.options.placement_policy,
             binding=self.options.binding,
             node_pool_bindings=self.options.node_pool_bindings,
         )
@@ -179,6 +182,26 @@ class GpuPoolHook(BaseHook):
         """Expire what is due and serve the queue."""
         return self.ledger.reap()
 
+    def poll_waiting(self, reservation_id: str) -> Reservation:
+        """Read a waiting request's state: what a waiter does, and it only reads.
+
+        The queue is served by the writers that change capacity and by the controller's
+        reap. What heals a pool when no controller runs is that each process with waiters
+        checks, at most once per ``[gpupool] waiter_reap_interval_seconds`` for all of them
+        (one read), whether a lease or a wait is overdue, and only then reaps; a waiter past
+        its own deadline checks at once, so it times out on time.
+        """
+        from airflow_gpupool.ledger import ReservationState
+
+        ledger = self.ledger
+        reservation = ledger.get(reservation_id)
+        if reservation.state is ReservationState.WAITING:
+            overdue = time.time() >= reservation.deadline
+            interval = 0.0 if overdue else settings.waiter_reap_interval_seconds()
+            if ledger.reap_if_due(interval) is not None:
+                reservation = ledger.get(reservation_id)
+        return reservation
+
     def explain(self, reservation_id: str) -> str:
         """Say why a waiting reservation waits (its queue position and the closest nodes)."""
         return self.ledger.explain(reservation_id)
@@ -220,10 +243,11 @@ class GpuPoolHook(BaseHook):
 
     def close(self) -> None:
         """Close the ledger's connections, if any were opened."""
+        from airflow_gpupool.ledger.shared import release_shared
+
         self.__dict__.pop("_attempts", None)
         if "ledger" in self.__dict__:
-            self.ledger.close()
-            del self.__dict__["ledger"]
+            release_shared(self.__dict__.pop("ledger"))
 
 
 class AsyncGpuPoolHook(GpuPoolHook):
@@ -246,6 +270,16 @@ class AsyncGpuPoolHook(GpuPoolHook):
         """Return the reservation's state without blocking the triggerer's loop."""
         await self.aoptions()
         return await asyncio.to_thread(self.ledger.get, reservation_id)
+
+    async def apoll_waiting(self, reservation_id: str) -> Reservation:
+        """:meth:`poll_waiting` without blocking the triggerer's loop."""
+        await self.aoptions()
+        return await asyncio.to_thread(self.poll_waiting, reservation_id)
+
+    async def aexplain(self, reservation_id: str) -> str:
+        """:meth:`explain` without blocking the triggerer's loop."""
+        await self.aoptions()
+        return await asyncio.to_thread(self.explain, reservation_id)
 
     async def areap(self) -> ReapResult:
         """Reap without blocking the triggerer's loop."""

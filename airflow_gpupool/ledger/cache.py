@@ -97,6 +97,7 @@ class CapacityCache:
         self.mig_profiles: dict[tuple[str, str], str] = {}
         self.all_migs: dict[str, dict[int, tuple[tuple[str, str], ...]]] = {}
         self.health: dict[str, str] = {}
+        self._empty: dict[str, tuple[NodeState, str | None, NodeState]] = {}
 
     def invalidate(self) -> None:
         """Forget everything; the next refresh reloads the whole inventory."""
@@ -241,6 +242,12 @@ class CapacityCache:
         """
         out = []
         for node in nodes:
+            health = self.health.get(node.name)
+            # Kept per node state: the queue asks for it on every pass that holds a node.
+            known = self._empty.get(node.name)
+            if known is not None and known[0] is node and known[1] == health:
+                out.append(known[2])
+                continue
             migs = self.all_migs.get(node.name, {})
             gpus = tuple(
                 replace(
@@ -251,15 +258,15 @@ class CapacityCache:
                 )
                 for g in node.gpus
             )
-            healthy = self.health.get(node.name) != NodeHealth.DRAINING.value
-            out.append(
-                replace(
-                    node,
-                    gpus=gpus,
-                    cpu_free=node.cpu_milli,
-                    memory_free=node.memory_mib,
-                    classes=frozenset(),
-                    schedulable=healthy,
-                )
+            healthy = health != NodeHealth.DRAINING.value
+            empty = replace(
+                node,
+                gpus=gpus,
+                cpu_free=node.cpu_milli,
+                memory_free=node.memory_mib,
+                classes=frozenset(),
+                schedulable=healthy,
             )
+            self._empty[node.name] = (node, health, empty)
+            out.append(empty)
         return ClusterSnapshot(tuple(out))

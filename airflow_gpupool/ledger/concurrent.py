@@ -20,6 +20,7 @@ import psycopg
 from sqlalchemy import Connection, event
 from sqlalchemy.exc import DBAPIError
 
+from airflow_gpupool import settings
 from airflow_gpupool.ledger.engine import make_engine
 from airflow_gpupool.placement.verdict import Assignment
 from airflow_gpupool.resources import GpuRequest
@@ -51,10 +52,13 @@ class ConcurrentPath:
         ``[gpupool] synchronous_commit`` does for the serialized path
     """
 
-    def __init__(self, url: str, synchronous_commit: bool = True) -> None:
+    def __init__(self, url: str, synchronous_commit: bool = True, pool_size: int | None = None) -> None:
         # An engine of its own: its connections stay in autocommit instead of switching per call.
-        self._engine = make_engine(url, isolation_level="AUTOCOMMIT")
-        if not synchronous_commit:
+        self._engine = make_engine(url, pool_size=pool_size, isolation_level="AUTOCOMMIT")
+        # A transaction pooler keeps neither prepared statements nor session settings: each call
+        # is then parsed again, and runs with the server's synchronous_commit.
+        self._prepare = not settings.transaction_pooling()
+        if not synchronous_commit and self._prepare:
 
             @event.listens_for(self._engine, "connect")
             def _asynchronous_commit(dbapi_conn: Any, _record: Any) -> None:
@@ -70,8 +74,8 @@ class ConcurrentPath:
         with self._engine.connect() as conn:
             yield conn
 
-    @staticmethod
     def take(
+        self,
         conn: Connection,
         reservation_id: str,
         holder: str,
@@ -94,6 +98,7 @@ class ConcurrentPath:
             ``generation``, or the id exists)
         """
         outcome, indices, mig_slice, taken_at = _call(
+            self._prepare,
             conn,
             _TAKE,
             (
@@ -126,13 +131,14 @@ class ConcurrentPath:
             float(taken_at),
         )
 
-    @staticmethod
-    def give_back(conn: Connection, reservation_id: str, now: float | None, message: str) -> GivenBack | None:
+    def give_back(
+        self, conn: Connection, reservation_id: str, now: float | None, message: str
+    ) -> GivenBack | None:
         """End a grant and return its capacity; None: nothing changed, take the exclusive path.
 
         :param now: the injected clock's time; None: the database's clock, read in the call
         """
-        row = _call(conn, _GIVE_BACK, (reservation_id, now, message))
+        row = _call(self._prepare, conn, _GIVE_BACK, (reservation_id, now, message))
         if row[0] != "released":
             return None
         _, request, node, indices, milli, gmem, mig_slice, training, inference = row
@@ -140,12 +146,12 @@ class ConcurrentPath:
         return GivenBack(GpuRequest.from_dict(json.loads(request)), assignment, training, inference)
 
 
-def _call(conn: Connection, statement: str, params: tuple[Any, ...]) -> tuple[Any, ...]:
-    """Run ``statement`` on the driver's cursor; return its one row."""
+def _call(prepare: bool, conn: Connection, statement: str, params: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Run ``statement`` on the driver's cursor (prepared on the server if ``prepare``); return its one row."""
     dbapi: psycopg.Connection[Any] = conn.connection.driver_connection  # type: ignore[assignment]
     try:
         with dbapi.cursor() as cursor:
-            cursor.execute(statement, params, prepare=True)
+            cursor.execute(statement, params, prepare=prepare)
             row = cursor.fetchone()
     except psycopg.Error as error:
         lost = conn.dialect.is_disconnect(error, dbapi, None)  # type: ignore[arg-type]

@@ -25,6 +25,7 @@ from airflow_gpupool.ledger.equivalence import EquivalenceIndex
 from airflow_gpupool.ledger.explain import WaitContext, blocked_message
 from airflow_gpupool.ledger.models import ReapResult, ReservationState
 from airflow_gpupool.ledger.records import GRANTED, HOLDING, assignment_of, class_delta
+from airflow_gpupool.ledger.service import PassMemo, ServiceMemo
 from airflow_gpupool.ledger.store import LOGGER_NAME, LedgerStore, Tx
 from airflow_gpupool.placement.accounting import allocate, deallocate
 from airflow_gpupool.placement.policy import PlacementPolicy
@@ -35,6 +36,9 @@ from airflow_gpupool.placement.verdict import Assignment, NoFit
 from airflow_gpupool.resources import GpuRequest
 
 log = logging.getLogger(LOGGER_NAME)
+
+# Parsed shapes of spent requests kept per process (a queue has few distinct shapes).
+_SHAPES_KEPT = 1000
 
 T = TypeVar("T")
 
@@ -78,21 +82,36 @@ class WriteCycle:
         policy: PlacementPolicy,
         max_overtakes: int,
         bindings: PoolBindings = UNCONSTRAINED,
+        *,
+        incremental: bool = True,
     ) -> None:
         self.store = store
         self.policy = policy
         self.max_overtakes = max_overtakes
         self.bindings = bindings
+        #: Serve incrementally (:mod:`~airflow_gpupool.ledger.service`); False: every pass tries every request.
+        self.incremental = incremental
         self._equivalence = EquivalenceIndex()
+        self._service = ServiceMemo()
+        self._shapes: dict[str, GpuRequest] = {}
 
     def write(self, fn: Callable[[Tx], T]) -> T:
         """Run ``fn`` in one write transaction, after expiring the leases and requests that are due."""
+        last: list[Tx] = []
 
         def run(tx: Tx) -> T:
+            last[:] = [tx]
             self.expire_due(tx)
             return fn(tx)
 
-        return self.store.write(run)
+        result = self.store.write(run)
+        # Committed: what its last pass over the queue found guides the next one.
+        self._service.commit(last[0].served if last else None, self._service_owner())
+        return result
+
+    def _service_owner(self) -> tuple[int, int]:
+        # A pass decided under another policy or overtake bound says nothing about the next one.
+        return id(self.policy), self.max_overtakes
 
     def reap(self) -> ReapResult:
         """Expire dead leases and overdue requests, then serve the queue."""
@@ -103,6 +122,15 @@ class WriteCycle:
             return ReapResult(tuple(tx.expired), tuple(tx.timed_out), tuple(tx.granted), tuple(tx.orphaned))
 
         return self.write(run)
+
+    def reap_due(self) -> ReapResult | None:
+        """Reap if a lease or a wait is overdue; None, after one read and no write, when nothing is."""
+        store = self.store
+
+        def anything_due(conn: Connection) -> bool:
+            return conn.execute(sql.ANY_DUE, {"now": store.clock(conn)}).first() is not None
+
+        return self.reap() if store.read(anything_due) else None
 
     def place(
         self,
@@ -178,6 +206,7 @@ class WriteCycle:
             sql.END_ROW, {"rid": row.id, "new_state": state.value, "now": tx.now, "end_message": message}
         )
         tx.dirty = True
+        tx.settled.append(row.id)
 
     def end_grant(self, tx: Tx, row: Row[Any], state: ReservationState, message: str) -> None:
         """End a grant in ``state`` and give what it held back to its node.
@@ -226,17 +255,14 @@ class WriteCycle:
 
     def serve(self, tx: Tx) -> None:
         """Grant what the queue can grant now, in its order (see :func:`~airflow_gpupool.placement.queue.serve`)."""
-        rows = tx.conn.execute(sql.WAITING).all()
+        memo = self._service.begin(tx.nodes, tx.served, self._service_owner()) if self.incremental else None
+        rows = self._waiting(tx, memo) if memo is not None else tx.conn.execute(sql.WAITING).all()
         if not rows:
             return
         entries = [QueueEntry(row.id, self.store.request_of(row), row.seq, row.overtakes) for row in rows]
-
-        def try_place(entry: QueueEntry, held: frozenset[str]) -> Assignment | None:
-            verdict = self.place(tx.nodes, entry.request, held)
-            if isinstance(verdict, NoFit):
-                return None
-            _grant(tx, entry, verdict)
-            return verdict
+        if memo is not None:
+            entries.sort(key=lambda e: (-e.request.priority, e.seq, e.request_id))
+        try_place = self._placer(tx, memo)
 
         def hold(entry: QueueEntry, held: frozenset[str]) -> str | None:
             current = list(tx.nodes.values())
@@ -244,8 +270,20 @@ class WriteCycle:
             return hold_node(current, empty, entry.request, held, self.bindings)
 
         outcome = serve(entries, try_place, self.max_overtakes, hold)
-        for rid, count in outcome.overtakes.items():
-            tx.conn.execute(sql.SET_OVERTAKES, {"rid": rid, "overtake_count": count})
+        if memo is not None:
+            tx.served = memo.found()
+        counts = outcome.overtakes
+        if self.incremental:
+            # Past the bound, a count decides nothing more (spent is spent): kept at the bound, a
+            # spent request's row is not written again by every later backfill grant.
+            stored = {e.request_id: e.overtakes for e in entries}
+            counts = {rid: n for rid, n in counts.items() if min(n, self.max_overtakes) != stored[rid]}
+            counts = {rid: min(n, self.max_overtakes) for rid, n in counts.items()}
+        if counts:
+            # One statement for all (a backfill grant overtakes every blocked request ahead of it).
+            tx.conn.execute(
+                sql.SET_OVERTAKES, [{"rid": rid, "overtake_count": n} for rid, n in counts.items()]
+            )
         for rid, node in outcome.holds.items():
             log.info(
                 "Queue holds node %s for %s: its overtake budget (%d) is spent", node, rid, self.max_overtakes
@@ -254,6 +292,63 @@ class WriteCycle:
             log.info(
                 "Queue held for %s: its overtake budget is spent and no node can be held", outcome.barrier
             )
+
+    def _waiting(self, tx: Tx, memo: PassMemo) -> list[Any]:
+        """Read the waiting requests a pass must see, leaving out those that change nothing.
+
+        A request whose overtake budget is spent keeps its count (at the bound) and is spent
+        whatever happens, so once it cannot be granted it matters only as the first spent one
+        (it gets the pass's hold, or stops the pass). A spent request of a shape that fits no
+        node now, avoiding none, cannot be granted in this pass (grants only shrink what nodes
+        can take, holds only exclude more): only the first spent one is read of those. The
+        pass then decides what a pass over the whole queue decides, reading what it needs.
+        """
+        conn, spent = tx.conn, {"spent": self.max_overtakes}
+        rows = list(conn.execute(sql.WAITING_UNSPENT, spent).all())
+        shapes = conn.execute(sql.SPENT_SHAPES, spent).scalars().all()
+        if not shapes:
+            return rows
+        fitting = []
+        for text in shapes:
+            request = self._shape(text)
+            if memo.shape_still_blocked(text, request) or isinstance(
+                self.place(tx.nodes, request, frozenset()), NoFit
+            ):
+                memo.shapes_blocked.add(text)
+            else:
+                fitting.append(text)
+        if fitting:
+            rows += conn.execute(sql.WAITING_SPENT_OF, {**spent, "shapes": fitting}).all()
+        first = conn.execute(sql.FIRST_SPENT, spent).first()
+        if first is not None and all(row.id != first.id for row in rows):
+            rows.append(first)
+        return rows
+
+    def _shape(self, text: str) -> GpuRequest:
+        request = self._shapes.get(text)
+        if request is None:
+            request = self._shapes[text] = GpuRequest.from_dict(json.loads(text))
+            if len(self._shapes) > _SHAPES_KEPT:
+                self._shapes.pop(next(iter(self._shapes)))
+        return request
+
+    def _placer(
+        self, tx: Tx, memo: PassMemo | None
+    ) -> Callable[[QueueEntry, frozenset[str]], Assignment | None]:
+        """Return the ``try_place`` of one pass: grant the entry if it fits, else None."""
+
+        def try_place(entry: QueueEntry, held: frozenset[str]) -> Assignment | None:
+            if memo is not None and memo.cannot_fit(entry, held):
+                return None
+            verdict = self.place(tx.nodes, entry.request, held)
+            if isinstance(verdict, NoFit):
+                if memo is not None:
+                    memo.found_blocked(entry, held)
+                return None
+            _grant(tx, entry, verdict)
+            return verdict
+
+        return try_place
 
 
 def _grant(tx: Tx, entry: QueueEntry, assignment: Assignment) -> None:
@@ -307,5 +402,6 @@ def _grant(tx: Tx, entry: QueueEntry, assignment: Assignment) -> None:
         raise StaleCacheError(entry.request_id)
     tx.nodes[node] = allocate(tx.nodes[node], request, assignment)
     tx.granted.append(entry.request_id)
+    tx.settled.append(entry.request_id)
     tx.assignments[entry.request_id] = assignment
     tx.dirty = True

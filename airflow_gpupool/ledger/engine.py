@@ -9,12 +9,14 @@ import socket
 import sqlite3
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any, ParamSpec, TypeVar
 
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from tenacity import Retrying, before_sleep_log, retry_if_exception, stop_after_delay, wait_exponential_jitter
 
 from airflow_gpupool import settings
@@ -61,16 +63,62 @@ def normalize_url(url: str) -> str:
     )
 
 
-def make_engine(url: str, **options: Any) -> Engine:
+@dataclass(frozen=True)
+class ConnectionBudget:
+    """How one ledger's connections in a process are split (``[gpupool] max_connections_per_process``).
+
+    :param main: the pool of serialized writes and reads
+    :param concurrent: the pool of the concurrent path (PostgreSQL); 0: no concurrent path
+    :param listener: the connection that listens for grants (PostgreSQL, opened by a waiter)
+    """
+
+    main: int
+    concurrent: int
+    listener: int
+
+    @classmethod
+    def split(
+        cls, total: int, *, postgresql: bool, concurrent: bool, pooled: bool = False
+    ) -> ConnectionBudget:
+        """Split ``total`` connections: one listener from 3 on (PostgreSQL, not through a
+        transaction pooler, which cannot keep a LISTEN), then half the rest for the concurrent path.
+        """
+        listener = 1 if postgresql and not pooled and total >= 3 else 0
+        rest = total - listener
+        shared = rest // 2 if postgresql and concurrent and rest >= 2 else 0
+        return cls(rest - shared, shared, listener)
+
+    @property
+    def total(self) -> int:
+        """Every connection of the budget."""
+        return self.main + self.concurrent + self.listener
+
+
+def make_engine(url: str, *, pool_size: int | None = None, **options: Any) -> Engine:
     """Create the engine for a ledger URL, its waits bounded (see :func:`bound_waits`).
 
     On SQLite the connection runs in WAL mode with a busy timeout of ``[gpupool]
     lock_timeout_seconds``, and write transactions start with ``BEGIN IMMEDIATE`` so
     concurrent writers queue for the lock instead of failing with "database is locked"
     halfway through.
+
+    :param pool_size: at most this many connections, a thread waiting up to ``[gpupool]
+        lock_timeout_seconds`` for one (None: a small pool that may overflow)
     """
     url = normalize_url(url)
+    if pool_size is not None:
+        # A bounded pool: one process never holds more, however many hooks and triggers share it.
+        options = {
+            "pool_size": pool_size,
+            "max_overflow": 0,
+            "pool_timeout": settings.lock_timeout_seconds(),
+            **options,
+        }
     if url.startswith("sqlite"):
+        if ":memory:" in url or url.rstrip("/") == "sqlite:":
+            options = {
+                k: v for k, v in options.items() if k not in ("pool_size", "max_overflow", "pool_timeout")
+            }
         busy = settings.lock_timeout_seconds()
         engine = create_engine(url, connect_args={"timeout": busy, "isolation_level": None}, **options)
 
@@ -87,11 +135,32 @@ def make_engine(url: str, **options: Any) -> Engine:
             conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.info.get("gpupool_write") else "BEGIN")
 
         return engine
+    options.setdefault("pool_size", 2)
+    options.setdefault("max_overflow", 4)
+    if settings.transaction_pooling():
+        # A transaction pooler hands each transaction any server session: nothing prepared on
+        # one session may be used on the next (psycopg prepares a statement run 5 times).
+        options["connect_args"] = {"prepare_threshold": None, **options.get("connect_args", {})}
     # No pre-ping (a round trip per transaction): a dropped connection fails the transaction,
     # which transient_retry runs again on a fresh one.
-    engine = create_engine(url, pool_size=2, max_overflow=4, **options)
+    engine = create_engine(url, **options)
     bound_waits(engine)
     return engine
+
+
+def session_timeouts() -> dict[str, int]:
+    """Return the PostgreSQL timeouts of a ledger session, in milliseconds (see :func:`bound_waits`)."""
+    timeouts = {
+        "lock_timeout": settings.lock_timeout_seconds(),
+        "statement_timeout": settings.statement_timeout_seconds(),
+        "idle_in_transaction_session_timeout": settings.idle_in_transaction_timeout_seconds(),
+    }
+    return {name: max(1, round(seconds * 1000)) for name, seconds in timeouts.items()}
+
+
+#: The timeouts set per transaction through a transaction pooler (it keeps no session settings).
+def _local_timeouts_sql() -> str:
+    return ", ".join(f"set_config('{name}', '{ms}', true)" for name, ms in session_timeouts().items())
 
 
 def bound_waits(engine: Engine) -> None:
@@ -102,17 +171,17 @@ def bound_waits(engine: Engine) -> None:
     client may keep it (then the server ends its session and the lock is free), and
     ``statement_timeout`` any one statement. They travel as libpq ``options`` with the
     connection request; the application name says which host and process a session is.
+    Through a transaction pooler (``[gpupool] transaction_pooling``), which refuses
+    ``options`` and keeps no session settings, each transaction sets them instead
+    (:func:`write_transaction`, :func:`read_transaction`): one more statement per read.
     """
-    timeouts = {
-        "lock_timeout": settings.lock_timeout_seconds(),
-        "statement_timeout": settings.statement_timeout_seconds(),
-        "idle_in_transaction_session_timeout": settings.idle_in_transaction_timeout_seconds(),
-    }
-    ours = " ".join(f"-c {name}={max(1, round(seconds * 1000))}" for name, seconds in timeouts.items())
+    pooled = settings.transaction_pooling()
+    ours = " ".join(f"-c {name}={ms}" for name, ms in session_timeouts().items())
 
     @event.listens_for(engine, "do_connect")
     def _session_options(_dialect: Any, _record: Any, _cargs: Any, cparams: dict[str, Any]) -> None:
-        cparams["options"] = f"{cparams.get('options', '')} {ours}".strip()
+        if not pooled:
+            cparams["options"] = f"{cparams.get('options', '')} {ours}".strip()
         cparams.setdefault("application_name", f"gpupool {socket.gethostname()} pid {os.getpid()}"[:63])
         cparams.setdefault("connect_timeout", 10)
 
@@ -130,22 +199,26 @@ def write_transaction(engine: Engine, synchronous_commit: bool = True) -> Iterat
         try:
             with conn.begin():
                 if engine.dialect.name == "postgresql":
-                    _take_write_lock(engine, conn)
-                    if not synchronous_commit:
-                        conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
+                    _take_write_lock(engine, conn, synchronous_commit)
                 yield conn
         finally:
             conn.info["gpupool_write"] = False
 
 
-def _take_write_lock(engine: Engine, conn: Connection) -> None:
+def _take_write_lock(engine: Engine, conn: Connection, synchronous_commit: bool = True) -> None:
+    # Settings of this transaction first, in the same statement (the select list runs in order):
+    # no extra round trip, and through a transaction pooler no session setting is relied on.
+    local = [] if synchronous_commit else ["set_config('synchronous_commit', 'off', true)"]
+    if settings.transaction_pooling():
+        local.append(_local_timeouts_sql())
     # One lock per schema: ledgers in other schemas of the database don't wait on it.
     try:
         # The database's clock, read once the lock is held: the transaction's ``now``.
         row = conn.exec_driver_sql(
-            f"SELECT pg_advisory_xact_lock({ADVISORY_LOCK_KEY}, hashtext(current_schema())), {DATABASE_NOW}"
+            f"SELECT {''.join(c + ', ' for c in local)}"
+            f"pg_advisory_xact_lock({ADVISORY_LOCK_KEY}, hashtext(current_schema())), {DATABASE_NOW}"
         ).one()
-        conn.info["gpupool_now"] = float(row[1])
+        conn.info["gpupool_now"] = float(row[-1])
     except DBAPIError as error:
         if classify(error) is not Kind.BUSY:
             raise
@@ -169,7 +242,7 @@ def lock_holder(engine: Engine) -> str | None:
     try:
         with engine.connect() as conn:
             rows = conn.exec_driver_sql(_HOLDERS).all()
-    except DBAPIError:
+    except (DBAPIError, PoolTimeoutError):  # a full pool: say nothing rather than wait for a connection
         return None
     described = [
         f"server pid {r.pid} ({r.application_name or 'no application name'}, client {r.client_addr or 'local'}, "
@@ -186,6 +259,8 @@ def read_transaction(engine: Engine) -> Iterator[Connection]:
         if engine.dialect.name == "postgresql":
             conn = conn.execution_options(isolation_level="REPEATABLE READ")
         with conn.begin():
+            if engine.dialect.name == "postgresql" and settings.transaction_pooling():
+                conn.exec_driver_sql(f"SELECT {_local_timeouts_sql()}")
             yield conn
 
 

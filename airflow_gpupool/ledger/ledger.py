@@ -25,6 +25,9 @@ one where the database has it, the serialized cycle when that one declines.
 
 from __future__ import annotations
 
+import math
+import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
@@ -89,6 +92,12 @@ class Ledger:
         (:mod:`airflow_gpupool.binding`); a request is placed only on a pool whose binding
         can express it. None (with no ``node_pool_bindings``): any pool takes any request
     :param node_pool_bindings: the binding of each named node pool
+    :param max_connections: database connections this ledger may open (default ``[gpupool]
+        max_connections_per_process``); hooks and triggers share one ledger per process
+        (:func:`airflow_gpupool.ledger.shared.shared_ledger`)
+    :param incremental_service: a pass over the queue tries only the requests that could fit
+        what changed (:mod:`airflow_gpupool.ledger.service`); False tries every request, as
+        the property test compares
     """
 
     def __init__(
@@ -101,11 +110,19 @@ class Ledger:
         concurrent: bool = True,
         binding: str | None = None,
         node_pool_bindings: Mapping[str, str] | None = None,
+        max_connections: int | None = None,
+        incremental_service: bool = True,
     ) -> None:
         self.url = settings.ledger_url(url)
         self._store = LedgerStore(
-            self.url, clock=clock, synchronous_commit=settings.synchronous_commit(), concurrent=concurrent
+            self.url,
+            clock=clock,
+            synchronous_commit=settings.synchronous_commit(),
+            concurrent=concurrent,
+            max_connections=max_connections,
         )
+        self._due_lock = threading.Lock()
+        self._due_checked_at = -math.inf
         if policy is None or isinstance(policy, str):
             policy = get_policy(policy or settings.placement_policy())
         self._cycle = WriteCycle(
@@ -113,6 +130,7 @@ class Ledger:
             policy,
             max_overtakes if max_overtakes is not None else settings.max_overtakes(),
             pool_bindings(binding, node_pool_bindings),
+            incremental=incremental_service,
         )
         self._inventory = LedgerInventory(self._store, self._cycle)
         self._grants = LedgerGrants(self._store, self._cycle)
@@ -314,6 +332,21 @@ class Ledger:
         """
         return self._cycle.reap()
 
+    def reap_if_due(self, min_interval: float = 0.0) -> ReapResult | None:
+        """Reap only if a lease or a wait is overdue, and at most once per ``min_interval`` seconds.
+
+        What a waiting client calls instead of :meth:`reap`: nothing due costs one read and no
+        write (None). Every user of this ledger object shares the interval, so a process
+        whose hooks and triggers share one ledger checks once per interval however many
+        requests it waits for.
+        """
+        checked = time.monotonic()
+        with self._due_lock:
+            if checked - self._due_checked_at < min_interval:
+                return None
+            self._due_checked_at = checked
+        return self._cycle.reap_due()
+
     # -- reading ----------------------------------------------------------------------------
 
     def get(self, reservation_id: str) -> Reservation:
@@ -326,6 +359,19 @@ class Ledger:
     def get_or_none(self, reservation_id: str) -> Reservation | None:
         """Return a reservation's current state, or None when there is no such id."""
         return self._views.get_or_none(reservation_id)
+
+    def queue_positions(self) -> dict[str, int]:
+        """Return the position of every waiting request, by id (1: next in line).
+
+        One read for the whole queue: how a process's waiters learn, all at once, which of
+        them no longer wait and where the others stand.
+        """
+        return self._views.queue_positions()
+
+    @property
+    def listener_budget(self) -> int:
+        """Connections of this ledger's budget kept for listening to grants (PostgreSQL): 0 or 1."""
+        return self._store.budget.listener
 
     def explain(self, reservation_id: str) -> str:
         """Say why a waiting reservation waits (its queue position and the closest nodes).

@@ -28,11 +28,31 @@ DUE = select(schema.reservations).where(
         and_(_r.state == "waiting", _r.deadline < bindparam("now")),
     )
 )
+# Whether anything is due at all: what a waiting process reads before it takes the write lock.
+ANY_DUE = (
+    select(_r.id)
+    .where(
+        or_(
+            and_(_r.state == "granted", _r.expires_at < bindparam("now")),
+            and_(_r.state == "waiting", _r.deadline < bindparam("now")),
+        )
+    )
+    .limit(1)
+)
 WAITING = (
     select(_r.id, _r.request, _r.seq, _r.overtakes)
     .where(_r.state == "waiting")
-    .order_by(_r.priority.desc(), _r.seq)
+    .order_by(_r.priority.desc(), _r.seq, _r.id)
 )
+# The queue as an incremental pass reads it (:meth:`~airflow_gpupool.ledger.cycle.WriteCycle.serve`):
+# the requests whose overtake budget is not spent, the shapes of the spent ones, the spent
+# ones of given shapes, and the first spent one.
+WAITING_UNSPENT = WAITING.where(_r.overtakes < bindparam("spent"))
+SPENT_SHAPES = select(_r.request).where(_r.state == "waiting", _r.overtakes >= bindparam("spent")).distinct()
+WAITING_SPENT_OF = WAITING.where(
+    _r.overtakes >= bindparam("spent"), _r.request.in_(bindparam("shapes", expanding=True))
+)
+FIRST_SPENT = WAITING.where(_r.overtakes >= bindparam("spent")).limit(1)
 # The queue serves higher priorities first, then the older request (lower ``seq``).
 WAITING_AHEAD = select(func.count()).where(
     _r.state == "waiting",

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Row
 
+from airflow_gpupool import settings
 from airflow_gpupool.exceptions import StaleCacheError
 from airflow_gpupool.ledger import records
 from airflow_gpupool.ledger import statements as sql
@@ -26,14 +27,17 @@ from airflow_gpupool.ledger.cache import CapacityCache
 from airflow_gpupool.ledger.concurrent import ConcurrentPath
 from airflow_gpupool.ledger.engine import (
     DATABASE_NOW,
+    ConnectionBudget,
     lock_holder,
     make_engine,
+    normalize_url,
     read_transaction,
     transient_retry,
     write_transaction,
 )
 from airflow_gpupool.ledger.migrations import migrate, require_current
 from airflow_gpupool.ledger.models import Reservation
+from airflow_gpupool.ledger.notify import notify_waiters
 from airflow_gpupool.placement.snapshot import ClusterSnapshot, NodeState
 from airflow_gpupool.placement.verdict import Assignment
 from airflow_gpupool.resources import GpuRequest
@@ -76,6 +80,10 @@ class Tx:
     expired: list[str] = field(default_factory=list)
     timed_out: list[str] = field(default_factory=list)
     orphaned: list[str] = field(default_factory=list)
+    # Waiting requests this transaction settled (granted or ended): their waiters are woken at commit.
+    settled: list[str] = field(default_factory=list)
+    # What this transaction's last pass over the queue found (:mod:`~airflow_gpupool.ledger.service`).
+    served: Any = None
 
     def snapshot(self) -> ClusterSnapshot:
         """Return the capacity as this transaction sees it now."""
@@ -133,6 +141,8 @@ class LedgerStore:
     :param synchronous_commit: see :func:`~airflow_gpupool.ledger.engine.write_transaction`
     :param concurrent: on PostgreSQL, open the connections of the concurrent path
         (:attr:`concurrent`); elsewhere there is none
+    :param max_connections: the connections this store may open, split by
+        :meth:`ConnectionBudget.split` (default ``[gpupool] max_connections_per_process``)
     """
 
     def __init__(
@@ -142,11 +152,20 @@ class LedgerStore:
         clock: Callable[[], float] | None = None,
         synchronous_commit: bool = True,
         concurrent: bool = True,
+        max_connections: int | None = None,
     ) -> None:
         self.url = url
         #: The injected clock, which wins over the database's; None when there is none.
         self.injected_clock = clock
-        self.engine = make_engine(url)
+        postgresql = normalize_url(url).startswith("postgresql")
+        #: How this store's connections are split between its pools and the grant listener.
+        self.budget = ConnectionBudget.split(
+            max_connections if max_connections is not None else settings.max_connections_per_process(),
+            postgresql=postgresql,
+            concurrent=concurrent,
+            pooled=settings.transaction_pooling(),
+        )
+        self.engine = make_engine(url, pool_size=self.budget.main)
         self.synchronous_commit = synchronous_commit
         self.cache = CapacityCache()
         # The copy of the capacity is changed outside the database lock by concurrent grants:
@@ -156,7 +175,9 @@ class LedgerStore:
         self._schema_checked = False
         #: The calls of the concurrent path (PostgreSQL), None where every write is serialized.
         self.concurrent = (
-            ConcurrentPath(url, synchronous_commit) if concurrent and self.dialect == "postgresql" else None
+            ConcurrentPath(url, synchronous_commit, pool_size=self.budget.concurrent)
+            if self.budget.concurrent
+            else None
         )
 
     @property
@@ -249,6 +270,8 @@ class LedgerStore:
                 stamp = self.cache.refresh(conn, writing=True)
                 tx = Tx(conn, self._tx_now(conn), stamp.version, dict(self.cache.nodes))
                 result = fn(tx)
+                if tx.settled and not stamp.counter:  # PostgreSQL: delivered at commit
+                    notify_waiters(conn, tx.settled)
                 if tx.dirty and stamp.counter:
                     self._bump(conn, "version", tx.version)
                 if tx.inventory_changed:

@@ -45,6 +45,12 @@ class LedgerViews:
         except UnknownReservationError:
             return None
 
+    def queue_positions(self) -> dict[str, int]:
+        """Return the position of every waiting request, by id (1: next in line): one read."""
+        r = schema.reservations.c
+        query = select(r.id).where(r.state == WAITING).order_by(r.priority.desc(), r.seq)
+        return self._store.read(lambda conn: {row.id: n for n, row in enumerate(conn.execute(query), 1)})
+
     def explain(self, reservation_id: str) -> str:
         """Say why a waiting reservation waits (its queue position and the closest nodes)."""
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from functools import cached_property
@@ -40,10 +39,12 @@ from airflow_gpupool.operators.request import (
     templated,
 )
 from airflow_gpupool.operators.unschedulable import UnschedulableFailFast  # kit (issue 15)
+from airflow_gpupool.operators.waiting import wait_in_place
 from airflow_gpupool.resources import GpuRequest
 from airflow_gpupool.task_try import TaskTry
 from airflow_gpupool.triggers.lease import LEASE_LOST_STATUS
 from airflow_gpupool.triggers.pod import LeasedPodTrigger
+from airflow_gpupool.triggers.queue_life import describe_queue_life
 from airflow_gpupool.triggers.reservation import ReservationEventStatus, ReservationTrigger
 
 if TYPE_CHECKING:
@@ -261,19 +262,10 @@ class GpuPodOperator(UnschedulableFailFast, KubernetesPodOperator):
         return self.deferrable if self.reservation_deferrable is None else self.reservation_deferrable
 
     def _wait_in_place(self, rid: str, poll_interval: float) -> Grant:
-        while True:
-            self.gpu_hook.reap()
-            reservation = self.gpu_hook.get(rid)
-            if reservation.state is ReservationState.GRANTED and reservation.grant is not None:
-                return reservation.grant
-            if reservation.state is ReservationState.TIMED_OUT:
-                raise ReservationTimeoutError(rid, reservation.waited_seconds, [reservation.message])
-            if reservation.state.ended:
-                raise GpuPoolError(
-                    f"reservation {rid} ended as {reservation.state.value}: {reservation.message}"
-                )
-            self.log.info("Waiting for a GPU slice; %s", self.gpu_hook.explain(rid))
-            time.sleep(poll_interval)
+        # Read-only waiting (the queue is served by writers and the controller): see operators/waiting.py.
+        grant, life = wait_in_place(self.gpu_hook, rid, poll_interval, self.log)
+        self.log.info("Reservation %s %s", rid, describe_queue_life(life))
+        return grant
 
     def execute_granted(self, context: Context, event: dict[str, Any]) -> Any:
         """Resume after ReservationTrigger: run the pod, or fail with what blocked the request."""
@@ -281,6 +273,8 @@ class GpuPodOperator(UnschedulableFailFast, KubernetesPodOperator):
         rid = event["reservation_id"]
         status = event["status"]
         if status == ReservationEventStatus.GRANTED.value:
+            # The triggerer's wait lines may not outlive the pod phase in the stored log: this one does.
+            self.log.info("Reservation %s %s", rid, describe_queue_life(event.get("queue_life")))
             return self._run_granted(context, rid, Grant.from_dict(event["grant"]))
         self.gpu_hook.release(rid, reason=f"reservation {status}")
         if status == ReservationEventStatus.TIMEOUT.value:

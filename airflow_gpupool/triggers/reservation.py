@@ -3,15 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from enum import Enum
 from typing import Any, cast
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_gpupool.hooks.gpupool import AsyncGpuPoolHook
-from airflow_gpupool.ledger.models import ReservationState
+from airflow_gpupool.ledger.models import Reservation, ReservationState
 from airflow_gpupool.triggers.events import trigger_event
+from airflow_gpupool.triggers.queue_life import QueueLife
+from airflow_gpupool.triggers.wait_room import WaitRoom, wait_room
+
+# A waiter says where it stands this often, and reads its own reservation at its deadline
+# (a little after, so the room's reap has ended it).
+_LOG_EVERY_S = 60.0
+_DEADLINE_SLACK_S = 0.05
 
 
 class ReservationEventStatus(str, Enum):
@@ -23,16 +32,20 @@ class ReservationEventStatus(str, Enum):
 
 
 class ReservationTrigger(BaseTrigger):
-    """Poll the ledger until reservation ``reservation_id`` is granted, times out or ends.
+    """Wait until reservation ``reservation_id`` is granted, times out or ends; only read the ledger.
 
-    Each poll first reaps the ledger (expired leases, overdue requests) so the queue moves
-    even when no worker is active. Two copies of the trigger may run at once: both read
-    the same reservation and yield the same event, which carries the reservation id.
+    The trigger waits in its process's :class:`~airflow_gpupool.triggers.wait_room.WaitRoom`:
+    woken by the granting writer's notification (PostgreSQL) or by the room's one batched
+    read per ``poll_interval`` for all waiters; then it reads its own reservation. Serving
+    the queue is the writers' job (and the controller's reap): a waiter writes only when
+    something is overdue (see :meth:`~airflow_gpupool.hooks.gpupool.GpuPoolHook.poll_waiting`).
+    Two copies of the trigger may run at once: both read the same reservation and yield the
+    same event, which carries the reservation id.
 
     :param reservation_id: the queued reservation
     :param ledger_conn_id: the ``gpupool`` connection (None: ``[gpupool]`` configuration)
     :param ledger_url: overrides the connection's ledger URL
-    :param poll_interval: seconds between polls
+    :param poll_interval: seconds between the batched reads when no notification can come
     """
 
     def __init__(
@@ -66,37 +79,62 @@ class ReservationTrigger(BaseTrigger):
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        """Yield one event: granted (with the grant), timeout (with what blocked it) or error."""
+        """Yield one event: granted (with the grant and its queue life), timeout (with what blocked it) or error."""
         hook = AsyncGpuPoolHook(self.ledger_conn_id, ledger_url=self.ledger_url)
+        life = QueueLife(time.time())
         try:
+            await hook.aoptions()
+            room = wait_room(hook.ledger, self.poll_interval)
+            reservation = await hook.apoll_waiting(self.reservation_id)
             while True:
-                await hook.areap()
-                reservation = await hook.aget(self.reservation_id)
-                if reservation.state is ReservationState.GRANTED:
-                    assert reservation.grant is not None
-                    yield self._event(
-                        ReservationEventStatus.GRANTED,
-                        f"granted on {reservation.grant.node}",
-                        grant=reservation.grant.to_dict(),
+                event = self._settled(reservation, life)
+                if event is not None:
+                    yield event
+                    return
+                await self._log_wait(hook, room, reservation.position, life)
+                own_deadline = reservation.deadline - time.time()
+                quiet = min(_LOG_EVERY_S, max(own_deadline, 0.0) + _DEADLINE_SLACK_S)
+                woken = await room.wait(self.reservation_id, quiet)
+                if woken or time.time() >= reservation.deadline:
+                    reservation = await hook.apoll_waiting(self.reservation_id)
+                else:
+                    reservation = replace(
+                        reservation, position=room.positions.get(self.reservation_id, reservation.position)
                     )
-                    return
-                if reservation.state is ReservationState.TIMED_OUT:
-                    yield self._event(ReservationEventStatus.TIMEOUT, reservation.message)
-                    return
-                if reservation.state.ended:
-                    yield self._event(
-                        ReservationEventStatus.ERROR,
-                        f"reservation ended as {reservation.state.value} while waiting: {reservation.message}",
-                    )
-                    return
-                self.log.info(
-                    "Reservation %s waits at position %s of the queue",
-                    self.reservation_id,
-                    reservation.position,
-                )
-                await asyncio.sleep(self.poll_interval)
         except Exception as e:  # the trigger contract: failures become an error event
             self.log.exception("Waiting for reservation %s failed", self.reservation_id)
             yield self._event(ReservationEventStatus.ERROR, f"{type(e).__name__}: {e}")
         finally:
             await asyncio.to_thread(hook.close)
+
+    def _settled(self, reservation: Reservation, life: QueueLife) -> TriggerEvent | None:
+        """Return the event of a reservation that stopped waiting, or None while it waits."""
+        if reservation.state is ReservationState.GRANTED:
+            assert reservation.grant is not None
+            return self._event(
+                ReservationEventStatus.GRANTED,
+                f"granted on {reservation.grant.node}",
+                grant=reservation.grant.to_dict(),
+                queue_life=life.to_dict(reservation.grant.granted_at - reservation.created_at),
+            )
+        if reservation.state is ReservationState.TIMED_OUT:
+            return self._event(ReservationEventStatus.TIMEOUT, reservation.message)
+        if reservation.state.ended:
+            return self._event(
+                ReservationEventStatus.ERROR,
+                f"reservation ended as {reservation.state.value} while waiting: {reservation.message}",
+            )
+        return None
+
+    async def _log_wait(
+        self, hook: AsyncGpuPoolHook, room: WaitRoom, position: int | None, life: QueueLife
+    ) -> None:
+        """Log where the request stands and why it waits (the reason a few times a second per room)."""
+        reason = await hook.aexplain(self.reservation_id) if room.may_explain() else None
+        life.saw(position, reason)
+        self.log.info(
+            "Reservation %s waits at position %s of the queue: %s",
+            self.reservation_id,
+            position if position is not None else "?",
+            reason or life.blocked or "no explanation yet (many requests wait in this triggerer)",
+        )

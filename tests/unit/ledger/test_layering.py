@@ -13,8 +13,8 @@ PACKAGE = "airflow_gpupool.ledger"
 FOLDER = Path(airflow_gpupool.ledger.__file__).parent
 # Bottom up. Modules of one layer don't import each other either.
 LAYERS = [
-    {"schema", "models", "engine", "equivalence"},
-    {"statements", "pg_functions", "invariants", "concurrent"},
+    {"schema", "models", "engine", "equivalence", "service"},
+    {"statements", "pg_functions", "invariants", "concurrent", "notify"},
     {"migrations", "cache"},
     {"records"},
     {"store"},
@@ -22,7 +22,7 @@ LAYERS = [
     {"cycle"},
     {"inventory", "grants", "views"},
     {"ledger"},
-    {"attempts", "quotas"},
+    {"attempts", "quotas", "shared"},
     {"__init__"},
 ]
 RANK = {module: rank for rank, layer in enumerate(LAYERS) for module in layer}

@@ -1,0 +1,321 @@
+"""`gpupool bench queue`: client cycles on a nearly full pool while thousands of tasks wait.
+
+The question it answers: do waiting tasks cost the clients anything? On a fresh ledger (a
+schema of its own on PostgreSQL, a new file on SQLite, as ``gpupool bench ledger``) of
+``nodes`` nodes with 8 GPUs each, every GPU but one per node is held by a long-lived
+filler, and ``waiters`` requests for a whole node wait in the queue. Then, for
+``seconds``:
+
+* one process runs a :class:`~airflow_gpupool.triggers.reservation.ReservationTrigger` per
+  waiting request, in one asyncio loop, the way Airflow's triggerer runs them (each trigger
+  reads only its own reservation; the process shares one ledger and one wait room);
+* ``clients`` processes do reserve → hold → release cycles of one GPU on the free ones;
+* a few times a second the bench frees a whole node (a filler node, or the node of a
+  waiter granted before), so the first waiter is granted: the time from that grant to its
+  trigger's event is a wake-up; the waiter process queues a new request in its place, so
+  ``waiters`` keep waiting.
+
+It reports the clients' ``cycles_per_s``, ``wakeup_p50_ms``/``wakeup_p99_ms`` (from the
+grant's time on the ledger's clock, taken as its transaction took the lock, to the event),
+``connections_max`` (PostgreSQL: the most sessions of the bench's processes at once, from
+``pg_stat_activity``) and the invariants, checked during and after the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing as mp
+import os
+import random
+import statistics
+import threading
+import time
+from typing import Any
+
+from sqlalchemy import create_engine, insert, text
+from sqlalchemy.engine import make_url
+
+from airflow_gpupool import settings
+from airflow_gpupool.bench.ledger_bench import fresh_bench_url, gather, percentile, pg_bench_schema
+from airflow_gpupool.ledger import Ledger, ReservationState, schema
+from airflow_gpupool.ledger.engine import normalize_url
+from airflow_gpupool.ledger.ledger import Tx
+from airflow_gpupool.resources import GpuDevice, GpuRequest, NodeInventory
+
+__all__ = ["run_queue_bench"]
+
+GPUS_PER_NODE = 8
+#: What the clients cycle: one GPU, or half of one.
+CLIENT_SHAPES = (GpuRequest(gpus=1, cpu_milli=4000, memory_mib=16384), GpuRequest(gpu_milli=500))
+#: What waits: a whole node, which only a freed node can take.
+WAITER_SHAPE = GpuRequest(gpus=GPUS_PER_NODE, cpu_milli=32000, memory_mib=131072)
+_NODE_LABEL = "bench.gpupool.io/node"
+_WAIT_S = 3600.0
+
+
+def _inventory(count: int) -> list[NodeInventory]:
+    return [
+        NodeInventory(
+            f"q-{i:04d}",
+            128000,
+            1048576,
+            tuple(GpuDevice(g, f"GPU-q{i}-{g}", "A100-SXM4-80GB", 81920) for g in range(GPUS_PER_NODE)),
+            labels=((_NODE_LABEL, f"q-{i:04d}"),),
+        )
+        for i in range(count)
+    ]
+
+
+def _queue_waiters(ledger: Ledger, count: int) -> list[str]:
+    """Queue ``count`` whole-node requests in one transaction: what ``count`` reserves on a full
+    pool leave (waiting, no overtakes), without the setup costing one reserve per request."""
+    ids = [f"waiter-{i:06d}" for i in range(count)]
+    request = WAITER_SHAPE.to_dict()
+
+    def run(tx: Tx) -> None:
+        import json
+
+        rows = [
+            {
+                "id": rid,
+                "holder": "bench-waiter",
+                "request": json.dumps(request, sort_keys=True),
+                "priority": 0,
+                "seq": tx.version,
+                "state": "waiting",
+                "team": WAITER_SHAPE.team,
+                "workload_class": WAITER_SHAPE.workload_class.value,
+                "created_at": tx.now,
+                "deadline": tx.now + _WAIT_S,
+                "ttl": _WAIT_S,
+                "overtakes": 0,
+            }
+            for rid in ids
+        ]
+        if rows:
+            tx.conn.execute(insert(schema.reservations), rows)
+        tx.dirty = True
+
+    ledger.write(run)
+    return ids
+
+
+def _waiters(url: str, ids: list[str], ready: Any, stop: Any, out: Any) -> None:
+    """The triggerer: one trigger per waiting request, in one event loop."""
+    from airflow_gpupool.triggers import ReservationTrigger
+
+    wakeups: list[float] = []
+
+    async def watch(rid: str) -> None:
+        trigger = ReservationTrigger(rid, None, ledger_url=url)
+        async for fired in trigger.run():
+            now = time.time()
+            payload = fired.payload
+            if payload["status"] == "granted":
+                wakeups.append((now - float(payload["grant"]["granted_at"])) * 1000)
+            return
+
+    async def main() -> None:
+        from airflow_gpupool.ledger.shared import shared_ledger
+        from airflow_gpupool.triggers.wait_room import wait_room
+
+        ledger = shared_ledger(url)
+        room = wait_room(ledger, settings.poll_interval_seconds())
+        tasks = {asyncio.create_task(watch(rid)) for rid in ids}
+        started = time.monotonic()
+        # The clock starts once every trigger has read its request and waits in the room.
+        while len(room) < len(ids) and time.monotonic() - started < _WAIT_S:
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(1.0)
+        ready.put(len(tasks))
+        made = 0
+        while not stop.is_set():
+            done = {t for t in tasks if t.done()}
+            tasks -= done
+            for _ in done:  # keep the queue as long: a new request for each one granted
+                made += 1
+                rid = f"waiter-new-{made:06d}"
+                await asyncio.to_thread(
+                    ledger.reserve,
+                    WAITER_SHAPE,
+                    "bench-waiter",
+                    ttl=_WAIT_S,
+                    timeout=_WAIT_S,
+                    reservation_id=rid,
+                )
+                tasks.add(asyncio.create_task(watch(rid)))
+            await asyncio.sleep(0.05)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    asyncio.run(main())
+    out.put({"wakeups_ms": wakeups})
+
+
+def _client(url: str, index: int, seconds: float, hold_s: float, ready: Any, go: Any, out: Any) -> None:
+    rng = random.Random(index)
+    ledger = Ledger(url)
+    ledger.reap()  # connected, schema checked, capacity cached before the clock starts
+    ready.put(index)
+    go.wait()
+    cycles, queued = 0, 0
+    started = time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        reservation = ledger.reserve(rng.choice(CLIENT_SHAPES), f"bench-client-{index}", ttl=60, timeout=30)
+        queued += reservation.state is not ReservationState.GRANTED
+        time.sleep(hold_s)
+        ledger.release(reservation.id)
+        cycles += 1
+    elapsed = time.perf_counter() - started
+    ledger.close()
+    out.put({"cycles": cycles, "queued": queued, "elapsed": elapsed})
+
+
+_SESSIONS = text(
+    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name LIKE :pattern"
+)
+
+
+class _Sessions:
+    """The most PostgreSQL sessions of the bench's processes at once (sampled)."""
+
+    def __init__(self, url: str, backend: str) -> None:
+        self.most = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if backend == "postgresql":
+            self._engine = create_engine(normalize_url(url), poolclass=None)
+            self._thread = threading.Thread(target=self._sample, daemon=True)
+            self._thread.start()
+
+    def _sample(self) -> None:
+        # A failing sampler must not pass for "no connections": most stays None then.
+        self.most = None  # type: ignore[assignment]
+        with self._engine.connect() as conn:
+            self.most = 0
+            while not self._stop.is_set():
+                count = conn.execute(_SESSIONS, {"pattern": "gpupool%"}).scalar_one()
+                conn.rollback()
+                self.most = max(self.most, int(count))
+                self._stop.wait(0.1)
+
+    def stop(self) -> int | None:
+        if self._thread is None:
+            return None
+        self._stop.set()
+        self._thread.join()
+        self._engine.dispose()
+        return self.most
+
+
+def _free_a_node(ledger: Ledger, fillers: dict[str, list[str]], granted_nodes: list[str]) -> None:
+    """Free one whole node: the node a waiter was granted before, else a filler node."""
+    # Granted reservations only: a snapshot would also place every waiting request in the queue.
+    granted = ledger.history([ReservationState.GRANTED], limit=len(fillers) * GPUS_PER_NODE + 10_000)
+    for grant in granted:
+        if (
+            grant.holder == "bench-waiter"
+            and grant.grant is not None
+            and grant.grant.node not in granted_nodes
+        ):
+            granted_nodes.append(grant.grant.node)
+    if len(granted_nodes) > 1:  # keep the newest waiter's node held a while: it is being woken
+        node = granted_nodes.pop(0)
+        for grant in granted:
+            if grant.grant is not None and grant.grant.node == node and grant.holder == "bench-waiter":
+                ledger.release(grant.id, reason="bench: the waiter's work is done")
+        return
+    for node, ids in fillers.items():
+        if ids:
+            for rid in ids:
+                ledger.release(rid, reason="bench: node freed for a waiter")
+            ids.clear()
+            del fillers[node]
+            return
+
+
+def run_queue_bench(
+    url: str,
+    *,
+    waiters: int,
+    clients: int,
+    seconds: float,
+    nodes: int = 32,
+    hold_ms: float = 2.0,
+    frees_per_s: float = 4.0,
+) -> dict[str, Any]:
+    """Run the benchmark and return its numbers (see the module docstring)."""
+    bench_schema = f"gpupool_qbench_{os.getpid()}"
+    bench_url = fresh_bench_url(url, bench_schema)
+    backend = make_url(bench_url).get_backend_name()
+    if backend == "postgresql":
+        pg_bench_schema(url, bench_schema, create=True)
+    try:
+        ledger = Ledger.create(bench_url)
+        ledger.upsert_nodes(_inventory(nodes))
+        fillers: dict[str, list[str]] = {}
+        for node in _inventory(nodes):  # all GPUs but one of every node held, whatever the policy
+            filler = GpuRequest(gpus=1, cpu_milli=1000, memory_mib=1024, node_labels=node.labels)
+            for _ in range(GPUS_PER_NODE - 1):
+                fillers.setdefault(node.name, []).append(
+                    ledger.reserve(filler, "bench-filler", ttl=_WAIT_S).id
+                )
+        ids = _queue_waiters(ledger, waiters)
+        ctx = mp.get_context("spawn")
+        ready, out, go, stop = ctx.Queue(), ctx.Queue(), ctx.Event(), ctx.Event()
+        waiting = ctx.Process(target=_waiters, args=(bench_url, ids, ready, stop, out))
+        waiting.start()
+        gather(ready, [waiting], timeout=600)
+        procs = [
+            ctx.Process(target=_client, args=(bench_url, i, seconds, hold_ms / 1000, ready, go, out))
+            for i in range(clients)
+        ]
+        for p in procs:
+            p.start()
+        gather(ready, procs)
+        sessions = _Sessions(bench_url, backend)
+        go.set()
+        violations: list[str] = []
+        granted_nodes: list[str] = []
+        started = time.time()
+        next_check = started
+        while time.time() - started < seconds:
+            if waiters:
+                _free_a_node(ledger, fillers, granted_nodes)
+            if time.time() >= next_check:
+                violations += ledger.check_invariants()
+                next_check += 1.0
+            time.sleep(1.0 / frees_per_s)
+        results = gather(out, procs)
+        time.sleep(1.0)  # the last wake-ups
+        stop.set()
+        woken = gather(out, [waiting])[0]
+        for p in [*procs, waiting]:
+            p.join()
+        connections = sessions.stop()
+        violations += ledger.check_invariants()
+        ledger.close()
+    finally:
+        if backend == "postgresql":
+            pg_bench_schema(url, bench_schema, create=False)
+    cycles = sum(r["cycles"] for r in results)
+    wall = max([r["elapsed"] for r in results] or [seconds])
+    wakeups = woken["wakeups_ms"]
+    return {
+        "backend": backend,
+        "waiters": waiters,
+        "clients": clients,
+        "nodes": nodes,
+        "seconds": round(wall, 2),
+        "cycles": cycles,
+        "cycles_per_s": round(cycles / wall, 1),
+        "queued": sum(r["queued"] for r in results),
+        "wakeups": len(wakeups),
+        "wakeup_p50_ms": round(statistics.median(wakeups), 1) if wakeups else None,
+        "wakeup_p99_ms": round(percentile(wakeups, 0.99), 1) if wakeups else None,
+        "connections_max": connections,
+        "violations": len(violations),
+        "violation_examples": violations[:5],
+        "cpu_count": os.cpu_count(),
+    }

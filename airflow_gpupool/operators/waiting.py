@@ -1,0 +1,53 @@
+"""Waiting for a slice in place (not deferred): the worker reads its own reservation, nothing else.
+
+The twin of :class:`~airflow_gpupool.triggers.reservation.ReservationTrigger` for a task that
+keeps its worker slot: it reads its reservation every ``poll_interval`` seconds and serves no
+queue (the writers that change capacity do, and the controller's reap); it writes only when
+something is overdue (:meth:`~airflow_gpupool.hooks.gpupool.GpuPoolHook.poll_waiting`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from airflow_gpupool.exceptions import GpuPoolError, ReservationTimeoutError
+from airflow_gpupool.hooks.gpupool import GpuPoolHook
+from airflow_gpupool.ledger.models import Grant, ReservationState
+from airflow_gpupool.triggers.queue_life import QueueLife
+
+__all__ = ["wait_in_place"]
+
+# Why it waits is asked this often (an explanation places the request on the whole inventory).
+_EXPLAIN_EVERY_S = 30.0
+
+
+def wait_in_place(
+    hook: GpuPoolHook, rid: str, poll_interval: float, log: logging.Logger | Any
+) -> tuple[Grant, dict[str, Any]]:
+    """Wait until ``rid`` is granted; return the grant and its queue life (:meth:`QueueLife.to_dict`).
+
+    :raises ReservationTimeoutError: it waited past its deadline
+    :raises GpuPoolError: it ended otherwise (withdrawn, expired)
+    """
+    life = QueueLife(time.time())
+    explained_at = -_EXPLAIN_EVERY_S
+    while True:
+        reservation = hook.poll_waiting(rid)
+        if reservation.state is ReservationState.GRANTED and reservation.grant is not None:
+            return reservation.grant, life.to_dict(reservation.grant.granted_at - reservation.created_at)
+        if reservation.state is ReservationState.TIMED_OUT:
+            raise ReservationTimeoutError(rid, time.time() - reservation.created_at, [reservation.message])
+        if reservation.state.ended:
+            raise GpuPoolError(f"reservation {rid} ended as {reservation.state.value}: {reservation.message}")
+        reason = None
+        if time.monotonic() - explained_at >= _EXPLAIN_EVERY_S:
+            reason, explained_at = hook.explain(rid), time.monotonic()
+        life.saw(reservation.position, reason)
+        log.info(
+            "Waiting for a GPU slice at position %s of the queue: %s",
+            reservation.position,
+            reason or life.blocked,
+        )
+        time.sleep(max(0.0, min(poll_interval, reservation.deadline - time.time() + 0.05)))
