@@ -44,6 +44,13 @@ DEFAULTS: dict[str, str] = {
     "node_pool_bindings": "",
     "default_checkpoint_root": "",
     "workload_priority_classes": "training=gpupool-training,inference=gpupool-inference",
+    # The node agent (issue 17).
+    "agent_interval_seconds": "30",
+    "missed_heartbeats": "3",
+    "heartbeat_stable_seconds": "90",
+    "leak_grace_seconds": "60",
+    "leak_action": "report",
+    "idle_grant_seconds": "1800",
 }
 
 
@@ -251,3 +258,46 @@ def idle_in_transaction_timeout_seconds() -> float:
 def ledger_retry_seconds() -> float:
     """Return how long lost connections to the ledger are retried before :class:`LedgerUnavailableError`."""
     return _positive("ledger_retry_seconds")
+
+
+# -- the node agent (issue 17) ------------------------------------------------------------------
+
+
+def agent_interval_seconds() -> float:
+    """``[gpupool] agent_interval_seconds``: how often a node agent reports (default 30)."""
+    return _positive("agent_interval_seconds")
+
+
+def missed_heartbeats() -> int:
+    """``[gpupool] missed_heartbeats``: intervals a node's agent may miss before quarantine (default 3)."""
+    value = _get("missed_heartbeats")
+    try:
+        count = int(value)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise ConfigurationError(f"[gpupool] missed_heartbeats: {value!r} is not a whole number of 1 or more")
+    return count
+
+
+def heartbeat_stable_seconds() -> float:
+    """``[gpupool] heartbeat_stable_seconds``: steady heartbeats before a quarantined node comes back."""
+    return _positive("heartbeat_stable_seconds")
+
+
+def leak_grace_seconds() -> float:
+    """``[gpupool] leak_grace_seconds``: how long GPU memory may stay used with no grant (default 60)."""
+    return _positive("leak_grace_seconds")
+
+
+def leak_action() -> str:
+    """``[gpupool] leak_action``: ``report`` a GPU memory leak, or also ``quarantine`` the GPU."""
+    value = _get("leak_action").strip()
+    if value not in ("report", "quarantine"):
+        raise ConfigurationError(f"[gpupool] leak_action: {value!r}; choose report or quarantine")
+    return value
+
+
+def idle_grant_seconds() -> float:
+    """``[gpupool] idle_grant_seconds``: how long a grant may show no GPU use before it is reported idle."""
+    return _positive("idle_grant_seconds")

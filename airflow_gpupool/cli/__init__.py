@@ -12,7 +12,18 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from airflow_gpupool.cli import bench, controller, emulator, inventory, ledger, metrics, reconcile, simulate
+from airflow_gpupool.cli import (
+    agent,
+    bench,
+    controller,
+    emulator,
+    inventory,
+    ledger,
+    metrics,
+    node,
+    reconcile,
+    simulate,
+)
 from airflow_gpupool.exceptions import GpuPoolError
 
 __all__ = ["build_parser", "main"]
@@ -31,6 +42,8 @@ _REGISTRARS: tuple[Callable[[Any], None], ...] = (
     reconcile.register,
     controller.register,
     metrics.register,
+    agent.register,  # issue 17: the node agent
+    node.register,
 )
 
 

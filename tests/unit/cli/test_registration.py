@@ -28,6 +28,8 @@ COMMANDS = {
     "reconcile": [],
     "controller": ["run"],
     "metrics": ["serve"],
+    "agent": ["run"],
+    "node": ["quarantine", "release"],
 }
 
 

@@ -13,12 +13,13 @@ PACKAGE = "airflow_gpupool.ledger"
 FOLDER = Path(airflow_gpupool.ledger.__file__).parent
 # Bottom up. Modules of one layer don't import each other either.
 LAYERS = [
-    {"schema", "models", "engine", "equivalence"},
+    {"schema", "models", "engine", "equivalence", "agent_report"},
     {"statements", "pg_functions", "invariants", "concurrent"},
     {"migrations", "cache"},
     {"records"},
     {"store"},
     {"cycle"},
+    {"health"},
     {"inventory", "grants", "views"},
     {"ledger"},
     {"attempts"},
