@@ -156,8 +156,8 @@ def _node_records(conn: Connection) -> tuple[NodeRecord, ...]:
     nodes = conn.execute(select(schema.nodes).order_by(schema.nodes.c.name)).all()
     for row in nodes:
         observed = _observed(row.agent_state)
-        for g in gpu_rows.get(row.name, ()):
-            g.update(observed.get(g["idx"], dict.fromkeys(_OBSERVED)))
+        for gpu in gpu_rows.get(row.name, ()):
+            gpu.update(observed.get(gpu["idx"], dict.fromkeys(_OBSERVED)))
     return tuple(
         NodeRecord(
             name=row.name,
