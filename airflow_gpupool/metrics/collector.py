@@ -32,6 +32,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from airflow_gpupool.metrics.agent import agent_metrics
 from airflow_gpupool.resources import MILLI_PER_GPU
 
 if TYPE_CHECKING:
@@ -224,5 +225,6 @@ class GpuPoolCollector:
             yield up
             return
         yield from families
+        yield from agent_metrics(snapshot)  # issue 17: the node agents' reports
         up.add_metric([], 1)
         yield up
