@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from airflow_gpupool.controller.early_warning import request_emergency_checkpoints
 from airflow_gpupool.controller.heartbeats import check_heartbeats
 from airflow_gpupool.controller.reconcile import ReconcileResult, reconcile
 from airflow_gpupool.exceptions import ConfigurationError
@@ -80,6 +81,7 @@ class PassResult:
     reconciled: ReconcileResult | None = None
     reaped: ReapResult | None = None
     heartbeats: HeartbeatCheck | None = None
+    checkpoints_asked: list[str] | None = None
     errors: list[tuple[str, str]] = field(default_factory=list)
 
     def summary(self) -> str:
@@ -100,6 +102,8 @@ class PassResult:
                 f"heartbeats: {', '.join(n for n, _ in h.quarantined) or 'none'} quarantined, "
                 f"{', '.join(h.released) or 'none'} released"
             )
+        if self.checkpoints_asked:
+            parts.append(f"early warning: checkpoint asked of {', '.join(self.checkpoints_asked)}")
         parts += [f"{step} failed: {message}" for step, message in self.errors]
         return "; ".join(parts) or "nothing due"
 
@@ -151,6 +155,9 @@ class GpuPoolController:
             # Issue 17: a node whose agent went silent is quarantined, and released once it is back.
             result.heartbeats = self._step(
                 result, "heartbeats", lambda: check_heartbeats(self.ledger, self.api)
+            )
+            result.checkpoints_asked = self._step(
+                result, "early warning", lambda: request_emergency_checkpoints(self.ledger, self.api)
             )
         if result.synced or result.reconciled or result.reaped or result.errors:
             log.info("Controller pass (%s): %s", self.elector.identity, result.summary())

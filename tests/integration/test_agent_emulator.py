@@ -21,6 +21,7 @@ from kubernetes import client, config
 from airflow_gpupool.agent.run import NodeAgent
 from airflow_gpupool.cli import main
 from airflow_gpupool.cli.agent import EXIT_NO_GPU, make_collector
+from airflow_gpupool.controller.early_warning import request_emergency_checkpoints
 from airflow_gpupool.controller.heartbeats import QUARANTINE_EVENT_REASON
 from airflow_gpupool.controller.leader import LeaderElector, LeaseSettings
 from airflow_gpupool.controller.run import ControllerIntervals, GpuPoolController
@@ -255,3 +256,37 @@ def test_node_quarantine_and_release_commands(
     assert main(["node", "release", "gpu-a-0", "--url", ledger_url]) == 0
     assert main(["node", "release", "gpu-b-0", "--gpu", "0", "--url", ledger_url]) == 0
     assert main(["node", "quarantine", "nope", "--url", ledger_url, "--reason", "x"]) == 2
+
+
+def test_warning_signs_ask_the_task_for_an_emergency_checkpoint(
+    synced: Any, clock: FakeClock, tmp_path: Path
+) -> None:
+    ledger, core, specs, k8s = synced
+    a = agent(ledger, specs, "gpu-a-0")
+    a.run_pass()
+    held = ledger.reserve(
+        GpuRequest(gpus=1, node_labels={"kubernetes.io/hostname": "gpu-a-0"}), "t", reservation_id="warm"
+    )
+    ckpt = tmp_path / "ckpt"
+    pod = pinned_pod("warm", held.grant, "z")
+    pod["spec"]["containers"][0]["env"].append({"name": "GPUPOOL_CHECKPOINT_DIR", "value": f"file://{ckpt}"})
+    k8s.configure_pod(name="warm", duration_seconds=30.0)
+    created = core.create_namespaced_pod("default", pod)
+    ledger.bind("warm", namespace="default", name="warm", uid=created.metadata.uid)
+    k8s.wait_for_pod("warm", phases=["Running"])
+    a.run_pass()
+    assert request_emergency_checkpoints(ledger, core) == []  # nothing to warn of yet
+    assert not (ckpt / "CHECKPOINT_NOW").exists()
+
+    spec = load_spec(specs / "gpu-a-0.yaml")
+    spec["gpus"][held.grant.gpu_indices[0]]["temperature"] = 88
+    write_spec(specs / "gpu-a-0.yaml", spec)
+    a.run_pass()
+    assert request_emergency_checkpoints(ledger, core) == ["warm"]
+    flag = json.loads((ckpt / "CHECKPOINT_NOW").read_text())
+    uuid = fake_gpu_uuid("gpu-a-0", held.grant.gpu_indices[0])
+    assert flag["reservation_id"] == "warm"
+    assert flag["reasons"] == [f"gpu-a-0 GPU {uuid}: temperature 88 °C near the slowdown threshold 90 °C"]
+    assert request_emergency_checkpoints(ledger, core) == []  # the flag is there: not asked twice
+    (ckpt / "CHECKPOINT_NOW").unlink()  # the training checkpointed and took the flag away
+    assert request_emergency_checkpoints(ledger, core) == ["warm"]  # still hot: asked again
