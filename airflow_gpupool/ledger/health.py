@@ -29,6 +29,7 @@ from airflow_gpupool.exceptions import InvalidInventoryError
 from airflow_gpupool.ledger import schema
 from airflow_gpupool.ledger.agent_report import GpuAssessment, GpuSample, GrantOnGpu, NodeReport, assess_gpu
 from airflow_gpupool.ledger.cycle import WriteCycle, held_on_node
+from airflow_gpupool.ledger.engine import transient_retry
 from airflow_gpupool.ledger.store import LOGGER_NAME, LedgerStore, Tx
 from airflow_gpupool.resources import NodeHealth
 
@@ -187,7 +188,34 @@ class LedgerHealth:
         def run(tx: Tx) -> HeartbeatResult:
             return _Heartbeat(self, tx, report, missed, leak_grace_s, leak_action).apply()
 
+        if self.store.dialect == "postgresql":
+            quick = self._record_unlocked(report, missed, leak_grace_s, leak_action)
+            if quick is not None:
+                return quick
         return self._cycle.write(run)
+
+    @transient_retry
+    def _record_unlocked(
+        self, report: NodeReport, missed: int, leak_grace_s: float, leak_action: str
+    ) -> HeartbeatResult | None:
+        """The common heartbeat (nothing to verify, quarantine or release) without the ledger's lock.
+
+        It changes only the node's heartbeat columns, which no placement reads, under the node's row
+        lock (taken first, as every writer of a node does), so grants and releases on the
+        concurrent path go on beside it. A report that changes capacity (a UUID, a GPU's health)
+        returns None and takes the serialized path.
+        """
+        with self.store.engine.begin() as conn:
+            # A heartbeat lost in a server crash is harmless (the next comes one interval later):
+            # don't wait for the WAL flush.
+            conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
+            self.store.check_schema(conn)
+            tx = Tx(conn, self.store.clock(conn), 0, {})
+            try:
+                return _Heartbeat(self, tx, report, missed, leak_grace_s, leak_action, locked=False).apply()
+            except _NeedsLock:
+                conn.rollback()
+                return None
 
     def check_heartbeats(self, *, missed: int, stable_s: float) -> HeartbeatCheck:
         """Quarantine nodes whose agent went silent for ``missed`` intervals; release recovered ones.
@@ -274,12 +302,29 @@ def _write_node_health(tx: Tx, name: str, value: str, source: str, reason: str |
     )
 
 
+class _NeedsLock(Exception):
+    """A heartbeat found a change of capacity: it must run under the ledger's write lock."""
+
+
 class _Heartbeat:
-    """One report applied in one transaction (split out of :meth:`LedgerHealth.record_report`)."""
+    """One report applied in one transaction (split out of :meth:`LedgerHealth.record_report`).
+
+    :param locked: the transaction holds the ledger's write lock; without it a change of
+        capacity raises :class:`_NeedsLock` before anything is written
+    """
 
     def __init__(
-        self, health: LedgerHealth, tx: Tx, report: NodeReport, missed: int, grace: float, action: str
+        self,
+        health: LedgerHealth,
+        tx: Tx,
+        report: NodeReport,
+        missed: int,
+        grace: float,
+        action: str,
+        *,
+        locked: bool = True,
     ) -> None:
+        self.locked = locked
         self.health = health
         self.tx = tx
         self.report = report
@@ -294,7 +339,10 @@ class _Heartbeat:
 
     def apply(self) -> HeartbeatResult:
         tx, report = self.tx, self.report
-        node = tx.conn.execute(select(schema.nodes).where(schema.nodes.c.name == report.node)).first()
+        # The node's row first, locked: the order every writer of a node follows (pg_functions.py).
+        node = tx.conn.execute(
+            select(schema.nodes).where(schema.nodes.c.name == report.node).with_for_update()
+        ).first()
         if node is None:
             raise InvalidInventoryError(
                 "node", report.node, "a node of the inventory (run inventory sync first)"
@@ -365,6 +413,7 @@ class _Heartbeat:
             )
         if row.uuid_verified and row.uuid == sample.uuid and row.bus_id == sample.bus_id:
             return
+        self._need_lock()
         g = schema.gpus.c
         self.tx.conn.execute(
             update(schema.gpus)
@@ -381,6 +430,7 @@ class _Heartbeat:
                 f"{LEAK_REASON}: {assessment.leak['memory_mib']} MiB held by pids {assessment.leak['pids']}"
             )
         if reasons and row.health == _HEALTHY:
+            self._need_lock()
             _write_gpu_health(self.tx, self.report.node, row.idx, _QUARANTINED, "agent", "; ".join(reasons))
             self.quarantined.append((sample.uuid or row.uuid, "; ".join(reasons)))
             self.structural = True
@@ -390,9 +440,14 @@ class _Heartbeat:
             and row.health_source == "agent"
             and (row.health_reason or "").startswith(LEAK_REASON)
         ):
+            self._need_lock()
             _write_gpu_health(self.tx, self.report.node, row.idx, _HEALTHY, "agent", None)
             self.released.append(sample.uuid)
             self.structural = True
+
+    def _need_lock(self) -> None:
+        if not self.locked:
+            raise _NeedsLock
 
     def _stamp(self) -> None:
         self.tx.conn.execute(

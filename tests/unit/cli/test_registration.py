@@ -22,7 +22,7 @@ COMMANDS = {
     "reserve": [],
     "release": [],
     "reap": [],
-    "bench": ["ledger", "operator"],
+    "bench": ["ledger", "operator", "heartbeats"],
     "simulate": [],
     "emulator": [],
     "reconcile": [],
