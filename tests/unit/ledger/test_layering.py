@@ -19,6 +19,7 @@ LAYERS = [
     {"records"},
     {"store"},
     {"cycle"},
+    {"heartbeats"},
     {"health"},
     {"inventory", "grants", "views"},
     {"ledger"},
