@@ -141,6 +141,10 @@ class CapacityCache:
             return None
         return self.gpu_info.get((assignment.node, assignment.gpu_indices[0]), ("", None))[1]
 
+    def mark_stale(self) -> None:
+        """Make the next :meth:`fresh` say no, so the copy is refreshed (by version) before it is used."""
+        self.refreshed_at = -math.inf
+
     def fresh(self, seconds: float) -> bool:
         """Whether the copy was refreshed within the last ``seconds``."""
         return time.monotonic() - self.refreshed_at < seconds

@@ -109,6 +109,7 @@ class HeartbeatWrite:
         self.verified: list[int] = []
         self.quarantined: list[tuple[str, str]] = []
         self.released: list[str] = []
+        # A GPU's health changed: what fits changed, so the queue is served again.
         self.structural = False
 
     def apply(self) -> HeartbeatResult:
@@ -230,7 +231,8 @@ class HeartbeatWrite:
             .values(version=self.tx.version)
         )
         self.tx.dirty, self.tx.exact = True, False
-        self.structural = True
+        # New UUIDs change nothing placement decides on, but grants carry them: read them again.
+        self.store.cache.mark_stale()
 
     def _write_node(self, node: Row[Any], gpu_state: dict[str, Any]) -> None:
         tx = self.tx
