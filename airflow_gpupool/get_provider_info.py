@@ -170,10 +170,6 @@ def get_provider_info() -> dict[str, Any]:
                         "What a GPU memory leak does: report (status, UI, metric) or quarantine the GPU until clean.",
                         "report",
                     ),
-                    "idle_grant_seconds": _option(
-                        "Seconds a grant's GPUs may show no process and no utilization before it is reported idle.",
-                        "1800",
-                    ),
                 },
             }
         },

@@ -50,7 +50,6 @@ DEFAULTS: dict[str, str] = {
     "heartbeat_stable_seconds": "90",
     "leak_grace_seconds": "60",
     "leak_action": "report",
-    "idle_grant_seconds": "1800",
 }
 
 
@@ -296,8 +295,3 @@ def leak_action() -> str:
     if value not in ("report", "quarantine"):
         raise ConfigurationError(f"[gpupool] leak_action: {value!r}; choose report or quarantine")
     return value
-
-
-def idle_grant_seconds() -> float:
-    """``[gpupool] idle_grant_seconds``: how long a grant may show no GPU use before it is reported idle."""
-    return _positive("idle_grant_seconds")

@@ -221,7 +221,6 @@ class FakeNvml:
     against the real module runs unchanged on this object.
 
     :param spec: the spec as a dict, or the path of a YAML file (read again when it changes)
-    :param pod_uids: filled by :meth:`pod_uid_of`: the pod of each process, as its cgroup says
     """
 
     def __init__(self, spec: dict[str, Any] | str | os.PathLike[str]) -> None:

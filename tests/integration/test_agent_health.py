@@ -318,3 +318,20 @@ def test_a_v5_ledger_migrates_to_v6_and_keeps_its_rows(
     assert [(g["uuid_verified"], g["health"]) for g in record["gpus"]] == [(False, "healthy")] * 2
     assert ledger.get("cpu").state is ReservationState.WAITING  # the node is cordoned: it waits, kept
     ledger.close()
+
+
+def test_the_ui_page_shows_what_the_agent_saw(pool: Any, clock: FakeClock) -> None:
+    from airflow_gpupool.plugins.page import node_html
+
+    ledger, n1, _ = pool
+    n1.gpu(0)["processes"] = [{"pid": 9, "memory_mib": 1000}]
+    n1.nvml.spec["xid_events"] = [{"id": 1, "gpu": 1, "xid": 79}]
+    n1.beat(ledger)
+    clock.advance(61)
+    n1.beat(ledger)
+    snap = ledger.snapshot()
+    n1_html = node_html(next(n for n in snap.nodes if n.name == "n1"), snap, "/")
+    assert "90% busy, 1000 MiB used" in n1_html and "leak 1000 MiB" in n1_html
+    assert ">quarantined</span>" in n1_html and 'title="set by inventory"' in n1_html
+    n2_html = node_html(next(n for n in snap.nodes if n.name == "n2"), snap, "/")
+    assert "UUID unverified" in n2_html and "busy" not in n2_html
