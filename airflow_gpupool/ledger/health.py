@@ -30,9 +30,9 @@ from airflow_gpupool.ledger.cycle import WriteCycle
 from airflow_gpupool.ledger.engine import transient_retry
 from airflow_gpupool.ledger.heartbeats import (
     LEAK_REASON,
+    NEEDS_LOCK,
     HeartbeatResult,
     HeartbeatWrite,
-    NeedsLock,
     write_gpu_health,
 )
 from airflow_gpupool.ledger.store import LOGGER_NAME, LedgerStore, Tx
@@ -206,7 +206,7 @@ class LedgerHealth:
                     leak_action,
                     locked=False,
                 ).apply()
-            except NeedsLock:
+            except NEEDS_LOCK:
                 conn.rollback()
                 return None
 

@@ -5,7 +5,7 @@ it matches the report's GPUs with the inventory's by index (and PCI bus id), jud
 (:func:`~airflow_gpupool.ledger.agent_report.assess_gpu`), quarantines or releases a GPU, and keeps
 the ledger's judgement of each GPU in the node's ``agent_state`` for the next heartbeat, status and
 metrics. Without the ledger's write lock (PostgreSQL's quick path) a change of capacity raises
-:class:`NeedsLock` before anything is written.
+``NEEDS_LOCK`` before anything is written.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from airflow_gpupool.ledger.cycle import held_on_node
 from airflow_gpupool.ledger.store import LOGGER_NAME, LedgerStore, Tx
 from airflow_gpupool.resources import NodeHealth
 
-__all__ = ["LEAK_REASON", "HeartbeatResult", "HeartbeatWrite", "NeedsLock", "write_gpu_health"]
+__all__ = ["LEAK_REASON", "NEEDS_LOCK", "HeartbeatResult", "HeartbeatWrite", "write_gpu_health"]
 
 log = logging.getLogger(LOGGER_NAME)
 
@@ -74,15 +74,20 @@ def write_gpu_health(tx: Tx, node: str, idx: int, value: str, source: str, reaso
     log.warning("GPU %s/%d is now %s (%s%s)", node, idx, value, source, f": {reason}" if reason else "")
 
 
-class NeedsLock(Exception):
+class _NeedsLock(Exception):
     """A heartbeat found a change of capacity: it must run under the ledger's write lock."""
+
+
+#: What a heartbeat without the ledger's lock raises when it must take the serialized path (internal
+#: control flow, never seen by callers of the ledger).
+NEEDS_LOCK = _NeedsLock
 
 
 class HeartbeatWrite:
     """One report applied in one transaction (:meth:`LedgerHealth.record_report <airflow_gpupool.ledger.health.LedgerHealth.record_report>`).
 
     :param locked: the transaction holds the ledger's write lock; without it a change of
-        capacity raises :class:`NeedsLock` before anything is written
+        capacity raises ``NEEDS_LOCK`` before anything is written
     """
 
     def __init__(
@@ -222,7 +227,7 @@ class HeartbeatWrite:
 
     def _need_lock(self) -> None:
         if not self.locked:
-            raise NeedsLock
+            raise _NeedsLock
 
     def _stamp(self) -> None:
         self.tx.conn.execute(
