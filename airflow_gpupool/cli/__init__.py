@@ -21,6 +21,7 @@ from airflow_gpupool.cli import (
     ledger,
     metrics,
     node,
+    quota,
     reconcile,
     simulate,
 )
@@ -42,6 +43,7 @@ _REGISTRARS: tuple[Callable[[Any], None], ...] = (
     reconcile.register,
     controller.register,
     metrics.register,
+    quota.register,
     agent.register,  # issue 17: the node agent
     node.register,
 )

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -136,8 +136,9 @@ def verdict(
         return f"pod {_name(last)} finished ({_phase(last)})"
     grant = reservation.grant
     assert grant is not None
-    if grant.bound:
+    if grant.pod_uid is not None:
         return f"pod {grant.pod_namespace}/{grant.pod_name} gone"
+    # Bound by name alone, the pod may be on its way: judged like an unbound grant.
     if now - grant.granted_at >= grace_seconds:
         return f"no pod for {grace_seconds:g}s"
     return None
@@ -262,6 +263,7 @@ def reconcile(
     all_nodes: bool = False,
     id_prefix: str | None = None,
     include_manual: bool = False,
+    still_leading: Callable[[], bool] | None = None,
 ) -> ReconcileResult:
     """Release grants whose pods finished, vanished, or that have had no pod for ``grace_seconds``.
 
@@ -279,6 +281,8 @@ def reconcile(
         ignored, since a ledger shared by several clusters holds grants whose pods are elsewhere
     :param id_prefix: judge only reservations whose id starts with this
     :param include_manual: also judge grants GpuPodOperator did not make (ids not starting ``gp-``)
+    :param still_leading: asked before each grant; once it says False the pass stops (a controller
+        replica that lost its Lease must not act beside the new leader)
     :raises InvalidRequestError: a grace is negative or NaN
     """
     grace = check_grace("grace_seconds", grace_seconds)
@@ -300,6 +304,12 @@ def reconcile(
         if cluster_nodes is not None and grant.node not in cluster_nodes:
             ignored.append(reservation.id)
             continue
+        if still_leading is not None and not still_leading():
+            log.warning(
+                "Reconcile stopped after %d grant(s): this controller no longer leads",
+                len(run.kept) + len(run.released),
+            )
+            break
         run.judge(reservation)
     return ReconcileResult(
         tuple(run.released),

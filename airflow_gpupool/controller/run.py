@@ -6,7 +6,10 @@ with Kubernetes access. Each sync interval it syncs the cluster's GPU nodes into
 grants with their pods (:func:`~airflow_gpupool.controller.reconcile.reconcile`), reaps
 expired leases (``Ledger.reap``) and acts on the node agents' heartbeats
 (:func:`~airflow_gpupool.controller.heartbeats.check_heartbeats`). It acts only while it holds the Lease
-(:class:`~airflow_gpupool.controller.leader.LeaderElector`), so replicas never act at once.
+(:class:`~airflow_gpupool.controller.leader.LeaderElector`), so replicas never act at once. While
+it runs, a thread of its own renews the Lease every retry period, so a long pass (a big cluster,
+a slow API server) never lets it lapse to a replica mid-step; reconcile also checks before each
+grant that this replica still leads.
 
 An error in one step (the API server or the ledger unreachable, a refused request) is logged and
 the step is tried again at its next interval: a long-running loop outlives transient faults. Only
@@ -134,13 +137,13 @@ class GpuPoolController:
         self._clock = clock
         self._next_sync = self._next_reconcile = float("-inf")
         self._next_election = float("-inf")
+        self._election = threading.Lock()  # the pass and the Lease keeper both renew
 
     def run_pass(self) -> PassResult:
         """Renew (or seek) the Lease if due, then run the steps that are due, while leading."""
         now = self._clock()
         if now >= self._next_election:
-            self.elector.try_acquire_or_renew()
-            self._next_election = now + self.elector.lease.retry_period
+            self._renew(now)
         result = PassResult(leading=self.elector.is_leader())
         if not result.leading:
             log.debug("Not leading (the Lease is held by %s): nothing done", self.elector.holder)
@@ -150,7 +153,11 @@ class GpuPoolController:
             result.synced = self._step(result, "sync", lambda: sync_inventory(self.ledger, self.api))
         if now >= self._next_reconcile and self.elector.is_leader():
             self._next_reconcile = now + self.intervals.reconcile
-            result.reconciled = self._step(result, "reconcile", lambda: reconcile(self.ledger, self.api))
+            result.reconciled = self._step(
+                result,
+                "reconcile",
+                lambda: reconcile(self.ledger, self.api, still_leading=self.elector.is_leader),
+            )
             result.reaped = self._step(result, "reap", self.ledger.reap)
             # Issue 17: a node whose agent went silent is quarantined, and released once it is back.
             result.heartbeats = self._step(
@@ -169,12 +176,29 @@ class GpuPoolController:
 
         :param stop: set (by a signal handler) to end the loop; waiting ends as soon as it is set
         """
+        keeper = threading.Thread(
+            target=self._keep_lease, args=(stop,), name="gpupool-lease-keeper", daemon=True
+        )
+        keeper.start()
         try:
             while not stop.is_set():
                 self.run_pass()
                 stop.wait(self._seconds_to_next())
         finally:
+            stop.set()
+            keeper.join()
             self.elector.release()
+
+    def _keep_lease(self, stop: threading.Event) -> None:
+        """Renew the Lease every retry period while leading, whatever the steps are doing."""
+        while not stop.wait(self.elector.lease.retry_period):
+            if self.elector.is_leader() and self._clock() >= self._next_election:
+                self._renew(self._clock())
+
+    def _renew(self, now: float) -> None:
+        with self._election:
+            self.elector.try_acquire_or_renew()
+            self._next_election = now + self.elector.lease.retry_period
 
     def run_once(self, wait: Callable[[float], bool] | None = None) -> PassResult:
         """Run one full pass (every step, as if all were due) and release the Lease.

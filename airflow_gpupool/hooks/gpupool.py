@@ -125,7 +125,17 @@ class GpuPoolHook(BaseHook):
         """Extend the grant's lease."""
         return self.ledger.renew(reservation_id, ttl)
 
-    def bind_pod(self, reservation_id: str, *, namespace: str, name: str, uid: str) -> Reservation:
+    def get_or_none(self, reservation_id: str) -> Reservation | None:
+        """Return the reservation's current state, or None when it was never recorded."""
+        return self.ledger.get_or_none(reservation_id)
+
+    def adopt(self, reservation_id: str, holder: str, ttl: float | None = None) -> Reservation:
+        """Take over an earlier try's grant (the retry re-attached to its pod) and renew its lease."""
+        return self.ledger.adopt(reservation_id, holder, ttl or self.options.lease_ttl_seconds)
+
+    def bind_pod(
+        self, reservation_id: str, *, namespace: str, name: str, uid: str | None = None
+    ) -> Reservation:
         """Record the pod of a grant, so an expired lease orphans it instead of freeing its slice."""
         return self.ledger.bind(reservation_id, namespace=namespace, name=name, uid=uid)
 

@@ -212,7 +212,7 @@ class CapacityCache:
         gpus = []
         for g in sorted(gpu_rows, key=lambda r: r["idx"]):
             self.gpu_info[(row["name"], g["idx"])] = (g["uuid"], g["model"], bool(g.get("uuid_verified")))
-            # A quarantined GPU (schema v6) is shown to placement as partitioned with no free MIG
+            # A quarantined GPU (schema v7) is shown to placement as partitioned with no free MIG
             # slice: nothing fits it, and grants and releases on it keep it so (they never change
             # ``partitioned``), while its free columns stay what its grants leave.
             quarantined = g.get("health", "healthy") != "healthy"

@@ -133,7 +133,7 @@ class WriteCycle:
         """
         due = tx.conn.execute(sql.DUE, {"now": tx.now}).all()
         for row in due:
-            if row.state == GRANTED and row.pod_uid is not None:
+            if row.state == GRANTED and row.pod_name is not None:
                 self.orphan(tx, row)
             elif row.state == GRANTED:
                 log.warning("Lease of %s (holder %s) expired: returning its slice", row.id, row.holder)

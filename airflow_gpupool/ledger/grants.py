@@ -264,12 +264,19 @@ class LedgerGrants:
         # Raising rolls the whole transaction back: the request was never queued.
         raise NoCapacityError(request, sorted(reasons))
 
-    def renew(self, reservation_id: str, ttl: float | None = None) -> Reservation:
+    def renew(
+        self, reservation_id: str, ttl: float | None = None, *, holder: str | None = None
+    ) -> Reservation:
         """Extend a grant's lease by ``ttl`` seconds from now (default: its own TTL).
 
         An orphaned grant is still held, so its holder (back after a pause) may renew it: it
-        becomes granted again.
+        becomes granted again. With ``holder``, the grant also passes to that holder: a retry
+        adopting the grant of the try whose pod it re-attached to.
         """
+        if holder is not None and (not isinstance(holder, str) or not 0 < len(holder) <= _MAX_HOLDER):
+            raise InvalidRequestError(
+                "holder", holder, f"a non-empty string of at most {_MAX_HOLDER} characters"
+            )
 
         def run(tx: Tx) -> Reservation:
             row = records.row_by_id(tx.conn, reservation_id)
@@ -280,6 +287,9 @@ class LedgerGrants:
             if row.state == ORPHANED:
                 log.info("Orphaned grant %s renewed by its holder: granted again", reservation_id)
                 values.update(state=GRANTED, orphaned_at=None, message=None)
+            if holder is not None and holder != row.holder:
+                log.info("Grant %s passes from %s to %s", reservation_id, row.holder, holder)
+                values.update(holder=holder)
             tx.conn.execute(
                 update(schema.reservations).where(schema.reservations.c.id == reservation_id).values(**values)
             )
@@ -316,37 +326,38 @@ def bind_pod(cycle: WriteCycle, store: LedgerStore, binding: PodBinding) -> Rese
         row = records.row_by_id(tx.conn, rid)
         if row.state not in HOLDING:
             raise LeaseExpiredError(rid, row.state)
-        if row.pod_uid != binding.uid:
-            if row.pod_uid is not None:
-                log.warning(
-                    "Grant %s was bound to pod %s/%s (uid %s); now bound to %s/%s (uid %s)",
-                    rid,
-                    row.pod_namespace,
-                    row.pod_name,
-                    row.pod_uid,
-                    binding.namespace,
-                    binding.name,
-                    binding.uid,
-                )
-            tx.conn.execute(
-                sql.BIND_ROW,
-                {
-                    "rid": rid,
-                    "namespace": binding.namespace,
-                    "name": binding.name,
-                    "uid": binding.uid,
-                    "now": tx.now,
-                },
+        same_pod = (row.pod_namespace, row.pod_name) == (binding.namespace, binding.name)
+        if same_pod and (binding.uid is None or row.pod_uid == binding.uid):
+            return store.reservation(tx.conn, row)  # bound already; a name alone never drops a uid
+        if row.pod_name is not None and (not same_pod or row.pod_uid is not None):  # another pod, not its uid
+            log.warning(
+                "Grant %s was bound to pod %s/%s (uid %s); now bound to %s/%s (uid %s)",
+                rid,
+                row.pod_namespace,
+                row.pod_name,
+                row.pod_uid,
+                binding.namespace,
+                binding.name,
+                binding.uid,
             )
-            row = records.row_by_id(tx.conn, rid)
-        return store.reservation(tx.conn, row)
+        tx.conn.execute(
+            sql.BIND_ROW,
+            {
+                "rid": rid,
+                "namespace": binding.namespace,
+                "name": binding.name,
+                "uid": binding.uid,
+                "now": tx.now,
+            },
+        )
+        return store.reservation(tx.conn, records.row_by_id(tx.conn, rid))
 
     return cycle.write(run)
 
 
 @dataclass(frozen=True)
 class PodBinding:
-    """The pod a grant is bound to, checked.
+    """The pod a grant is bound to, checked; ``uid`` None while the pod is being created.
 
     :raises InvalidRequestError: a field is empty, not a string, or too long
     """
@@ -354,13 +365,13 @@ class PodBinding:
     reservation_id: str
     namespace: str
     name: str
-    uid: str
+    uid: str | None = None
 
     def __post_init__(self) -> None:
         for what, value, most in (
             ("namespace", self.namespace, 253),
             ("name", self.name, 253),
-            ("uid", self.uid, 64),
+            ("uid", "-" if self.uid is None else self.uid, 64),
         ):
             if not isinstance(value, str) or not 0 < len(value) <= most:
                 raise InvalidRequestError(f"pod {what}", value, f"a string of 1 to {most} characters")

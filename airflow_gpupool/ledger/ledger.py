@@ -281,6 +281,18 @@ class Ledger:
         """
         return self._grants.renew(reservation_id, ttl)
 
+    def adopt(self, reservation_id: str, holder: str, ttl: float | None = None) -> Reservation:
+        """Take over a grant (orphaned or not) for ``holder`` and renew its lease.
+
+        A retry that re-attaches to the pod of an earlier try (``durable=True``) adopts that
+        try's grant: same slice, one grant in the history, released once at the end.
+
+        :raises LeaseExpiredError: the grant already ended
+        :raises UnknownReservationError: no such id
+        :raises InvalidRequestError: an empty or too long holder
+        """
+        return self._grants.renew(reservation_id, ttl, holder=holder)
+
     def release(self, reservation_id: str, *, reason: str = "released by holder") -> ReleaseResult:
         """Give a grant back, or withdraw a waiting request. Idempotent.
 
@@ -294,9 +306,11 @@ class Ledger:
                 return released
         return self._grants.release(reservation_id, reason)
 
-    def bind(self, reservation_id: str, *, namespace: str, name: str, uid: str) -> Reservation:
+    def bind(self, reservation_id: str, *, namespace: str, name: str, uid: str | None = None) -> Reservation:
         """Record the pod of a grant: once bound, its slice outlives an expired lease (``orphaned``).
 
+        Bind by name before creating the pod (``uid`` None), then again with the uid the server
+        gave it: a worker that dies in between leaves an orphan, not a pod on a freed slice.
         Idempotent; binding another pod replaces the first (last bind wins, logged).
 
         :raises UnknownReservationError: no such id

@@ -74,8 +74,12 @@ def _v5(op: Operations, conn: Connection) -> None:
         pg_functions.reinstall(conn)
 
 
-# The columns v6 adds (the node agent), with the value existing rows get.
-_V6_COLUMNS: dict[str, tuple[tuple[str, object], ...]] = {
+def _v6(op: Operations, conn: Connection) -> None:
+    schema.metadata.create_all(conn, tables=[schema.quotas])  # checkfirst: v1 may have made it
+
+
+# The columns v7 adds (the node agent), with the value existing rows get.
+_V7_COLUMNS: dict[str, tuple[tuple[str, object], ...]] = {
     schema.nodes.name: (
         ("health_source", "inventory"),
         ("health_reason", None),
@@ -93,9 +97,9 @@ _V6_COLUMNS: dict[str, tuple[tuple[str, object], ...]] = {
 }
 
 
-def _v6(op: Operations, conn: Connection) -> None:
+def _v7(op: Operations, conn: Connection) -> None:
     # v1 creates the tables as the code has them now, so a column may already exist.
-    for table_name, columns in _V6_COLUMNS.items():
+    for table_name, columns in _V7_COLUMNS.items():
         table = schema.metadata.tables[table_name]
         present = {c["name"] for c in inspect(conn).get_columns(table_name)}
         for name, default in columns:
@@ -127,7 +131,8 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(
         5, "PostgreSQL: the concurrent path measures leases and deadlines on the database's clock", _v5
     ),
-    Migration(6, "node agent: heartbeats with reports, health with a source, verified GPU UUIDs", _v6),
+    Migration(6, "team quotas per resource flavor, with borrowing and lending limits", _v6),
+    Migration(7, "node agent: heartbeats with reports, health with a source, verified GPU UUIDs", _v7),
 )
 LATEST = MIGRATIONS[-1].version
 

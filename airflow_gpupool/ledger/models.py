@@ -49,8 +49,11 @@ class Grant:
     :param gpu_uuids_verified: whether a node agent reported every one of ``gpu_uuids`` (until
         then they are the inventory's, which no NVIDIA runtime may know)
     :param mig_profile: the MIG profile of ``mig_slice``, for MIG requests
-    :param pod_uid: the pod bound to the grant (with ``pod_namespace``, ``pod_name`` and
-        ``bound_at``); None while no pod was created for it
+    :param pod_name: the pod bound to the grant (with ``pod_namespace``, ``pod_uid`` and
+        ``bound_at``); None while no pod was asked for. The operator binds the pod by name just
+        before creating it and adds the uid the server gave it, so a worker dying in between
+        cannot leave a running pod on a slice the ledger frees
+    :param pod_uid: the bound pod's uid; None while it is being created
     """
 
     node: str
@@ -72,8 +75,8 @@ class Grant:
 
     @property
     def bound(self) -> bool:
-        """Whether a pod was bound to the grant."""
-        return self.pod_uid is not None
+        """Whether a pod was bound to the grant (by name, with or without its uid yet)."""
+        return self.pod_name is not None
 
     def to_dict(self) -> dict[str, Any]:
         """Return primitives only (XCom, trigger events, JSON)."""
@@ -112,6 +115,11 @@ class Reservation:
     message: str = ""
     ended_at: float | None = None
     orphaned_at: float | None = None
+
+    @property
+    def waited_seconds(self) -> float:
+        """How long an ended request waited, on the ledger's clock (its timeout, once timed out)."""
+        return (self.ended_at if self.ended_at is not None else self.deadline) - self.created_at
 
     def to_dict(self) -> dict[str, Any]:
         """Return primitives only (XCom, trigger events, JSON)."""
@@ -217,7 +225,7 @@ class LedgerSnapshot:
             "grants": [r.to_dict() for r in self.grants],
             "queue": [r.to_dict() for r in self.queue],
             "orphaned": [r.id for r in self.grants if r.state is ReservationState.ORPHANED],
-            # The node agent's GPU memory leaks past their grace (schema v6).
+            # The node agent's GPU memory leaks past their grace (schema v7).
             "leaks": [
                 {"node": n.name, "gpu": g["uuid"], **g["leak"]}
                 for n in self.nodes

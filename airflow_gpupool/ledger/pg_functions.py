@@ -1,5 +1,5 @@
 """PostgreSQL functions of the ledger's concurrent path (schema v3; v5 measures on the database's clock;
-v6 skips quarantined GPUs).
+v7 skips quarantined GPUs).
 
 A grant or release that needs no queue decision does not have to wait for every other
 writer: it takes the ledger lock in *shared* mode, locks only its node's row, and commits

@@ -96,7 +96,7 @@ def grant_of(conn: Connection, row: Row[Any], request: GpuRequest) -> Grant:
         granted_at=row.granted_at,
         expires_at=row.expires_at,
     )
-    if row.pod_uid is None:
+    if row.pod_name is None:
         return grant
     return replace(
         grant,

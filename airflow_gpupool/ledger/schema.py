@@ -58,7 +58,7 @@ nodes = Table(
     Column("heartbeat_at", Float, nullable=True),
     Column("updated_at", Float, nullable=False),
     Column("version", BigInteger, nullable=False),
-    # Schema v6 (the node agent): who set the health and why; the agent's interval, since when
+    # Schema v7 (the node agent): who set the health and why; the agent's interval, since when
     # its heartbeats have come without a gap, and its last report with the ledger's judgement.
     Column("health_source", String(16), nullable=False, default="inventory"),
     Column("health_reason", Text, nullable=True),
@@ -79,7 +79,7 @@ gpus = Table(
     Column("free_milli", Integer, nullable=False),
     Column("free_memory_mib", BigInteger, nullable=False),
     Column("partitioned", Boolean, nullable=False, default=False),
-    # Schema v6: the UUID is verified once the node agent reported it (matched by index and PCI
+    # Schema v7: the UUID is verified once the node agent reported it (matched by index and PCI
     # bus id); a GPU's own health (an XID, lost, ECC) beside its node's.
     Column("uuid_verified", Boolean, nullable=False, default=False),
     Column("bus_id", String(32), nullable=True),
@@ -155,4 +155,18 @@ task_attempts = Table(
     Column("message", Text, nullable=False),
     Column("escalated", Boolean, nullable=False, default=False),
     Column("created_at", Float, nullable=False),
+)
+
+# Team quotas per resource flavor (``pool:NAME`` or ``model:NAME``), in milli-GPU; replaced as a
+# whole by ``gpupool quota apply`` (see :mod:`airflow_gpupool.governance.quotas`).
+quotas = Table(
+    "gpupool_quotas",
+    metadata,
+    Column("team", String(253), primary_key=True),
+    Column("flavor", String(512), primary_key=True),
+    Column("cohort", String(253), nullable=True),
+    Column("nominal_milli", BigInteger, nullable=False),
+    Column("borrowing_limit_milli", BigInteger, nullable=True),
+    Column("lending_limit_milli", BigInteger, nullable=True),
+    Column("updated_at", Float, nullable=False),
 )

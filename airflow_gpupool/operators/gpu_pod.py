@@ -28,6 +28,7 @@ from airflow_gpupool.operators.failures import Classification, classify
 from airflow_gpupool.operators.ladder import FailedTry, FailureLadder
 from airflow_gpupool.operators.lease import LeaseRenewer, delete_pod
 from airflow_gpupool.operators.pod_spec import pin_pod
+from airflow_gpupool.operators.reattach import EarlierTries
 from airflow_gpupool.operators.request import (
     REQUEST_FIELDS,
     build_request,
@@ -145,6 +146,7 @@ class GpuPodOperator(KubernetesPodOperator):
         self._resume_from: CheckpointManifest | None = None
         self._failure: tuple[Classification, str] | None = None
         self._own_pod: tuple[str, str] | None = None  # (namespace, name) once created
+        self._adopted = False  # the grant is an earlier try's, whose running pod the parent re-attaches to
         check_keep_checkpoints(keep_checkpoints)
         check_seconds("reservation_timeout", reservation_timeout)
         check_seconds("lease_ttl", lease_ttl)
@@ -174,18 +176,6 @@ class GpuPodOperator(KubernetesPodOperator):
         """The ledger hook, created on first use (never at parse time)."""
         return GpuPoolHook(self.ledger_conn_id)
 
-    # -- identity -----------------------------------------------------------------------------
-
-    @staticmethod
-    def reservation_id_for(context: Context) -> str:
-        """Return the reservation id of this task try: stable across deferrals, new per retry."""
-        return TaskTry.from_context(context).reservation_id
-
-    @staticmethod
-    def task_key(context: Context) -> str:
-        """Return the task instance's key without the try: what its tries share in the ledger."""
-        return TaskTry.from_context(context).task_key
-
     # -- execute ---------------------------------------------------------------------------------
 
     def execute(self, context: Context) -> Any:
@@ -200,6 +190,13 @@ class GpuPodOperator(KubernetesPodOperator):
         request = self.gpu_request()
         options = self.gpu_hook.options
         task = TaskTry.from_context(context)
+        if task.try_number > 1:
+            earlier = EarlierTries(self.gpu_hook, self.client, self.namespace or "default", self.log)
+            ttl = self.lease_ttl or options.lease_ttl_seconds
+            adopted = earlier.settle(task, durable=bool(self.reattach_on_restart), ttl=ttl)
+            if adopted is not None:
+                self._adopted = True
+                return self._run_granted(context, adopted.reservation_id, adopted.grant)
         rid = task.reservation_id
         timeout = self.reservation_timeout or options.reservation_timeout_seconds
         self.log.info("Reserving %s from the GPU ledger as %s", request.describe(), rid)
@@ -232,9 +229,7 @@ class GpuPodOperator(KubernetesPodOperator):
             if reservation.state is ReservationState.GRANTED and reservation.grant is not None:
                 return reservation.grant
             if reservation.state is ReservationState.TIMED_OUT:
-                raise ReservationTimeoutError(
-                    rid, time.time() - reservation.created_at, [reservation.message]
-                )
+                raise ReservationTimeoutError(rid, reservation.waited_seconds, [reservation.message])
             if reservation.state.ended:
                 raise GpuPoolError(
                     f"reservation {rid} ended as {reservation.state.value}: {reservation.message}"
@@ -252,7 +247,7 @@ class GpuPodOperator(KubernetesPodOperator):
         self.gpu_hook.release(rid, reason=f"reservation {status}")
         if status == ReservationEventStatus.TIMEOUT.value:
             reservation = self.gpu_hook.get(rid)
-            error = ReservationTimeoutError(rid, time.time() - reservation.created_at, [event["message"]])
+            error = ReservationTimeoutError(rid, reservation.waited_seconds, [event["message"]])
             raise self._failed(context, rid, error)
         raise GpuPoolError(f"waiting for reservation {rid} failed: {event['message']}")
 
@@ -331,23 +326,27 @@ class GpuPodOperator(KubernetesPodOperator):
         )
 
     def get_or_create_pod(self, pod_request_obj: k8s.V1Pod, context: Context) -> k8s.V1Pod:
-        """Create (or find) the pod as the parent does, then bind it to the grant in the ledger.
+        """Create (or find) the pod as the parent does, binding it to the grant before and after.
 
-        A bound grant whose lease expires keeps its slice (``orphaned``) while the pod may
-        still run on it. Used by the sync and the deferrable path alike.
+        The grant is bound by name before the pod is created and by uid once it exists, so a
+        worker dying in between leaves an orphan (its slice held), never a pod on a freed
+        slice. A bound grant whose lease expires keeps its slice (``orphaned``) while the pod
+        may still run on it. Used by the sync and the deferrable path alike.
         """
+        rid = self._held_id
+        if rid is not None and not self._adopted:  # an adopted grant is bound to the pod already
+            meta = pod_request_obj.metadata
+            self.gpu_hook.bind_pod(rid, namespace=meta.namespace, name=meta.name)
         pod = super().get_or_create_pod(pod_request_obj, context)
-        if self._held_id is None:
+        if rid is None:
             return pod
         meta = pod.metadata
         if meta is None or not meta.uid:
             # The parent returns the request it sent, without the uid the server gave it.
             meta = self.pod_manager.read_pod(pod).metadata
         self._own_pod = (meta.namespace, meta.name)
-        self.gpu_hook.bind_pod(self._held_id, namespace=meta.namespace, name=meta.name, uid=meta.uid)
-        self.log.info(
-            "GPU slice %s bound to pod %s/%s (uid %s)", self._held_id, meta.namespace, meta.name, meta.uid
-        )
+        self.gpu_hook.bind_pod(rid, namespace=meta.namespace, name=meta.name, uid=meta.uid)
+        self.log.info("GPU slice %s bound to pod %s/%s (uid %s)", rid, meta.namespace, meta.name, meta.uid)
         return pod
 
     def defer(
@@ -374,7 +373,8 @@ class GpuPodOperator(KubernetesPodOperator):
 
     def trigger_reentry(self, context: Context, event: dict[str, Any]) -> Any:
         """Finish the deferred pod like the parent, then release the slice."""
-        rid = TaskTry.from_context(context).reservation_id
+        # An adopted grant keeps the id of the try that made it: the trigger's event carries it.
+        rid = event.get("reservation_id") or TaskTry.from_context(context).reservation_id
         self._held_id = rid
         self._load_escalated_request(context)
         if event.get("status") == LEASE_LOST_STATUS:

@@ -71,7 +71,8 @@ class LeasedPodTrigger(KubernetesPodTrigger):
                 except Exception as e:
                     lost = watch.failed(e)
                     if lost is not None:
-                        self.log.error("%s; the pod %s must go", lost.classification.reason, self.pod_name)
+                        self.log.error("%s; deleting the pod %s", lost.classification.reason, self.pod_name)
+                        await self._delete_pod()
                         return lease_lost_event(lost, self.pod_namespace, self.pod_name)
                     self.log.warning(
                         "Renewing the lease of %s failed; will retry: %s", self.reservation_id, e
@@ -81,6 +82,20 @@ class LeasedPodTrigger(KubernetesPodTrigger):
                 await asyncio.sleep(watch.interval)
         finally:
             await asyncio.to_thread(hook.close)
+
+    async def _delete_pod(self) -> None:
+        """Delete the pod at once, here: the task may wait a while for a worker slot to resume.
+
+        The operator deletes it again when it resumes (idempotent), so a failure here only logs.
+        """
+        try:
+            await self.hook.delete_pod(self.pod_name, self.pod_namespace, grace_period_seconds=0)
+        except Exception:
+            self.log.exception(
+                "Deleting pod %s/%s failed; the task deletes it when it resumes",
+                self.pod_namespace,
+                self.pod_name,
+            )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Watch the pod like the pod trigger, renewing its lease; a lost lease ends the watch first."""
@@ -100,6 +115,9 @@ class LeasedPodTrigger(KubernetesPodTrigger):
                     event = following.result()
                 except StopAsyncIteration:
                     return
+                # The operator resumes on the grant named here: an adopted one keeps its first try's id.
+                if isinstance(event.payload, dict):
+                    event = trigger_event({**event.payload, "reservation_id": self.reservation_id})
                 yield event
         finally:
             renewer.cancel()

@@ -292,26 +292,26 @@ def test_reports_and_health_errors(pool: Any) -> None:
     assert node_json(ledger, "n1")["health"] == "healthy"
 
 
-def test_a_v5_ledger_migrates_to_v6_and_keeps_its_rows(
+def test_a_v6_ledger_migrates_to_v7_and_keeps_its_rows(
     make_ledger: Callable[..., Ledger], ledger_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with monkeypatch.context() as m:
-        m.setattr(migrations, "MIGRATIONS", migrations.MIGRATIONS[:5])
-        m.setattr(migrations, "LATEST", 5)
+        m.setattr(migrations, "MIGRATIONS", migrations.MIGRATIONS[:6])
+        m.setattr(migrations, "LATEST", 6)
         old = make_ledger(concurrent=False)
         old.upsert_nodes([node("n1", gpus=2)])
         old.set_health("n1", "cordoned")
         old.reserve(GpuRequest(), "cpu-only", reservation_id="cpu")
         old.close()
     engine = create_engine(normalize_url(ledger_url))
-    with engine.begin() as conn:  # v1 made the tables as the code has them now: a true v5 lacks these
-        for table, columns in migrations._V6_COLUMNS.items():
+    with engine.begin() as conn:  # v1 made the tables as the code has them now: a true v6 lacks these
+        for table, columns in migrations._V7_COLUMNS.items():
             for column, _ in columns:
                 conn.execute(text(f"ALTER TABLE {table} DROP COLUMN {column}"))
     engine.dispose()
 
     ledger = Ledger(ledger_url)
-    assert ledger.migrate() == list(range(6, migrations.LATEST + 1))
+    assert ledger.migrate() == list(range(7, migrations.LATEST + 1))
     assert ledger.migrate() == []
     (record,) = ledger.snapshot().to_dict()["nodes"]
     assert (record["health"], record["health_source"]) == ("cordoned", "inventory")

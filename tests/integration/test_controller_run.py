@@ -245,3 +245,48 @@ def test_a_failing_step_is_logged_and_retried_at_the_next_pass(
         assert len(failures) == 4
     finally:
         ledger.close()
+
+
+def test_a_pass_longer_than_the_lease_keeps_the_lease_from_a_replica(
+    url: str, k8s: KubernetesEmulatorServer, leases: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    import airflow_gpupool.controller.run as run_module
+
+    real_reconcile = run_module.reconcile
+    in_step, finish_step = threading.Event(), threading.Event()
+
+    def slow_reconcile(*args: Any, **kwargs: Any) -> Any:
+        in_step.set()
+        finish_step.wait(30)  # a pass over a big cluster, longer than the Lease lasts
+        return real_reconcile(*args, **kwargs)
+
+    monkeypatch.setattr(run_module, "reconcile", slow_reconcile)
+    ledger = Ledger(url)
+    core = core_v1_api(k8s.kubeconfig_path)
+    leader = LeaderElector(
+        leases, LeaseSettings("default", "busy", "gpupool-slow", lease_duration=LEASE_SECONDS)
+    )
+    replica = LeaderElector(
+        leases, LeaseSettings("default", "waiting", "gpupool-slow", lease_duration=LEASE_SECONDS)
+    )
+    controller = GpuPoolController(ledger, core, leader, ControllerIntervals(60, 60))
+    stop = threading.Event()
+    thread = threading.Thread(target=controller.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        assert in_step.wait(30)
+        # For three Lease durations the step runs on; the replica never gets the Lease.
+        deadline = time.monotonic() + 3 * LEASE_SECONDS
+        while time.monotonic() < deadline:
+            assert not replica.try_acquire_or_renew(), "the Lease lapsed while the leader's step ran"
+            time.sleep(LEASE_SECONDS / 4)
+        assert leader.is_leader()
+    finally:
+        finish_step.set()
+        stop.set()
+        thread.join(timeout=30)
+        ledger.close()
+    assert not thread.is_alive()
+    assert replica.try_acquire_or_renew()  # released on the way out

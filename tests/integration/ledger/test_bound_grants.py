@@ -54,6 +54,50 @@ def test_a_second_pod_replaces_the_first_and_is_logged(
     assert "uid uid-1" in caplog.text and "uid-2" in caplog.text
 
 
+def test_a_pod_bound_by_name_before_it_exists_is_orphaned_not_freed(
+    ledger: Ledger, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The operator binds by name before creating the pod: a worker dying before the uid is
+    # known must not leave a running pod on a slice the ledger hands out again.
+    ledger.upsert_nodes([node("n1", gpus=1)])
+    ledger.reserve(GpuRequest(gpus=1), "h", ttl=4, reservation_id="gp-1")
+    named = ledger.bind("gp-1", namespace="ml", name="train-1")
+    assert named.grant is not None and named.grant.bound and named.grant.pod_uid is None
+    clock.advance(5)
+    assert ledger.reserve(GpuRequest(gpus=1), "next", reservation_id="gp-2").state is ReservationState.WAITING
+    assert ledger.get("gp-1").state is ORPHANED
+
+    # The uid completes the binding without a warning; a name alone never drops a known uid.
+    with caplog.at_level(logging.WARNING):
+        with_uid = ledger.bind("gp-1", namespace="ml", name="train-1", uid="uid-1")
+        again = ledger.bind("gp-1", namespace="ml", name="train-1")
+    assert "now bound to" not in caplog.text
+    assert with_uid.grant is not None and again.grant is not None
+    assert with_uid.grant.pod_uid == again.grant.pod_uid == "uid-1"
+
+
+def test_adopt_passes_an_orphan_to_the_retry_with_a_new_lease(ledger: Ledger, clock: FakeClock) -> None:
+    ledger.upsert_nodes([node("n1", gpus=2)])
+    first = ledger.reserve(GpuRequest(gpus=1), "dag/t/run/map--1/try-1@w1", ttl=4, reservation_id="gp-1")
+    ledger.bind("gp-1", namespace="ml", name="train-1", uid="uid-1")
+    clock.advance(5)
+    ledger.reap()
+    assert ledger.get("gp-1").state is ORPHANED
+
+    adopted = ledger.adopt("gp-1", "dag/t/run/map--1/try-2@w2", ttl=30)
+
+    assert adopted.state is ReservationState.GRANTED and adopted.holder.endswith("try-2@w2")
+    assert adopted.grant is not None and first.grant is not None
+    assert adopted.grant.gpu_indices == first.grant.gpu_indices and adopted.grant.pod_uid == "uid-1"
+    assert adopted.grant.expires_at == pytest.approx(clock() + 30)
+    assert ledger.check_invariants() == []
+    ledger.release("gp-1", reason="pod succeeded")
+    with pytest.raises(LeaseExpiredError, match="released"):
+        ledger.adopt("gp-1", "dag/t/run/map--1/try-3@w3")
+    with pytest.raises(InvalidRequestError, match="holder"):
+        ledger.adopt("gp-1", "")
+
+
 def test_bind_refuses_unknown_ended_waiting_ids_and_bad_fields(ledger: Ledger) -> None:
     ledger.upsert_nodes([node("n1", gpus=1)])
     ledger.reserve(GpuRequest(gpus=1), "h", reservation_id="gp-1")

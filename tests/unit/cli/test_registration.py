@@ -28,6 +28,7 @@ COMMANDS = {
     "reconcile": [],
     "controller": ["run"],
     "metrics": ["serve"],
+    "quota": ["apply", "list"],
     "agent": ["run"],
     "node": ["quarantine", "release"],
 }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -42,6 +43,23 @@ def pod(name: str, phase: str | None, created: str = "2026-01-01T00:00:00Z") -> 
 )
 def test_verdict(pods: list[dict[str, Any]], now: float, expected: str | None) -> None:
     assert verdict(granted(), pods, now, grace_seconds=300) == expected
+
+
+@pytest.mark.parametrize(
+    ("uid", "now", "expected"),
+    [
+        pytest.param("uid-1", GRANTED_AT + 10, "pod ml/p gone", id="bound-pod-gone"),
+        pytest.param(None, GRANTED_AT + 10, None, id="named-pod-may-be-on-its-way"),
+        pytest.param(None, GRANTED_AT + 300, "no pod for 300s", id="named-pod-never-came"),
+    ],
+)
+def test_verdict_on_a_bound_grant_without_pods(uid: str | None, now: float, expected: str | None) -> None:
+    reservation = granted()
+    assert reservation.grant is not None
+    bound = replace(
+        reservation, grant=replace(reservation.grant, pod_namespace="ml", pod_name="p", pod_uid=uid)
+    )
+    assert verdict(bound, [], now, grace_seconds=300) == expected
 
 
 def test_result_summary_and_dict() -> None:

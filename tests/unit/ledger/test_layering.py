@@ -23,7 +23,7 @@ LAYERS = [
     {"health"},
     {"inventory", "grants", "views"},
     {"ledger"},
-    {"attempts"},
+    {"attempts", "quotas"},
     {"__init__"},
 ]
 RANK = {module: rank for rank, layer in enumerate(LAYERS) for module in layer}

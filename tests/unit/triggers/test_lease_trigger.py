@@ -10,6 +10,7 @@ import datetime
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 
@@ -38,7 +39,10 @@ async def pod_still_running(self: Any) -> AsyncIterator[Any]:
     yield None  # pragma: no cover (never reached)
 
 
-def test_a_released_grant_yields_a_lease_lost_event(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_released_grant_deletes_the_pod_and_yields_a_lease_lost_event(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook
     from airflow.providers.cncf.kubernetes.triggers.pod import KubernetesPodTrigger
 
     url = f"sqlite:///{tmp_path}/ledger.db"
@@ -47,6 +51,9 @@ def test_a_released_grant_yields_a_lease_lost_event(tmp_path: Path, monkeypatch:
     rid = ledger.reserve(GpuRequest(gpus=1), "worker-1", reservation_id="gp-t", ttl=30).id
     ledger.release(rid, reason="taken back")
     monkeypatch.setattr(KubernetesPodTrigger, "run", pod_still_running)
+    # The Kubernetes API is the boundary: the trigger deletes the pod itself, at once.
+    delete_pod = mock.create_autospec(AsyncKubernetesHook.delete_pod)
+    monkeypatch.setattr(AsyncKubernetesHook, "delete_pod", delete_pod)
 
     async def first_event() -> Any:
         events = trigger_for(url, rid).run()
@@ -65,3 +72,4 @@ def test_a_released_grant_yields_a_lease_lost_event(tmp_path: Path, monkeypatch:
         rid,
     )
     assert "it is released" in event.payload["why"]
+    delete_pod.assert_awaited_once_with(mock.ANY, "train-x", "ml", grace_period_seconds=0)
