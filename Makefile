@@ -54,10 +54,14 @@ UI_ENV := AIRFLOW_HOME=$(UI_DIR)/airflow AIRFLOW__CORE__DAGS_FOLDER=$(abspath da
 ui: install
 	mkdir -p $(UI_DIR) && rm -f $(UI_DIR)/kubeconfig
 	$(BIN)/python -m airflow_gpupool.demo --write-nodes $(UI_DIR)/nodes.json
-	$(BIN)/python -m airflow_gpupool.testing.emulator --port $(EMULATOR_PORT) --kubeconfig $(UI_DIR)/kubeconfig \
-		--nodes $(UI_DIR)/nodes.json & emulator=$$!; trap 'kill $$emulator $${controller:-}' EXIT INT TERM; \
+	$(BIN)/python -m airflow_gpupool.demo --write-fake-nvml $(UI_DIR)/nvml  # one fake NVML per GPU node
+	GPUPOOL_FAKE_NVML_DIR=$(UI_DIR)/nvml $(BIN)/python -m airflow_gpupool.testing.emulator --port $(EMULATOR_PORT) --kubeconfig $(UI_DIR)/kubeconfig \
+		--nodes $(UI_DIR)/nodes.json & emulator=$$!; trap 'kill $$emulator $${controller:-} $${agents:-}' EXIT INT TERM; \
 	while [ ! -s $(UI_DIR)/kubeconfig ]; do sleep 0.2; done; \
 	$(UI_ENV) $(BIN)/gpupool inventory sync --url sqlite:///$(UI_DIR)/ledger.db --kubeconfig $(UI_DIR)/kubeconfig \
+	&& for spec in $(UI_DIR)/nvml/*.yaml; do $(UI_ENV) $(BIN)/gpupool agent run --url sqlite:///$(UI_DIR)/ledger.db \
+		--node $$(basename $$spec .yaml) --backend fake --fake-spec $$spec --interval 10 2>>$(UI_DIR)/agents.log & \
+		agents="$${agents:-} $$!"; done \
 	&& { $(UI_ENV) $(BIN)/gpupool controller run --url sqlite:///$(UI_DIR)/ledger.db --kubeconfig $(UI_DIR)/kubeconfig \
 		--sync-interval 30 --reconcile-interval 15 2>$(UI_DIR)/controller.log & controller=$$!; } \
 	&& PATH="$(abspath $(BIN)):$$PATH" $(UI_ENV) $(BIN)/airflow standalone  # it starts `airflow` subcommands from PATH

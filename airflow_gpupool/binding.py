@@ -4,7 +4,8 @@
 - ``mig``: MIG mixed strategy (``nvidia.com/mig-<profile>: 1``); whole GPUs as ``whole``.
 - ``hami``: HAMi vGPU (``nvidia.com/gpu: 1``, ``nvidia.com/gpumem`` MiB, ``nvidia.com/gpucores`` %).
 - ``kai``: KAI scheduler fractions (``gpu-fraction`` annotation, ``kai-scheduler`` scheduler).
-- ``device``: device pinning (``NVIDIA_VISIBLE_DEVICES=<GPU UUIDs>``), no device-plugin resource.
+- ``device``: device pinning (``NVIDIA_VISIBLE_DEVICES=<GPU UUIDs>``), no device-plugin resource;
+  only with UUIDs a node agent verified (:class:`~airflow_gpupool.exceptions.UnverifiedGpuUuidError`).
 
 Every strategy also pins the pod to the granted node (required node affinity on
 ``kubernetes.io/hostname``), which :mod:`airflow_gpupool.operators.pod_spec` adds.
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from airflow_gpupool.exceptions import ConfigurationError
+from airflow_gpupool.exceptions import ConfigurationError, UnverifiedGpuUuidError
 from airflow_gpupool.labels import (
     GPU_RESOURCE,
     HAMI_CORES_RESOURCE,
@@ -53,13 +54,17 @@ class PodBinding:
 
 @dataclass(frozen=True)
 class SliceFacts:
-    """The parts of a grant a binding needs."""
+    """The parts of a grant a binding needs.
+
+    :param gpu_uuids_verified: whether a node agent reported ``gpu_uuids`` (device pinning needs it)
+    """
 
     gpus: int
     gpu_uuids: tuple[str, ...]
     milli_per_gpu: int
     gpu_memory_mib: int
     mig_profile: str | None
+    gpu_uuids_verified: bool = False
 
 
 class SliceBinding:
@@ -140,6 +145,9 @@ class DevicePinningBinding(SliceBinding):
     def bind(self, facts: SliceFacts) -> PodBinding:
         if not facts.gpus:
             return PodBinding(env={"NVIDIA_VISIBLE_DEVICES": "void"})
+        if not facts.gpu_uuids_verified:
+            # The inventory's UUIDs are invented (``gpu-a100-1-gpu0``); a runtime selects none of them.
+            raise UnverifiedGpuUuidError(facts.gpu_uuids)
         return PodBinding(env={"NVIDIA_VISIBLE_DEVICES": ",".join(facts.gpu_uuids)})
 
 

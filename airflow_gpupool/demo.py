@@ -6,8 +6,9 @@ metadata database (SQLite, ``DIR/airflow``), a SQLite GPU ledger, and the Kubern
 ``dag.test()``; its training step crashes once after checkpoint 3 and resumes from it. Airflow's
 own output goes to ``DIR/demo.log``; the summary goes to stdout.
 
-Run with ``python -m airflow_gpupool.demo [--dir DIR]``; ``--write-nodes FILE`` only writes the
-demo cluster's nodes (for ``python -m airflow_gpupool.testing.emulator --nodes FILE``, as ``make
+One fake node agent per GPU node reports to the ledger while the DAG runs (the summary says how
+the nodes stand). Run with ``python -m airflow_gpupool.demo [--dir DIR]``; ``--write-nodes FILE``
+only writes the demo cluster's nodes, ``--write-fake-nvml DIR`` their fake NVML specs (for ``python -m airflow_gpupool.testing.emulator --nodes FILE``, as ``make
 ui`` does). Airflow reads its configuration once, when first imported: this module imports it
 only after setting the environment, so it must not be imported by a process that already did.
 """
@@ -21,8 +22,9 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -31,9 +33,12 @@ from airflow_gpupool.ledger import Ledger
 from airflow_gpupool.ledger.models import Grant, Reservation
 from airflow_gpupool.task_try import TaskTry
 from airflow_gpupool.testing import KubernetesEmulatorServer, gpu_node
+from airflow_gpupool.testing.fake_nvml import node_spec, write_spec
+from airflow_gpupool.testing.gpu_processes import EmulatedGpuProcesses
 
 if TYPE_CHECKING:
     from airflow_gpupool.controller.run import PassResult
+    from airflow_gpupool.resources import NodeInventory
 
 DAG_ID = "gpu_retraining"
 DAGS_FOLDER = Path(__file__).resolve().parent.parent / "dags"
@@ -255,6 +260,7 @@ def summarize(
     p(
         f"\ngrants leaked: {len(snap.grants)}   (queue {len(snap.queue)}, invariant violations {len(violations)})\n"
     )
+    p(node_health_line(snap) + "\n")
     p(f"Checkpoints under {workdir / 'checkpoints'}; Airflow's log in {workdir / 'demo.log'}\n\n")
     p(NEXT_STEPS)
     return state == "success" and not snap.grants and not snap.queue and not violations
@@ -302,12 +308,17 @@ def run_demo(workdir: Path, out: IO[str]) -> bool:
             )
             for node in synced.nodes:
                 out.write(f"    {node.name:<11} pool {node.node_pool:<10} {_gpu_cell(node)}\n")
+            # Issue 17: one fake node agent per GPU node; the kubelet shows running pods' processes.
+            assert k8s.api is not None
+            k8s.api.kubelet.gpus = EmulatedGpuProcesses(write_fake_nvml(synced.nodes, workdir / "nvml"))
+            agents = DemoAgents(ledger, workdir / "nvml", [n.name for n in synced.nodes])
+            out.write(f"  {len(agents.names)} node agents on the fake NVML, one heartbeat a second\n")
             with open(log_path, "a") as log:
                 out.write("  migrating the Airflow database (SQLite) ...\n")
                 migrate_airflow_db(log)
             out.write(f"  running {DAG_ID} with dag.test() (Airflow output in {log_path}) ...\n")
             started = time.monotonic()
-            with output_to(log_path):
+            with output_to(log_path), agents:
                 dag_run = run_dag()
                 seconds = time.monotonic() - started
                 after = controller_pass(ledger, k8s.kubeconfig_path)  # its log lines go to demo.log
@@ -330,6 +341,70 @@ def _gpu_cell(node: Any) -> str:
     return ", ".join(parts)
 
 
+# -- the node agents (issue 17) -------------------------------------------------------------------
+
+
+def write_fake_nvml(nodes: Iterable[NodeInventory], directory: Path) -> Path:
+    """Write one fake NVML spec per GPU node (``DIR/<node>.yaml``, MIG devices included); return ``directory``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for node in nodes:
+        first = node.gpus[0]
+        spec = node_spec(node.name, len(node.gpus), model=first.model, memory_mib=first.memory_mib)
+        for device, gpu in zip(node.gpus, spec["gpus"], strict=True):
+            if device.mig_slices:
+                gpu["mig"] = [
+                    {"uuid": f"MIG-{gpu['uuid'][4:-2]}{k:02d}", "memory_mib": 9856}
+                    for k in range(len(device.mig_slices))
+                ]
+        write_spec(directory / f"{node.name}.yaml", spec)
+    return directory
+
+
+class DemoAgents:
+    """One :class:`~airflow_gpupool.agent.run.NodeAgent` thread per node, on its fake NVML spec."""
+
+    def __init__(self, ledger: Ledger, directory: Path, names: list[str], interval: float = 1.0) -> None:
+        from airflow_gpupool.agent.collect import NvmlCollector
+        from airflow_gpupool.agent.run import NodeAgent
+        from airflow_gpupool.testing.fake_nvml import FakeNvml
+
+        self.names = names
+        self.stop = threading.Event()
+        self.agents = []
+        for name in names:
+            fake = FakeNvml(directory / f"{name}.yaml")
+            collector = NvmlCollector(fake, name, pod_uid_of=fake.pod_uid_of)
+            collector.open()
+            self.agents.append(NodeAgent(collector, ledger, interval))
+        self.threads = [threading.Thread(target=a.run, args=(self.stop,), daemon=True) for a in self.agents]
+
+    def __enter__(self) -> DemoAgents:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(timeout=10)
+        for agent in self.agents:
+            agent.collector.close()
+
+
+def node_health_line(snap: Any) -> str:
+    """Say how the nodes' agents stand: reporting, quarantined (nodes and GPUs), leaks."""
+    reporting = sum(1 for n in snap.nodes if n.heartbeat_at is not None)
+    nodes_out = sum(1 for n in snap.nodes if n.health == "quarantined")
+    gpus_out = sum(1 for n in snap.nodes for g in n.gpus if g.get("health") == "quarantined")
+    leaks = sum(1 for n in snap.nodes for g in n.gpus if g.get("leak"))
+    verified = sum(1 for n in snap.nodes for g in n.gpus if g.get("uuid_verified"))
+    total = sum(len(n.gpus) for n in snap.nodes)
+    return (
+        f"node agents: {reporting} of {len(snap.nodes)} nodes reporting, {verified} of {total} GPU UUIDs verified; "
+        f"quarantined: {nodes_out} nodes, {gpus_out} GPUs; GPU memory leaks: {leaks}"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the demo; return the exit code."""
     parser = argparse.ArgumentParser(prog="python -m airflow_gpupool.demo", description=__doc__)
@@ -337,7 +412,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--write-nodes", metavar="FILE", help="only write the demo cluster's nodes (JSON) and exit"
     )
+    parser.add_argument(
+        "--write-fake-nvml", metavar="DIR", help="only write a fake NVML spec per GPU node into DIR and exit"
+    )
     args = parser.parse_args(argv)
+    if args.write_fake_nvml:
+        from airflow_gpupool.inventory.nodes import node_from_kubernetes
+
+        inventory = [n for n in (node_from_kubernetes(obj) for obj in demo_nodes()) if n is not None]
+        write_fake_nvml(inventory, Path(args.write_fake_nvml))
+        return 0
     if args.write_nodes:
         Path(args.write_nodes).parent.mkdir(parents=True, exist_ok=True)
         Path(args.write_nodes).write_text(json.dumps({"nodes": demo_nodes()}, indent=1))

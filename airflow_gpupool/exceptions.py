@@ -24,6 +24,8 @@ keeps working::
     ├── LedgerUnavailableError             the ledger: the database stayed unreachable past the retry budget
     ├── StaleCacheError                    inside a ledger write only: the capacity copy was wrong; redone
     ├── CheckpointStalledError             CheckpointSensor: no new checkpoint within ``max_interval``
+    ├── UnverifiedGpuUuidError             the ``device`` binding: no node agent has reported the GPUs' UUIDs yet
+    ├── NoGpuError                         the node agent: no NVIDIA driver, GPU or NVML permission on this node
     └── PodFailureError                    GpuPodOperator: a try failed; one subclass per FailureClass
         ├── OutOfMemoryError               OOMKilled, or CUDA out of memory in the log tail
         ├── PreemptedError                 evicted or preempted
@@ -74,6 +76,7 @@ __all__ = [
     "LedgerSchemaError",
     "LedgerUnavailableError",
     "NoCapacityError",
+    "NoGpuError",
     "NodeLostError",
     "OutOfMemoryError",
     "PodFailureError",
@@ -85,6 +88,7 @@ __all__ = [
     "TraceFormatError",
     "UnknownPodFailureError",
     "UnknownReservationError",
+    "UnverifiedGpuUuidError",
 ]
 
 
@@ -423,3 +427,37 @@ class LeaseLostError(PodFailureError):
 
 class UnknownPodFailureError(PodFailureError):
     """The try failed for a reason the pod's status does not tell."""
+
+
+class UnverifiedGpuUuidError(GpuPoolError):
+    """The ``device`` binding was given GPU UUIDs that no node agent has reported.
+
+    Until ``gpupool agent run`` on the node has reported its GPUs, the ledger only has the
+    inventory's UUIDs, which no NVIDIA runtime can select.
+
+    :param uuids: the unverified UUIDs
+    """
+
+    def __init__(self, uuids: Sequence[str]) -> None:
+        self.uuids = tuple(uuids)
+        super().__init__(
+            f"GPU UUIDs {list(self.uuids)} are not verified: no node agent has reported them, so "
+            "NVIDIA_VISIBLE_DEVICES cannot select them; run `gpupool agent run` on the node (the "
+            "nvml-agent DaemonSet) or use another binding (whole, hami, kai) for this node pool"
+        )
+
+
+class NoGpuError(GpuPoolError):
+    """The node agent found no GPU to watch: no driver, no NVML library, no GPU or no permission.
+
+    :param node: the node the agent runs for
+    :param reason: what NVML said, in words
+    """
+
+    def __init__(self, node: str, reason: str) -> None:
+        self.node = node
+        self.reason = reason
+        super().__init__(
+            f"no GPU to watch on node {node}: {reason}; run the agent on GPU nodes only, with the "
+            "NVIDIA container runtime (or --backend fake --fake-spec FILE to try it without a GPU)"
+        )

@@ -179,6 +179,26 @@ def get_provider_info() -> dict[str, Any]:
                         "false",
                         "boolean",
                     ),
+                    # The node agent (issue 17).
+                    "agent_interval_seconds": _option(
+                        "Seconds between two reports (heartbeats) of `gpupool agent run`.", "30"
+                    ),
+                    "missed_heartbeats": _option(
+                        "Heartbeat intervals a node's agent may miss before the controller quarantines the node.",
+                        "3",
+                    ),
+                    "heartbeat_stable_seconds": _option(
+                        "Seconds of steady heartbeats before the controller releases a node it quarantined.",
+                        "90",
+                    ),
+                    "leak_grace_seconds": _option(
+                        "Seconds GPU memory may stay used by processes no live grant holds before it is a leak.",
+                        "60",
+                    ),
+                    "leak_action": _option(
+                        "What a GPU memory leak does: report (status, UI, metric) or quarantine the GPU until clean.",
+                        "report",
+                    ),
                 },
             }
         },

@@ -49,6 +49,12 @@ DEFAULTS: dict[str, str] = {
     "waiter_reap_interval_seconds": "30",
     "wait_fallback_poll_seconds": "60",
     "transaction_pooling": "false",
+    # The node agent (issue 17).
+    "agent_interval_seconds": "30",
+    "missed_heartbeats": "3",
+    "heartbeat_stable_seconds": "90",
+    "leak_grace_seconds": "60",
+    "leak_action": "report",
 }
 
 
@@ -325,3 +331,41 @@ def transaction_pooling() -> bool:
     if raw not in ("true", "false", "on", "off", "1", "0"):
         raise ConfigurationError(f"[{SECTION}] transaction_pooling={raw!r}: expected true or false")
     return raw in ("true", "on", "1")
+
+
+# -- the node agent (issue 17) ------------------------------------------------------------------
+
+
+def agent_interval_seconds() -> float:
+    """``[gpupool] agent_interval_seconds``: how often a node agent reports (default 30)."""
+    return _positive("agent_interval_seconds")
+
+
+def missed_heartbeats() -> int:
+    """``[gpupool] missed_heartbeats``: intervals a node's agent may miss before quarantine (default 3)."""
+    value = _get("missed_heartbeats")
+    try:
+        count = int(value)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise ConfigurationError(f"[gpupool] missed_heartbeats: {value!r} is not a whole number of 1 or more")
+    return count
+
+
+def heartbeat_stable_seconds() -> float:
+    """``[gpupool] heartbeat_stable_seconds``: steady heartbeats before a quarantined node comes back."""
+    return _positive("heartbeat_stable_seconds")
+
+
+def leak_grace_seconds() -> float:
+    """``[gpupool] leak_grace_seconds``: how long GPU memory may stay used with no grant (default 60)."""
+    return _positive("leak_grace_seconds")
+
+
+def leak_action() -> str:
+    """``[gpupool] leak_action``: ``report`` a GPU memory leak, or also ``quarantine`` the GPU."""
+    value = _get("leak_action").strip()
+    if value not in ("report", "quarantine"):
+        raise ConfigurationError(f"[gpupool] leak_action: {value!r}; choose report or quarantine")
+    return value

@@ -5,6 +5,7 @@ Layout under a checkpoint location (any URL that fsspec or Airflow's ObjectStora
     step-000001/...              # whatever the training writes (weights, optimizer state)
     step-000001/manifest.json    # written LAST: {"step": 1, "time": "<ISO 8601>", "metrics": {...}}
     COMPLETE                     # written once the training finished successfully
+    CHECKPOINT_NOW               # written by gpupool: the GPU shows warning signs, checkpoint soon
 
 A step directory without a readable manifest is incomplete (still being written, or the
 writer died) or corrupt; readers skip it.
@@ -23,6 +24,7 @@ from airflow_gpupool.exceptions import CorruptCheckpointError
 
 __all__ = [
     "CHECKPOINT_DIR_ENV",
+    "CHECKPOINT_NOW_MARKER",
     "COMPLETE_MARKER",
     "MANIFEST_NAME",
     "PINS_DIR",
@@ -41,6 +43,9 @@ MANIFEST_NAME = "manifest.json"
 COMPLETE_MARKER = "COMPLETE"
 PINS_DIR = ".gpupool-pins"
 CHECKPOINT_DIR_ENV = "GPUPOOL_CHECKPOINT_DIR"
+#: The early-warning flag (issue 17): the controller writes it when the node agent sees warning
+#: signs on the task's GPU; the training checkpoints at its next safe point, then deletes it.
+CHECKPOINT_NOW_MARKER = "CHECKPOINT_NOW"
 RESUME_ENV = "GPUPOOL_RESUME_FROM"
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")

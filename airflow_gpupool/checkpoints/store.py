@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from airflow_gpupool.checkpoints.manifest import (
+    CHECKPOINT_NOW_MARKER,
     COMPLETE_MARKER,
     MANIFEST_NAME,
     PINS_DIR,
@@ -188,3 +189,27 @@ class CheckpointStore:
             except FileNotFoundError:
                 pass  # another pruner (the sensor, the operator) was first
         return sorted(doomed)
+
+
+# -- the early-warning flag (issue 17) ---------------------------------------------------------
+
+
+def request_checkpoint(
+    store: CheckpointStore, reservation_id: str, reasons: Iterable[str], at: float
+) -> bool:
+    """Write the ``CHECKPOINT_NOW`` flag at the top of a checkpoint location; False if it is there.
+
+    The training reads it at its next safe point, writes a checkpoint and deletes the flag; a flag
+    already present is left alone, so its first reasons (and time) are kept.
+
+    :param reservation_id: the grant whose GPU shows warning signs
+    :param reasons: what the node agent saw (rising correctable ECC errors, a non-fatal XID, heat)
+    :param at: seconds since the epoch
+    """
+    path = store._join(CHECKPOINT_NOW_MARKER)
+    if store.fs.exists(path):
+        return False
+    store.fs.makedirs(store.root, exist_ok=True)
+    body = {"reservation_id": reservation_id, "reasons": list(reasons), "requested_at": at}
+    store.fs.pipe_file(path, json.dumps(body).encode())
+    return True

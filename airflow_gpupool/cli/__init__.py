@@ -13,12 +13,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from airflow_gpupool.cli import (
+    agent,
     bench,
     controller,
     emulator,
     inventory,
     ledger,
     metrics,
+    node,
     quota,
     reconcile,
     simulate,
@@ -44,6 +46,8 @@ _REGISTRARS: tuple[Callable[[Any], None], ...] = (
     controller.register,
     metrics.register,
     quota.register,
+    agent.register,  # issue 17: the node agent
+    node.register,
 )
 
 

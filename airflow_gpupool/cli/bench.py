@@ -12,7 +12,7 @@ from airflow_gpupool.argtypes import integer, number
 from airflow_gpupool.bench import operator_bench
 from airflow_gpupool.cli.common import ledger_url, require_extra, url_arg
 
-__all__ = ["cmd_bench_ledger", "cmd_bench_operator", "cmd_bench_queue", "register"]
+__all__ = ["cmd_bench_heartbeats", "cmd_bench_ledger", "cmd_bench_operator", "cmd_bench_queue", "register"]
 
 
 def cmd_bench_ledger(args: argparse.Namespace) -> int:
@@ -69,6 +69,41 @@ def cmd_bench_queue(args: argparse.Namespace) -> int:
     return 1 if result["violations"] else 0
 
 
+def cmd_bench_heartbeats(args: argparse.Namespace) -> int:
+    """Measure the ledger's cost of node-agent heartbeats next to reserve/release load, and one agent's cost."""
+    from airflow_gpupool.bench.heartbeat_bench import run_heartbeat_bench
+
+    result = run_heartbeat_bench(
+        ledger_url(args),
+        nodes=args.nodes,
+        interval=args.interval,
+        seconds=args.seconds,
+        clients=args.clients,
+        writers=args.writers,
+        rounds_count=args.rounds,
+    )
+    print(json.dumps(result, sort_keys=True) if args.json else json.dumps(result, indent=2, sort_keys=True))
+    return 0
+
+
+def _register_heartbeats(bench: Any) -> None:
+    # Issue 17 (the node agent).
+    p = bench.add_parser(
+        "heartbeats",
+        help="heartbeat write cost beside reserve/release load",
+        description=cmd_bench_heartbeats.__doc__,
+    )
+    url_arg(p)
+    p.add_argument("--nodes", type=int, default=1000, help="nodes sending heartbeats")
+    p.add_argument("--interval", type=float, default=30, help="each node's heartbeat interval, seconds")
+    p.add_argument("--seconds", type=float, default=20, help="measured duration of each phase")
+    p.add_argument("--clients", type=int, default=4, help="reserve/release client processes")
+    p.add_argument("--writers", type=int, default=2, help="heartbeat writer processes")
+    p.add_argument("--rounds", type=int, default=3, help="rounds of the three phases, interleaved")
+    p.add_argument("--json", action="store_true", help="print one JSON line")
+    p.set_defaults(func=cmd_bench_heartbeats)
+
+
 def register(subparsers: Any) -> None:
     """Add ``gpupool bench ledger`` and ``bench operator``.
 
@@ -117,3 +152,4 @@ def register(subparsers: Any) -> None:
     p.add_argument("--pod-seconds", type=number(0), default=0.5, help="how long each emulated pod runs")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_bench_operator)
+    _register_heartbeats(bench)

@@ -3,8 +3,9 @@
 :class:`GpuPoolController` is what ``gpupool controller run`` runs: the one long-running process
 with Kubernetes access. Each sync interval it syncs the cluster's GPU nodes into the ledger
 (:func:`~airflow_gpupool.inventory.sync.sync_inventory`); each reconcile interval it reconciles
-grants with their pods (:func:`~airflow_gpupool.controller.reconcile.reconcile`) and reaps
-expired leases (``Ledger.reap``). It acts only while it holds the Lease
+grants with their pods (:func:`~airflow_gpupool.controller.reconcile.reconcile`), reaps
+expired leases (``Ledger.reap``) and acts on the node agents' heartbeats
+(:func:`~airflow_gpupool.controller.heartbeats.check_heartbeats`). It acts only while it holds the Lease
 (:class:`~airflow_gpupool.controller.leader.LeaderElector`), so replicas never act at once. While
 it runs, a thread of its own renews the Lease every retry period, so a long pass (a big cluster,
 a slow API server) never lets it lapse to a replica mid-step; reconcile also checks before each
@@ -24,6 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from airflow_gpupool.controller.early_warning import request_emergency_checkpoints
+from airflow_gpupool.controller.heartbeats import check_heartbeats
 from airflow_gpupool.controller.reconcile import ReconcileResult, reconcile
 from airflow_gpupool.exceptions import ConfigurationError
 from airflow_gpupool.inventory.sync import SyncResult, sync_inventory
@@ -32,6 +35,7 @@ from airflow_gpupool.validate import positive_seconds
 if TYPE_CHECKING:
     from airflow_gpupool.controller.leader import LeaderElector
     from airflow_gpupool.ledger import Ledger
+    from airflow_gpupool.ledger.health import HeartbeatCheck
     from airflow_gpupool.ledger.models import ReapResult
 
 __all__ = [
@@ -79,6 +83,8 @@ class PassResult:
     synced: SyncResult | None = None
     reconciled: ReconcileResult | None = None
     reaped: ReapResult | None = None
+    heartbeats: HeartbeatCheck | None = None
+    checkpoints_asked: list[str] | None = None
     errors: list[tuple[str, str]] = field(default_factory=list)
 
     def summary(self) -> str:
@@ -93,6 +99,14 @@ class PassResult:
             parts.append(
                 f"reap: {len(r.expired)} expired, {len(r.timed_out)} timed out, {len(r.granted)} granted"
             )
+        h = self.heartbeats
+        if h is not None and (h.quarantined or h.released):
+            parts.append(
+                f"heartbeats: {', '.join(n for n, _ in h.quarantined) or 'none'} quarantined, "
+                f"{', '.join(h.released) or 'none'} released"
+            )
+        if self.checkpoints_asked:
+            parts.append(f"early warning: checkpoint asked of {', '.join(self.checkpoints_asked)}")
         parts += [f"{step} failed: {message}" for step, message in self.errors]
         return "; ".join(parts) or "nothing due"
 
@@ -145,6 +159,13 @@ class GpuPoolController:
                 lambda: reconcile(self.ledger, self.api, still_leading=self.elector.is_leader),
             )
             result.reaped = self._step(result, "reap", self.ledger.reap)
+            # Issue 17: a node whose agent went silent is quarantined, and released once it is back.
+            result.heartbeats = self._step(
+                result, "heartbeats", lambda: check_heartbeats(self.ledger, self.api)
+            )
+            result.checkpoints_asked = self._step(
+                result, "early warning", lambda: request_emergency_checkpoints(self.ledger, self.api)
+            )
         if result.synced or result.reconciled or result.reaped or result.errors:
             log.info("Controller pass (%s): %s", self.elector.identity, result.summary())
         self._log_details(result)

@@ -93,7 +93,8 @@ class CapacityCache:
         # Names of the nodes whose state changed since the last take_changes(); None: unknown.
         self.changed: set[str] | None = None
         self.nodes: dict[str, NodeState] = {}
-        self.gpu_info: dict[tuple[str, int], tuple[str, str]] = {}
+        # (uuid, model, uuid verified by the node agent) by (node, GPU index).
+        self.gpu_info: dict[tuple[str, int], tuple[str, str, bool]] = {}
         self.mig_profiles: dict[tuple[str, str], str] = {}
         self.all_migs: dict[str, dict[int, tuple[tuple[str, str], ...]]] = {}
         self.health: dict[str, str] = {}
@@ -140,6 +141,10 @@ class CapacityCache:
         if not assignment.gpu_indices:
             return None
         return self.gpu_info.get((assignment.node, assignment.gpu_indices[0]), ("", None))[1]
+
+    def mark_stale(self) -> None:
+        """Make the next :meth:`fresh` say no, so the copy is refreshed (by version) before it is used."""
+        self.refreshed_at = -math.inf
 
     def fresh(self, seconds: float) -> bool:
         """Whether the copy was refreshed within the last ``seconds``."""
@@ -209,7 +214,11 @@ class CapacityCache:
         self.all_migs[row["name"]] = {idx: tuple(sorted(s)) for idx, s in all_migs.items()}
         gpus = []
         for g in sorted(gpu_rows, key=lambda r: r["idx"]):
-            self.gpu_info[(row["name"], g["idx"])] = (g["uuid"], g["model"])
+            self.gpu_info[(row["name"], g["idx"])] = (g["uuid"], g["model"], bool(g.get("uuid_verified")))
+            # A quarantined GPU (schema v7) is shown to placement as partitioned with no free MIG
+            # slice: nothing fits it, and grants and releases on it keep it so (they never change
+            # ``partitioned``), while its free columns stay what its grants leave.
+            quarantined = g.get("health", "healthy") != "healthy"
             gpus.append(
                 GpuState(
                     index=g["idx"],
@@ -217,8 +226,8 @@ class CapacityCache:
                     memory_mib=g["memory_mib"],
                     free_milli=g["free_milli"],
                     free_memory_mib=g["free_memory_mib"],
-                    mig_free=tuple(sorted(free_migs.get(g["idx"], ()))),
-                    partitioned=bool(g["partitioned"]),
+                    mig_free=() if quarantined else tuple(sorted(free_migs.get(g["idx"], ()))),
+                    partitioned=bool(g["partitioned"]) or quarantined,
                 )
             )
         self.health[row["name"]] = row["health"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection, Row, delete, insert, select, update
@@ -19,6 +19,7 @@ from sqlalchemy import Connection, Row, delete, insert, select, update
 from airflow_gpupool.exceptions import InvalidInventoryError
 from airflow_gpupool.ledger import schema
 from airflow_gpupool.ledger.cycle import Held, WriteCycle, delete_node, held_on_node
+from airflow_gpupool.ledger.health import outranks
 from airflow_gpupool.ledger.store import LOGGER_NAME, LedgerStore, Tx
 from airflow_gpupool.resources import MILLI_PER_GPU, NodeHealth, NodeInventory, WorkloadClass
 
@@ -76,16 +77,30 @@ class LedgerInventory:
     def _upsert_node(self, tx: Tx, node: NodeInventory) -> str:
         conn = tx.conn
         existing = conn.execute(select(schema.nodes).where(schema.nodes.c.name == node.name)).first()
+        old_gpus = {
+            r.idx: r for r in conn.execute(select(schema.gpus).where(schema.gpus.c.node == node.name))
+        }
         gpu_rows = [
-            {"node": node.name, "idx": g.index, "uuid": g.uuid, "model": g.model, "memory_mib": g.memory_mib}
+            {
+                "node": node.name,
+                "idx": g.index,
+                "uuid": g.uuid,
+                "model": g.model,
+                "memory_mib": g.memory_mib,
+                **_agent_columns(node.name, g.uuid, old_gpus.get(g.index)),
+            }
             for g in node.gpus
         ]
+        # Inventory sync never undoes a health set by the agent, the controller or an admin.
+        health, source = node.health.value, "inventory"
+        if existing is not None and not outranks("inventory", existing.health_source, existing.health):
+            health, source = existing.health, existing.health_source
         mig_rows = [
             {"node": node.name, "slice_id": s.slice_id, "gpu_idx": g.index, "profile": s.profile}
             for g in node.gpus
             for s in g.mig_slices
         ]
-        if existing is not None and _same_inventory(conn, existing, node, gpu_rows, mig_rows):
+        if existing is not None and _same_inventory(conn, existing, node, health, gpu_rows, mig_rows):
             return "unchanged"
         held = held_on_node(self._store, conn, node.name)
         _check_not_losing_grants(node, held, mig_rows)
@@ -100,7 +115,8 @@ class LedgerInventory:
             "memory_free": node.memory_mib - mem_used,
             "labels": json.dumps(dict(node.labels), sort_keys=True),
             "node_pool": node.node_pool,
-            "health": node.health.value,
+            "health": health,
+            "health_source": source,
             "n_training": training,
             "n_inference": inference,
             "updated_at": tx.now,
@@ -138,30 +154,6 @@ class LedgerInventory:
 
         return self._cycle.write(run)
 
-    def set_health(self, name: str, health: NodeHealth | str) -> None:
-        """Set a node's health; only ``healthy`` nodes take new grants."""
-        try:
-            value = NodeHealth(health).value
-        except ValueError:
-            raise InvalidInventoryError("health", health, f"one of {[h.value for h in NodeHealth]}") from None
-
-        def run(tx: Tx) -> None:
-            # Any health but draining cancels a pending removal: the operator wants the node back.
-            changed = tx.conn.execute(
-                update(schema.nodes)
-                .where(schema.nodes.c.name == name)
-                .values(
-                    health=value, version=tx.version, remove_when_drained=value == NodeHealth.DRAINING.value
-                )
-            ).rowcount
-            if not changed:
-                raise InvalidInventoryError("node", name, "a node of the inventory")
-            tx.dirty, tx.exact = True, False
-            tx.nodes[name] = replace(tx.nodes[name], schedulable=value == NodeHealth.HEALTHY.value)
-            self._cycle.serve(tx)
-
-        self._cycle.write(run)
-
     def heartbeat(self, name: str, at: float | None = None) -> None:
         """Record that a node's agent is alive."""
 
@@ -175,10 +167,42 @@ class LedgerInventory:
         self._cycle.write(run)
 
 
+def _agent_columns(node: str, uuid: str, old: Row[Any] | None) -> dict[str, Any]:
+    """What the node agent and health sources set on a GPU, kept across an inventory upsert."""
+    if old is None:
+        return {
+            "uuid_verified": False,
+            "bus_id": None,
+            "health": "healthy",
+            "health_source": "inventory",
+            "health_reason": None,
+        }
+    kept = {
+        "health": old.health,
+        "health_source": old.health_source,
+        "health_reason": old.health_reason,
+        "bus_id": old.bus_id,
+    }
+    if old.uuid_verified:
+        if uuid != old.uuid and uuid.startswith(("GPU-", "MIG-")):
+            log.warning(
+                "Node %s: inventory says GPU %s, the node agent verified %s; keeping %s",
+                node,
+                uuid,
+                old.uuid,
+                old.uuid,
+            )
+        kept.update(uuid=old.uuid, uuid_verified=True)
+    else:
+        kept["uuid_verified"] = False
+    return kept
+
+
 def _same_inventory(
     conn: Connection,
     existing: Row[Any],
     node: NodeInventory,
+    health: str,
     gpu_rows: list[dict[str, Any]],
     mig_rows: list[dict[str, Any]],
 ) -> bool:
@@ -187,7 +211,7 @@ def _same_inventory(
         and existing.memory_mib == node.memory_mib
         and json.loads(existing.labels) == dict(node.labels)
         and existing.node_pool == node.node_pool
-        and existing.health == node.health.value
+        and existing.health == health
         and not existing.remove_when_drained
     )
     if not same_node:

@@ -35,9 +35,11 @@ from sqlalchemy import Connection
 
 from airflow_gpupool import settings
 from airflow_gpupool.binding import check_binding_name
+from airflow_gpupool.ledger.agent_report import NodeReport
 from airflow_gpupool.ledger.cycle import WriteCycle
 from airflow_gpupool.ledger.engine import transient_retry
 from airflow_gpupool.ledger.grants import ConcurrentGrants, LedgerGrants, PodBinding, ReserveArgs, bind_pod
+from airflow_gpupool.ledger.health import HeartbeatCheck, HeartbeatResult, LedgerHealth
 from airflow_gpupool.ledger.inventory import InventoryChange, LedgerInventory
 from airflow_gpupool.ledger.models import (
     LedgerSnapshot,
@@ -137,6 +139,7 @@ class Ledger:
         path = self._store.concurrent
         self._concurrent = ConcurrentGrants(self._store, path, self._cycle) if path is not None else None
         self._views = LedgerViews(self._store, self._cycle)
+        self._health = LedgerHealth(self._store, self._cycle)
 
     @property
     def display_url(self) -> str:
@@ -227,16 +230,62 @@ class Ledger:
         """Remove a node: ``removed``, ``draining`` (live grants keep it until released) or ``absent``."""
         return self._inventory.remove_node(name)
 
-    def set_health(self, name: str, health: NodeHealth | str) -> None:
-        """Set a node's health; only ``healthy`` nodes take new grants.
+    def set_health(
+        self, name: str, health: NodeHealth | str, *, source: str = "admin", reason: str = ""
+    ) -> bool:
+        """Set a node's health as ``source``; only ``healthy`` nodes take new grants.
 
-        :raises InvalidInventoryError: unknown node or health value
+        A source changes only a health set by a source of its rank or lower (admin > agent and
+        controller > inventory, see :mod:`~airflow_gpupool.ledger.health`).
+
+        :returns: whether it changed; False when a higher source set the health
+        :raises InvalidInventoryError: unknown node, health value or source
         """
-        self._inventory.set_health(name, health)
+        return self._health.set_node_health(name, health, source=source, reason=reason)
+
+    def set_gpu_health(
+        self, node: str, gpu: str, health: NodeHealth | str, *, source: str = "admin", reason: str = ""
+    ) -> bool:
+        """Set one GPU's health (by UUID or index) as ``source``; a quarantined GPU takes no new grants.
+
+        :returns: whether it changed; False when a higher source set the health
+        :raises InvalidInventoryError: unknown node or GPU, a health other than healthy or quarantined
+        """
+        return self._health.set_gpu_health(node, gpu, health, source=source, reason=reason)
 
     def heartbeat(self, name: str, at: float | None = None) -> None:
-        """Record that a node's agent is alive."""
+        """Record that a node's agent is alive (no report; see :meth:`record_report`)."""
         self._inventory.heartbeat(name, at)
+
+    def record_report(
+        self,
+        report: NodeReport,
+        *,
+        missed_heartbeats: int | None = None,
+        leak_grace_seconds: float | None = None,
+        leak_action: str | None = None,
+    ) -> HeartbeatResult:
+        """Store a node agent's heartbeat and report: verify UUIDs, quarantine failing GPUs, find leaks.
+
+        :raises InvalidInventoryError: the node is not in the inventory, or a bad leak action
+        """
+        return self._health.record_report(
+            report,
+            missed=missed_heartbeats if missed_heartbeats is not None else settings.missed_heartbeats(),
+            leak_grace_s=leak_grace_seconds
+            if leak_grace_seconds is not None
+            else settings.leak_grace_seconds(),
+            leak_action=leak_action or settings.leak_action(),
+        )
+
+    def check_heartbeats(
+        self, *, missed_heartbeats: int | None = None, stable_seconds: float | None = None
+    ) -> HeartbeatCheck:
+        """Quarantine nodes whose agent stopped for ``missed_heartbeats`` intervals; release recovered ones."""
+        return self._health.check_heartbeats(
+            missed=missed_heartbeats if missed_heartbeats is not None else settings.missed_heartbeats(),
+            stable_s=stable_seconds if stable_seconds is not None else settings.heartbeat_stable_seconds(),
+        )
 
     # -- reservations ---------------------------------------------------------------------
 

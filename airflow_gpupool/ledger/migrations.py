@@ -13,10 +13,11 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from alembic.operations import Operations
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import Column, Connection, Engine, insert, inspect, select, update
+from sqlalchemy import Column, Connection, Engine, insert, inspect, select, text, update
 
 from airflow_gpupool.exceptions import LedgerSchemaError
 from airflow_gpupool.ledger import pg_functions, schema
@@ -78,6 +79,51 @@ def _v6(op: Operations, conn: Connection) -> None:
     schema.metadata.create_all(conn, tables=[schema.quotas])  # checkfirst: v1 may have made it
 
 
+# The columns v7 adds (the node agent), with the value existing rows get.
+_V7_COLUMNS: dict[str, tuple[tuple[str, object], ...]] = {
+    schema.nodes.name: (
+        ("health_source", "inventory"),
+        ("health_reason", None),
+        ("heartbeat_interval", None),
+        ("heartbeat_streak_since", None),
+        ("agent_state", None),
+    ),
+    schema.gpus.name: (
+        ("uuid_verified", False),
+        ("bus_id", None),
+        ("health", "healthy"),
+        ("health_source", "inventory"),
+        ("health_reason", None),
+    ),
+}
+
+
+def _v7(op: Operations, conn: Connection) -> None:
+    # v1 creates the tables as the code has them now, so a column may already exist.
+    for table_name, columns in _V7_COLUMNS.items():
+        table = schema.metadata.tables[table_name]
+        present = {c["name"] for c in inspect(conn).get_columns(table_name)}
+        for name, default in columns:
+            if name in present:
+                continue
+            column = table.c[name]
+            server_default = None if default is None else sql_literal(default)
+            op.add_column(
+                table_name,
+                Column(name, column.type, nullable=column.nullable, server_default=server_default),
+            )
+    if conn.dialect.name == "postgresql":  # the concurrent grant skips quarantined GPUs
+        pg_functions.reinstall(conn)
+
+
+def sql_literal(value: object) -> Any:
+    """Return the server default that fills a migrated column on existing rows (a SQL literal)."""
+    if isinstance(value, bool):
+        # SQLite stores booleans as integers; PostgreSQL accepts '0'/'1' for booleans too.
+        return text("'1'" if value else "'0'")
+    return text(f"'{value}'")
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial schema: inventory, reservations, queue", _v1),
     Migration(2, "task attempts: failure class, next request and escalation per task try", _v2),
@@ -87,6 +133,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         5, "PostgreSQL: the concurrent path measures leases and deadlines on the database's clock", _v5
     ),
     Migration(6, "team quotas per resource flavor, with borrowing and lending limits", _v6),
+    Migration(7, "node agent: heartbeats with reports, health with a source, verified GPU UUIDs", _v7),
 )
 LATEST = MIGRATIONS[-1].version
 

@@ -46,6 +46,8 @@ class Grant:
     """The slice a reservation holds.
 
     :param gpu_uuids: the UUIDs of ``gpu_indices``, for device pinning
+    :param gpu_uuids_verified: whether a node agent reported every one of ``gpu_uuids`` (until
+        then they are the inventory's, which no NVIDIA runtime may know)
     :param mig_profile: the MIG profile of ``mig_slice``, for MIG requests
     :param pod_name: the pod bound to the grant (with ``pod_namespace``, ``pod_uid`` and
         ``bound_at``); None while no pod was asked for. The operator binds the pod by name just
@@ -69,6 +71,7 @@ class Grant:
     pod_name: str | None = None
     pod_uid: str | None = None
     bound_at: float | None = None
+    gpu_uuids_verified: bool = False
 
     @property
     def bound(self) -> bool:
@@ -169,6 +172,9 @@ class NodeRecord:
     memory_free: int
     heartbeat_at: float | None
     gpus: tuple[dict[str, Any], ...]
+    health_source: str = "inventory"
+    health_reason: str | None = None
+    heartbeat_interval: float | None = None
 
 
 @dataclass(frozen=True)
@@ -207,6 +213,11 @@ class LedgerSnapshot:
                     "memory_mib": n.memory_mib,
                     "memory_free": n.memory_free,
                     "heartbeat_at": n.heartbeat_at,
+                    "health_source": n.health_source,
+                    "health_reason": n.health_reason,
+                    "heartbeat_age_s": None
+                    if n.heartbeat_at is None
+                    else max(0.0, self.taken_at - n.heartbeat_at),
                     "gpus": [{k: v for k, v in g.items() if k != "node"} for g in n.gpus],
                 }
                 for n in self.nodes
@@ -214,4 +225,11 @@ class LedgerSnapshot:
             "grants": [r.to_dict() for r in self.grants],
             "queue": [r.to_dict() for r in self.queue],
             "orphaned": [r.id for r in self.grants if r.state is ReservationState.ORPHANED],
+            # The node agent's GPU memory leaks past their grace (schema v7).
+            "leaks": [
+                {"node": n.name, "gpu": g["uuid"], **g["leak"]}
+                for n in self.nodes
+                for g in n.gpus
+                if g.get("leak")
+            ],
         }

@@ -1,4 +1,5 @@
-"""PostgreSQL functions of the ledger's concurrent path (schema v3; v5 measures on the database's clock).
+"""PostgreSQL functions of the ledger's concurrent path (schema v3; v5 measures on the database's clock;
+v7 skips quarantined GPUs).
 
 A grant or release that needs no queue decision does not have to wait for every other
 writer: it takes the ledger lock in *shared* mode, locks only its node's row, and commits
@@ -69,7 +70,8 @@ BEGIN
     IF p_slice IS NOT NULL THEN
         SELECT slice_id, gpu_idx INTO taken_slice, v_gpu FROM gpupool_mig_slices
         WHERE node = p_node AND holder IS NULL AND profile = p_profile
-          AND gpu_idx IN (SELECT idx FROM gpupool_gpus WHERE node = p_node AND model = p_model)
+          AND gpu_idx IN (SELECT idx FROM gpupool_gpus WHERE node = p_node AND model = p_model
+                          AND health = 'healthy')
         ORDER BY slice_id = p_slice DESC, gpu_idx, slice_id
         LIMIT 1;
         IF NOT FOUND THEN
@@ -80,7 +82,7 @@ BEGIN
     ELSIF cardinality(p_indices) > 0 THEN
         SELECT array_agg(idx ORDER BY idx) INTO taken_indices FROM (
             SELECT idx FROM gpupool_gpus
-            WHERE node = p_node AND NOT partitioned AND model = p_model
+            WHERE node = p_node AND NOT partitioned AND model = p_model AND health = 'healthy'
               AND free_milli >= p_milli AND free_memory_mib >= p_gmem
             ORDER BY idx = ANY (p_indices) DESC, free_milli, idx
             LIMIT cardinality(p_indices)

@@ -52,15 +52,16 @@ def build_grant(
     request: GpuRequest,
     *,
     node_pool: str,
-    gpu_info: Mapping[int, tuple[str, str]],
+    gpu_info: Mapping[int, tuple[str, str, bool]],
     granted_at: float,
     expires_at: float,
 ) -> Grant:
     """Return the grant of ``assignment``.
 
-    :param gpu_info: ``(uuid, model)`` by GPU index on the assignment's node
+    :param gpu_info: ``(uuid, model, uuid verified)`` by GPU index on the assignment's node
     """
     indices = assignment.gpu_indices
+    verified = bool(indices) and all(i in gpu_info and gpu_info[i][2] for i in indices)
     return Grant(
         node=assignment.node,
         node_pool=node_pool,
@@ -73,6 +74,7 @@ def build_grant(
         mig_profile=request.mig_profile if assignment.mig_slice is not None else None,
         granted_at=granted_at,
         expires_at=expires_at,
+        gpu_uuids_verified=verified,
     )
 
 
@@ -80,8 +82,10 @@ def grant_of(conn: Connection, row: Row[Any], request: GpuRequest) -> Grant:
     """Return the grant a reservation row holds (or held), with its node's GPUs as they are now."""
     gpus = schema.gpus.c
     info = {
-        g.idx: (g.uuid, g.model)
-        for g in conn.execute(select(gpus.idx, gpus.uuid, gpus.model).where(gpus.node == row.node))
+        g.idx: (g.uuid, g.model, bool(g.uuid_verified))
+        for g in conn.execute(
+            select(gpus.idx, gpus.uuid, gpus.model, gpus.uuid_verified).where(gpus.node == row.node)
+        )
     }
     pool = conn.execute(select(schema.nodes.c.node_pool).where(schema.nodes.c.name == row.node)).scalar()
     grant = build_grant(

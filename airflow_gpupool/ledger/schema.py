@@ -58,6 +58,13 @@ nodes = Table(
     Column("heartbeat_at", Float, nullable=True),
     Column("updated_at", Float, nullable=False),
     Column("version", BigInteger, nullable=False),
+    # Schema v7 (the node agent): who set the health and why; the agent's interval, since when
+    # its heartbeats have come without a gap, and its last report with the ledger's judgement.
+    Column("health_source", String(16), nullable=False, default="inventory"),
+    Column("health_reason", Text, nullable=True),
+    Column("heartbeat_interval", Float, nullable=True),
+    Column("heartbeat_streak_since", Float, nullable=True),
+    Column("agent_state", Text, nullable=True),
 )
 Index("ix_gpupool_nodes_version", nodes.c.version)
 
@@ -72,6 +79,13 @@ gpus = Table(
     Column("free_milli", Integer, nullable=False),
     Column("free_memory_mib", BigInteger, nullable=False),
     Column("partitioned", Boolean, nullable=False, default=False),
+    # Schema v7: the UUID is verified once the node agent reported it (matched by index and PCI
+    # bus id); a GPU's own health (an XID, lost, ECC) beside its node's.
+    Column("uuid_verified", Boolean, nullable=False, default=False),
+    Column("bus_id", String(32), nullable=True),
+    Column("health", String(32), nullable=False, default="healthy"),
+    Column("health_source", String(16), nullable=False, default="inventory"),
+    Column("health_reason", Text, nullable=True),
     ForeignKeyConstraint(["node"], ["gpupool_nodes.name"], ondelete="CASCADE"),
 )
 

@@ -144,10 +144,27 @@ def _loaded_cache(conn: Connection) -> CapacityCache:
     return cache
 
 
+#: What the node agent's last report says of each GPU, shown beside the GPU's own columns.
+_OBSERVED = ("memory_used_mib", "utilization", "leak", "processes", "warnings", "usage", "idle")
+
+
+def _observed(agent_state: str | None) -> dict[int, dict[str, Any]]:
+    """The ledger's judgement of each GPU at the last heartbeat (see ``ledger/health.py``)."""
+    if not agent_state:
+        return {}
+    gpus = json.loads(agent_state).get("gpus") or {}
+    return {int(idx): {k: g.get(k) for k in _OBSERVED} for idx, g in gpus.items()}
+
+
 def _node_records(conn: Connection) -> tuple[NodeRecord, ...]:
     gpu_rows: dict[str, list[dict[str, Any]]] = {}
     for g in conn.execute(select(schema.gpus).order_by(schema.gpus.c.node, schema.gpus.c.idx)):
         gpu_rows.setdefault(g.node, []).append(dict(g._mapping))
+    nodes = conn.execute(select(schema.nodes).order_by(schema.nodes.c.name)).all()
+    for row in nodes:
+        observed = _observed(row.agent_state)
+        for gpu in gpu_rows.get(row.name, ()):
+            gpu.update(observed.get(gpu["idx"], dict.fromkeys(_OBSERVED)))
     return tuple(
         NodeRecord(
             name=row.name,
@@ -160,6 +177,9 @@ def _node_records(conn: Connection) -> tuple[NodeRecord, ...]:
             memory_free=row.memory_free,
             heartbeat_at=row.heartbeat_at,
             gpus=tuple(gpu_rows.get(row.name, ())),
+            health_source=row.health_source,
+            health_reason=row.health_reason,
+            heartbeat_interval=row.heartbeat_interval,
         )
-        for row in conn.execute(select(schema.nodes).order_by(schema.nodes.c.name))
+        for row in nodes
     )

@@ -42,6 +42,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from airflow_gpupool.metrics.agent import agent_metrics
 from airflow_gpupool.metrics.stats import WAIT_BUCKETS
 from airflow_gpupool.redact import redact_url, scrub
 from airflow_gpupool.resources import MILLI_PER_GPU
@@ -313,5 +314,6 @@ class GpuPoolCollector:
             yield up
             return
         yield from families
+        yield from agent_metrics(snapshot)  # issue 17: the node agents' reports
         up.add_metric([], 1)
         yield up

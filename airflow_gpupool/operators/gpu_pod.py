@@ -343,6 +343,7 @@ class GpuPodOperator(UnschedulableFailFast, KubernetesPodOperator):
             milli_per_gpu=grant.milli_per_gpu,
             gpu_memory_mib=grant.gpu_memory_mib,
             mig_profile=grant.mig_profile,
+            gpu_uuids_verified=grant.gpu_uuids_verified,  # issue 17 (agent): device pinning checks it
         )
         return pin_pod(
             pod,

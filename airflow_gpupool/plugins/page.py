@@ -118,9 +118,24 @@ def gpu_html(
     mem = f"{int(gpu['memory_mib']) // 1024} GiB"
     return (
         f'<div class="gpu" data-node="{escape(node.name)}" data-gpu="{idx}">'
-        f'<div class="gpu-label">GPU {idx} · {escape(str(gpu["model"]))} · {mem}{mig}</div>'
+        f'<div class="gpu-label">GPU {idx} · {escape(str(gpu["model"]))} · {mem}{mig}{_observed(gpu)}</div>'
         f'<div class="bar">{"".join(segments)}</div></div>'
     )
+
+
+def _observed(gpu: Mapping[str, Any]) -> str:
+    """What the node agent last saw on a GPU (issue 17): use, an unverified UUID, quarantine, a leak."""
+    parts = []
+    if gpu.get("utilization") is not None:
+        parts.append(f"{gpu['utilization']}% busy, {gpu.get('memory_used_mib')} MiB used")
+    if not gpu.get("uuid_verified"):
+        parts.append("UUID unverified")
+    if gpu.get("health", "healthy") != "healthy":
+        parts.append(f'<span class="badge h-quarantined">{escape(str(gpu["health"]))}</span>')
+    leak = gpu.get("leak")
+    if isinstance(leak, dict):
+        parts.append(f'<span class="badge h-quarantined">leak {leak.get("memory_mib")} MiB</span>')
+    return "".join(f" · {p}" for p in parts)
 
 
 def node_html(node: NodeRecord, snapshot: LedgerSnapshot, ui_base: str) -> str:
@@ -151,7 +166,7 @@ def node_html(node: NodeRecord, snapshot: LedgerSnapshot, ui_base: str) -> str:
     return (
         f'<article class="node health-{health}" data-node="{escape(node.name)}">'
         f'<header><h3>{escape(node.name)}</h3><span class="badge pool">{escape(node.node_pool)}</span>'
-        f'<span class="badge h-{health}">{health}</span></header>'
+        f'<span class="badge h-{health}" title="set by {escape(node.health_source)}">{health}</span></header>'
         f'<div class="meta">CPU {node.cpu_free / 1000:g}/{node.cpu_milli / 1000:g} free · '
         f"memory {node.memory_free // 1024}/{node.memory_mib // 1024} GiB free · {beat}</div>"
         f"{gpus or '<div class=meta>no GPUs</div>'}</article>"

@@ -30,6 +30,7 @@ from airflow_gpupool.testing.failures import (
     mark_unreachable,
     plan_interruption,
 )
+from airflow_gpupool.testing.gpu_processes import EmulatedGpuProcesses
 from airflow_gpupool.testing.kinds import EVENTS, NODES, PODS
 from airflow_gpupool.testing.logs import LogBook
 from airflow_gpupool.testing.pod_events import pod_event
@@ -76,6 +77,8 @@ class SimulatedKubelet:
         self._background: set[asyncio.Task[None]] = set()
         # pod history (tests/integration/multiworker): who ran on which GPU, when
         self.history = PodHistory()
+        #: The fake NVML a running pod's GPUs show processes in (issue 17; off without a directory).
+        self.gpus = EmulatedGpuProcesses()
 
     # -- wiring ------------------------------------------------------------------------------
 
@@ -144,6 +147,7 @@ class SimulatedKubelet:
         self.logs.finish_pod(uid)
         self.history.ended(uid, "Deleted")  # pod history
         node = self._running.pop(uid, None)
+        self.gpus.ended(self.api.get_object(PODS, namespace, name), uid, node)
         if node is not None:
             involved = {"metadata": {"name": name, "namespace": namespace, "uid": uid}}
             await self.event(involved, "Normal", "Killing", "Stopping container", "kubelet", node)
@@ -341,6 +345,7 @@ class SimulatedKubelet:
         pod_ip = f"10.244.{self._next_ip // 250}.{self._next_ip % 250 + 2}"
         self._running[uid] = node
         self.history.started(uid, node)  # pod history
+        self.gpus.started(pod, node)
         return await self.api.update_object(PODS, namespace, name, lambda p: mark_running(p, pod_ip))
 
     async def _work(self, pod: dict[str, Any], uid: str, node: str, behaviour: PodBehaviour) -> Outcome:
@@ -381,6 +386,7 @@ class SimulatedKubelet:
         self._running.pop(uid, None)
         pod = await self.api.update_object(PODS, namespace, name, lambda p: terminate(p, outcome))
         self.history.ended(uid, str(((pod or {}).get("status") or {}).get("phase", "Failed")))  # pod history
+        self.gpus.ended(pod, uid, node)
         self.logs.finish_pod(uid)
         if pod is not None:
             for kind, reason, message, component in outcome.events:

@@ -33,6 +33,11 @@ def test_demo_runs_the_retraining_dag_and_summarizes_it(tmp_path: Path) -> None:
     assert re.search(r"^  train try 1 +gpu-a100-\d .* released$", out, re.MULTILINE), out
     assert re.search(r"^  evaluate try 1 +gpu-t4 +GPU \d: 250 milli-GPU", out, re.MULTILINE), out
     assert "grants leaked: 0 " in out and "invariant violations 0" in out
+    # One fake node agent per GPU node reported while the DAG ran (issue 17).
+    assert (
+        "node agents: 4 of 4 nodes reporting, 11 of 11 GPU UUIDs verified; "
+        "quarantined: 0 nodes, 0 GPUs; GPU memory leaks: 0" in out
+    ), out
     assert "make ui" in out and "postgresql://" in out
     assert "INFO" not in out, "Airflow's logs belong in demo.log"
     assert (tmp_path / "demo" / "demo.log").stat().st_size > 0

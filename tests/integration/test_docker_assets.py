@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from airflow_gpupool import settings
+from airflow_gpupool.cli import build_parser
 from airflow_gpupool.operators.pod_spec import GPU_TOLERATION
 from tests.skips import skip_or_fail
 
@@ -238,6 +239,15 @@ def _rules() -> dict[str, dict[str, Any]]:
         ("GpuPoolNodeQuarantined", 'gpupool_node_health{health="quarantined"} == 1', "10m", "warning"),
         ("GpuPoolLedgerDown", "gpupool_ledger_up == 0", "2m", "critical"),
         ("GpuPoolMetricsAbsent", "absent(gpupool_ledger_up)", "5m", "critical"),
+        (
+            "GpuPoolGpuUtilizationHigh",
+            "avg by (node_pool) (gpupool_gpu_utilization_ratio) > 0.9",
+            "5m",
+            "warning",
+        ),
+        ("GpuPoolGpuMemoryLeak", "gpupool_gpu_memory_leak_mib > 0", "0s", "warning"),
+        ("GpuPoolGpuQuarantined", 'gpupool_gpu_health{health="quarantined"} == 1', "1m", "warning"),
+        ("GpuPoolGrantIdle", "gpupool_grant_idle_seconds > 1800", "0s", "info"),
     ],
 )
 def test_alert_rule(alert: str, expr: str, for_: str, severity: str) -> None:
@@ -253,6 +263,10 @@ def test_alert_rule(alert: str, expr: str, for_: str, severity: str) -> None:
 def test_alert_rules_are_exactly_these() -> None:
     assert sorted(_rules()) == [
         "GpuPoolAllocationHigh",
+        "GpuPoolGpuMemoryLeak",
+        "GpuPoolGpuQuarantined",
+        "GpuPoolGpuUtilizationHigh",
+        "GpuPoolGrantIdle",
         "GpuPoolLedgerDown",
         "GpuPoolMetricsAbsent",
         "GpuPoolNodeHeartbeatMissing",
@@ -682,10 +696,16 @@ def test_nvml_agent_daemonset() -> None:
     assert container.resources.limits == {"cpu": "200m", "memory": "256Mi"}
     # The agent watches GPUs through NVML; requesting one would take it away from the pool.
     assert not any(key.startswith("nvidia.com/") for key in container.resources.limits)
-    assert (
-        "PLACEHOLDER: `gpupool agent run` is built by a later issue"
-        in (KUBERNETES / "nvml-agent-daemonset.yaml").read_text()
-    )
+    # The real agent (issue 17): its own command line, the NVIDIA runtime, the host's pids.
+    assert container.args == ["--node", "$(NODE_NAME)", "--interval", "30"]
+    parsed = build_parser().parse_args(["agent", "run", "--node", "n1", "--interval", "30"])
+    assert (parsed.node, parsed.interval) == ("n1", 30.0)
+    assert spec.runtime_class_name == "nvidia"
+    assert spec.host_pid is True  # process -> cgroup -> pod uid needs the host's /proc
+    assert not container.security_context.privileged and container.security_context.capabilities.drop == [
+        "ALL"
+    ]
+    assert "PLACEHOLDER" not in (KUBERNETES / "nvml-agent-daemonset.yaml").read_text()
 
 
 def _rules_by_group(rules: list[Any]) -> dict[tuple[str, str], list[str]]:

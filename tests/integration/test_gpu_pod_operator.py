@@ -10,9 +10,11 @@ from typing import Any
 
 import pytest
 
+from airflow_gpupool.agent.collect import NvmlCollector
 from airflow_gpupool.ledger import Ledger, ReservationState
 from airflow_gpupool.resources import GpuRequest
 from airflow_gpupool.testing import KubernetesEmulatorServer
+from airflow_gpupool.testing.fake_nvml import FakeNvml, node_spec
 
 A100 = "NVIDIA-A100-SXM4-80GB"
 HOSTNAME_PIN = "kubernetes.io/hostname"
@@ -147,14 +149,31 @@ def test_kai_fraction_binding(run_dag, k8s, gpu_ledger: Ledger) -> None:
 
 
 def test_device_pinning_binding(run_dag, k8s, gpu_ledger: Ledger) -> None:
+    # The node agent (on the fake NVML) reports the node's real UUIDs first.
+    spec = node_spec("gpu-a100", 4)
+    collector = NvmlCollector(FakeNvml(spec), "gpu-a100")
+    collector.open()
+    gpu_ledger.record_report(collector.sample(30.0))
+
     dag_run = run_dag("gpu_bind_device")
 
     assert task_state(dag_run) == "success"
     pod = only_pod(k8s)
     grant = the_reservation(gpu_ledger, pod).grant
+    assert grant.gpu_uuids_verified
     assert env_of(pod)["NVIDIA_VISIBLE_DEVICES"] == grant.gpu_uuids[0]
+    assert grant.gpu_uuids[0] == spec["gpus"][grant.gpu_indices[0]]["uuid"]
+    assert grant.gpu_uuids[0].startswith("GPU-") and len(grant.gpu_uuids[0]) == 40
     assert "limits" not in container(pod)["resources"]
     assert pod["spec"]["affinity"] == pinned_to(grant.node)
+    assert_nothing_held(gpu_ledger)
+
+
+def test_device_pinning_refuses_uuids_no_agent_reported(run_dag, k8s, gpu_ledger: Ledger) -> None:
+    dag_run = run_dag("gpu_bind_device")
+
+    assert task_state(dag_run) == "failed"
+    assert k8s.created_pods() == []  # refused before any pod exists
     assert_nothing_held(gpu_ledger)
 
 

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from airflow_gpupool.binding import PodBinding, SliceFacts, binding_for
-from airflow_gpupool.exceptions import ConfigurationError
+from airflow_gpupool.exceptions import ConfigurationError, UnverifiedGpuUuidError
 from airflow_gpupool.resources import GpuRequest
 
 WHOLE2 = SliceFacts(
     gpus=2, gpu_uuids=("GPU-a", "GPU-b"), milli_per_gpu=1000, gpu_memory_mib=81920, mig_profile=None
 )
+VERIFIED2 = replace(WHOLE2, gpu_uuids_verified=True)
 QUARTER = SliceFacts(gpus=1, gpu_uuids=("GPU-a",), milli_per_gpu=250, gpu_memory_mib=10240, mig_profile=None)
 MIG = SliceFacts(gpus=0, gpu_uuids=("GPU-a",), milli_per_gpu=143, gpu_memory_mib=10240, mig_profile="1g.10gb")
 
@@ -50,7 +53,7 @@ MIG = SliceFacts(gpus=0, gpu_uuids=("GPU-a",), milli_per_gpu=143, gpu_memory_mib
         pytest.param(
             "device",
             GpuRequest(gpus=2),
-            WHOLE2,
+            VERIFIED2,
             PodBinding(env={"NVIDIA_VISIBLE_DEVICES": "GPU-a,GPU-b"}),
             id="device",
         ),
@@ -80,3 +83,17 @@ def test_unknown_binding_lists_the_choices() -> None:
         ConfigurationError, match=r"choose one of \['device', 'hami', 'kai', 'mig', 'whole'\]"
     ):
         binding_for(GpuRequest(gpus=1), "nvlink", "test")
+
+
+def test_device_binding_refuses_unverified_uuids() -> None:
+    binding = binding_for(GpuRequest(gpus=2), "device", "test")
+    with pytest.raises(UnverifiedGpuUuidError, match="gpupool agent run") as caught:
+        binding.bind(WHOLE2)
+    assert caught.value.uuids == ("GPU-a", "GPU-b")
+
+
+def test_device_binding_without_gpus_needs_no_verified_uuid() -> None:
+    facts = replace(WHOLE2, gpus=0, gpu_uuids=())
+    assert binding_for(GpuRequest(), "device", "test").bind(facts) == PodBinding(
+        env={"NVIDIA_VISIBLE_DEVICES": "void"}
+    )

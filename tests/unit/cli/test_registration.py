@@ -22,7 +22,7 @@ COMMANDS = {
     "reserve": [],
     "release": [],
     "reap": [],
-    "bench": ["ledger", "queue", "operator"],
+    "bench": ["ledger", "queue", "operator", "heartbeats"],
     "simulate": [],
     "traces": ["fetch", "synth"],
     "emulator": [],
@@ -30,6 +30,8 @@ COMMANDS = {
     "controller": ["run"],
     "metrics": ["serve"],
     "quota": ["apply", "list"],
+    "agent": ["run"],
+    "node": ["quarantine", "release"],
 }
 
 

@@ -13,13 +13,15 @@ PACKAGE = "airflow_gpupool.ledger"
 FOLDER = Path(airflow_gpupool.ledger.__file__).parent
 # Bottom up. Modules of one layer don't import each other either.
 LAYERS = [
-    {"schema", "models", "engine", "equivalence", "service"},
+    {"schema", "models", "engine", "equivalence", "service", "agent_report"},
     {"statements", "pg_functions", "invariants", "concurrent", "notify"},
     {"migrations", "cache"},
     {"records"},
     {"store"},
     {"explain"},
     {"cycle"},
+    {"heartbeats"},
+    {"health"},
     {"inventory", "grants", "views"},
     {"ledger"},
     {"attempts", "quotas", "shared"},

@@ -50,12 +50,16 @@ def test_to_dict_is_primitives_in_a_fixed_shape() -> None:
                 "memory_mib": 65536,
                 "memory_free": 64512,
                 "heartbeat_at": None,
+                "health_source": "inventory",
+                "health_reason": None,
+                "heartbeat_age_s": None,
                 "gpus": [{k: v for k, v in GPU.items() if k != "node"}],
             }
         ],
         "grants": [snapshot.grants[0].to_dict()],
         "queue": [snapshot.queue[0].to_dict()],
         "orphaned": [],
+        "leaks": [],
     }
     # Key order is part of the form: the UI's API serializes it as it is, without sorting.
     assert list(out) == [
@@ -67,5 +71,6 @@ def test_to_dict_is_primitives_in_a_fixed_shape() -> None:
         "grants",
         "queue",
         "orphaned",
+        "leaks",
     ]
     assert json.loads(json.dumps(out)) == out

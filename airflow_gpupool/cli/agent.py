@@ -1,0 +1,117 @@
+"""``gpupool agent run``: the node agent, one per GPU node (the nvml-agent DaemonSet)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from typing import Any
+
+from airflow_gpupool import settings
+from airflow_gpupool.cli.common import open_ledger, print_json, url_arg
+from airflow_gpupool.exceptions import ConfigurationError, NoGpuError
+
+__all__ = ["EXIT_NO_GPU", "cmd_agent_run", "make_collector", "register"]
+
+log = logging.getLogger(__name__)
+
+#: The exit code when the node has no GPU, driver or NVML permission (not a crash: a wrong node).
+EXIT_NO_GPU = 3
+
+
+def make_collector(backend: str, node: str, fake_spec: str | None) -> Any:
+    """Build the collector of a backend: ``nvml`` (the real ``pynvml``) or ``fake`` (a YAML spec)."""
+    from airflow_gpupool.agent.collect import NvmlCollector
+
+    if backend == "fake":
+        if not fake_spec:
+            raise ConfigurationError(
+                "--backend fake needs --fake-spec FILE (a YAML of GPUs, see testing/fake_nvml.py)"
+            )
+        from airflow_gpupool.testing.fake_nvml import FakeNvml
+
+        fake = FakeNvml(fake_spec)
+        return NvmlCollector(fake, node, pod_uid_of=fake.pod_uid_of)
+    if fake_spec:
+        raise ConfigurationError("--fake-spec is only read with --backend fake")
+    import pynvml
+
+    return NvmlCollector(pynvml, node)
+
+
+def cmd_agent_run(args: argparse.Namespace) -> int:
+    """Report this node's GPUs (UUIDs, memory, utilization, health, processes, XIDs) to the ledger.
+
+    Each interval it writes a heartbeat with the report; the controller quarantines a node whose
+    heartbeats stop. With --once it samples and writes once; --json prints the report. A node
+    with no GPU or driver exits 3 with a message.
+    """
+    from airflow_gpupool.agent.run import NodeAgent
+
+    logging.getLogger("airflow_gpupool").setLevel(logging.INFO)
+    interval = args.interval if args.interval is not None else settings.agent_interval_seconds()
+    collector = make_collector(args.backend, args.node, args.fake_spec)
+    try:
+        collector.open()
+    except NoGpuError as e:
+        print(f"gpupool agent: {e}", file=sys.stderr)
+        return EXIT_NO_GPU
+    ledger = None if args.no_ledger else open_ledger(args)
+    try:
+        agent = NodeAgent(collector, ledger, interval)
+        if args.once:
+            outcome = agent.run_pass()
+            if args.json:
+                print_json(outcome.to_dict())
+            elif outcome.error is None:
+                print(f"{args.node}: {len(outcome.report.gpus)} GPU(s) reported")
+            return 1 if outcome.error else 0
+        stop = threading.Event()
+
+        def on_signal(signum: int, _frame: Any) -> None:
+            log.info("Received %s: stopping", signal.Signals(signum).name)
+            stop.set()
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        log.info("Agent of %s: %s backend, every %gs", args.node, args.backend, interval)
+        agent.run(stop)
+        return 0
+    finally:
+        collector.close()
+        if ledger is not None:
+            ledger.close()
+
+
+def register(subparsers: Any) -> None:
+    """Add ``gpupool agent run``.
+
+    :param subparsers: the top-level subparsers
+    """
+    group = subparsers.add_parser("agent", help="the node agent: GPUs, health and heartbeats through NVML")
+    actions = group.add_subparsers(dest="agent_command", metavar="ACTION")
+    actions.required = True
+    p = actions.add_parser("run", help="run the node agent", description=cmd_agent_run.__doc__)
+    url_arg(p)
+    p.add_argument("--node", required=True, help="this node's name, as the ledger's inventory has it")
+    p.add_argument(
+        "--interval",
+        metavar="S",
+        type=float,
+        help="seconds between heartbeats (default: [gpupool] agent_interval_seconds, 30)",
+    )
+    p.add_argument("--once", action="store_true", help="sample and write one heartbeat, then exit")
+    p.add_argument("--json", action="store_true", help="with --once: print the report as JSON")
+    p.add_argument("--no-ledger", action="store_true", help="write nothing: only sample (with --once --json)")
+    p.add_argument(
+        "--backend",
+        choices=["nvml", "fake"],
+        default="nvml",
+        help="nvml: the GPUs through nvidia-ml-py (default); fake: the GPUs of --fake-spec",
+    )
+    p.add_argument(
+        "--fake-spec", metavar="FILE", help="with --backend fake: a YAML of GPUs (testing/fake_nvml.py)"
+    )
+    p.set_defaults(func=cmd_agent_run)
