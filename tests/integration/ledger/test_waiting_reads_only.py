@@ -206,7 +206,7 @@ async def _first_event(trigger: ReservationTrigger) -> dict[str, Any]:
 def test_the_granting_writer_wakes_exactly_the_granted_waiter(pg_schema_url: str) -> None:
     # PostgreSQL: a NOTIFY at the grant's commit, one listening connection, no poll needed
     # (the batched poll is set to a minute, so only the notification can wake it in time).
-    from airflow_gpupool.ledger.shared import shared_ledger
+    from airflow_gpupool.hooks.gpupool import AsyncGpuPoolHook
     from airflow_gpupool.triggers.wait_room import wait_room
 
     ledger = Ledger.create(pg_schema_url, policy="bestfit")
@@ -215,8 +215,9 @@ def test_the_granting_writer_wakes_exactly_the_granted_waiter(pg_schema_url: str
     first, second = (ledger.reserve(GpuRequest(gpus=1), f"w{i}", timeout=600).id for i in range(2))
 
     async def scenario() -> tuple[dict[str, Any], bool, dict[str, int], float]:
-        shared = shared_ledger(pg_schema_url)
-        room = wait_room(shared, 60.0)
+        hook = AsyncGpuPoolHook(None, ledger_url=pg_schema_url)  # the triggers' own shared ledger
+        await hook.aoptions()
+        room = wait_room(hook.ledger, 60.0)
         runs = {
             rid: asyncio.create_task(
                 _first_event(ReservationTrigger(rid, None, ledger_url=pg_schema_url, poll_interval=60))
