@@ -59,11 +59,13 @@ from airflow_gpupool.resources import GpuRequest
 from airflow_gpupool.task_try import TaskTry
 
 __all__ = [
+    "GATEKEEPER_HOST",
     "REFUSED",
     "GateDecision",
     "compose",
     "decide",
     "gated_request",
+    "identity_from_annotations",
     "identity_from_pod",
     "pod_mutation_hook",
 ]
@@ -72,6 +74,8 @@ log = logging.getLogger(__name__)
 
 #: The binding of a pod the gatekeeper must refuse; ``gpupool.io/binding: refused: <reason>``.
 REFUSED = "refused"
+#: The host part of the holders of gated pods' reservations: how the gatekeeper tells its own apart.
+GATEKEEPER_HOST = "gatekeeper"
 #: Where Airflow writes the identity of a task try on the pods it launches (KubernetesExecutor
 #: writes the raw values as annotations, both write label-safe values as labels).
 _AIRFLOW_KEYS = {"dag_id": "dag_id", "task_id": "task_id", "run_id": "run_id"}
@@ -125,11 +129,29 @@ def identity_from_pod(pod: Mapping[str, Any], context: Mapping[str, Any] | None 
                     run_id=source["run_id"],
                     map_index=int(source.get("map_index") or -1),
                     try_number=int(source.get("try_number") or 1),
-                    host="gatekeeper",
+                    host=GATEKEEPER_HOST,
                 )
             except ValueError:
                 continue
     return None
+
+
+def identity_from_annotations(annotations: Mapping[str, str]) -> TaskTry | None:
+    """Return the task try the hook wrote on a gated pod (``gpupool.io/dag-id`` ...), or None.
+
+    :param annotations: the pod's annotations
+    """
+    try:
+        return TaskTry(
+            dag_id=annotations[DAG_ID_ANNOTATION],
+            task_id=annotations[TASK_ID_ANNOTATION],
+            run_id=annotations[RUN_ID_ANNOTATION],
+            map_index=int(annotations.get(MAP_INDEX_ANNOTATION) or -1),
+            try_number=int(annotations.get(TRY_NUMBER_ANNOTATION) or 1),
+            host=GATEKEEPER_HOST,
+        )
+    except (KeyError, ValueError):
+        return None
 
 
 def _context_ids(ti: Any, labels: Mapping[str, str]) -> dict[str, str]:
