@@ -44,6 +44,9 @@ def get_provider_info() -> dict[str, Any]:
             {"integration-name": "GPU pool", "python-modules": ["airflow_gpupool.sensors.checkpoint"]}
         ],
         "notifications": ["airflow_gpupool.notifiers.escalation.EscalationNotifier"],
+        "task-decorators": [
+            {"class-name": "airflow_gpupool.decorators.gpu_pod.gpu_pod_task", "name": "gpu_pod"}
+        ],
         "plugins": [{"name": "gpupool", "plugin-class": "airflow_gpupool.plugins.gpupool.GpuPoolPlugin"}],
         "config": {
             "gpupool": {
