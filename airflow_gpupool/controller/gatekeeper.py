@@ -17,8 +17,8 @@ Each pass (:func:`gatekeep`) lists the pods still carrying the ``gpupool.io/rese
   fails with that reason.
 
 Admitted pods hold a lease like any grant: each pass renews the grants of the live ones that are
-past half their TTL, and releases those whose pod finished at once (reconcile would, at its next
-interval). A waiting request whose pod went away is withdrawn.
+past half their TTL, and releases those whose pod finished or is gone at once (reconcile would,
+at its next interval). A waiting request whose pod went away is withdrawn.
 """
 
 from __future__ import annotations
@@ -287,6 +287,15 @@ class _Pass:
         log.info("Admitted gated pod %s on %s (%s)", _name(pod), grant.node, reservation.id)
         self.result.admitted.append(_name(pod))
 
+    def release_if_gone(self, reservation: Reservation, uids: set[str]) -> None:
+        """Release a grant of ours whose pod is gone (KubernetesPodOperator deletes its pod when done)."""
+        grant = reservation.grant
+        if not _ours(reservation) or grant is None or grant.pod_uid is None or grant.pod_uid in uids:
+            return
+        reason = f"gatekeeper: pod {grant.pod_namespace}/{grant.pod_name} gone"
+        if self.ledger.release(reservation.id, reason=reason).released:
+            self.result.released.append(reservation.id)
+
     def tend(self, pod: Mapping[str, Any], grants: Mapping[str, Reservation], now: float) -> None:
         """Renew or release the grant of a pod this gatekeeper admitted."""
         rid = (_meta(pod).get("labels") or {}).get(RESERVATION_LABEL)
@@ -310,6 +319,10 @@ class _Pass:
             self.result.renewed += 1
 
 
+def _ours(reservation: Reservation) -> bool:
+    return reservation.holder.endswith(f"@{GATEKEEPER_HOST}")
+
+
 def gatekeep(ledger: Ledger, core_v1_api: Any, *, timeout: float | None = None) -> GateResult:
     """Admit, wait or refuse each gated pod; renew or release the grants of admitted pods.
 
@@ -330,8 +343,11 @@ def gatekeep(ledger: Ledger, core_v1_api: Any, *, timeout: float | None = None) 
             run.gate(pod)
         elif _admitted_here(pod):
             run.tend(pod, grants, now)
+    uids = {str(_meta(p).get("uid")) for p in pods}
+    for reservation in snapshot.grants:
+        run.release_if_gone(reservation, uids)
     for waiting in snapshot.queue:
-        if waiting.holder.endswith(f"@{GATEKEEPER_HOST}") and waiting.id not in gated_ids:
+        if _ours(waiting) and waiting.id not in gated_ids:
             if ledger.release(waiting.id, reason="gatekeeper: its gated pod went away").released:
                 run.result.withdrawn.append(waiting.id)
     return run.result
