@@ -332,7 +332,7 @@ def gatekeep(ledger: Ledger, core_v1_api: Any, *, timeout: float | None = None) 
         ``[gpupool] reservation_timeout_seconds``)
     """
     run = _Pass(ledger, core_v1_api, timeout)
-    pods = list_objects(core_v1_api.list_pod_for_all_namespaces)
+    pods = list(list_objects(core_v1_api.list_pod_for_all_namespaces))
     snapshot = ledger.snapshot()
     grants = {r.id: r for r in snapshot.grants}
     now = snapshot.taken_at

@@ -194,3 +194,21 @@ def test_pods_without_gpus_or_from_gpu_pod_operator_are_not_touched(
     result = gatekeep(synced, core)
     assert (result.admitted, result.waiting, result.deleted) == ([], [], [])
     assert synced.snapshot().queue == () and synced.snapshot().grants == ()
+
+
+def test_a_running_admitted_pod_keeps_its_grant_until_it_is_gone(
+    synced: Ledger, k8s: KubernetesEmulatorServer, core: Any
+) -> None:
+    created = create_hooked_pod(
+        core, "long", {"nvidia.com/gpu": "1"}, **{"gpupool.emulator/duration-seconds": "120"}
+    )
+    rid = gated_reservation_id(created["metadata"]["uid"])
+    assert gatekeep(synced, core).admitted == ["default/long"]
+    k8s.wait_for_pod("long", phases={"Running"})
+    for _ in range(2):
+        again = gatekeep(synced, core)
+        assert (again.released, again.deleted) == ([], [])
+        assert synced.get(rid).state is ReservationState.GRANTED
+    core.delete_namespaced_pod("long", "default")
+    assert gatekeep(synced, core).released == [rid]
+    assert synced.get(rid).message == "gatekeeper: pod default/long gone"
