@@ -7,7 +7,8 @@ keeps working::
 
     GpuPoolError
     ├── InvalidRequestError (ValueError)   a GPU request field is bad: at DAG parse time, before any wait
-    │   └── InvalidInventoryError          a node inventory (YAML, Kubernetes node, API call) is malformed
+    │   ├── InvalidInventoryError          a node inventory (YAML, Kubernetes node, API call) is malformed
+    │   └── QuotaFileError                 a team quota file is malformed, or names what the ledger lacks
     ├── ConfigurationError (ValueError)    an option, connection or argument is missing or contradictory
     ├── TraceFormatError (ValueError)      a simulator trace (CSV) lacks a column or has a bad row
     ├── CorruptCheckpointError (ValueError) a checkpoint manifest exists but breaks the contract
@@ -58,6 +59,7 @@ __all__ = [
     "InvalidRequestError",
     "LeaseExpiredError",
     "LeaseLostError",
+    "QuotaFileError",
     "LedgerBusyError",
     "LedgerSchemaError",
     "LedgerUnavailableError",
@@ -95,6 +97,10 @@ class InvalidRequestError(GpuPoolError, ValueError):
 
 class InvalidInventoryError(InvalidRequestError):
     """A node inventory (YAML file, Kubernetes node, API call) is malformed."""
+
+
+class QuotaFileError(InvalidRequestError):
+    """A team quota file (``gpupool quota apply``) is malformed, or names a flavor the ledger lacks."""
 
 
 class ConfigurationError(GpuPoolError, ValueError):

@@ -12,7 +12,17 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from airflow_gpupool.cli import bench, controller, emulator, inventory, ledger, metrics, reconcile, simulate
+from airflow_gpupool.cli import (
+    bench,
+    controller,
+    emulator,
+    inventory,
+    ledger,
+    metrics,
+    quota,
+    reconcile,
+    simulate,
+)
 from airflow_gpupool.exceptions import GpuPoolError
 
 __all__ = ["build_parser", "main"]
@@ -31,6 +41,7 @@ _REGISTRARS: tuple[Callable[[Any], None], ...] = (
     reconcile.register,
     controller.register,
     metrics.register,
+    quota.register,
 )
 
 

@@ -73,6 +73,10 @@ def _v5(op: Operations, conn: Connection) -> None:
         pg_functions.reinstall(conn)
 
 
+def _v6(op: Operations, conn: Connection) -> None:
+    schema.metadata.create_all(conn, tables=[schema.quotas])  # checkfirst: v1 may have made it
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial schema: inventory, reservations, queue", _v1),
     Migration(2, "task attempts: failure class, next request and escalation per task try", _v2),
@@ -81,6 +85,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(
         5, "PostgreSQL: the concurrent path measures leases and deadlines on the database's clock", _v5
     ),
+    Migration(6, "team quotas per resource flavor, with borrowing and lending limits", _v6),
 )
 LATEST = MIGRATIONS[-1].version
 

@@ -142,3 +142,17 @@ task_attempts = Table(
     Column("escalated", Boolean, nullable=False, default=False),
     Column("created_at", Float, nullable=False),
 )
+
+# Team quotas per resource flavor (``pool:NAME`` or ``model:NAME``), in milli-GPU; replaced as a
+# whole by ``gpupool quota apply`` (see :mod:`airflow_gpupool.governance.quotas`).
+quotas = Table(
+    "gpupool_quotas",
+    metadata,
+    Column("team", String(253), primary_key=True),
+    Column("flavor", String(512), primary_key=True),
+    Column("cohort", String(253), nullable=True),
+    Column("nominal_milli", BigInteger, nullable=False),
+    Column("borrowing_limit_milli", BigInteger, nullable=True),
+    Column("lending_limit_milli", BigInteger, nullable=True),
+    Column("updated_at", Float, nullable=False),
+)

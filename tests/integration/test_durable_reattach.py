@@ -48,19 +48,24 @@ def _wait(what: str, check: Callable[[], Any], timeout: float, process: subproce
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def run_command(dag_id: str, logical_date: datetime) -> list[str]:
+    """The command that runs one ``dag.test()`` of the DAG run at ``logical_date``, as a worker would."""
+    return [
+        sys.executable,
+        "-c",
+        _RUN,
+        os.environ["AIRFLOW__CORE__DAGS_FOLDER"],
+        dag_id,
+        logical_date.isoformat(),
+    ]
+
+
 def kill_first_try_mid_pod(
     dag_id: str, logical_date: datetime, k8s: KubernetesEmulatorServer, ledger: Ledger
 ) -> tuple[dict[str, Any], str]:
     """Run try 1 in a process of its own; SIGKILL it once its pod runs and is bound; return pod and grant."""
     process = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            _RUN,
-            os.environ["AIRFLOW__CORE__DAGS_FOLDER"],
-            dag_id,
-            logical_date.isoformat(),
-        ],
+        run_command(dag_id, logical_date),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         start_new_session=True,
@@ -113,14 +118,7 @@ def run_retry(dag_id: str, logical_date: datetime) -> tuple[str, int, str]:
 
     # The same logical date and run_after: the same DAG run, whose failed try is cleared and retried.
     retry = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            _RUN,
-            os.environ["AIRFLOW__CORE__DAGS_FOLDER"],
-            dag_id,
-            logical_date.isoformat(),
-        ],
+        run_command(dag_id, logical_date),
         capture_output=True,
         timeout=180,
     )

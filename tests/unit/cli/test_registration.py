@@ -28,6 +28,7 @@ COMMANDS = {
     "reconcile": [],
     "controller": ["run"],
     "metrics": ["serve"],
+    "quota": ["apply", "list"],
 }
 
 

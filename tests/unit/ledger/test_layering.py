@@ -21,7 +21,7 @@ LAYERS = [
     {"cycle"},
     {"inventory", "grants", "views"},
     {"ledger"},
-    {"attempts"},
+    {"attempts", "quotas"},
     {"__init__"},
 ]
 RANK = {module: rank for rank, layer in enumerate(LAYERS) for module in layer}

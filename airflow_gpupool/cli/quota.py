@@ -1,0 +1,144 @@
+"""``gpupool quota apply`` and ``gpupool quota list``: team quotas per resource flavor."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from airflow_gpupool.cli.common import open_ledger, print_json, table, url_arg
+from airflow_gpupool.exceptions import QuotaFileError
+
+if TYPE_CHECKING:
+    from airflow_gpupool.governance.quotas import QuotaPlan
+
+__all__ = ["cmd_quota_apply", "cmd_quota_list", "load_quota_file", "register"]
+
+_EXAMPLE = """\
+example quota file:
+
+  teams:
+    - name: vision
+      cohort: research
+      quotas:
+        - flavor: {pool: a100}       # or {model: NVIDIA-A100-SXM4-80GB}
+          nominal: 4                 # GPUs; 0.25 for a quarter; a MIG slice counts its compute share
+          borrowing_limit: 2         # optional: at most 2 GPUs above nominal, borrowed in the cohort
+          lending_limit: 1           # optional: lend at most 1 unused GPU (default: all unused)
+    - name: nlp
+      cohort: research
+      quotas:
+        - flavor: {pool: a100}
+          nominal: 4
+"""
+
+
+def load_quota_file(path: str) -> QuotaPlan:
+    """Read and validate a quota file.
+
+    :raises QuotaFileError: it cannot be read, is not YAML, or breaks the format (nothing written)
+    """
+    import yaml
+
+    from airflow_gpupool.governance.quotas import parse_quota_file
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise QuotaFileError("quota file", path, f"a readable file ({e.strerror})") from None
+    try:
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise QuotaFileError("quota file", path, f"valid YAML ({e})") from None
+    return parse_quota_file(document)
+
+
+def cmd_quota_apply(args: argparse.Namespace) -> int:
+    """Replace the ledger's team quotas with those of FILE (idempotent; a refused file changes nothing)."""
+    from airflow_gpupool.ledger.quotas import LedgerQuotas
+
+    plan = load_quota_file(args.file)
+    ledger = open_ledger(args)
+    try:
+        applied = LedgerQuotas(ledger).apply(plan, dry_run=args.dry_run)
+    finally:
+        ledger.close()
+    if args.json:
+        print_json({"dry_run": args.dry_run, **{k: list(v) for k, v in vars(applied).items()}})
+        return 0
+    verb = "would change" if args.dry_run else "applied"
+    print(f"quotas {verb}: {applied.summary()} ({len(plan.quotas)} quota(s) for {len(plan.teams)} team(s))")
+    for what, keys in (("added", applied.added), ("changed", applied.changed), ("removed", applied.removed)):
+        for key in keys:
+            print(f"  {what} {key}")
+    return 0
+
+
+def cmd_quota_list(args: argparse.Namespace) -> int:
+    """Show each team's quota per flavor, with what its live grants hold now."""
+    from airflow_gpupool.ledger.quotas import LedgerQuotas
+
+    ledger = open_ledger(args)
+    try:
+        quotas = LedgerQuotas(ledger)
+        plan, used = quotas.list(), quotas.usage()
+    finally:
+        ledger.close()
+    rows = [{**q.to_dict(), "used": used.get((q.team, q.flavor), 0) / 1000} for q in plan.quotas]
+    if args.json:
+        print_json({"quotas": rows})
+        return 0
+    if not rows:
+        print("no quotas: every team is served as before (apply a file with `gpupool quota apply FILE`)")
+        return 0
+    headers = ["TEAM", "COHORT", "FLAVOR", "USED", "NOMINAL", "BORROW LIMIT", "LEND LIMIT"]
+    print(
+        table(
+            headers,
+            [
+                [
+                    r["team"],
+                    r["cohort"] or "-",
+                    r["flavor"],
+                    _gpus(r["used"]),
+                    _gpus(r["nominal"]),
+                    _gpus(r["borrowing_limit"]),
+                    _gpus(r["lending_limit"]),
+                ]
+                for r in rows
+            ],
+        )
+    )
+    return 0
+
+
+def _gpus(value: float | None) -> str:
+    return "-" if value is None else f"{value:g}"
+
+
+def register(subparsers: Any) -> None:
+    """Add ``gpupool quota apply`` and ``gpupool quota list``.
+
+    :param subparsers: the top-level subparsers
+    """
+    group = subparsers.add_parser("quota", help="team quotas per GPU model or node pool")
+    sub = group.add_subparsers(dest="quota_command", metavar="SUBCOMMAND")
+    sub.required = True
+    apply = sub.add_parser(
+        "apply",
+        help="replace the team quotas with those of a YAML file",
+        description=cmd_quota_apply.__doc__,
+        epilog=_EXAMPLE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    apply.add_argument("file", metavar="FILE", help="the quota file (YAML)")
+    url_arg(apply)
+    apply.add_argument("--dry-run", action="store_true", help="say what would change; write nothing")
+    apply.add_argument("--json", action="store_true", help="print one JSON object")
+    apply.set_defaults(func=cmd_quota_apply)
+    show = sub.add_parser(
+        "list", help="show the team quotas and their usage", description=cmd_quota_list.__doc__
+    )
+    url_arg(show)
+    show.add_argument("--json", action="store_true", help="print one JSON object")
+    show.set_defaults(func=cmd_quota_list)

@@ -1,0 +1,121 @@
+"""Headroom for urgent work, and on-demand versus spot capacity: which requests may use what.
+
+**Headroom.** Per pool, a share of capacity (``headroom_share``, default 0.2; 0 turns it off)
+that only urgent requests may use: priority at or above ``urgent_priority``, or the
+``inference`` class. Others are placed only while the pool keeps that share free.
+
+**Spot.** A node pool is spot or on-demand, read from the labels cloud providers and Karpenter
+set (``karpenter.sh/capacity-type``, ``cloud.google.com/gke-spot``, ``eks.amazonaws.com/capacityType``).
+A request says ``capacity="on-demand" | "spot" | "any"``; by default (:func:`default_capacity`)
+urgent work never goes to spot, and checkpointed, preemptible training prefers spot when it is
+cheap enough for how long it runs: a price ratio to on-demand under 0.6 for less than an hour,
+under 0.4 for longer (a long run on spot is evicted more often, so it must save more). Everything
+else may use either.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from enum import Enum
+
+from airflow_gpupool.exceptions import InvalidRequestError
+
+__all__ = [
+    "Capacity",
+    "CapacityType",
+    "capacity_type",
+    "default_capacity",
+    "fits_headroom",
+    "is_urgent",
+]
+
+#: Below this price ratio (spot over on-demand), a run of under an hour prefers spot.
+SHORT_RUN_RATIO = 0.6
+#: Below this ratio, a run of an hour or more prefers spot.
+LONG_RUN_RATIO = 0.4
+_HOUR = 3600.0
+
+
+class CapacityType(str, Enum):
+    """How a node pool's nodes are bought."""
+
+    ON_DEMAND = "on-demand"
+    SPOT = "spot"
+
+
+class Capacity(str, Enum):
+    """What a request may run on."""
+
+    ON_DEMAND = "on-demand"
+    SPOT = "spot"
+    ANY = "any"
+
+    @classmethod
+    def of(cls, value: str) -> Capacity:
+        """Read a request's ``capacity`` argument.
+
+        :raises InvalidRequestError: not one of on-demand, spot, any
+        """
+        try:
+            return cls(value)
+        except ValueError:
+            raise InvalidRequestError("capacity", value, "one of on-demand, spot, any") from None
+
+
+def capacity_type(labels: Mapping[str, str]) -> CapacityType:
+    """Return whether a node is spot, from the labels Karpenter, GKE and EKS put on it (default on-demand)."""
+    karpenter = labels.get("karpenter.sh/capacity-type", "").lower()
+    gke = labels.get("cloud.google.com/gke-spot", "").lower()
+    eks = labels.get("eks.amazonaws.com/capacityType", "").upper()
+    if karpenter == "spot" or gke == "true" or eks == "SPOT":
+        return CapacityType.SPOT
+    return CapacityType.ON_DEMAND
+
+
+def is_urgent(priority: int, workload_class: str, urgent_priority: int) -> bool:
+    """Return whether a request may use the headroom (and never runs on spot by default)."""
+    return priority >= urgent_priority or workload_class == "inference"
+
+
+def fits_headroom(
+    capacity_milli: int, free_milli: int, request_milli: int, share: float, *, urgent: bool
+) -> bool:
+    """Return whether a request may take ``request_milli`` of a pool with ``free_milli`` free.
+
+    :param share: the pool's headroom share, 0 to 1 (0: no headroom)
+    :param urgent: the request may use the headroom
+    :raises InvalidRequestError: ``share`` outside [0, 1]
+    """
+    if (
+        isinstance(share, bool)
+        or not isinstance(share, int | float)
+        or not math.isfinite(share)
+        or not 0 <= share <= 1
+    ):
+        raise InvalidRequestError("headroom share", share, "a number from 0 to 1")
+    if urgent:
+        return request_milli <= free_milli
+    return free_milli - request_milli >= math.ceil(share * capacity_milli)
+
+
+def default_capacity(
+    *,
+    urgent: bool,
+    checkpointed: bool,
+    preemptible: bool,
+    workload_class: str,
+    price_ratio: float | None,
+    expected_seconds: float | None,
+) -> Capacity:
+    """Return where a request runs when it does not say: the rule in the module docstring.
+
+    :param price_ratio: the spot pool's price over on-demand (None: unknown, no preference)
+    :param expected_seconds: how long the run is expected to take (None: unknown, taken as long)
+    """
+    if urgent:
+        return Capacity.ON_DEMAND
+    if not (checkpointed and preemptible and workload_class == "training") or price_ratio is None:
+        return Capacity.ANY
+    limit = SHORT_RUN_RATIO if expected_seconds is not None and expected_seconds < _HOUR else LONG_RUN_RATIO
+    return Capacity.SPOT if price_ratio < limit else Capacity.ANY

@@ -1,0 +1,227 @@
+"""Team quotas: what each team may hold of each resource flavor, and what it may borrow and lend.
+
+A quota file (YAML) declares, per team and per *flavor* (a GPU model or a node pool), a nominal
+quota in GPUs, an optional borrowing limit (how far above its nominal quota the team may go
+by borrowing what others leave unused) and an optional lending limit (how much of its unused
+nominal quota others may borrow). Teams in one cohort lend each other unused quota; a team
+without a cohort neither lends nor borrows. The model is Kueue's ClusterQueue and cohort, on
+the ledger's own units:
+
+- quantities are GPUs, stored as milli-GPU: a whole GPU counts 1000, a fraction its milli, a MIG
+  slice its compute share of the GPU (``3g.40gb`` counts 3/7 of an A100 or H100: 429 milli);
+- a flavor is ``{pool: NAME}`` or ``{model: NAME}``; one request draws on the flavors its grant
+  matches (the node's pool and the GPU model).
+
+Where ours differ from Kueue: one file holds every team (applying it replaces the quotas of
+the ledger as a whole, so a team left out loses its quota); a lending limit defaults to
+lending everything unused, and a borrowing limit to no limit within the cohort, as in Kueue.
+
+Parsing is pure (no I/O beyond reading the text): :func:`parse_quota_file` either returns a
+valid :class:`QuotaPlan` or raises :class:`~airflow_gpupool.exceptions.QuotaFileError` naming the
+entry and the field, before anything is written.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_gpupool.exceptions import QuotaFileError
+
+__all__ = ["Flavor", "QuotaPlan", "TeamQuota", "gpu_milli_of_mig", "parse_quota_file"]
+
+_FLAVOR_KINDS = ("pool", "model")
+_TEAM_KEYS = frozenset({"name", "cohort", "quotas"})
+_QUOTA_KEYS = frozenset({"flavor", "nominal", "borrowing_limit", "lending_limit"})
+_MAX_NAME = 253
+#: Compute slices of a whole GPU under MIG: A30 has 4, the A100 and H100 families 7.
+_MIG_COMPUTE_SLICES = (("A30", 4),)
+_DEFAULT_MIG_COMPUTE_SLICES = 7
+
+
+@dataclass(frozen=True, order=True)
+class Flavor:
+    """A resource flavor: the GPUs of one node pool, or of one GPU model.
+
+    :param kind: ``pool`` or ``model``
+    :param name: the node pool's or the GPU model's name
+    """
+
+    kind: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.name}"
+
+    @classmethod
+    def parse(cls, text: str) -> Flavor:
+        """Read ``pool:NAME`` or ``model:NAME`` (the form :meth:`__str__` and the ledger use)."""
+        kind, sep, name = text.partition(":")
+        if not sep or kind not in _FLAVOR_KINDS or not name:
+            raise QuotaFileError("flavor", text, "pool:NAME or model:NAME")
+        return cls(kind, name)
+
+
+@dataclass(frozen=True)
+class TeamQuota:
+    """One team's quota of one flavor, in milli-GPU.
+
+    :param borrowing_limit_milli: how far above nominal it may borrow; None: no limit in its cohort
+    :param lending_limit_milli: how much of its unused nominal it lends; None: all of it
+    """
+
+    team: str
+    flavor: Flavor
+    nominal_milli: int
+    cohort: str | None = None
+    borrowing_limit_milli: int | None = None
+    lending_limit_milli: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return primitives, in GPUs (``quota list --json``)."""
+        return {
+            "team": self.team,
+            "cohort": self.cohort,
+            "flavor": str(self.flavor),
+            "nominal": self.nominal_milli / 1000,
+            "borrowing_limit": _gpus(self.borrowing_limit_milli),
+            "lending_limit": _gpus(self.lending_limit_milli),
+        }
+
+
+@dataclass(frozen=True)
+class QuotaPlan:
+    """Every team's quotas, as one quota file declares them (sorted by team, then flavor)."""
+
+    quotas: tuple[TeamQuota, ...] = field(default_factory=tuple)
+
+    @property
+    def flavors(self) -> frozenset[Flavor]:
+        """The flavors the plan names."""
+        return frozenset(q.flavor for q in self.quotas)
+
+    @property
+    def teams(self) -> tuple[str, ...]:
+        """The teams, sorted."""
+        return tuple(sorted({q.team for q in self.quotas}))
+
+
+def gpu_milli_of_mig(profile: str, gpu_model: str | None) -> int:
+    """Return the milli-GPU a MIG slice counts: its compute slices over the GPU's (``3g.40gb``: 3/7).
+
+    :param profile: a MIG profile such as ``1g.10gb``
+    :param gpu_model: the GPU's model (the A30 has 4 compute slices, the A100 and H100 families 7)
+    :raises QuotaFileError: the profile does not start with ``<n>g.``
+    """
+    count, sep, _ = profile.partition("g.")
+    if not sep or not count.isdigit() or int(count) < 1:
+        raise QuotaFileError("mig_profile", profile, "a MIG profile such as 1g.10gb")
+    total = next(
+        (n for key, n in _MIG_COMPUTE_SLICES if key in (gpu_model or "")), _DEFAULT_MIG_COMPUTE_SLICES
+    )
+    return min(1000, round(1000 * int(count) / total))
+
+
+def parse_quota_file(document: Any) -> QuotaPlan:
+    """Validate a loaded quota file (the YAML as Python objects) and return its plan.
+
+    :param document: ``{"teams": [{"name": ..., "cohort": ..., "quotas": [...]}, ...]}``
+    :raises QuotaFileError: the first problem, naming the team, the entry and the field
+    """
+    if not isinstance(document, Mapping) or set(document) - {"teams"}:
+        raise QuotaFileError("quota file", _keys(document), "a mapping with one key, teams")
+    teams = document.get("teams")
+    if not isinstance(teams, list) or not teams:
+        raise QuotaFileError("teams", teams, "a non-empty list of teams")
+    quotas: list[TeamQuota] = []
+    seen: set[tuple[str, Flavor]] = set()
+    names: set[str] = set()
+    for index, entry in enumerate(teams):
+        where = f"teams[{index}]"
+        team, cohort, entries = _team(entry, where)
+        if team in names:
+            raise QuotaFileError(f"{where}.name", team, "a team named once in the file")
+        names.add(team)
+        for number, raw in enumerate(entries):
+            quota = _quota(raw, team, cohort, f"{where}.quotas[{number}] (team {team})")
+            if (team, quota.flavor) in seen:
+                raise QuotaFileError(
+                    f"{where}.quotas[{number}].flavor", str(quota.flavor), "each flavor once per team"
+                )
+            seen.add((team, quota.flavor))
+            quotas.append(quota)
+    return QuotaPlan(tuple(sorted(quotas, key=lambda q: (q.team, q.flavor))))
+
+
+def _team(entry: Any, where: str) -> tuple[str, str | None, list[Any]]:
+    if not isinstance(entry, Mapping):
+        raise QuotaFileError(where, entry, "a mapping with name, quotas and an optional cohort")
+    unknown = set(entry) - _TEAM_KEYS
+    if unknown:
+        raise QuotaFileError(f"{where}: unknown key", sorted(map(str, unknown)), f"only {sorted(_TEAM_KEYS)}")
+    name = _name(entry.get("name"), f"{where}.name")
+    cohort = None if entry.get("cohort") is None else _name(entry.get("cohort"), f"{where}.cohort")
+    entries = entry.get("quotas")
+    if not isinstance(entries, list) or not entries:
+        raise QuotaFileError(f"{where}.quotas", entries, "a non-empty list of {flavor, nominal, ...}")
+    return name, cohort, entries
+
+
+def _quota(raw: Any, team: str, cohort: str | None, where: str) -> TeamQuota:
+    if not isinstance(raw, Mapping):
+        raise QuotaFileError(where, raw, "a mapping with flavor and nominal")
+    unknown = set(raw) - _QUOTA_KEYS
+    if unknown:
+        raise QuotaFileError(
+            f"{where}: unknown key", sorted(map(str, unknown)), f"only {sorted(_QUOTA_KEYS)}"
+        )
+    nominal = _milli(raw.get("nominal"), f"{where}.nominal", required=True)
+    assert nominal is not None
+    borrowing = _milli(raw.get("borrowing_limit"), f"{where}.borrowing_limit")
+    lending = _milli(raw.get("lending_limit"), f"{where}.lending_limit")
+    if lending is not None and lending > nominal:
+        raise QuotaFileError(
+            f"{where}.lending_limit", lending / 1000, f"at most the nominal quota ({nominal / 1000:g} GPUs)"
+        )
+    if cohort is None and (borrowing or lending):
+        raise QuotaFileError(
+            f"{where}: borrowing_limit/lending_limit",
+            team,
+            "a cohort for the team (only cohorts lend and borrow)",
+        )
+    return TeamQuota(team, _flavor(raw.get("flavor"), f"{where}.flavor"), nominal, cohort, borrowing, lending)
+
+
+def _flavor(value: Any, where: str) -> Flavor:
+    if not isinstance(value, Mapping) or len(value) != 1 or next(iter(value)) not in _FLAVOR_KINDS:
+        raise QuotaFileError(where, value, "{pool: NAME} or {model: NAME}")
+    kind, name = next(iter(value.items()))
+    return Flavor(str(kind), _name(name, f"{where}.{kind}"))
+
+
+def _name(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not value.strip() or len(value) > _MAX_NAME or value != value.strip():
+        raise QuotaFileError(where, value, f"a name of 1 to {_MAX_NAME} characters, no surrounding spaces")
+    return value
+
+
+def _milli(value: Any, where: str, *, required: bool = False) -> int | None:
+    """Return GPUs as milli-GPU; None when absent (and not required)."""
+    if value is None and not required:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        raise QuotaFileError(where, value, "a finite number of GPUs >= 0 (fractions allowed, such as 0.25)")
+    milli = round(value * 1000)
+    if abs(milli - value * 1000) > 1e-6:
+        raise QuotaFileError(where, value, "GPUs to at most three decimals (milli-GPU)")
+    return milli
+
+
+def _gpus(milli: int | None) -> float | None:
+    return None if milli is None else milli / 1000
+
+
+def _keys(document: Any) -> Any:
+    return sorted(map(str, document)) if isinstance(document, Mapping) else type(document).__name__

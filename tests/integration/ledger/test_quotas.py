@@ -1,0 +1,130 @@
+"""Team quotas in the ledger, on SQLite and PostgreSQL: apply (idempotent, all or nothing), list, usage;
+and ``gpupool quota`` end to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from airflow_gpupool.cli import main
+from airflow_gpupool.exceptions import QuotaFileError
+from airflow_gpupool.governance.quotas import Flavor, parse_quota_file
+from airflow_gpupool.ledger import Ledger
+from airflow_gpupool.ledger.quotas import LedgerQuotas
+from airflow_gpupool.resources import GpuRequest
+from tests.ledger_fixtures import node
+
+A100 = "NVIDIA-A100-SXM4-80GB"
+FILE = """
+teams:
+  - name: vision
+    cohort: research
+    quotas:
+      - flavor: {pool: a100}
+        nominal: 4
+        borrowing_limit: 2
+        lending_limit: 1
+  - name: nlp
+    cohort: research
+    quotas:
+      - flavor: {model: NVIDIA-A100-SXM4-80GB}
+        nominal: 2.5
+"""
+
+
+@pytest.fixture
+def pool(ledger: Ledger) -> Ledger:
+    ledger.upsert_nodes(
+        [
+            node("a1", gpus=8, model=A100, pool="a100"),
+            node("m1", gpus=1, model=A100, mig={0: ["3g.40gb", "3g.40gb", "1g.10gb"]}, pool="a100-mig"),
+        ]
+    )
+    return ledger
+
+
+def plan(text: str = FILE) -> object:
+    import yaml
+
+    return parse_quota_file(yaml.safe_load(text))
+
+
+def test_apply_is_idempotent_and_replaces_the_quotas_as_a_whole(pool: Ledger) -> None:
+    quotas = LedgerQuotas(pool)
+    first = quotas.apply(plan())  # type: ignore[arg-type]
+    assert (first.added, first.changed, first.removed) == (
+        (f"nlp model:{A100}", "vision pool:a100"),
+        (),
+        (),
+    )
+    assert quotas.apply(plan()).summary() == "0 added, 0 changed, 0 removed"  # type: ignore[arg-type]
+    assert quotas.list() == plan()
+
+    smaller = FILE.replace("nominal: 4", "nominal: 3").split("  - name: nlp")[0]
+    preview = quotas.apply(plan(smaller), dry_run=True)  # type: ignore[arg-type]
+    assert (preview.changed, preview.removed) == (("vision pool:a100",), (f"nlp model:{A100}",))
+    assert quotas.list() == plan()  # a dry run writes nothing
+    quotas.apply(plan(smaller))  # type: ignore[arg-type]
+    (vision,) = quotas.list().quotas
+    assert (vision.team, vision.nominal_milli) == ("vision", 3000)
+
+
+def test_a_flavor_the_ledger_lacks_is_refused_and_nothing_changes(pool: Ledger) -> None:
+    quotas = LedgerQuotas(pool)
+    quotas.apply(plan())  # type: ignore[arg-type]
+    with pytest.raises(QuotaFileError, match=r"flavor pool:h100.*a100, a100-mig"):
+        quotas.apply(plan(FILE.replace("{pool: a100}", "{pool: h100}")))  # type: ignore[arg-type]
+    assert quotas.list() == plan()
+
+
+def test_usage_counts_whole_fractional_and_mig_grants_per_team_and_flavor(pool: Ledger) -> None:
+    pool.reserve(GpuRequest(gpus=2, team="vision"), "h", reservation_id="gp-1")
+    pool.reserve(
+        GpuRequest(gpus=0, gpu_milli=250, gpu_memory_mib=1024, team="vision"), "h", reservation_id="gp-2"
+    )
+    pool.reserve(GpuRequest(mig_profile="3g.40gb", team="nlp"), "h", reservation_id="gp-3")
+    used = LedgerQuotas(pool).usage()
+    assert used[("vision", Flavor("pool", "a100"))] == 2250
+    assert used[("vision", Flavor("model", A100))] == 2250
+    assert used[("nlp", Flavor("pool", "a100-mig"))] == 429  # 3 of the A100's 7 compute slices
+    pool.release("gp-1")
+    assert LedgerQuotas(pool).usage()[("vision", Flavor("pool", "a100"))] == 250
+
+
+def test_quota_cli_applies_lists_and_refuses_bad_files(
+    pool: Ledger, ledger_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good = tmp_path / "quotas.yaml"
+    good.write_text(FILE)
+    assert main(["quota", "apply", str(good), "--url", ledger_url]) == 0
+    assert "quotas applied: 2 added, 0 changed, 0 removed" in capsys.readouterr().out
+    pool.reserve(GpuRequest(gpus=1, team="vision"), "h", reservation_id="gp-1")
+
+    assert main(["quota", "list", "--url", ledger_url, "--json"]) == 0
+    rows = {r["team"]: r for r in json.loads(capsys.readouterr().out)["quotas"]}
+    assert rows["vision"] == {
+        "team": "vision",
+        "cohort": "research",
+        "flavor": "pool:a100",
+        "nominal": 4.0,
+        "borrowing_limit": 2.0,
+        "lending_limit": 1.0,
+        "used": 1.0,
+    }
+    assert main(["quota", "list", "--url", ledger_url]) == 0
+    assert "vision  research  pool:a100" in capsys.readouterr().out
+
+    bad = tmp_path / "bad.yaml"
+    for text, message in (
+        ("teams: [", "valid YAML"),
+        (FILE.replace("lending_limit: 1", "lending_limit: 9"), "lending_limit"),
+        (FILE.replace("{pool: a100}", "{pool: nowhere}"), "flavor pool:nowhere"),
+    ):
+        bad.write_text(text)
+        assert main(["quota", "apply", str(bad), "--url", ledger_url]) == 2
+        assert message in capsys.readouterr().err
+    assert main(["quota", "apply", str(tmp_path / "missing.yaml"), "--url", ledger_url]) == 2
+    assert "a readable file" in capsys.readouterr().err
+    assert LedgerQuotas(pool).list() == plan()  # nothing refused was written

@@ -1,0 +1,80 @@
+"""Preemption victims: who may be preempted, and the choice that loses the least work (pure)."""
+
+from __future__ import annotations
+
+import pytest
+
+from airflow_gpupool.governance.preemption import Preemptor, VictimCandidate, choose_victims, lost_gpu_seconds
+
+NOW = 10_000.0
+
+
+def grant(
+    rid: str,
+    *,
+    priority: int = 0,
+    preemptible: bool = True,
+    age: float = 3600,
+    milli: int = 1000,
+    checkpoint_age: float | None = None,
+    borrowed: bool = False,
+) -> VictimCandidate:
+    checkpoint_at = None if checkpoint_age is None else NOW - checkpoint_age
+    return VictimCandidate(rid, priority, preemptible, NOW - age, milli, checkpoint_at, borrowed)
+
+
+def victims(preemptor: Preemptor, candidates: list[VictimCandidate], free: int = 0) -> list[str] | None:
+    chosen = choose_victims(preemptor, candidates, free_milli=free, now=NOW, min_runtime_seconds=300)
+    return None if chosen is None else [v.reservation_id for v in chosen]
+
+
+def test_the_victim_losing_least_work_since_its_checkpoint_goes_first() -> None:
+    fresh = grant("fresh-checkpoint", checkpoint_age=60)  # loses 60 GPU-s
+    stale = grant("stale-checkpoint", checkpoint_age=1800)  # loses 1800 GPU-s
+    none = grant("no-checkpoint", age=900)  # loses 900 GPU-s
+    assert victims(Preemptor(priority=10, milli=1000), [stale, none, fresh]) == ["fresh-checkpoint"]
+    assert victims(Preemptor(priority=10, milli=2000), [stale, none, fresh]) == [
+        "fresh-checkpoint",
+        "no-checkpoint",
+    ]
+    assert lost_gpu_seconds(grant("half", milli=500, checkpoint_age=100), NOW) == 50
+
+
+def test_ties_go_to_the_lowest_priority_then_the_newest() -> None:
+    same = {"checkpoint_age": 60}
+    low, mid = grant("p1", priority=1, **same), grant("p2", priority=2, **same)  # type: ignore[arg-type]
+    older, newer = grant("old", age=7200, **same), grant("new", age=3600, **same)  # type: ignore[arg-type]
+    assert victims(Preemptor(priority=10, milli=1000), [mid, low]) == ["p1"]
+    assert victims(Preemptor(priority=10, milli=1000), [older, newer]) == ["new"]
+
+
+@pytest.mark.parametrize(
+    ("candidate", "preemptor"),
+    [
+        pytest.param(grant("np", preemptible=False), Preemptor(10, 1000), id="not-preemptible"),
+        pytest.param(grant("eq", priority=10), Preemptor(10, 1000), id="same-priority"),
+        pytest.param(grant("young", age=100), Preemptor(10, 1000), id="within-min-runtime"),
+        pytest.param(
+            grant("b", priority=10, borrowed=True), Preemptor(10, 1000), id="borrowed-but-no-reclaim"
+        ),
+        pytest.param(
+            grant("np-borrowed", priority=10, borrowed=True, preemptible=False),
+            Preemptor(10, 1000, reclaims=True),
+            id="borrowed-not-preemptible",
+        ),
+        pytest.param(grant("low"), Preemptor(10, 1000, was_preempted=True), id="no-cascade"),
+    ],
+)
+def test_who_is_never_a_victim(candidate: VictimCandidate, preemptor: Preemptor) -> None:
+    assert victims(preemptor, [candidate]) is None
+
+
+def test_a_lender_reclaims_borrowed_capacity_at_equal_priority() -> None:
+    borrowed = grant("borrowed", priority=10, borrowed=True)
+    assert victims(Preemptor(priority=10, milli=1000, reclaims=True), [borrowed]) == ["borrowed"]
+
+
+def test_nothing_is_preempted_when_free_capacity_suffices_or_victims_cannot() -> None:
+    assert victims(Preemptor(10, 1000), [grant("low")], free=1000) == []
+    assert victims(Preemptor(10, 3000), [grant("a"), grant("b")]) is None
+    assert victims(Preemptor(10, 3000), [grant("a"), grant("b")], free=1000) == ["a", "b"]
