@@ -321,8 +321,8 @@ class KubernetesApiEmulator(KubernetesEmulator):
             self.kubelet.start(meta.get("namespace") or request.namespace, meta["name"])
         elif request.action == action.DELETE and request.name and request.subresource is None:
             await self.kubelet.stopped(request.namespace, request.name)
-        elif request.action == action.UPDATE:
-            self.kubelet.notify()  # scheduling gates: a removed gate lets a pod be scheduled
+        elif request.action == action.UPDATE and request.name:
+            gates.changed(self, request.namespace, request.name)  # scheduling gates: a gate may be gone
 
     async def _serve_replace(self, request: Any) -> dict[str, Any]:
         """Replace a whole object (``PUT``), checking its ``resourceVersion`` as the API server does.

@@ -19,6 +19,7 @@ module at two marked lines each; the object model is the JSON the API stores.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from collections.abc import Mapping
 from typing import Any
@@ -30,11 +31,13 @@ from airflow_gpupool.testing.pod_status import condition
 __all__ = [
     "GATED_REASON",
     "KubernetesInvalid",
+    "changed",
     "check_pod_create",
     "check_pod_update",
     "is_gated",
     "mark_gated",
     "marked_gated",
+    "watch",
 ]
 
 GATED_REASON = "SchedulingGated"
@@ -62,6 +65,42 @@ class KubernetesInvalid(KubernetesError):
             message=f'{kind} "{name}" is invalid: {message}',
             details={"name": name, "kind": kind.lower()},
         )
+
+
+# Gated pods wait on an event of their own, set when that pod is updated: with a thousand gated
+# pods, waking them all on every update would cost a million reads.
+_WAITERS_ATTRIBUTE = "_gpupool_gate_waiters"
+
+
+def _waiters(owner: object) -> dict[tuple[str | None, str], asyncio.Event]:
+    """Return the registry of the emulator ``owner`` (kept on it: it lives and dies with it)."""
+    waiters: dict[tuple[str | None, str], asyncio.Event] | None = getattr(owner, _WAITERS_ATTRIBUTE, None)
+    if waiters is None:
+        waiters = {}
+        setattr(owner, _WAITERS_ATTRIBUTE, waiters)
+    return waiters
+
+
+def watch(owner: object, namespace: str | None, name: str) -> asyncio.Event:
+    """Return an event set at the next update of a pod (call before reading it, on the server's loop).
+
+    :param owner: the API server (one registry per emulator)
+    :param namespace: the pod's namespace
+    :param name: the pod's name
+    """
+    return _waiters(owner).setdefault((namespace, name), asyncio.Event())
+
+
+def changed(owner: object, namespace: str | None, name: str) -> None:
+    """Wake the kubelet's wait on a pod that was just updated.
+
+    :param owner: the API server
+    :param namespace: the pod's namespace
+    :param name: the pod's name
+    """
+    event = _waiters(owner).pop((namespace, name), None)
+    if event is not None:
+        event.set()
 
 
 def is_gated(pod: Mapping[str, Any]) -> bool:

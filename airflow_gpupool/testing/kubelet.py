@@ -280,9 +280,10 @@ class SimulatedKubelet:
             if pod is None:
                 return None
             if gates.is_gated(pod):  # scheduling gates (testing/gates.py): wait until all are removed
+                updated = gates.watch(self.api, namespace, name)
                 if not gates.marked_gated(pod):
                     await self.api.update_object(PODS, namespace, name, gates.mark_gated)
-                await self._cluster_changed()
+                await updated.wait()
                 continue
             nodes = self.api.list_objects(NODES)
             node_name: str | None = (pod.get("spec") or {}).get("nodeName")
