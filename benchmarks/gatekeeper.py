@@ -6,7 +6,11 @@ admission). Pods are created one at a time through the hook, over HTTP to the em
 SQLite ledger of ``--nodes`` 8-GPU nodes; each pod's latency is measured from its create call to
 the watch event that shows its gate removed. Numbers on a shared 2-core machine are noisy.
 
-Usage: ``python benchmarks/gatekeeper.py [--pods 100] [--nodes 10] [--interval 0.05]``
+With ``--queued N``, N gated pods are created first, then gatekeeper passes run back to back
+until no more are admitted: admitted pods per second over those passes (an idle pool of
+``--nodes`` 8-GPU nodes admits ``8 * nodes`` one-GPU pods; the rest stay queued).
+
+Usage: ``python benchmarks/gatekeeper.py [--pods 100] [--nodes 20] [--interval 0.05] [--queued 1000]``
 """
 
 from __future__ import annotations
@@ -58,17 +62,44 @@ def wait_ungated(server: KubernetesEmulatorServer, name: str, timeout: float = 3
     raise TimeoutError(name)
 
 
+def throughput(server: KubernetesEmulatorServer, ledger: Ledger, queued: int) -> str:
+    """Create ``queued`` gated pods, then run passes until none is admitted; return the line to print."""
+    core = core_v1_api(server.kubeconfig_path)
+    for i in range(queued):
+        core.create_namespaced_pod("default", gated_pod(f"queued-{i:05d}"))
+    admitted, passes = 0, 0
+    started = time.perf_counter()
+    while True:
+        result = gatekeep(ledger, core)
+        passes += 1
+        if not result.admitted:
+            break
+        admitted += len(result.admitted)
+    elapsed = time.perf_counter() - started
+    return (
+        f"queued={queued}: {admitted} admitted in {elapsed:.1f} s over {passes} passes "
+        f"({admitted / elapsed:.1f} pods/s), {len(result.waiting)} still waiting"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pods", type=int, default=100)
     parser.add_argument("--nodes", type=int, default=20)
     parser.add_argument("--interval", type=float, default=0.05)
+    parser.add_argument(
+        "--queued", type=int, default=0, help="measure admissions/s with this many pods queued"
+    )
     args = parser.parse_args()
     nodes = [gpu_node(f"gpu-{i:03d}", gpus=8) for i in range(args.nodes)]
     with tempfile.TemporaryDirectory() as tmp, KubernetesEmulatorServer(nodes=nodes) as server:
         ledger = Ledger.create(f"sqlite:///{Path(tmp) / 'ledger.db'}")
         core = core_v1_api(server.kubeconfig_path)
         sync_inventory(ledger, core)
+        if args.queued:
+            print(f"nodes={args.nodes} " + throughput(server, ledger, args.queued))
+            ledger.close()
+            return
         stop = threading.Event()
         passes: list[float] = []
 
