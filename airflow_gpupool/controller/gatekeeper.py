@@ -252,7 +252,8 @@ class _Pass:
         except NoCapacityError as e:
             self.refuse(pod, REASON_NO_CAPACITY, f"gpupool: the request can never fit this pool: {e}")
             return
-        except (GpuPoolError, ValueError) as e:
+        except ValueError as e:  # a bad request (InvalidRequestError is one); an unreachable ledger is
+            # not: it fails the step, retried at the next pass, and never deletes a pod
             self.refuse(pod, REASON_REFUSED, f"gpupool cannot admit this pod: {e}")
             return
         self.admit_or_wait(pod, reservation)

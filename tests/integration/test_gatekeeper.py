@@ -212,3 +212,19 @@ def test_a_running_admitted_pod_keeps_its_grant_until_it_is_gone(
     core.delete_namespaced_pod("long", "default")
     assert gatekeep(synced, core).released == [rid]
     assert synced.get(rid).message == "gatekeeper: pod default/long gone"
+
+
+def test_an_unreachable_ledger_fails_the_pass_and_deletes_nothing(
+    synced: Ledger, k8s: KubernetesEmulatorServer, core: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow_gpupool.exceptions import LedgerUnavailableError
+
+    create_hooked_pod(core, "patient", {"nvidia.com/gpu": "1"})
+
+    def down(*args: Any, **kwargs: Any) -> Any:
+        raise LedgerUnavailableError(60.0, "connection refused")
+
+    monkeypatch.setattr(synced, "reserve", down)
+    with pytest.raises(LedgerUnavailableError):
+        gatekeep(synced, core)
+    assert k8s.pod("patient") is not None
