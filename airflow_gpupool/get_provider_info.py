@@ -45,6 +45,9 @@ def get_provider_info() -> dict[str, Any]:
         ],
         "notifications": ["airflow_gpupool.notifiers.escalation.EscalationNotifier"],
         "extra-links": ["airflow_gpupool.operators.links.GpuReservationLink"],
+        "task-decorators": [
+            {"class-name": "airflow_gpupool.decorators.gpu_pod.gpu_pod_task", "name": "gpu_pod"}
+        ],
         "plugins": [{"name": "gpupool", "plugin-class": "airflow_gpupool.plugins.gpupool.GpuPoolPlugin"}],
         "config": {
             "gpupool": {

@@ -16,6 +16,27 @@ WORKLOAD_CLASS_LABEL = "gpupool.io/workload-class"
 #: On a node: the node pool it belongs to (read before the cloud providers' own pool labels).
 POOL_LABEL = "gpupool.io/pool"
 
+# -- the executor hook and the gatekeeper (pods that GpuPodOperator did not build) ------------------
+#: The scheduling gate the executor hook puts on a GPU pod; the gatekeeper removes it once granted.
+SCHEDULING_GATE = "gpupool.io/reservation"
+#: On a gated pod: the request as JSON (``GpuRequest.to_dict``). A pod may set it itself to ask for
+#: a fraction (``{"gpu_milli": 500}``); the hook then writes the whole request back.
+REQUEST_ANNOTATION = "gpupool.io/request"
+#: On a gated pod: the Airflow identity the hook found (the ledger's holder is built from them).
+DAG_ID_ANNOTATION = "gpupool.io/dag-id"
+TASK_ID_ANNOTATION = "gpupool.io/task-id"
+RUN_ID_ANNOTATION = "gpupool.io/run-id"
+TRY_NUMBER_ANNOTATION = "gpupool.io/try-number"
+MAP_INDEX_ANNOTATION = "gpupool.io/map-index"
+#: Team and priority: read from a label or an annotation of the pod, written as annotations.
+TEAM_KEY = "gpupool.io/team"
+PRIORITY_KEY = "gpupool.io/priority"
+#: On a gated pod: how the grant is bound (``whole``, ``mig`` or ``accounted``), chosen by the hook.
+BINDING_ANNOTATION = "gpupool.io/binding"
+#: Written by the gatekeeper when it admits a pod: the granted node and GPUs.
+NODE_ANNOTATION = "gpupool.io/node"
+GPUS_ANNOTATION = "gpupool.io/gpus"
+
 # -- Kubernetes ---------------------------------------------------------------------------------
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 #: Node-pool labels, first match wins: ours, then GKE, EKS, AKS and Karpenter.

@@ -15,7 +15,11 @@ from typing import Any
 from airflow_gpupool.argtypes import non_empty, number
 from airflow_gpupool.cli.common import open_ledger, url_arg
 from airflow_gpupool.controller.leader import DEFAULT_LEASE_DURATION, DEFAULT_LEASE_NAME
-from airflow_gpupool.controller.run import DEFAULT_RECONCILE_INTERVAL, DEFAULT_SYNC_INTERVAL
+from airflow_gpupool.controller.run import (
+    DEFAULT_GATE_INTERVAL,
+    DEFAULT_RECONCILE_INTERVAL,
+    DEFAULT_SYNC_INTERVAL,
+)
 
 __all__ = ["cmd_controller_run", "default_namespace", "register"]
 
@@ -47,7 +51,9 @@ def cmd_controller_run(args: argparse.Namespace) -> int:
 
     logging.getLogger("airflow_gpupool").setLevel(args.log_level)
     # Bad configuration fails here, before the loop: exit 2 (GpuPoolError) or a traceback.
-    intervals = ControllerIntervals(sync=args.sync_interval, reconcile=args.reconcile_interval)
+    intervals = ControllerIntervals(
+        sync=args.sync_interval, reconcile=args.reconcile_interval, gate=args.gate_interval
+    )
     lease = LeaseSettings(
         namespace=args.namespace or default_namespace(),
         identity=args.identity or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}",
@@ -115,6 +121,13 @@ def register(subparsers: Any) -> None:
         type=number(0, above=True),
         default=DEFAULT_RECONCILE_INTERVAL,
         help="seconds between reconciles of grants with pods, each followed by a reap (default %(default)g)",
+    )
+    p.add_argument(
+        "--gate-interval",
+        metavar="S",
+        type=float,
+        default=DEFAULT_GATE_INTERVAL,
+        help="seconds between gatekeeper passes over the pods the executor hook gated (default %(default)g)",
     )
     p.add_argument(
         "--namespace",

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from airflow_gpupool.controller.early_warning import request_emergency_checkpoints
+from airflow_gpupool.controller.gatekeeper import GateResult, gatekeep
 from airflow_gpupool.controller.heartbeats import check_heartbeats
 from airflow_gpupool.controller.reconcile import ReconcileResult, reconcile
 from airflow_gpupool.exceptions import ConfigurationError
@@ -50,6 +51,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_SYNC_INTERVAL = 60.0
 DEFAULT_RECONCILE_INTERVAL = 30.0
+DEFAULT_GATE_INTERVAL = 2.0  # gatekeeper: a gated pod waits at most this long after its grant
 
 
 @dataclass(frozen=True)
@@ -58,13 +60,20 @@ class ControllerIntervals:
 
     :param sync: inventory sync
     :param reconcile: reconcile of grants with pods, then reap
+    :param gate: the gatekeeper (admit the pods the executor hook gated)
     """
 
     sync: float = DEFAULT_SYNC_INTERVAL
     reconcile: float = DEFAULT_RECONCILE_INTERVAL
+    gate: float = DEFAULT_GATE_INTERVAL
 
     def __post_init__(self) -> None:
-        for what, value in (("sync interval", self.sync), ("reconcile interval", self.reconcile)):
+        checked = (
+            ("sync interval", self.sync),
+            ("reconcile interval", self.reconcile),
+            ("gate interval", self.gate),
+        )
+        for what, value in checked:
             try:
                 positive_seconds(value)
             except ValueError as e:
@@ -85,6 +94,7 @@ class PassResult:
     reaped: ReapResult | None = None
     heartbeats: HeartbeatCheck | None = None
     checkpoints_asked: list[str] | None = None
+    gated: GateResult | None = None
     errors: list[tuple[str, str]] = field(default_factory=list)
 
     def summary(self) -> str:
@@ -107,6 +117,8 @@ class PassResult:
             )
         if self.checkpoints_asked:
             parts.append(f"early warning: checkpoint asked of {', '.join(self.checkpoints_asked)}")
+        if self.gated is not None and (self.gated.admitted or self.gated.deleted or self.gated.released):
+            parts.append(f"gatekeeper: {self.gated.summary()}")
         parts += [f"{step} failed: {message}" for step, message in self.errors]
         return "; ".join(parts) or "nothing due"
 
@@ -135,7 +147,7 @@ class GpuPoolController:
         self.elector = elector
         self.intervals = intervals or ControllerIntervals()
         self._clock = clock
-        self._next_sync = self._next_reconcile = float("-inf")
+        self._next_sync = self._next_reconcile = self._next_gate = float("-inf")
         self._next_election = float("-inf")
         self._election = threading.Lock()  # the pass and the Lease keeper both renew
 
@@ -166,7 +178,11 @@ class GpuPoolController:
             result.checkpoints_asked = self._step(
                 result, "early warning", lambda: request_emergency_checkpoints(self.ledger, self.api)
             )
-        if result.synced or result.reconciled or result.reaped or result.errors:
+        if now >= self._next_gate and self.elector.is_leader():  # gatekeeper (controller/gatekeeper.py)
+            self._next_gate = now + self.intervals.gate
+            result.gated = self._step(result, "gatekeeper", lambda: gatekeep(self.ledger, self.api))
+        admitted = result.gated is not None and bool(result.gated.admitted or result.gated.deleted)
+        if result.synced or result.reconciled or result.reaped or result.errors or admitted:
             log.info("Controller pass (%s): %s", self.elector.identity, result.summary())
         self._log_details(result)
         return result
@@ -223,7 +239,7 @@ class GpuPoolController:
     # -- helpers -------------------------------------------------------------------------------
 
     def _seconds_to_next(self) -> float:
-        due = min(self._next_election, self._next_sync, self._next_reconcile)
+        due = min(self._next_election, self._next_sync, self._next_reconcile, self._next_gate)
         if not self.elector.is_leader():
             due = self._next_election
         return max(0.05, due - self._clock())

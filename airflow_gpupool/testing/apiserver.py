@@ -31,7 +31,9 @@ from typing import Any, TypeVar, cast
 
 import aiohttp.web
 from kmock import KubernetesEmulator, KubernetesError, KubernetesObjectNotFoundError, action, resource
+from kmock._internal.dicts import patch_dict  # the merge kmock applies: the object we check is the one stored
 
+from airflow_gpupool.testing import gates
 from airflow_gpupool.testing.discovery import SERVED, discovery_document, kmock_resources, not_found
 from airflow_gpupool.testing.kinds import LEASES, NAMESPACES, NODES, PODS
 from airflow_gpupool.testing.kubelet import SimulatedKubelet
@@ -323,13 +325,26 @@ class KubernetesApiEmulator(KubernetesEmulator):
         :param request: kmock's parsed request
         """
         if request.action == action.CREATE and isinstance(request.data, dict):
+            if request.resource == PODS:
+                gates.check_pod_create(request.data)  # scheduling gates: testing/gates.py
             self._stamp(request.data, request.namespace)
             if request.resource == PODS:
                 self.kubelet.prepare_new_pod(request.data)
-        elif request.action == action.UPDATE and isinstance(request.data, dict) and request.name:
+        elif request.action == action.UPDATE and request.resource == PODS and request.subresource is None:
+            self._check_pod_update(request)  # scheduling gates: testing/gates.py
+        if request.action == action.UPDATE and isinstance(request.data, dict) and request.name:
             request.data.setdefault("metadata", {})
             if isinstance(request.data["metadata"], dict):
                 request.data["metadata"]["resourceVersion"] = self.next_resource_version()
+
+    def _check_pod_update(self, request: Any) -> None:
+        """Refuse a pod patch the real API server refuses (:func:`gates.check_pod_update`).
+
+        :param request: kmock's parsed request
+        """
+        current = self.get_object(PODS, request.namespace, request.name) if request.name else None
+        if current is not None and isinstance(request.data, dict | list):
+            gates.check_pod_update(current, patch_dict(current, request.data))
 
     async def _after_success(self, request: Any) -> None:
         """Tell the kubelet about a pod or node request kmock served.
@@ -351,6 +366,8 @@ class KubernetesApiEmulator(KubernetesEmulator):
             self.kubelet.start(meta.get("namespace") or request.namespace, meta["name"])
         elif request.action == action.DELETE and request.name and request.subresource is None:
             await self.kubelet.stopped(request.namespace, request.name)
+        elif request.action == action.UPDATE and request.name:
+            gates.changed(self, request.namespace, request.name)  # scheduling gates: a gate may be gone
 
     async def _serve_replace(self, request: Any) -> dict[str, Any]:
         """Replace a whole object (``PUT``), checking its ``resourceVersion`` as the API server does.

@@ -22,6 +22,7 @@ import logging
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
+from airflow_gpupool.testing import gates
 from airflow_gpupool.testing.behaviour import PodBehaviour, PodRule, resolve_behaviour
 from airflow_gpupool.testing.failures import (
     Interruption,
@@ -287,6 +288,12 @@ class SimulatedKubelet:
             pod = self.api.get_object(PODS, namespace, name)
             if pod is None:
                 return None
+            if gates.is_gated(pod):  # scheduling gates (testing/gates.py): wait until all are removed
+                updated = gates.watch(self.api, namespace, name)
+                if not gates.marked_gated(pod):
+                    await self.api.update_object(PODS, namespace, name, gates.mark_gated)
+                await updated.wait()
+                continue
             nodes = self.api.list_objects(NODES)
             node_name: str | None = (pod.get("spec") or {}).get("nodeName")
             message = ""

@@ -240,12 +240,12 @@ def test_a_failing_step_is_logged_and_retried_at_the_next_pass(
         for _ in range(2):
             result = controller.run_pass()
             assert result.leading and result.reaped is not None
-            assert [step for step, _ in result.errors] == ["sync", "reconcile"]
+            assert [step for step, _ in result.errors] == ["sync", "reconcile", "gatekeeper"]
             clock.advance(10)
         failures = [
             r.getMessage() for r in caplog.records if "failed (retried in the next pass)" in r.getMessage()
         ]
-        assert len(failures) == 4
+        assert len(failures) == 6
     finally:
         ledger.close()
 

@@ -1,0 +1,354 @@
+"""The gatekeeper: admits the pods the executor hook gated, through the same ledger queue as the rest.
+
+Each pass (:func:`gatekeep`) lists the pods still carrying the ``gpupool.io/reservation`` gate
+(:mod:`airflow_gpupool.executor_hook`) and, for each:
+
+* reserves its request (idempotent: the reservation id is derived from the pod's uid, the holder
+  from its Airflow identity, host ``gatekeeper``), so it waits in the queue like any other request;
+  a gated pod holds no worker slot and no GPU, so nothing needs to defer;
+* once granted, binds the grant to the pod (by name and uid, before touching the pod: a
+  gatekeeper dying in between leaves an orphan that reconcile ends, never a pod on a freed
+  slice), then pins it with only what Kubernetes allows on a gated pod: a ``nodeSelector`` entry
+  for the granted node, the GPU toleration, the ``gpupool.io/reservation-id`` label (reconcile
+  finds the grant's pod by it and frees the grant when the pod ends), annotations with the grant,
+  and the gate removed (other gates stay);
+* a refused binding (the hook said why), a request that can never fit, or one whose reservation
+  timed out: an Event on the pod naming what blocked it, then the pod is deleted, so its task
+  fails with that reason.
+
+Admitted pods hold a lease like any grant: each pass renews the grants of the live ones that are
+past half their TTL, and releases those whose pod finished or is gone at once (reconcile would,
+at its next interval). A waiting request whose pod went away is withdrawn.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from airflow_gpupool import settings
+from airflow_gpupool.exceptions import GpuPoolError, NoCapacityError
+from airflow_gpupool.executor_hook import GATEKEEPER_HOST, REFUSED, identity_from_annotations
+from airflow_gpupool.inventory.sync import list_objects
+from airflow_gpupool.labels import (
+    ANNOTATION_PREFIX,
+    BINDING_ANNOTATION,
+    GPU_RESOURCE,
+    GPUS_ANNOTATION,
+    HOSTNAME_LABEL,
+    NODE_ANNOTATION,
+    REQUEST_ANNOTATION,
+    RESERVATION_LABEL,
+    SCHEDULING_GATE,
+)
+from airflow_gpupool.ledger.invariants import FINISHED_PHASES
+from airflow_gpupool.ledger.models import ReservationState
+from airflow_gpupool.resources import GpuRequest
+from airflow_gpupool.task_try import RESERVATION_ID_PREFIX
+
+if TYPE_CHECKING:
+    from airflow_gpupool.ledger import Ledger
+    from airflow_gpupool.ledger.models import Grant, Reservation
+
+__all__ = [
+    "GATEKEEPER_HOST",
+    "GateResult",
+    "admission_patch",
+    "gatekeep",
+    "gated_reservation_id",
+]
+
+log = logging.getLogger(__name__)
+
+REASON_ADMITTED = "GpuPoolAdmitted"
+REASON_REFUSED = "GpuPoolBindingRefused"
+REASON_TIMED_OUT = "GpuPoolReservationTimedOut"
+REASON_NO_CAPACITY = "GpuPoolNoCapacity"
+_SOURCE = "gpupool-gatekeeper"
+GPU_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
+
+
+@dataclass
+class GateResult:
+    """What one gatekeeper pass did, each list of ``namespace/name`` (``(pod, reason)`` for the deleted).
+
+    :param admitted: pods granted, pinned and ungated
+    :param waiting: pods whose request waits in the queue
+    :param deleted: pods deleted, with why
+    :param released: grants released because their pod finished
+    :param withdrawn: waiting requests withdrawn because their pod went away
+    :param renewed: grants of admitted pods renewed
+    """
+
+    admitted: list[str] = field(default_factory=list)
+    waiting: list[str] = field(default_factory=list)
+    deleted: list[tuple[str, str]] = field(default_factory=list)
+    released: list[str] = field(default_factory=list)
+    withdrawn: list[str] = field(default_factory=list)
+    renewed: int = 0
+
+    def summary(self) -> str:
+        """Return a one-line account such as ``2 admitted, 1 waiting, 0 deleted, ...``."""
+        return (
+            f"{len(self.admitted)} admitted, {len(self.waiting)} waiting, {len(self.deleted)} deleted, "
+            f"{len(self.released)} released, {len(self.withdrawn)} withdrawn, {self.renewed} renewed"
+        )
+
+
+def gated_reservation_id(uid: str) -> str:
+    """Return the reservation id of a gated pod: stable for the pod, new for a new pod.
+
+    :param uid: the pod's uid
+    """
+    return RESERVATION_ID_PREFIX + hashlib.sha256(f"gate|{uid}".encode()).hexdigest()[:32]
+
+
+def _meta(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+    return pod.get("metadata") or {}
+
+
+def _name(pod: Mapping[str, Any]) -> str:
+    return f"{_meta(pod).get('namespace', 'default')}/{_meta(pod).get('name')}"
+
+
+def _is_ours(pod: Mapping[str, Any]) -> bool:
+    return any(g.get("name") == SCHEDULING_GATE for g in (pod.get("spec") or {}).get("schedulingGates") or [])
+
+
+def _admitted_here(pod: Mapping[str, Any]) -> bool:
+    """Return whether the gatekeeper admitted this pod (its label is the id derived from its uid)."""
+    rid = (_meta(pod).get("labels") or {}).get(RESERVATION_LABEL)
+    return bool(rid) and rid == gated_reservation_id(str(_meta(pod).get("uid")))
+
+
+def _holder(pod: Mapping[str, Any]) -> str:
+    who = identity_from_annotations(dict(_meta(pod).get("annotations") or {}))
+    if who is not None:
+        return who.holder
+    return f"pod:{_name(pod)}@{GATEKEEPER_HOST}"
+
+
+def admission_patch(pod: Mapping[str, Any], reservation_id: str, grant: Grant) -> list[dict[str, Any]]:
+    """Return the JSON patch that pins a gated pod to its grant and removes our gate (pure).
+
+    Only what Kubernetes allows on a gated pod: labels and annotations, a ``nodeSelector`` entry,
+    an added toleration, gates removed. JSON patch (not a merge patch) so the gate list is set
+    exactly, whichever merge strategy the server would apply.
+
+    :param pod: the gated pod
+    :param reservation_id: its reservation
+    :param grant: the grant
+    """
+    spec, meta = pod.get("spec") or {}, _meta(pod)
+    where = (
+        f"{grant.mig_slice} ({grant.mig_profile})"
+        if grant.mig_slice
+        else ",".join(map(str, grant.gpu_indices))
+    )
+    ops: list[dict[str, Any]] = []
+    labels = {**(meta.get("labels") or {}), RESERVATION_LABEL: reservation_id}
+    annotations = {
+        **(meta.get("annotations") or {}),
+        f"{ANNOTATION_PREFIX}reservation-id": reservation_id,
+        NODE_ANNOTATION: grant.node,
+        GPUS_ANNOTATION: where,
+    }
+    ops.append({"op": "add", "path": "/metadata/labels", "value": labels})
+    ops.append({"op": "add", "path": "/metadata/annotations", "value": annotations})
+    ops.append(
+        {
+            "op": "add",
+            "path": "/spec/nodeSelector",
+            "value": {**(spec.get("nodeSelector") or {}), HOSTNAME_LABEL: grant.node},
+        }
+    )
+    tolerations = list(spec.get("tolerations") or [])
+    if not any(t.get("key") == GPU_RESOURCE for t in tolerations):
+        ops.append({"op": "add", "path": "/spec/tolerations", "value": [*tolerations, GPU_TOLERATION]})
+    rest = [g for g in spec.get("schedulingGates") or [] if g.get("name") != SCHEDULING_GATE]
+    ops.append(
+        {"op": "replace", "path": "/spec/schedulingGates", "value": rest}
+        if rest
+        else {"op": "remove", "path": "/spec/schedulingGates"}
+    )
+    return ops
+
+
+def _event(pod: Mapping[str, Any], kind: str, reason: str, message: str) -> dict[str, Any]:
+    meta = _meta(pod)
+    now = time.time()
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": f"{meta.get('name')}.gatekeeper-{int(now * 1e6):x}"},
+        "involvedObject": {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "namespace": meta.get("namespace", "default"),
+            "name": meta.get("name"),
+            "uid": meta.get("uid"),
+        },
+        "reason": reason,
+        "message": message,
+        "type": kind,
+        "source": {"component": _SOURCE},
+        "reportingComponent": _SOURCE,
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+    }
+
+
+@dataclass
+class _Pass:
+    ledger: Ledger
+    api: Any
+    timeout: float | None
+    result: GateResult = field(default_factory=GateResult)
+
+    def event(self, pod: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            self.api.create_namespaced_event(
+                _meta(pod).get("namespace", "default"), _event(pod, kind, reason, message)
+            )
+        except ApiException as e:  # the event explains; the action matters
+            log.warning("Could not record an event on pod %s: %s", _name(pod), e.reason)
+
+    def refuse(self, pod: Mapping[str, Any], reason: str, message: str) -> None:
+        """Leave an Event saying why, then delete the pod: its task fails with that reason."""
+        from kubernetes.client.exceptions import ApiException
+
+        log.warning("Deleting gated pod %s: %s", _name(pod), message)
+        self.event(pod, "Warning", reason, message)
+        try:
+            self.api.delete_namespaced_pod(_meta(pod)["name"], _meta(pod).get("namespace", "default"))
+        except ApiException as e:
+            if e.status != 404:
+                raise
+        self.result.deleted.append((_name(pod), message))
+
+    def gate(self, pod: Mapping[str, Any]) -> None:
+        annotations = dict(_meta(pod).get("annotations") or {})
+        binding = annotations.get(BINDING_ANNOTATION, "")
+        if binding.startswith(REFUSED) or not annotations.get(REQUEST_ANNOTATION):
+            why = (
+                binding.partition(": ")[2]
+                or "no gpupool.io/request annotation (not gated by the executor hook)"
+            )
+            self.refuse(pod, REASON_REFUSED, f"gpupool cannot admit this pod: {why}")
+            return
+        rid = gated_reservation_id(str(_meta(pod).get("uid")))
+        try:
+            request = GpuRequest.from_dict(json.loads(annotations[REQUEST_ANNOTATION]))
+            reservation = self.ledger.reserve(request, _holder(pod), timeout=self.timeout, reservation_id=rid)
+        except NoCapacityError as e:
+            self.refuse(pod, REASON_NO_CAPACITY, f"gpupool: the request can never fit this pool: {e}")
+            return
+        except ValueError as e:  # a bad request (InvalidRequestError is one); an unreachable ledger is
+            # not: it fails the step, retried at the next pass, and never deletes a pod
+            self.refuse(pod, REASON_REFUSED, f"gpupool cannot admit this pod: {e}")
+            return
+        self.admit_or_wait(pod, reservation)
+
+    def admit_or_wait(self, pod: Mapping[str, Any], reservation: Reservation) -> None:
+        if reservation.state is ReservationState.WAITING:
+            self.result.waiting.append(_name(pod))
+            return
+        if reservation.grant is None or reservation.state.ended:
+            blocked = reservation.message or reservation.state.value
+            self.refuse(
+                pod,
+                REASON_TIMED_OUT,
+                f"gpupool: reservation {reservation.id} {reservation.state.value} after "
+                f"{reservation.waited_seconds:.0f}s in the queue; blocked by: {blocked}",
+            )
+            return
+        meta = _meta(pod)
+        namespace, name = str(meta.get("namespace", "default")), str(meta["name"])
+        self.ledger.bind(reservation.id, namespace=namespace, name=name, uid=str(meta.get("uid")))
+        self.api.patch_namespaced_pod(
+            name, namespace, admission_patch(pod, reservation.id, reservation.grant)
+        )
+        grant = reservation.grant
+        self.event(
+            pod,
+            "Normal",
+            REASON_ADMITTED,
+            f"gpupool granted {reservation.request.describe()} on {grant.node} "
+            f"(reservation {reservation.id}); scheduling gate removed",
+        )
+        log.info("Admitted gated pod %s on %s (%s)", _name(pod), grant.node, reservation.id)
+        self.result.admitted.append(_name(pod))
+
+    def release_if_gone(self, reservation: Reservation, uids: set[str]) -> None:
+        """Release a grant of ours whose pod is gone (KubernetesPodOperator deletes its pod when done)."""
+        grant = reservation.grant
+        if not _ours(reservation) or grant is None or grant.pod_uid is None or grant.pod_uid in uids:
+            return
+        reason = f"gatekeeper: pod {grant.pod_namespace}/{grant.pod_name} gone"
+        if self.ledger.release(reservation.id, reason=reason).released:
+            self.result.released.append(reservation.id)
+
+    def tend(self, pod: Mapping[str, Any], grants: Mapping[str, Reservation], now: float) -> None:
+        """Renew or release the grant of a pod this gatekeeper admitted."""
+        rid = (_meta(pod).get("labels") or {}).get(RESERVATION_LABEL)
+        reservation = grants.get(str(rid))
+        if reservation is None or reservation.grant is None:
+            return
+        phase = (pod.get("status") or {}).get("phase") or "Pending"
+        if phase in FINISHED_PHASES:
+            if self.ledger.release(
+                reservation.id, reason=f"gatekeeper: pod {_name(pod)} finished ({phase})"
+            ).released:
+                self.result.released.append(reservation.id)
+            return
+        ttl = settings.lease_ttl_seconds()
+        if reservation.grant.expires_at - now < ttl / 2 or reservation.state is ReservationState.ORPHANED:
+            try:
+                self.ledger.renew(reservation.id, ttl)
+            except GpuPoolError as e:  # ended meanwhile: reconcile deals with its pod
+                log.warning("Could not renew %s of pod %s: %s", reservation.id, _name(pod), e)
+                return
+            self.result.renewed += 1
+
+
+def _ours(reservation: Reservation) -> bool:
+    return reservation.holder.endswith(f"@{GATEKEEPER_HOST}")
+
+
+def gatekeep(ledger: Ledger, core_v1_api: Any, *, timeout: float | None = None) -> GateResult:
+    """Admit, wait or refuse each gated pod; renew or release the grants of admitted pods.
+
+    :param ledger: the ledger
+    :param core_v1_api: a ``kubernetes.client.CoreV1Api``
+    :param timeout: seconds a gated pod may wait in the queue (default
+        ``[gpupool] reservation_timeout_seconds``)
+    """
+    run = _Pass(ledger, core_v1_api, timeout)
+    pods = list(list_objects(core_v1_api.list_pod_for_all_namespaces))
+    snapshot = ledger.snapshot()
+    grants = {r.id: r for r in snapshot.grants}
+    now = snapshot.taken_at
+    gated_ids = set()
+    for pod in pods:
+        if _is_ours(pod):
+            gated_ids.add(gated_reservation_id(str(_meta(pod).get("uid"))))
+            run.gate(pod)
+        elif _admitted_here(pod):
+            run.tend(pod, grants, now)
+    uids = {str(_meta(p).get("uid")) for p in pods}
+    for reservation in snapshot.grants:
+        run.release_if_gone(reservation, uids)
+    for waiting in snapshot.queue:
+        if _ours(waiting) and waiting.id not in gated_ids:
+            if ledger.release(waiting.id, reason="gatekeeper: its gated pod went away").released:
+                run.result.withdrawn.append(waiting.id)
+    return run.result
