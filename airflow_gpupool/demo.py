@@ -68,6 +68,16 @@ def connection_env(ledger_url: str) -> str:
     return json.dumps({"conn_type": "gpupool", "extra": extra})
 
 
+def airflow_environment(workdir: Path) -> dict[str, str]:
+    """Return the settings Airflow reads when it is first imported: they must be set before that."""
+    return {
+        "AIRFLOW_HOME": str(workdir / "airflow"),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS_FOLDER),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__LOGGING__LOGGING_LEVEL": "WARNING",
+    }
+
+
 def set_environment(workdir: Path, kubeconfig: str, ledger_url: str) -> None:
     """Point Airflow, the example DAGs and the provider at the demo's embedded parts (before Airflow is imported).
 
@@ -77,10 +87,7 @@ def set_environment(workdir: Path, kubeconfig: str, ledger_url: str) -> None:
     """
     os.environ.update(
         {
-            "AIRFLOW_HOME": str(workdir / "airflow"),
-            "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS_FOLDER),
-            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-            "AIRFLOW__LOGGING__LOGGING_LEVEL": "WARNING",
+            **airflow_environment(workdir),
             "KUBECONFIG": kubeconfig,
             "GPUPOOL_EMULATOR": "1",
             "GPUPOOL_CHECKPOINT_ROOT": str(workdir / "checkpoints"),
@@ -426,9 +433,16 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.write_nodes).parent.mkdir(parents=True, exist_ok=True)
         Path(args.write_nodes).write_text(json.dumps({"nodes": demo_nodes()}, indent=1))
         return 0
-    if "airflow" in sys.modules:
-        parser.error("Airflow is already imported in this process: run the demo in a process of its own")
-    return 0 if run_demo(Path(args.dir).resolve(), sys.stdout) else 1
+    workdir = Path(args.dir).resolve()
+    wanted = airflow_environment(workdir)
+    if any(os.environ.get(key) != value for key, value in wanted.items()):
+        # Importing this package imported Airflow (its errors derive from Airflow's), which read
+        # its configuration then: start again in a fresh interpreter with the demo's settings.
+        argv = sys.argv[1:] if argv is None else argv
+        os.execve(
+            sys.executable, [sys.executable, "-m", "airflow_gpupool.demo", *argv], {**os.environ, **wanted}
+        )
+    return 0 if run_demo(workdir, sys.stdout) else 1
 
 
 if __name__ == "__main__":

@@ -31,12 +31,37 @@ RULES = DOCKER / "prometheus" / "rules.yaml"
 KUBERNETES = DOCKER / "kubernetes"
 
 
+def _agent_reported(url: str) -> Any:
+    """A ledger whose one node's fake agent reported twice, 1,801 s apart: a leak and an idle grant."""
+    from airflow_gpupool.agent.collect import NvmlCollector
+    from airflow_gpupool.ledger import Ledger
+    from airflow_gpupool.resources import GpuRequest
+    from airflow_gpupool.testing.fake_nvml import FakeNvml, node_spec
+    from tests.ledger_fixtures import FakeClock, node
+
+    clock = FakeClock()
+    ledger = Ledger.create(url, clock=clock, policy="bestfit")
+    ledger.upsert_nodes([node("t4-0", gpus=2, pool="infer")])
+    held = ledger.reserve(GpuRequest(gpus=1, team="nlp"), "t", reservation_id="gp-idle", ttl=7200)
+    assert held.grant is not None
+    spec = node_spec("t4-0", 2)
+    spec["gpus"][1 - held.grant.gpu_indices[0]]["processes"] = [{"pid": 77, "memory_mib": 2048}]
+    fake = FakeNvml(spec)
+    collector = NvmlCollector(fake, "t4-0", pod_uid_of=fake.pod_uid_of, clock=clock)
+    collector.open()
+    for _ in range(2):
+        ledger.record_report(collector.sample(30.0), leak_grace_seconds=60)
+        clock.advance(1801)
+    return ledger
+
+
 @functools.cache
 def exported() -> dict[str, tuple[str, frozenset[str]]]:
     """Return every sample name the exporter writes, with its family's type and its labels.
 
-    Read from a real scrape of the scenario ledger (tests/unit/metrics/scenario.py), so the
-    assets are checked against what the exporter exports, not against a list kept beside it.
+    Read from real scrapes: of the scenario ledger (tests/unit/metrics/scenario.py), and of a
+    ledger a fake node agent reported to (a leak past its grace, an idle grant), so the assets
+    are checked against what the exporter exports, not against a list kept beside it.
     """
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.parser import text_string_to_metric_families
@@ -44,12 +69,15 @@ def exported() -> dict[str, tuple[str, frozenset[str]]]:
     from airflow_gpupool.metrics import GpuPoolCollector
     from tests.unit.metrics.scenario import build_pool
 
+    texts = []
     with tempfile.TemporaryDirectory() as tmp:
         pool = build_pool(f"sqlite:///{tmp}/ledger.db")
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(GpuPoolCollector(pool.ledger))
-        text = generate_latest(registry).decode()
-        pool.ledger.close()
+        for ledger in (pool.ledger, _agent_reported(f"sqlite:///{tmp}/agent.db")):
+            registry = CollectorRegistry(auto_describe=False)
+            registry.register(GpuPoolCollector(ledger))
+            texts.append(generate_latest(registry).decode())
+            ledger.close()
+    text = "".join(texts)
     found: dict[str, tuple[str, set[str]]] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
