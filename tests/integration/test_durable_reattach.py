@@ -81,9 +81,9 @@ def kill_first_try_mid_pod(
             ]
             return pods[0] if pods else None
 
-        pod = _wait("its pod to run", running_pod, 90, process)
+        pod = _wait("its pod to run", running_pod, 240, process)
         rid = pod["metadata"]["labels"]["gpupool.io/reservation-id"]
-        _wait("the grant to be bound", lambda: (ledger.get(rid).grant or _Unbound).pod_uid, 30, process)
+        _wait("the grant to be bound", lambda: (ledger.get(rid).grant or _Unbound).pod_uid, 120, process)
     finally:
         os.killpg(process.pid, signal.SIGKILL)
         process.wait(timeout=30)
@@ -151,8 +151,8 @@ def run_retry(
                     return str(pod["metadata"]["name"])
             return None
 
-        k8s.finish_pod(_wait("the retry's pod to run on its grant", retry_pod, 120, process))
-        output_bytes, _ = process.communicate(timeout=180)
+        k8s.finish_pod(_wait("the retry's pod to run on its grant", retry_pod, 240, process))
+        output_bytes, _ = process.communicate(timeout=300)
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
