@@ -13,7 +13,7 @@ KUBECONFIG = os.environ.get("GPUPOOL_TEST_KUBECONFIG", "/nonexistent/kubeconfig"
 
 
 def worker_death_dag(dag_id: str, *, durable: bool) -> DAG:
-    """A pod that runs until the test ends it, on a 3 s lease: once its worker is killed the lease expires and the grant is orphaned."""
+    """A pod that runs until the test ends it (90 s at most), on a 3 s lease: once its worker is killed the lease expires and the grant is orphaned."""
     with DAG(
         dag_id, schedule=None, start_date=datetime(2026, 1, 1), catchup=False, tags=["gpupool-test"]
     ) as dag:
@@ -33,7 +33,7 @@ def worker_death_dag(dag_id: str, *, durable: bool) -> DAG:
             durable=durable,
             retries=1,
             retry_delay=timedelta(seconds=0),
-            annotations={"gpupool.emulator/duration-seconds": "600"},
+            annotations={"gpupool.emulator/duration-seconds": "90"},
         )
     return dag
 
