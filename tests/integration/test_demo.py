@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
-def test_demo_runs_the_retraining_dag_and_summarizes_it(tmp_path: Path) -> None:
+def test_demo_runs_the_example_dags_and_summarizes_them(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "GPUPOOL_", "KUBECONFIG"))}
     done = subprocess.run(
         [sys.executable, "-m", "airflow_gpupool.demo", "--dir", str(tmp_path / "demo")],
@@ -32,6 +32,22 @@ def test_demo_runs_the_retraining_dag_and_summarizes_it(tmp_path: Path) -> None:
     assert re.search(r"^  train +success +2 .*retry resumed from checkpoint step 3$", out, re.MULTILINE), out
     assert re.search(r"^  train try 1 +gpu-a100-\d .* released$", out, re.MULTILINE), out
     assert re.search(r"^  evaluate try 1 +gpu-t4 +GPU \d: 250 milli-GPU", out, re.MULTILINE), out
+    # A plain KubernetesPodOperator (legacy_gpu_pod): gated by the executor hook that the demo's
+    # airflow_local_settings installs, admitted by the gatekeeper of the controller running beside
+    # the DAGs onto the A100 its nodeSelector names, its grant listed beside the others.
+    assert "DAG legacy_gpu_pod: success" in out, out
+    assert re.search(
+        r"^  embed_catalog +success +1 .* created gated \(gpupool\.io/reservation\), "
+        r"admitted by the gatekeeper onto gpu-a100-\d$",
+        out,
+        re.MULTILINE,
+    ), out
+    assert re.search(
+        r"^  embed_catalog try 1 +gpu-a100-\d +GPU \d \(NVIDIA-A100-SXM4-80GB\) .* released  "
+        r"\(gated pod, admitted by the gatekeeper\)$",
+        out,
+        re.MULTILINE,
+    ), out
     assert "grants leaked: 0 " in out and "invariant violations 0" in out
     # One fake node agent per GPU node reported while the DAG ran (issue 17).
     assert (

@@ -62,3 +62,16 @@ with _dag("plain_kpo_gpu") as plain_kpo_gpu:
         startup_timeout_seconds=60,
         **POD,
     )
+
+
+with _dag("plain_kpo_gpu_pool") as plain_kpo_gpu_pool:
+    # Its nodeSelector names a node pool: the ledger may grant only a node of that pool.
+    KubernetesPodOperator(
+        task_id="pool_train",
+        name="pool-train",
+        cmds=["python", "train.py"],
+        container_resources=k8s.V1ResourceRequirements(limits={"nvidia.com/gpu": "1"}),
+        node_selector={"gpupool.io/pool": "t4-shared", "nvidia.com/gpu.product": "Tesla-T4"},
+        startup_timeout_seconds=60,
+        **POD,
+    )
