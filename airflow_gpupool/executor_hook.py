@@ -215,8 +215,27 @@ def gated_request(pod: Mapping[str, Any]) -> tuple[GpuRequest, str] | None:
     if asked:
         values = _with_placement(_parse_annotation(asked), values)
     values = _with_placement(node_selection(pod), values)
+    _refuse_dra(pod, annotations)
     request = GpuRequest.from_dict(values)
     return request, _binding(request, res)
+
+
+_DRA_ONLY_THERE = (
+    "no resource claims on a gated pod: the dra binding is only on the GpuPodOperator path (a pod's "
+    "resource claims cannot change after it is created, so the gatekeeper cannot point one at the "
+    "granted device); use GpuPodOperator(binding='dra')"
+)
+
+
+def _refuse_dra(pod: Mapping[str, Any], annotations: Mapping[str, str]) -> None:
+    """Refuse a GPU pod that claims devices through DRA, or asks for the ``dra`` binding itself."""
+    from airflow_gpupool.exceptions import InvalidRequestError
+
+    claims = [c.get("name") for c in (pod.get("spec") or {}).get("resourceClaims") or []]
+    if claims:
+        raise InvalidRequestError("spec.resourceClaims", claims, _DRA_ONLY_THERE)
+    if annotations.get(BINDING_ANNOTATION) == "dra":
+        raise InvalidRequestError(BINDING_ANNOTATION, "dra", _DRA_ONLY_THERE)
 
 
 _REQUIRED_TERMS = (

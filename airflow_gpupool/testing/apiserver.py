@@ -12,6 +12,8 @@ On top of kmock 0.8 this serves what clients such as ``KubernetesPodOperator`` r
 * core/v1 ``events`` and ``nodes``;
 * discovery as ``kubectl`` reads it (:mod:`~airflow_gpupool.testing.discovery`) and ``Table``
   answers for ``kubectl get`` (:mod:`~airflow_gpupool.testing.tables`);
+* resource.k8s.io/v1 ``resourceclaims`` (Dynamic Resource Allocation), stored as sent; a claim a
+  pod owns (``ownerReferences``) is deleted with the pod, as Kubernetes' garbage collector does;
 * coordination.k8s.io/v1 ``leases`` (leader election): ``PUT`` replaces, refused with 409 Conflict
   when the ``resourceVersion`` sent is not the stored one;
 * a log of every request (:class:`RecordedRequest`).
@@ -35,7 +37,7 @@ from kmock._internal.dicts import patch_dict  # the merge kmock applies: the obj
 
 from airflow_gpupool.testing import gates
 from airflow_gpupool.testing.discovery import SERVED, discovery_document, kmock_resources, not_found
-from airflow_gpupool.testing.kinds import LEASES, NAMESPACES, NODES, PODS
+from airflow_gpupool.testing.kinds import LEASES, NAMESPACES, NODES, PODS, RESOURCE_CLAIMS
 from airflow_gpupool.testing.kubelet import SimulatedKubelet
 from airflow_gpupool.testing.selectors import parse_field_selector, parse_label_selector
 from airflow_gpupool.testing.storage import StoredObjects
@@ -254,6 +256,7 @@ class KubernetesApiEmulator(StoredObjects):
             self.kubelet.start(meta.get("namespace") or request.namespace, meta["name"])
         elif request.action == action.DELETE and request.name and request.subresource is None:
             await self.kubelet.stopped(request.namespace, request.name)
+            await self.collect_garbage(RESOURCE_CLAIMS, PODS)  # the claims the pod owned go with it
         elif request.action == action.UPDATE and request.name:
             gates.changed(self, request.namespace, request.name)  # scheduling gates: a gate may be gone
 

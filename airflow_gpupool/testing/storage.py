@@ -16,6 +16,8 @@ from typing import Any, TypeVar
 
 from kmock import KubernetesEmulator, resource
 
+from airflow_gpupool.testing.discovery import SERVED
+
 __all__ = ["StoredObjects", "now_iso"]
 
 T = TypeVar("T")
@@ -150,3 +152,29 @@ class StoredObjects(KubernetesEmulator):
             return result
         finally:
             await bus.unmark(marker)
+
+    async def collect_garbage(self, res: resource, owner: resource) -> list[str]:
+        """Delete the objects of ``res`` whose every owner of resource ``owner`` is gone, as Kubernetes' garbage collector does.
+
+        An object owned (``metadata.ownerReferences``) only by objects that no longer exist, by uid,
+        is deleted; one with no owner reference, or with a live owner, stays.
+
+        :param res: the dependents, e.g. ResourceClaims
+        :param owner: the owners' resource, e.g. Pods
+        :return: the names deleted
+        """
+        live = {o["metadata"].get("uid") for o in self.list_objects(owner)}
+        kind = self.resources_kind(owner)
+        deleted = []
+        for obj in self.list_objects(res):
+            meta = obj["metadata"]
+            owners = [r for r in meta.get("ownerReferences") or [] if r.get("kind") == kind]
+            if owners and not any(r.get("uid") in live for r in owners):
+                await self.delete_object(res, meta.get("namespace"), meta["name"])
+                deleted.append(meta["name"])
+        return deleted
+
+    @staticmethod
+    def resources_kind(res: resource) -> str:
+        """Return the kind of a served resource (``Pod`` for pods)."""
+        return next(s.kind for s in SERVED if s.plural == res.plural and s.group == (res.group or ""))

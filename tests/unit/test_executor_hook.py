@@ -399,3 +399,29 @@ def test_importing_the_hook_while_airflow_starts_from_inside_this_package(tmp_pa
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "1"
+
+
+def with_claims(p: dict[str, Any]) -> dict[str, Any]:
+    p["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": "mine"}]
+    return p
+
+
+@pytest.mark.parametrize(
+    ("p", "named"),
+    [
+        pytest.param(
+            with_claims(pod(limits={"nvidia.com/gpu": 1})),
+            "spec.resourceClaims",
+            id="a GPU pod with resource claims",
+        ),
+        pytest.param(
+            pod(limits={"nvidia.com/gpu": 1}, annotations={BINDING_ANNOTATION: "dra"}),
+            BINDING_ANNOTATION,
+            id="the dra binding asked for",
+        ),
+    ],
+)
+def test_dra_is_refused_on_the_gated_path(p: dict[str, Any], named: str) -> None:
+    binding = decide(p).annotations[BINDING_ANNOTATION]
+    assert binding.startswith(f"{REFUSED}: ") and named in binding
+    assert "only on the GpuPodOperator path" in binding and "GpuPodOperator(binding='dra')" in binding
