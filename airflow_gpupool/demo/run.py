@@ -153,8 +153,16 @@ def prepare_workdir(workdir: Path) -> None:
     :param workdir: the demo's directory
     """
     shutil.rmtree(workdir, ignore_errors=True)
-    config = workdir / "airflow" / "config"  # on Airflow's sys.path: where airflow_local_settings goes
-    config.mkdir(parents=True)
+    write_local_settings(workdir / "airflow")
+
+
+def write_local_settings(airflow_home: Path) -> None:
+    """Install the executor hook as a deployment does: ``AIRFLOW_HOME/config/airflow_local_settings.py``.
+
+    :param airflow_home: the Airflow home (its ``config`` folder is on Airflow's ``sys.path``)
+    """
+    config = airflow_home / "config"
+    config.mkdir(parents=True, exist_ok=True)
     (config / "airflow_local_settings.py").write_text(LOCAL_SETTINGS)
 
 
@@ -341,7 +349,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--write-fake-nvml", metavar="DIR", help="only write a fake NVML spec per GPU node into DIR and exit"
     )
+    parser.add_argument(
+        "--write-local-settings",
+        metavar="AIRFLOW_HOME",
+        help="only install the executor hook (AIRFLOW_HOME/config/airflow_local_settings.py) and exit",
+    )
     args = parser.parse_args(argv)
+    if args.write_local_settings:
+        write_local_settings(Path(args.write_local_settings))
+        return 0
     if args.write_fake_nvml:
         from airflow_gpupool.inventory.nodes import node_from_kubernetes
 

@@ -57,3 +57,24 @@ def test_demo_runs_the_example_dags_and_summarizes_them(tmp_path: Path) -> None:
     assert "make ui" in out and "postgresql://" in out
     assert "INFO" not in out, "Airflow's logs belong in demo.log"
     assert (tmp_path / "demo" / "demo.log").stat().st_size > 0
+
+
+def test_make_ui_installs_the_executor_hook_airflow_then_loads(tmp_path: Path) -> None:
+    home = tmp_path / "airflow"
+    subprocess.run(
+        [sys.executable, "-m", "airflow_gpupool.demo", "--write-local-settings", str(home)],
+        cwd=REPO,
+        check=True,
+        timeout=120,
+    )
+    code = (
+        "import sys, airflow.settings as s;"
+        "print(len(s.get_policy_plugin_manager().hook.pod_mutation_hook.get_hookimpls()),"
+        " sys.modules['airflow_local_settings'].__file__)"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")} | {"AIRFLOW_HOME": str(home)}
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == f"1 {home / 'config' / 'airflow_local_settings.py'}"
