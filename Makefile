@@ -38,7 +38,7 @@ demo: install
 
 # The Airflow UI (airflow standalone, http://localhost:$(AIRFLOW_UI_PORT)) with the Kubernetes
 # emulator (the demo's cluster, port $(EMULATOR_PORT)), a SQLite ledger synced from it, the
-# controller beside them (its log in .demo/ui/controller.log) and the example DAGs in dags/.
+# controller beside them (its log in .demo/ui/controller.log), the executor hook and the example DAGs in dags/.
 # Sized for a laptop: the LocalExecutor starts one worker process per parallelism slot (32 by
 # default, about 6 GB); UI_WORKERS of them run the example DAGs' few parallel tasks.
 UI_DIR := $(abspath .demo/ui)
@@ -55,6 +55,7 @@ ui: install
 	mkdir -p $(UI_DIR) && rm -f $(UI_DIR)/kubeconfig
 	$(BIN)/python -m airflow_gpupool.demo --write-nodes $(UI_DIR)/nodes.json
 	$(BIN)/python -m airflow_gpupool.demo --write-fake-nvml $(UI_DIR)/nvml  # one fake NVML per GPU node
+	$(BIN)/python -m airflow_gpupool.demo --write-local-settings $(UI_DIR)/airflow  # the executor hook
 	GPUPOOL_FAKE_NVML_DIR=$(UI_DIR)/nvml $(BIN)/python -m airflow_gpupool.testing.emulator --port $(EMULATOR_PORT) --kubeconfig $(UI_DIR)/kubeconfig \
 		--nodes $(UI_DIR)/nodes.json & emulator=$$!; trap 'kill $$emulator $${controller:-} $${agents:-}' EXIT INT TERM; \
 	while [ ! -s $(UI_DIR)/kubeconfig ]; do sleep 0.2; done; \

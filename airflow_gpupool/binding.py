@@ -6,6 +6,9 @@
 - ``kai``: KAI scheduler fractions (``gpu-fraction`` annotation, ``kai-scheduler`` scheduler).
 - ``device``: device pinning (``NVIDIA_VISIBLE_DEVICES=<GPU UUIDs>``), no device-plugin resource;
   only with UUIDs a node agent verified (:class:`~airflow_gpupool.exceptions.UnverifiedGpuUuidError`).
+- ``dra``: Dynamic Resource Allocation (``resource.k8s.io/v1``, NVIDIA's DRA driver): a
+  ResourceClaim selecting the granted GPUs, or MIG device, by the ``uuid`` attribute the driver
+  publishes; the pod names it in ``spec.resourceClaims``. Verified UUIDs only, as ``device``.
 
 Every strategy also pins the pod to the granted node (required node affinity on
 ``kubernetes.io/hostname``), which :mod:`airflow_gpupool.operators.pod_spec` adds.
@@ -16,7 +19,10 @@ Pure, and below the hooks: a hook checks the strategy names of its connection wi
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from airflow_gpupool.exceptions import ConfigurationError, UnverifiedGpuUuidError
 from airflow_gpupool.labels import (
@@ -30,6 +36,7 @@ from airflow_gpupool.resources import MILLI_PER_GPU, GpuKind, GpuRequest
 __all__ = [
     "BINDINGS",
     "DevicePinningBinding",
+    "DraBinding",
     "HamiBinding",
     "KaiBinding",
     "MigBinding",
@@ -50,6 +57,8 @@ class PodBinding:
     env: dict[str, str] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
     scheduler_name: str | None = None
+    #: ``dra``: the ``spec`` of the ResourceClaim the pod's container claims (the operator creates it).
+    resource_claim: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -65,6 +74,7 @@ class SliceFacts:
     gpu_memory_mib: int
     mig_profile: str | None
     gpu_uuids_verified: bool = False
+    mig_slice: str | None = None
 
 
 class SliceBinding:
@@ -151,8 +161,66 @@ class DevicePinningBinding(SliceBinding):
         return PodBinding(env={"NVIDIA_VISIBLE_DEVICES": ",".join(facts.gpu_uuids)})
 
 
+#: NVIDIA's DRA driver (k8s-dra-driver-gpu): its name qualifies the attributes it publishes, and
+#: its DeviceClasses select whole GPUs and MIG devices.
+DRA_DRIVER = "gpu.nvidia.com"
+DRA_GPU_CLASS = "gpu.nvidia.com"
+DRA_MIG_CLASS = "mig.nvidia.com"
+#: The name of the request in the claim, and of the claim in the pod and its container.
+DRA_REQUEST = "gpu"
+
+
+class DraBinding(SliceBinding):
+    """A ResourceClaim (``resource.k8s.io/v1``) for exactly the granted devices, selected by UUID.
+
+    Whole GPUs: ``count`` devices of class ``gpu.nvidia.com`` whose ``uuid`` is one of the grant's.
+    A MIG slice: the device of class ``mig.nvidia.com`` whose ``uuid`` is the slice's when the
+    inventory knows it (a ``MIG-`` id), else the one of the granted profile on the granted GPU
+    (``parentUUID`` and ``profile``): the ledger counts a GPU's slices of one profile as equals.
+    """
+
+    name = "dra"
+    supports = frozenset({GpuKind.MIG, GpuKind.WHOLE, GpuKind.NONE})
+
+    def bind(self, facts: SliceFacts) -> PodBinding:
+        if not facts.gpus and not facts.mig_profile:
+            return PodBinding()
+        if not facts.gpu_uuids_verified:
+            raise UnverifiedGpuUuidError(facts.gpu_uuids, selector="a ResourceClaim's CEL selector")
+        attribute = f"device.attributes[{json.dumps(DRA_DRIVER)}]"
+        if facts.mig_profile:
+            device_class, count = DRA_MIG_CLASS, 1
+            if facts.mig_slice and facts.mig_slice.startswith("MIG-"):
+                expression = f"{attribute}.uuid == {json.dumps(facts.mig_slice)}"
+            else:
+                expression = (
+                    f"{attribute}.parentUUID == {json.dumps(facts.gpu_uuids[0])} && "
+                    f"{attribute}.profile == {json.dumps(facts.mig_profile)}"
+                )
+        else:
+            device_class, count = DRA_GPU_CLASS, facts.gpus
+            expression = f"{attribute}.uuid in {json.dumps(list(facts.gpu_uuids))}"
+        exactly = {
+            "deviceClassName": device_class,
+            "allocationMode": "ExactCount",
+            "count": count,
+            "selectors": [{"cel": {"expression": expression}}],
+        }
+        return PodBinding(
+            resource_claim={"devices": {"requests": [{"name": DRA_REQUEST, "exactly": exactly}]}}
+        )
+
+
 BINDINGS: dict[str, SliceBinding] = {
-    b.name: b for b in (WholeGpuBinding(), MigBinding(), HamiBinding(), KaiBinding(), DevicePinningBinding())
+    b.name: b
+    for b in (
+        WholeGpuBinding(),
+        MigBinding(),
+        HamiBinding(),
+        KaiBinding(),
+        DevicePinningBinding(),
+        DraBinding(),
+    )
 }
 
 

@@ -430,19 +430,20 @@ class UnknownPodFailureError(PodFailureError):
 
 
 class UnverifiedGpuUuidError(GpuPoolError):
-    """The ``device`` binding was given GPU UUIDs that no node agent has reported.
+    """The ``device`` or ``dra`` binding was given GPU UUIDs that no node agent has reported.
 
     Until ``gpupool agent run`` on the node has reported its GPUs, the ledger only has the
     inventory's UUIDs, which no NVIDIA runtime can select.
 
     :param uuids: the unverified UUIDs
+    :param selector: what would have selected them
     """
 
-    def __init__(self, uuids: Sequence[str]) -> None:
+    def __init__(self, uuids: Sequence[str], selector: str = "NVIDIA_VISIBLE_DEVICES") -> None:
         self.uuids = tuple(uuids)
         super().__init__(
             f"GPU UUIDs {list(self.uuids)} are not verified: no node agent has reported them, so "
-            "NVIDIA_VISIBLE_DEVICES cannot select them; run `gpupool agent run` on the node (the "
+            f"{selector} cannot select them; run `gpupool agent run` on the node (the "
             "nvml-agent DaemonSet) or use another binding (whole, hami, kai) for this node pool"
         )
 

@@ -26,6 +26,10 @@ or ``nvidia.com/gpucores``). Anything else (a fraction with no sharing resource,
 annotation that contradicts the pod's resources, a malformed annotation) is marked ``refused``
 with the reason: the gatekeeper records it in a pod event and deletes the pod, so the task fails
 with that reason. The hook itself never raises: a hook error would fail every pod of the cluster.
+
+This module imports nothing from Airflow when it is imported (what may, is imported by the
+functions that use it): Airflow imports ``airflow_local_settings`` while it is itself being
+imported, which may be from inside this package (``gpupool controller run`` on an Airflow image).
 """
 
 from __future__ import annotations
@@ -34,9 +38,8 @@ import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from airflow_gpupool.exceptions import InvalidRequestError
 from airflow_gpupool.labels import (
     BINDING_ANNOTATION,
     DAG_ID_ANNOTATION,
@@ -46,6 +49,7 @@ from airflow_gpupool.labels import (
     MAP_INDEX_ANNOTATION,
     MIG_RESOURCE_PREFIX,
     PRIORITY_KEY,
+    PRODUCT_LABEL,
     REQUEST_ANNOTATION,
     RESERVATION_LABEL,
     RUN_ID_ANNOTATION,
@@ -55,8 +59,10 @@ from airflow_gpupool.labels import (
     TRY_NUMBER_ANNOTATION,
 )
 from airflow_gpupool.quantity import cpu_milli, memory_mib, parse_quantity
-from airflow_gpupool.resources import GpuRequest
 from airflow_gpupool.task_try import TaskTry
+
+if TYPE_CHECKING:
+    from airflow_gpupool.resources import GpuRequest
 
 __all__ = [
     "GATEKEEPER_HOST",
@@ -183,6 +189,9 @@ def gated_request(pod: Mapping[str, Any]) -> tuple[GpuRequest, str] | None:
     :raises InvalidRequestError: the request annotation is malformed, or the pod asks for something
         its own resources cannot carry (the binding is then refused)
     """
+    from airflow_gpupool.exceptions import InvalidRequestError
+    from airflow_gpupool.resources import GpuRequest
+
     annotations, labels = _meta(pod, "annotations"), _meta(pod, "labels")
     res = _resources(pod)
     gpu_part = _from_resources(res)
@@ -204,12 +213,131 @@ def gated_request(pod: Mapping[str, Any]) -> tuple[GpuRequest, str] | None:
         except ValueError:
             raise InvalidRequestError(PRIORITY_KEY, priority, "an integer") from None
     if asked:
-        values.update(_parse_annotation(asked))
+        values = _with_placement(_parse_annotation(asked), values)
+    values = _with_placement(node_selection(pod), values)
+    _refuse_dra(pod, annotations)
     request = GpuRequest.from_dict(values)
     return request, _binding(request, res)
 
 
+_DRA_ONLY_THERE = (
+    "no resource claims on a gated pod: the dra binding is only on the GpuPodOperator path (a pod's "
+    "resource claims cannot change after it is created, so the gatekeeper cannot point one at the "
+    "granted device); use GpuPodOperator(binding='dra')"
+)
+
+
+def _refuse_dra(pod: Mapping[str, Any], annotations: Mapping[str, str]) -> None:
+    """Refuse a GPU pod that claims devices through DRA, or asks for the ``dra`` binding itself."""
+    from airflow_gpupool.exceptions import InvalidRequestError
+
+    claims = [c.get("name") for c in (pod.get("spec") or {}).get("resourceClaims") or []]
+    if claims:
+        raise InvalidRequestError("spec.resourceClaims", claims, _DRA_ONLY_THERE)
+    if annotations.get(BINDING_ANNOTATION) == "dra":
+        raise InvalidRequestError(BINDING_ANNOTATION, "dra", _DRA_ONLY_THERE)
+
+
+_REQUIRED_TERMS = (
+    "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms"
+)
+
+
+def node_selection(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """Return the request's placement fields that say where the pod itself can be scheduled.
+
+    ``spec.nodeSelector`` and the required node affinity become ``node_labels`` (all must match)
+    and, for ``nvidia.com/gpu.product``, ``gpu_models``; single-value preferred terms become
+    ``prefer_node_labels`` (other preferences are soft: ignored). So the gatekeeper never grants a
+    node the kube-scheduler would then refuse the pod.
+
+    :param pod: the pod, as a JSON dict
+    :raises InvalidRequestError: a required term the ledger cannot express (several terms, an
+        operator other than ``In``, ``In`` with several values on a label other than the GPU
+        product, ``matchFields``), or constraints no node can satisfy together
+    """
+    from airflow_gpupool.exceptions import InvalidRequestError
+
+    spec = pod.get("spec") or {}
+    affinity = (spec.get("affinity") or {}).get("nodeAffinity") or {}
+    selector = {"node_labels": {k: str(v) for k, v in (spec.get("nodeSelector") or {}).items()}}
+    found = _with_placement(_required_affinity(affinity), selector)
+    labels: dict[str, str] = found.get("node_labels") or {}
+    out: dict[str, Any] = {}
+    if PRODUCT_LABEL in labels:
+        product = labels.pop(PRODUCT_LABEL)
+        if found.get("gpu_models") and product not in found["gpu_models"]:
+            raise InvalidRequestError(
+                PRODUCT_LABEL, product, f"one of {found['gpu_models']}, as the pod also asks"
+            )
+        found["gpu_models"] = [product]
+    if found.get("gpu_models"):
+        out["gpu_models"] = sorted(found["gpu_models"])
+    if labels:
+        out["node_labels"] = labels
+    preferred = {
+        str(e.get("key")): str(e["values"][0])
+        for term in affinity.get("preferredDuringSchedulingIgnoredDuringExecution") or []
+        for e in (term.get("preference") or {}).get("matchExpressions") or []
+        if e.get("operator") == "In" and len(e.get("values") or []) == 1
+    }
+    if preferred:
+        out["prefer_node_labels"] = preferred
+    return out
+
+
+def _required_affinity(affinity: Mapping[str, Any]) -> dict[str, Any]:
+    """Return ``node_labels`` and ``gpu_models`` from the required node affinity (see :func:`node_selection`)."""
+    from airflow_gpupool.exceptions import InvalidRequestError
+
+    terms = (affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get(
+        "nodeSelectorTerms"
+    ) or []
+    allowed = f"one term of In expressions, each with one value (several only on {PRODUCT_LABEL})"
+    if len(terms) > 1:
+        raise InvalidRequestError(_REQUIRED_TERMS, f"{len(terms)} alternative terms", allowed)
+    out: dict[str, Any] = {}
+    for term in terms:
+        if term.get("matchFields"):
+            raise InvalidRequestError(f"{_REQUIRED_TERMS}[0].matchFields", term["matchFields"], allowed)
+        for expr in term.get("matchExpressions") or []:
+            key, values = expr.get("key"), [str(v) for v in expr.get("values") or []]
+            if expr.get("operator") != "In" or not values or (len(values) > 1 and key != PRODUCT_LABEL):
+                raise InvalidRequestError(f"{_REQUIRED_TERMS}[0].matchExpressions", expr, allowed)
+            found = {"gpu_models": values} if key == PRODUCT_LABEL else {"node_labels": {key: values[0]}}
+            out = _with_placement(found, out)
+    return out
+
+
+def _with_placement(values: Mapping[str, Any], base: Mapping[str, Any]) -> dict[str, Any]:
+    """Return ``base`` updated with ``values``, where both must hold: labels merged, models intersected.
+
+    :raises InvalidRequestError: the two ask for different values of a label, or share no model
+    """
+    from airflow_gpupool.exceptions import InvalidRequestError
+
+    out = {**base, **values}
+    mine, theirs = dict(base.get("node_labels") or {}), dict(values.get("node_labels") or {})
+    for key in mine.keys() & theirs.keys():
+        if mine[key] != theirs[key]:
+            raise InvalidRequestError(
+                f"node_labels[{key!r}]", theirs[key], f"{mine[key]!r}, as the pod also asks"
+            )
+    if mine or theirs:
+        out["node_labels"] = {**mine, **theirs}
+    if base.get("gpu_models") and values.get("gpu_models"):
+        both = set(base["gpu_models"]) & set(values["gpu_models"])
+        if not both:
+            raise InvalidRequestError(
+                "gpu_models", sorted(values["gpu_models"]), f"one of {sorted(base['gpu_models'])}"
+            )
+        out["gpu_models"] = sorted(both)
+    return out
+
+
 def _parse_annotation(text: str) -> dict[str, Any]:
+    from airflow_gpupool.exceptions import InvalidRequestError
+
     try:
         data = json.loads(text)
     except ValueError:
@@ -224,6 +352,8 @@ def _binding(request: GpuRequest, res: Mapping[str, Any]) -> str:
 
     :raises InvalidRequestError: none can (resources cannot change after the pod is created)
     """
+    from airflow_gpupool.exceptions import InvalidRequestError
+
     gpus = int(res.get(GPU_RESOURCE, 0))
     if request.mig_profile:
         if res.get(MIG_RESOURCE_PREFIX + request.mig_profile, 0) == 1:
@@ -259,7 +389,7 @@ def decide(pod: Mapping[str, Any], context: Mapping[str, Any] | None = None) -> 
         return GateDecision(False, {})  # GpuPodOperator's: it holds a grant already
     try:
         found = gated_request(pod)
-    except (InvalidRequestError, ValueError) as e:
+    except ValueError as e:  # InvalidRequestError is one
         out = {BINDING_ANNOTATION: f"{REFUSED}: {e}"}
     else:
         if found is None:

@@ -27,7 +27,7 @@ from airflow_gpupool.operators.failures import Classification, read_failure
 from airflow_gpupool.operators.ladder import FailedTry, FailureLadder
 from airflow_gpupool.operators.lease import LeaseRenewer, delete_pod
 from airflow_gpupool.operators.links import GpuReservationLink  # kit (issue 15)
-from airflow_gpupool.operators.pod_spec import cpu_only, pin_pod
+from airflow_gpupool.operators.pod_spec import cpu_only, own_resource_claim, pin_pod, with_resource_claim
 from airflow_gpupool.operators.reattach import EarlierTries
 from airflow_gpupool.operators.request import (
     REQUEST_FIELDS,
@@ -344,6 +344,7 @@ class GpuPodOperator(UnschedulableFailFast, KubernetesPodOperator):
             gpu_memory_mib=grant.gpu_memory_mib,
             mig_profile=grant.mig_profile,
             gpu_uuids_verified=grant.gpu_uuids_verified,  # issue 17 (agent): device pinning checks it
+            mig_slice=grant.mig_slice,
         )
         return pin_pod(
             pod,
@@ -370,7 +371,8 @@ class GpuPodOperator(UnschedulableFailFast, KubernetesPodOperator):
         if rid is not None and not self._adopted:  # an adopted grant is bound to the pod already
             meta = pod_request_obj.metadata
             self.gpu_hook.bind_pod(rid, namespace=meta.namespace, name=meta.name)
-        pod = super().get_or_create_pod(pod_request_obj, context)
+        create = lambda: super(GpuPodOperator, self).get_or_create_pod(pod_request_obj, context)  # noqa: E731
+        pod = with_resource_claim(self.client, pod_request_obj, create)  # dra: its ResourceClaim first
         if rid is None:
             return pod
         meta = pod.metadata
@@ -386,6 +388,7 @@ class GpuPodOperator(UnschedulableFailFast, KubernetesPodOperator):
                 return pod
         self._own_pod = (meta.namespace, meta.name)
         self.gpu_hook.bind_pod(rid, namespace=meta.namespace, name=meta.name, uid=meta.uid)
+        own_resource_claim(self.client, pod_request_obj, meta)  # deleted with the pod
         self.log.info("GPU slice %s bound to pod %s/%s (uid %s)", rid, meta.namespace, meta.name, meta.uid)
         return pod
 

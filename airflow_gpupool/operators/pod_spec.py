@@ -1,13 +1,21 @@
-"""Pin a pod to its grant: node affinity, the slice's resources, labels, annotations, env."""
+"""Pin a pod to its grant: node affinity, the slice's resources, labels, annotations, env.
+
+The ``dra`` binding also needs an object of its own: :func:`pin_pod` names a ResourceClaim in the
+pod and writes its spec in the ``gpupool.io/resource-claim`` annotation; :func:`with_resource_claim`
+creates it just before the pod, and :func:`own_resource_claim` makes the pod its owner once the pod
+has a uid, so Kubernetes deletes the claim with the pod.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import json
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from kubernetes.client import models as k8s
 
 from airflow_gpupool import quantity
-from airflow_gpupool.binding import PodBinding
+from airflow_gpupool.binding import DRA_REQUEST, PodBinding
 from airflow_gpupool.checkpoints.manifest import RESUME_ENV
 from airflow_gpupool.labels import (
     ANNOTATION_PREFIX,
@@ -21,7 +29,17 @@ if TYPE_CHECKING:
     from airflow_gpupool.ledger.models import Grant
     from airflow_gpupool.resources import GpuRequest
 
-__all__ = ["DEVICE_ENV", "GPU_TOLERATION", "add_shm", "cpu_only", "grant_env", "pin_pod"]
+__all__ = [
+    "DEVICE_ENV",
+    "GPU_TOLERATION",
+    "RESOURCE_CLAIM_ANNOTATION",
+    "add_shm",
+    "cpu_only",
+    "grant_env",
+    "own_resource_claim",
+    "pin_pod",
+    "with_resource_claim",
+]
 
 GPU_TOLERATION = k8s.V1Toleration(key=GPU_RESOURCE, operator="Exists", effect="NoSchedule")
 
@@ -183,6 +201,8 @@ def pin_pod(
         f"{ANNOTATION_PREFIX}slice": request.describe(),
         f"{ANNOTATION_PREFIX}team": request.team,
     }
+    if binding.resource_claim is not None:
+        _claim_devices(pod, container, f"{reservation_id}-{DRA_REQUEST}", binding.resource_claim)
     if binding.scheduler_name:
         pod.spec.scheduler_name = binding.scheduler_name
     if priority_class and not pod.spec.priority_class_name:
@@ -193,3 +213,85 @@ def pin_pod(
             tolerations.append(GPU_TOLERATION)
         pod.spec.tolerations = tolerations
     return pod
+
+
+# -- the dra binding: a ResourceClaim per pod ---------------------------------------------------
+
+#: On a pod of the ``dra`` binding: the spec of the ResourceClaim it names (JSON).
+RESOURCE_CLAIM_ANNOTATION = f"{ANNOTATION_PREFIX}resource-claim"
+_DRA = ("resource.k8s.io", "v1", "resourceclaims")
+
+
+def _claim_devices(pod: k8s.V1Pod, container: k8s.V1Container, claim: str, spec: Any) -> None:
+    """Name the claim in the pod (``spec.resourceClaims``) and in the container's ``resources.claims``."""
+    kept = [c for c in pod.spec.resource_claims or [] if c.name != DRA_REQUEST]
+    pod.spec.resource_claims = [*kept, k8s.V1PodResourceClaim(name=DRA_REQUEST, resource_claim_name=claim)]
+    claims = [c for c in container.resources.claims or [] if c.name != DRA_REQUEST]
+    container.resources.claims = [*claims, k8s.CoreV1ResourceClaim(name=DRA_REQUEST)]
+    pod.metadata.annotations[RESOURCE_CLAIM_ANNOTATION] = json.dumps(spec, sort_keys=True)
+
+
+def _claim_of(pod: k8s.V1Pod) -> tuple[str, str, dict[str, Any]] | None:
+    """Return the namespace, name and spec of the claim :func:`pin_pod` named, or None."""
+    spec = ((pod.metadata and pod.metadata.annotations) or {}).get(RESOURCE_CLAIM_ANNOTATION)
+    named = [c for c in pod.spec.resource_claims or [] if c.name == DRA_REQUEST]
+    if not spec or not named:
+        return None
+    return pod.metadata.namespace or "default", named[0].resource_claim_name, json.loads(spec)
+
+
+def with_resource_claim(core_v1_api: Any, pod: k8s.V1Pod, create_pod: Callable[[], k8s.V1Pod]) -> k8s.V1Pod:
+    """Create the pod's ResourceClaim (``dra`` binding; nothing otherwise), then the pod.
+
+    A claim already there (a retried launch, a re-attached worker) is kept; if the pod cannot be
+    created, the claim is deleted, so none outlives its launch.
+
+    :param core_v1_api: the operator's ``CoreV1Api``
+    :param pod: the pod :func:`pin_pod` built
+    :param create_pod: creates (or finds) the pod
+    """
+    from kubernetes.client import CustomObjectsApi
+    from kubernetes.client.exceptions import ApiException
+
+    claim = _claim_of(pod)
+    if claim is None:
+        return create_pod()
+    namespace, name, spec = claim
+    api = CustomObjectsApi(core_v1_api.api_client)
+    labels = {RESERVATION_LABEL: (pod.metadata.labels or {}).get(RESERVATION_LABEL, "")}
+    body = {
+        "apiVersion": "/".join(_DRA[:2]),
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "spec": spec,
+    }
+    try:
+        api.create_namespaced_custom_object(*_DRA[:2], namespace, _DRA[2], body)
+    except ApiException as e:
+        if e.status != 409:
+            raise
+    try:
+        return create_pod()
+    except BaseException:
+        api.delete_namespaced_custom_object(*_DRA[:2], namespace, _DRA[2], name)
+        raise
+
+
+def own_resource_claim(core_v1_api: Any, pod: k8s.V1Pod, meta: k8s.V1ObjectMeta) -> None:
+    """Make the created pod the owner of its ResourceClaim, so the claim is deleted with it.
+
+    :param core_v1_api: the operator's ``CoreV1Api``
+    :param pod: the pod :func:`pin_pod` built
+    :param meta: the created pod's metadata (with its uid)
+    """
+    from kubernetes.client import CustomObjectsApi
+
+    claim = _claim_of(pod)
+    if claim is None or not meta.uid:
+        return
+    namespace, name, _ = claim
+    owner = {"apiVersion": "v1", "kind": "Pod", "name": meta.name, "uid": meta.uid}
+    patch = {"metadata": {"ownerReferences": [owner]}}
+    CustomObjectsApi(core_v1_api.api_client).patch_namespaced_custom_object(
+        *_DRA[:2], namespace, _DRA[2], name, patch
+    )

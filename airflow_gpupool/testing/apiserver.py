@@ -12,9 +12,13 @@ On top of kmock 0.8 this serves what clients such as ``KubernetesPodOperator`` r
 * core/v1 ``events`` and ``nodes``;
 * discovery as ``kubectl`` reads it (:mod:`~airflow_gpupool.testing.discovery`) and ``Table``
   answers for ``kubectl get`` (:mod:`~airflow_gpupool.testing.tables`);
+* resource.k8s.io/v1 ``resourceclaims`` (Dynamic Resource Allocation), stored as sent; a claim a
+  pod owns (``ownerReferences``) is deleted with the pod, as Kubernetes' garbage collector does;
 * coordination.k8s.io/v1 ``leases`` (leader election): ``PUT`` replaces, refused with 409 Conflict
   when the ``resourceVersion`` sent is not the stored one;
 * a log of every request (:class:`RecordedRequest`).
+
+The object store itself (stamping, versions, watch buses) is :mod:`~airflow_gpupool.testing.storage`.
 """
 
 from __future__ import annotations
@@ -22,34 +26,26 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
-import datetime
 import json
 import time
-import uuid
 from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 import aiohttp.web
-from kmock import KubernetesEmulator, KubernetesError, KubernetesObjectNotFoundError, action, resource
+from kmock import KubernetesError, KubernetesObjectNotFoundError, action
 from kmock._internal.dicts import patch_dict  # the merge kmock applies: the object we check is the one stored
 
 from airflow_gpupool.testing import gates
 from airflow_gpupool.testing.discovery import SERVED, discovery_document, kmock_resources, not_found
-from airflow_gpupool.testing.kinds import LEASES, NAMESPACES, NODES, PODS
+from airflow_gpupool.testing.kinds import LEASES, NAMESPACES, NODES, PODS, RESOURCE_CLAIMS
 from airflow_gpupool.testing.kubelet import SimulatedKubelet
 from airflow_gpupool.testing.selectors import parse_field_selector, parse_label_selector
+from airflow_gpupool.testing.storage import StoredObjects
 from airflow_gpupool.testing.tables import table, wants_table
-
-T = TypeVar("T")
 
 _KINDS = {res.plural: res.kind for res in SERVED}
 _WATCH_VALUES = {"true", "1", "yes"}
 DEFAULT_WATCH_SECONDS = 1800.0
-
-
-def now_iso() -> str:
-    """Return the current UTC time as Kubernetes writes timestamps."""
-    return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,7 +86,7 @@ class KubernetesConflict(KubernetesError):
         super().__init__(status=409, reason="Conflict", message=message, details={})
 
 
-class KubernetesApiEmulator(KubernetesEmulator):
+class KubernetesApiEmulator(StoredObjects):
     """An in-memory Kubernetes API server with a simulated kubelet and scheduler.
 
     Run it inside an aiohttp server (kmock's ``Server``); everything, the kubelet included,
@@ -105,7 +101,6 @@ class KubernetesApiEmulator(KubernetesEmulator):
         self, *, nodes: Iterable[Mapping[str, Any]] = (), default_duration_seconds: float = 0.5
     ) -> None:
         super().__init__()
-        self._resource_version = 0
         self.recorded: list[RecordedRequest] = []
         self.kubelet = SimulatedKubelet(self, default_duration_seconds=default_duration_seconds)
         for key, info in kmock_resources().items():
@@ -115,111 +110,6 @@ class KubernetesApiEmulator(KubernetesEmulator):
         )
         for node in nodes:
             self.objects[NODES, None, node["metadata"]["name"]] = self._stamp(copy.deepcopy(dict(node)))
-
-    # -- storage helpers (call on the server's event loop) ------------------------------------
-
-    def next_resource_version(self) -> str:
-        """Return a new, larger resourceVersion."""
-        self._resource_version += 1
-        return str(self._resource_version)
-
-    def _stamp(self, obj: dict[str, Any], namespace: str | None = None) -> dict[str, Any]:
-        """Fill the metadata the API server owns on a new object.
-
-        :param obj: the object, changed in place
-        :param namespace: the namespace from the URL
-        """
-        meta = obj.setdefault("metadata", {})
-        if not meta.get("name") and meta.get("generateName"):
-            meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
-        if namespace is not None:
-            meta.setdefault("namespace", namespace)
-        meta.setdefault("uid", str(uuid.uuid4()))
-        meta.setdefault("creationTimestamp", now_iso())
-        meta["resourceVersion"] = self.next_resource_version()
-        meta.setdefault("generation", 1)
-        return obj
-
-    def get_object(self, res: resource, namespace: str | None, name: str) -> dict[str, Any] | None:
-        """Return a deep copy of a live object, or ``None``.
-
-        :param res: the resource
-        :param namespace: its namespace (``None`` for cluster objects)
-        :param name: its name
-        """
-        key = (res, namespace, name)
-        if key not in self.objects or self.objects[key].deleted:
-            return None
-        return copy.deepcopy(self.objects[key].raw)
-
-    def list_objects(self, res: resource, namespace: str | None = None) -> list[dict[str, Any]]:
-        """Return deep copies of the live objects of a resource, oldest first.
-
-        :param res: the resource
-        :param namespace: only this namespace; ``None`` for all
-        """
-        found = []
-        for (key_res, key_ns, _), obj in list(self.objects.items()):
-            if key_res == res and not obj.deleted and (namespace is None or key_ns == namespace):
-                found.append(copy.deepcopy(obj.raw))
-        return sorted(found, key=lambda o: int(o["metadata"].get("resourceVersion", "0")))
-
-    async def put_object(self, res: resource, obj: dict[str, Any]) -> dict[str, Any]:
-        """Create or replace an object and tell the watchers.
-
-        :param res: the resource
-        :param obj: the whole object; its metadata is stamped
-        """
-        meta = obj.setdefault("metadata", {})
-        key = (res, meta.get("namespace"), meta["name"])
-        existed = key in self.objects and not self.objects[key].deleted
-        if existed:
-            meta["resourceVersion"] = self.next_resource_version()
-        else:
-            self._stamp(obj)
-        async with self._lock:
-            if key in self.objects:
-                self.objects[key].create(obj)
-            else:
-                self.objects[key] = obj
-            await self._buses[res].put(
-                {"type": "MODIFIED" if existed else "ADDED", "object": copy.deepcopy(obj)}
-            )
-        return obj
-
-    async def update_object(
-        self, res: resource, namespace: str | None, name: str, change: Callable[[dict[str, Any]], None]
-    ) -> dict[str, Any] | None:
-        """Apply ``change`` to a copy of a live object, store it and tell the watchers.
-
-        :param res: the resource
-        :param namespace: its namespace
-        :param name: its name
-        :param change: a function mutating the object in place
-        :return: the new object, or ``None`` if it no longer exists
-        """
-        obj = self.get_object(res, namespace, name)
-        if obj is None:
-            return None
-        change(obj)
-        return await self.put_object(res, obj)
-
-    async def delete_object(self, res: resource, namespace: str | None, name: str) -> dict[str, Any] | None:
-        """Delete an object and tell the watchers.
-
-        :param res: the resource
-        :param namespace: its namespace
-        :param name: its name
-        :return: the last state, or ``None`` if it did not exist
-        """
-        obj = self.get_object(res, namespace, name)
-        if obj is None:
-            return None
-        async with self._lock:
-            self.objects[res, namespace, name].delete()
-            obj["metadata"]["resourceVersion"] = self.next_resource_version()
-            await self._buses[res].put({"type": "DELETED", "object": obj})
-        return obj
 
     # -- request handling ----------------------------------------------------------------------
 
@@ -366,6 +256,7 @@ class KubernetesApiEmulator(KubernetesEmulator):
             self.kubelet.start(meta.get("namespace") or request.namespace, meta["name"])
         elif request.action == action.DELETE and request.name and request.subresource is None:
             await self.kubelet.stopped(request.namespace, request.name)
+            await self.collect_garbage(RESOURCE_CLAIMS, PODS)  # the claims the pod owned go with it
         elif request.action == action.UPDATE and request.name:
             gates.changed(self, request.namespace, request.name)  # scheduling gates: a gate may be gone
 
@@ -538,18 +429,3 @@ class KubernetesApiEmulator(KubernetesEmulator):
         except (ConnectionError, RuntimeError):
             pass
         return response
-
-    async def wait_until(self, res: resource, check: Callable[[], T | None]) -> T:
-        """Wait until ``check`` returns something other than ``None``, re-checking on every change of a resource.
-
-        :param res: the resource whose changes wake the check
-        :param check: returns the result, or ``None`` to keep waiting
-        """
-        bus = self._buses[res]
-        marker = await bus.mark()
-        try:
-            while (result := check()) is None:
-                await bus.get(since=marker)
-            return result
-        finally:
-            await bus.unmark(marker)

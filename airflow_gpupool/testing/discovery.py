@@ -67,6 +67,7 @@ SERVED: tuple[ServedResource, ...] = (
     ServedResource("", "v1", "nodes", "Node", False, ("no",), ("status",)),
     ServedResource("", "v1", "namespaces", "Namespace", False, ("ns",)),
     ServedResource("coordination.k8s.io", "v1", "leases", "Lease", True),
+    ServedResource("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", True, (), ("status",)),
 )
 
 

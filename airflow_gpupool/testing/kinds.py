@@ -9,3 +9,5 @@ EVENTS = resource(group="", version="v1", plural="events")
 NODES = resource(group="", version="v1", plural="nodes")
 NAMESPACES = resource(group="", version="v1", plural="namespaces")
 LEASES = resource(group="coordination.k8s.io", version="v1", plural="leases")
+#: Dynamic Resource Allocation (Kubernetes 1.34, GA): the claims a pod's ``spec.resourceClaims`` name.
+RESOURCE_CLAIMS = resource(group="resource.k8s.io", version="v1", plural="resourceclaims")

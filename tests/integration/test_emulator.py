@@ -410,3 +410,35 @@ def test_blocking_client_does_not_stall_server(k8s: KubernetesEmulatorServer, co
     assert core.list_node().items  # answered while a follow stream is open
     follower.join(timeout=5)
     assert not follower.is_alive()
+
+
+def test_resource_claims_are_stored_and_go_with_the_pod_that_owns_them(
+    k8s: KubernetesEmulatorServer, core: Any
+) -> None:
+    from kubernetes import client
+
+    claims = client.CustomObjectsApi(core.api_client)
+    where = ("resource.k8s.io", "v1", "default", "resourceclaims")
+    spec = {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}
+    for name in ("owned", "free"):
+        body = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name},
+            "spec": spec,
+        }
+        claims.create_namespaced_custom_object(*where, body)
+    pod = core.create_namespaced_pod(
+        "default",
+        {"metadata": {"name": "claimer"}, "spec": {"containers": [{"name": "main", "image": "x"}]}},
+    )
+    owner = {"apiVersion": "v1", "kind": "Pod", "name": "claimer", "uid": pod.metadata.uid}
+    claims.patch_namespaced_custom_object(*where, "owned", {"metadata": {"ownerReferences": [owner]}})
+    stored = claims.get_namespaced_custom_object(*where, "owned")
+    assert stored["spec"] == spec and stored["metadata"]["ownerReferences"] == [owner]
+    assert stored["metadata"]["uid"] and stored["metadata"]["resourceVersion"]
+
+    core.delete_namespaced_pod("claimer", "default")
+
+    names = [c["metadata"]["name"] for c in claims.list_namespaced_custom_object(*where)["items"]]
+    assert names == ["free"]  # the owned claim went with its pod; the unowned one stays

@@ -166,3 +166,45 @@ def test_kubernetes_executor_pod_override_is_gated(local_settings: None) -> None
     assert json.loads(annotations[REQUEST_ANNOTATION])["gpus"] == 2
     assert annotations["gpupool.io/run-id"] == "scheduled__2026-12-01T00:00:00+00:00"  # the raw id
     assert (annotations["gpupool.io/try-number"], annotations["gpupool.io/map-index"]) == ("3", "2")
+
+
+def test_plain_kpo_with_a_node_selector_is_granted_only_where_it_can_run(
+    run_dag: Any,
+    k8s: KubernetesEmulatorServer,
+    ledger_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    local_settings: None,
+) -> None:
+    from airflow_gpupool.inventory.sync import sync_inventory
+
+    ledger = Ledger.create(ledger_url)  # synced from the cluster: the nodes' labels, pools included
+    sync_inventory(ledger, core_v1_api(k8s.kubeconfig_path))
+    extra = {"ledger_url": ledger_url, "poll_interval_seconds": 0.2}
+    monkeypatch.setenv("AIRFLOW_CONN_GPUPOOL_DEFAULT", json.dumps({"conn_type": "gpupool", "extra": extra}))
+    keeper = Gatekeeper(ledger, k8s.kubeconfig_path)
+    keeper.start()
+    try:
+        dag_run = run_dag("plain_kpo_gpu_pool")
+    finally:
+        time.sleep(0.5)
+        keeper.stop.set()
+        keeper.join(5)
+    try:
+        assert keeper.errors == []
+        assert str(dag_run.state) == "success"
+        (created,) = k8s.created_pods()
+        request = json.loads(created["metadata"]["annotations"][REQUEST_ANNOTATION])
+        assert request["gpu_models"] == ["Tesla-T4"]
+        assert request["node_labels"] == {"gpupool.io/pool": "t4-shared"}
+        final = k8s.pod_history(created["metadata"]["name"])[-1]
+        assert final["spec"]["nodeName"] == "gpu-t4"
+        assert final["spec"]["nodeSelector"] == {
+            "gpupool.io/pool": "t4-shared",
+            "nvidia.com/gpu.product": "Tesla-T4",
+            "kubernetes.io/hostname": "gpu-t4",
+        }
+        (reservation,) = ledger.history()
+        assert reservation.grant is not None and reservation.grant.node == "gpu-t4"
+        assert ledger.snapshot().grants == ()
+    finally:
+        ledger.close()

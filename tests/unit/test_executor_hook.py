@@ -264,3 +264,164 @@ def test_compose_runs_in_order() -> None:
     q = v1pod(None)
     compose(pod_mutation_hook, team_hook)(q)  # ours first cannot see the team's GPUs
     assert q.spec.scheduling_gates is None
+
+
+# -- where the pod can be scheduled becomes where the ledger may place it -------------------------
+
+A100, H100, T4 = "NVIDIA-A100-SXM4-80GB", "NVIDIA-H100-80GB-HBM3", "Tesla-T4"
+PRODUCT = "nvidia.com/gpu.product"
+NODE_POOL = "cloud.google.com/gke-nodepool"
+
+
+def placed(
+    selector: dict[str, str] | None = None,
+    required: list[dict[str, Any]] | None = None,
+    preferred: list[dict[str, Any]] | None = None,
+    annotations: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    p = pod(limits={"nvidia.com/gpu": 1}, annotations=annotations)
+    if selector:
+        p["spec"]["nodeSelector"] = selector
+    affinity: dict[str, Any] = {}
+    if required is not None:
+        affinity["requiredDuringSchedulingIgnoredDuringExecution"] = {"nodeSelectorTerms": required}
+    if preferred is not None:
+        affinity["preferredDuringSchedulingIgnoredDuringExecution"] = preferred
+    if affinity:
+        p["spec"]["affinity"] = {"nodeAffinity": affinity}
+    return p
+
+
+def expr(key: str, operator: str, *values: str) -> dict[str, Any]:
+    return {"key": key, "operator": operator, "values": list(values)}
+
+
+PLACEMENTS = [
+    pytest.param(placed({PRODUCT: A100}), {"gpu_models": [A100]}, id="selector on the GPU product"),
+    pytest.param(placed({NODE_POOL: "a100"}), {"node_labels": {NODE_POOL: "a100"}}, id="selector on a pool"),
+    pytest.param(
+        placed(
+            required=[{"matchExpressions": [expr(PRODUCT, "In", A100, H100), expr(NODE_POOL, "In", "p")]}]
+        ),
+        {"gpu_models": sorted([A100, H100]), "node_labels": {NODE_POOL: "p"}},
+        id="affinity: models and a pool",
+    ),
+    pytest.param(
+        placed({PRODUCT: A100}, required=[{"matchExpressions": [expr(PRODUCT, "In", A100, H100)]}]),
+        {"gpu_models": [A100]},
+        id="selector narrows the affinity's models",
+    ),
+    pytest.param(
+        placed(preferred=[{"weight": 5, "preference": {"matchExpressions": [expr("zone", "In", "a")]}}]),
+        {"gpu_models": [], "prefer_node_labels": {"zone": "a"}},
+        id="preferred term becomes a preference",
+    ),
+    pytest.param(
+        placed(preferred=[{"weight": 5, "preference": {"matchExpressions": [expr("zone", "NotIn", "a")]}}]),
+        {"gpu_models": [], "node_labels": {}, "prefer_node_labels": {}},
+        id="other preferences are soft: ignored",
+    ),
+    pytest.param(
+        placed({PRODUCT: A100}, annotations={REQUEST_ANNOTATION: json.dumps({"gpu_models": [A100, H100]})}),
+        {"gpu_models": [A100]},
+        id="annotation's models narrowed by the selector",
+    ),
+]
+
+
+@pytest.mark.parametrize(("p", "fields"), PLACEMENTS)
+def test_node_selection_becomes_the_request(p: dict[str, Any], fields: dict[str, Any]) -> None:
+    decision = decide(p)
+    assert decision.annotations[BINDING_ANNOTATION] == "whole"
+    request = request_of(decision.annotations)
+    for key, value in fields.items():
+        assert request[key] == value, key
+
+
+UNPLACEABLE = [
+    pytest.param(
+        placed(required=[{"matchExpressions": [expr("zone", "In", "a")]}, {"matchExpressions": []}]),
+        "nodeSelectorTerms",
+        id="alternative terms",
+    ),
+    pytest.param(
+        placed(required=[{"matchExpressions": [expr("spot", "DoesNotExist")]}]),
+        "matchExpressions",
+        id="operator",
+    ),
+    pytest.param(
+        placed(required=[{"matchExpressions": [expr("zone", "In", "a", "b")]}]),
+        "matchExpressions",
+        id="several values off the product label",
+    ),
+    pytest.param(
+        placed(required=[{"matchFields": [expr("metadata.name", "In", "n1")]}]),
+        "matchFields",
+        id="matchFields",
+    ),
+    pytest.param(
+        placed({PRODUCT: T4}, required=[{"matchExpressions": [expr(PRODUCT, "In", A100)]}]),
+        PRODUCT,
+        id="selector and affinity share no model",
+    ),
+    pytest.param(
+        placed({"zone": "a"}, required=[{"matchExpressions": [expr("zone", "In", "b")]}]),
+        "node_labels['zone']",
+        id="selector and affinity disagree on a label",
+    ),
+]
+
+
+@pytest.mark.parametrize(("p", "named"), UNPLACEABLE)
+def test_node_selection_the_ledger_cannot_express_is_refused(p: dict[str, Any], named: str) -> None:
+    decision = decide(p)
+    binding = decision.annotations[BINDING_ANNOTATION]
+    assert decision.gate is True and binding.startswith(f"{REFUSED}: ")
+    assert named in binding
+
+
+def test_importing_the_hook_while_airflow_starts_from_inside_this_package(tmp_path: Any) -> None:
+    # `gpupool controller run` on an Airflow image: our package imports Airflow, which imports
+    # airflow_local_settings, which imports the hook while our exceptions module is half-loaded.
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "airflow_local_settings.py").write_text(
+        "from airflow_gpupool.executor_hook import pod_mutation_hook  # noqa: F401\n"
+    )
+    code = (
+        "import airflow_gpupool.ledger, airflow.settings as s;"
+        "print(len(s.get_policy_plugin_manager().hook.pod_mutation_hook.get_hookimpls()))"
+    )
+    env = {**os.environ, "AIRFLOW_HOME": str(tmp_path), "AIRFLOW__CORE__LOAD_EXAMPLES": "False"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "1"
+
+
+def with_claims(p: dict[str, Any]) -> dict[str, Any]:
+    p["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": "mine"}]
+    return p
+
+
+@pytest.mark.parametrize(
+    ("p", "named"),
+    [
+        pytest.param(
+            with_claims(pod(limits={"nvidia.com/gpu": 1})),
+            "spec.resourceClaims",
+            id="a GPU pod with resource claims",
+        ),
+        pytest.param(
+            pod(limits={"nvidia.com/gpu": 1}, annotations={BINDING_ANNOTATION: "dra"}),
+            BINDING_ANNOTATION,
+            id="the dra binding asked for",
+        ),
+    ],
+)
+def test_dra_is_refused_on_the_gated_path(p: dict[str, Any], named: str) -> None:
+    binding = decide(p).annotations[BINDING_ANNOTATION]
+    assert binding.startswith(f"{REFUSED}: ") and named in binding
+    assert "only on the GpuPodOperator path" in binding and "GpuPodOperator(binding='dra')" in binding

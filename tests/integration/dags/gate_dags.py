@@ -10,6 +10,8 @@ from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperato
 from airflow.sdk import DAG, task
 from kubernetes.client import models as k8s
 
+from airflow_gpupool.operators import GpuPodOperator
+
 KUBECONFIG = os.environ.get("GPUPOOL_TEST_KUBECONFIG", "/nonexistent/kubeconfig")
 
 POD: dict[str, Any] = {
@@ -60,5 +62,36 @@ with _dag("plain_kpo_gpu") as plain_kpo_gpu:
         cmds=["python", "train.py"],
         container_resources=k8s.V1ResourceRequirements(limits={"nvidia.com/gpu": "1"}),
         startup_timeout_seconds=60,
+        **POD,
+    )
+
+
+with _dag("plain_kpo_gpu_pool") as plain_kpo_gpu_pool:
+    # Its nodeSelector names a node pool: the ledger may grant only a node of that pool.
+    KubernetesPodOperator(
+        task_id="pool_train",
+        name="pool-train",
+        cmds=["python", "train.py"],
+        container_resources=k8s.V1ResourceRequirements(limits={"nvidia.com/gpu": "1"}),
+        node_selector={"gpupool.io/pool": "t4-shared", "nvidia.com/gpu.product": "Tesla-T4"},
+        startup_timeout_seconds=60,
+        **POD,
+    )
+
+
+with _dag("gpu_bind_dra") as gpu_bind_dra:
+    # Dynamic Resource Allocation: a ResourceClaim selects the two granted A100s by UUID.
+    GpuPodOperator(
+        task_id="train", name="dra-train", gpus=2, gpu_models=["NVIDIA-A100-SXM4-80GB"], binding="dra", **POD
+    )
+
+with _dag("gpu_bind_dra_mig_kept") as gpu_bind_dra_mig_kept:
+    # The pod is kept when it ends, so the test sees its claim stored, then deletes the pod.
+    GpuPodOperator(
+        task_id="infer",
+        name="dra-infer",
+        mig_profile="1g.10gb",
+        binding="dra",
+        on_finish_action="keep_pod",
         **POD,
     )

@@ -1,4 +1,4 @@
-"""`make demo`: run the ``gpu_retraining`` example DAG end to end on one machine, then summarize it.
+"""`make demo`: run the ``gpu_retraining`` and ``legacy_gpu_pod`` example DAGs on one machine, then summarize.
 
 Everything is embedded and lands under ``DIR`` (default ``.demo/``, wiped first): an Airflow
 metadata database (SQLite, ``DIR/airflow``), a SQLite GPU ledger, and the Kubernetes emulator
@@ -6,11 +6,17 @@ metadata database (SQLite, ``DIR/airflow``), a SQLite GPU ledger, and the Kubern
 ``dag.test()``; its training step crashes once after checkpoint 3 and resumes from it. Airflow's
 own output goes to ``DIR/demo.log``; the summary goes to stdout.
 
+``legacy_gpu_pod`` is a plain ``KubernetesPodOperator`` with ``nvidia.com/gpu: 1`` and no gpupool
+argument: the executor hook, installed as a deployment installs it
+(``DIR/airflow/config/airflow_local_settings.py``, which Airflow imports when it starts), gates
+its pod, and the controller running beside the DAGs (its gatekeeper) reserves the GPU and admits it.
+
 One fake node agent per GPU node reports to the ledger while the DAG runs (the summary says how
 the nodes stand). Run with ``python -m airflow_gpupool.demo [--dir DIR]``; ``--write-nodes FILE``
 only writes the demo cluster's nodes, ``--write-fake-nvml DIR`` their fake NVML specs (for ``python -m airflow_gpupool.testing.emulator --nodes FILE``, as ``make
 ui`` does). Airflow reads its configuration once, when first imported: this module imports it
-only after setting the environment, so it must not be imported by a process that already did.
+only after setting the environment, so it must not be imported by a process that already did:
+:func:`main` prepares ``DIR`` and starts a fresh interpreter with the demo's settings.
 """
 
 from __future__ import annotations
@@ -28,20 +34,19 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from airflow_gpupool.demo.summary import DAG_ID, LEGACY_DAG_ID, summarize
 from airflow_gpupool.labels import HAMI_CORES_RESOURCE, HAMI_MEMORY_RESOURCE
 from airflow_gpupool.ledger import Ledger
-from airflow_gpupool.ledger.models import Grant, Reservation
-from airflow_gpupool.task_try import TaskTry
 from airflow_gpupool.testing import KubernetesEmulatorServer, gpu_node
 from airflow_gpupool.testing.fake_nvml import node_spec, write_spec
 from airflow_gpupool.testing.gpu_processes import EmulatedGpuProcesses
 
 if TYPE_CHECKING:
-    from airflow_gpupool.controller.run import PassResult
+    from airflow_gpupool.controller.run import GpuPoolController, PassResult
     from airflow_gpupool.resources import NodeInventory
 
-DAG_ID = "gpu_retraining"
-DAGS_FOLDER = Path(__file__).resolve().parent.parent / "dags"
+LOCAL_SETTINGS = "from airflow_gpupool.executor_hook import pod_mutation_hook  # noqa: F401\n"
+DAGS_FOLDER = Path(__file__).resolve().parents[2] / "dags"
 A100 = "NVIDIA-A100-SXM4-80GB"
 NODE_POOL_BINDINGS = "a100-mig=mig,t4-shared=hami"
 
@@ -132,145 +137,58 @@ def migrate_airflow_db(log: IO[str]) -> None:
     )
 
 
-def run_dag() -> Any:
-    """Parse the DAGs folder and run ``gpu_retraining`` with ``dag.test()``; return the DagRun."""
+def run_dags(*dag_ids: str) -> list[Any]:
+    """Parse the DAGs folder and run each DAG with ``dag.test()``, one after the other; return the DagRuns."""
     from airflow.dag_processing.dagbag import DagBag
 
     bag = DagBag(str(DAGS_FOLDER))
     if bag.import_errors:
         raise RuntimeError(f"example DAGs failed to import: {bag.import_errors}")
-    return bag.get_dag(DAG_ID).test()
+    return [bag.get_dag(dag_id).test() for dag_id in dag_ids]
 
 
-def _slice(grant: Grant) -> str:
-    if grant.mig_slice:
-        return f"MIG {grant.mig_profile} slice {grant.mig_slice}"
-    gpus = ",".join(map(str, grant.gpu_indices))
-    if grant.milli_per_gpu < 1000:
-        return f"GPU {gpus}: {grant.milli_per_gpu} milli-GPU, {grant.gpu_memory_mib} MiB"
-    return f"GPU {gpus} ({grant.gpu_model})"
+def prepare_workdir(workdir: Path) -> None:
+    """Wipe ``workdir`` and install the executor hook in its Airflow home, before Airflow starts.
 
-
-def _task_of(holder: str) -> str:
-    task = TaskTry.from_holder(holder)
-    return f"{task.task_id} try {task.try_number}" if task is not None else holder
-
-
-def grant_lines(ledger: Ledger) -> list[str]:
-    """Return one line per grant the ledger made, oldest first: task, node, slice, seconds held.
-
-    :param ledger: the ledger
-    """
-    lines = []
-    granted: list[Reservation] = [r for r in reversed(ledger.history(limit=1000)) if r.grant is not None]
-    for r in granted:
-        assert r.grant is not None
-        end = r.ended_at
-        held = f"{end - r.grant.granted_at:6.1f} s" if end is not None else "  still held"
-        lines.append(
-            f"  {_task_of(r.holder):<22} {r.grant.node:<11} {_slice(r.grant):<44} {held}  {r.state.value}"
-        )
-    return lines
-
-
-def _env_of(pod: dict[str, Any]) -> dict[str, str]:
-    return {e["name"]: e.get("value") for e in pod["spec"]["containers"][0].get("env", [])}
-
-
-def _train_note(dag_run: Any, ti: Any, ledger: Ledger, k8s: KubernetesEmulatorServer) -> str:
-    from airflow_gpupool.ledger.attempts import TaskAttempts
-
-    notes = []
-    for attempt in TaskAttempts(ledger).history(TaskTry(DAG_ID, "train", dag_run.run_id).task_key):
-        notes.append(
-            f"try {attempt.try_number} failed ({attempt.failure_class}, exit {attempt.exit_code}) "
-            f"after checkpoint step {attempt.checkpoint_step}"
-        )
-    resumed = [
-        _env_of(p)["GPUPOOL_RESUME_FROM"]
-        for p in k8s.created_pods()
-        if p["metadata"]["name"].startswith("train") and "GPUPOOL_RESUME_FROM" in _env_of(p)
-    ]
-    for where in resumed:
-        notes.append(f"retry resumed from checkpoint step {int(where.rstrip('/').rsplit('-', 1)[1])}")
-    return "; ".join(notes)
-
-
-def task_lines(dag_run: Any, ledger: Ledger, k8s: KubernetesEmulatorServer) -> list[str]:
-    """Return one line per task: its outcome, tries, and what happened.
-
-    :param dag_run: the finished DagRun
-    :param ledger: the ledger
-    :param k8s: the emulator
-    """
-    order = ["prepare_data", "train", "watch_checkpoints", "evaluate", "decide", "promote", "keep_current"]
-    tis = sorted(
-        dag_run.get_task_instances(), key=lambda ti: order.index(ti.task_id) if ti.task_id in order else 99
-    )
-    lines = []
-    for ti in tis:
-        note = ""
-        if ti.task_id == "train":
-            note = _train_note(dag_run, ti, ledger, k8s)
-        elif ti.task_id == "watch_checkpoints":
-            manifest = ti.xcom_pull(task_ids=ti.task_id) or {}
-            if manifest:
-                note = f"final checkpoint step {manifest['step']}, loss {manifest['metrics'].get('loss')}"
-        elif ti.task_id == "decide":
-            chosen = [
-                t.task_id
-                for t in tis
-                if t.task_id in ("promote", "keep_current") and str(t.state) != "skipped"
-            ]
-            note = f"chose {', '.join(chosen) or 'nothing'} (final loss vs the current_loss param)"
-        tries = ti.try_number if str(ti.state) != "skipped" else 0
-        took = f"{ti.duration:5.1f} s" if ti.duration is not None else "      -"
-        lines.append(f"  {ti.task_id:<18} {str(ti.state):<8} {tries:>5}  {took}   {note}".rstrip())
-    return lines
-
-
-NEXT_STEPS = """\
-Next:
-  make ui        the Airflow UI (airflow standalone) with the emulator and the example DAGs:
-                 http://localhost:8080 (the admin password is printed by airflow standalone)
-  Real cluster:  KUBECONFIG=~/.kube/config (or run in-cluster), unset GPUPOOL_EMULATOR, and
-                 `gpupool inventory sync --url URL` to load its GPU nodes into the ledger.
-  PostgreSQL:    AIRFLOW_CONN_GPUPOOL_DEFAULT='{"conn_type": "gpupool", "extra":
-                 {"ledger_url": "postgresql://gpupool@db:5432/gpupool"}}' (see docker/compose.yaml),
-                 after `gpupool ledger init --url postgresql://...` creates it.
-"""
-
-
-def summarize(
-    dag_run: Any, ledger: Ledger, k8s: KubernetesEmulatorServer, workdir: Path, seconds: float, out: IO[str]
-) -> bool:
-    """Print the summary; return whether the run succeeded and left nothing behind.
-
-    :param dag_run: the finished DagRun
-    :param ledger: the ledger
-    :param k8s: the emulator
     :param workdir: the demo's directory
-    :param seconds: how long the DAG run took
-    :param out: where to print
     """
-    snap = ledger.snapshot()
-    violations = ledger.check_invariants()
-    state = str(dag_run.state)
-    p = out.write
-    p(f"\nDAG {DAG_ID}, run {dag_run.run_id}: {state} in {seconds:.1f} s\n")
-    p(f"  {'task':<18} {'outcome':<8} {'tries':>5}  {'time':>7}   notes\n")
-    p("\n".join(task_lines(dag_run, ledger, k8s)) + "\n")
-    p("  (the first task's time includes starting Airflow's in-process task API)\n")
-    p("\nGrants made (ledger history, oldest first)\n")
-    p(f"  {'task':<22} {'node':<11} {'GPUs or slice':<44} {'held':>8}  final state\n")
-    p("\n".join(grant_lines(ledger)) + "\n")
-    p(
-        f"\ngrants leaked: {len(snap.grants)}   (queue {len(snap.queue)}, invariant violations {len(violations)})\n"
-    )
-    p(node_health_line(snap) + "\n")
-    p(f"Checkpoints under {workdir / 'checkpoints'}; Airflow's log in {workdir / 'demo.log'}\n\n")
-    p(NEXT_STEPS)
-    return state == "success" and not snap.grants and not snap.queue and not violations
+    shutil.rmtree(workdir, ignore_errors=True)
+    write_local_settings(workdir / "airflow")
+
+
+def write_local_settings(airflow_home: Path) -> None:
+    """Install the executor hook as a deployment does: ``AIRFLOW_HOME/config/airflow_local_settings.py``.
+
+    :param airflow_home: the Airflow home (its ``config`` folder is on Airflow's ``sys.path``)
+    """
+    config = airflow_home / "config"
+    config.mkdir(parents=True, exist_ok=True)
+    (config / "airflow_local_settings.py").write_text(LOCAL_SETTINGS)
+
+
+def hook_installed(workdir: Path) -> bool:
+    """Return whether Airflow imported the demo's ``airflow_local_settings`` when it started."""
+    module = sys.modules.get("airflow_local_settings")
+    where = workdir / "airflow" / "config" / "airflow_local_settings.py"
+    return module is not None and Path(str(module.__file__)).resolve() == where
+
+
+def controller(ledger: Ledger, kubeconfig: str, gate_interval: float = 0.5) -> GpuPoolController:
+    """Return a controller (`gpupool controller run`) of the emulated cluster, in this process.
+
+    :param ledger: the ledger
+    :param kubeconfig: the emulator's kubeconfig
+    :param gate_interval: seconds between the gatekeeper's passes
+    """
+    from kubernetes import client
+
+    from airflow_gpupool.controller.leader import LeaderElector, LeaseSettings
+    from airflow_gpupool.controller.run import ControllerIntervals, GpuPoolController
+    from airflow_gpupool.inventory.sync import core_v1_api
+
+    core = core_v1_api(kubeconfig)
+    elector = LeaderElector(client.CoordinationV1Api(core.api_client), LeaseSettings("default", "demo"))
+    return GpuPoolController(ledger, core, elector, ControllerIntervals(gate=gate_interval))
 
 
 def controller_pass(ledger: Ledger, kubeconfig: str) -> PassResult:
@@ -279,26 +197,39 @@ def controller_pass(ledger: Ledger, kubeconfig: str) -> PassResult:
     :param ledger: the ledger
     :param kubeconfig: the emulator's kubeconfig
     """
-    from kubernetes import client
+    return controller(ledger, kubeconfig).run_once()
 
-    from airflow_gpupool.controller.leader import LeaderElector, LeaseSettings
-    from airflow_gpupool.controller.run import GpuPoolController
-    from airflow_gpupool.inventory.sync import core_v1_api
 
-    core = core_v1_api(kubeconfig)
-    elector = LeaderElector(client.CoordinationV1Api(core.api_client), LeaseSettings("default", "demo"))
-    return GpuPoolController(ledger, core, elector).run_once()
+@contextlib.contextmanager
+def controller_running(ledger: Ledger, kubeconfig: str) -> Iterator[None]:
+    """Run the controller (its gatekeeper admits the gated pod) in a thread while the DAGs run.
+
+    :param ledger: the ledger
+    :param kubeconfig: the emulator's kubeconfig
+    """
+    stop = threading.Event()
+    thread = threading.Thread(
+        target=controller(ledger, kubeconfig).run, args=(stop,), name="gpupool-controller", daemon=True
+    )
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=30)
 
 
 def run_demo(workdir: Path, out: IO[str]) -> bool:
-    """Set up the embedded parts under ``workdir``, run the DAG, print the summary; return whether it passed.
+    """Set up the embedded parts under ``workdir``, run the DAGs, print the summary; return whether it passed.
 
-    :param workdir: the demo's directory (wiped first)
+    :param workdir: the demo's directory (prepared by :func:`prepare_workdir` before Airflow started)
     :param out: where to print progress and the summary
     """
-
-    shutil.rmtree(workdir, ignore_errors=True)
-    (workdir / "airflow").mkdir(parents=True)
+    if not hook_installed(workdir):
+        raise RuntimeError(
+            f"Airflow did not import {workdir / 'airflow' / 'config' / 'airflow_local_settings.py'} "
+            "when it started (another airflow_local_settings on sys.path?): the executor hook is not installed"
+        )
     log_path = workdir / "demo.log"
     url = f"sqlite:///{workdir / 'ledger.db'}"
     out.write(f"airflow-gpupool demo in {workdir}\n")
@@ -323,14 +254,21 @@ def run_demo(workdir: Path, out: IO[str]) -> bool:
             with open(log_path, "a") as log:
                 out.write("  migrating the Airflow database (SQLite) ...\n")
                 migrate_airflow_db(log)
-            out.write(f"  running {DAG_ID} with dag.test() (Airflow output in {log_path}) ...\n")
+            out.write(
+                f"  executor hook installed ({workdir / 'airflow' / 'config' / 'airflow_local_settings.py'}); "
+                "the controller runs beside the DAGs, its gatekeeper every 0.5 s\n"
+            )
+            out.write(
+                f"  running {DAG_ID}, then {LEGACY_DAG_ID}, with dag.test() (Airflow output in {log_path}) ...\n"
+            )
             started = time.monotonic()
             with output_to(log_path), agents:
-                dag_run = run_dag()
+                with controller_running(ledger, k8s.kubeconfig_path):
+                    dag_runs = run_dags(DAG_ID, LEGACY_DAG_ID)
                 seconds = time.monotonic() - started
                 after = controller_pass(ledger, k8s.kubeconfig_path)  # its log lines go to demo.log
             out.write(f"  controller pass after the run: {after.summary()}\n")
-            return summarize(dag_run, ledger, k8s, workdir, seconds, out)
+            return summarize(dag_runs, ledger, k8s, workdir, seconds, out)
         finally:
             ledger.close()
 
@@ -398,18 +336,7 @@ class DemoAgents:
             agent.collector.close()
 
 
-def node_health_line(snap: Any) -> str:
-    """Say how the nodes' agents stand: reporting, quarantined (nodes and GPUs), leaks."""
-    reporting = sum(1 for n in snap.nodes if n.heartbeat_at is not None)
-    nodes_out = sum(1 for n in snap.nodes if n.health == "quarantined")
-    gpus_out = sum(1 for n in snap.nodes for g in n.gpus if g.get("health") == "quarantined")
-    leaks = sum(1 for n in snap.nodes for g in n.gpus if g.get("leak"))
-    verified = sum(1 for n in snap.nodes for g in n.gpus if g.get("uuid_verified"))
-    total = sum(len(n.gpus) for n in snap.nodes)
-    return (
-        f"node agents: {reporting} of {len(snap.nodes)} nodes reporting, {verified} of {total} GPU UUIDs verified; "
-        f"quarantined: {nodes_out} nodes, {gpus_out} GPUs; GPU memory leaks: {leaks}"
-    )
+_PREPARED = "GPUPOOL_DEMO_PREPARED"  # set for the fresh interpreter: the directory is ready
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -422,7 +349,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--write-fake-nvml", metavar="DIR", help="only write a fake NVML spec per GPU node into DIR and exit"
     )
+    parser.add_argument(
+        "--write-local-settings",
+        metavar="AIRFLOW_HOME",
+        help="only install the executor hook (AIRFLOW_HOME/config/airflow_local_settings.py) and exit",
+    )
     args = parser.parse_args(argv)
+    if args.write_local_settings:
+        write_local_settings(Path(args.write_local_settings))
+        return 0
     if args.write_fake_nvml:
         from airflow_gpupool.inventory.nodes import node_from_kubernetes
 
@@ -435,15 +370,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     workdir = Path(args.dir).resolve()
     wanted = airflow_environment(workdir)
-    if any(os.environ.get(key) != value for key, value in wanted.items()):
+    if os.environ.get(_PREPARED) != str(workdir) or any(os.environ.get(k) != v for k, v in wanted.items()):
         # Importing this package imported Airflow (its errors derive from Airflow's), which read
-        # its configuration then: start again in a fresh interpreter with the demo's settings.
+        # its configuration and airflow_local_settings then: prepare the directory, then start
+        # again in a fresh interpreter with the demo's settings.
+        prepare_workdir(workdir)
+        wanted[_PREPARED] = str(workdir)
         argv = sys.argv[1:] if argv is None else argv
         os.execve(
             sys.executable, [sys.executable, "-m", "airflow_gpupool.demo", *argv], {**os.environ, **wanted}
         )
     return 0 if run_demo(workdir, sys.stdout) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
