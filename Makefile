@@ -20,8 +20,8 @@ $(STAMP): pyproject.toml constraints.txt
 
 install: $(STAMP)
 
-# moto's S3 server for the s3:// checkpoint tests, in a virtualenv of its own: it needs
-# python-dateutil<3 and the tests reach it over HTTP only (tests/moto_s3.py starts it).
+# moto's S3 server for the s3:// checkpoint tests, in a virtualenv of its own: its Flask server and
+# boto3 stay out of constraints.txt, and the tests reach it over HTTP only (tests/s3_fixtures.py).
 MOTO_VENV ?= .venv-moto
 MOTO_STAMP := $(MOTO_VENV)/.installed-stamp
 export GPUPOOL_MOTO_SERVER ?= $(abspath $(MOTO_VENV))/bin/moto_server

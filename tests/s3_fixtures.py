@@ -1,8 +1,8 @@
 """A real S3 API for the checkpoint tests: moto's server in a process of its own, on a free port.
 
 moto runs from its own virtualenv (``make moto`` builds ``.venv-moto`` from
-``tests/moto-requirements.txt``): it needs python-dateutil<3, and the tests only speak S3 over
-HTTP to it, as they would to MinIO or AWS. ``GPUPOOL_MOTO_SERVER`` names the ``moto_server``
+``tests/moto-requirements.txt``): its Flask server and boto3 stay out of the project's pins, and
+the tests only speak S3 over HTTP to it, as they would to MinIO or AWS. ``GPUPOOL_MOTO_SERVER`` names the ``moto_server``
 program (the Makefile sets it). Under ``CI=true`` a missing or dead server fails the tests.
 """
 
