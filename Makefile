@@ -10,7 +10,7 @@ ifneq ($(wildcard ../shared/traces/alibaba-gpu-v2023),)
 export GPUPOOL_TRACE_DIR ?= $(abspath ../shared/traces)
 endif
 
-.PHONY: install lint test test-fast demo ui bench-placement bench-ledger clean constraints
+.PHONY: install moto lint test test-fast demo ui bench-placement bench-ledger clean constraints
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,16 +20,29 @@ $(STAMP): pyproject.toml constraints.txt
 
 install: $(STAMP)
 
+# moto's S3 server for the s3:// checkpoint tests, in a virtualenv of its own: its Flask server and
+# boto3 stay out of constraints.txt, and the tests reach it over HTTP only (tests/s3_fixtures.py).
+MOTO_VENV ?= .venv-moto
+MOTO_STAMP := $(MOTO_VENV)/.installed-stamp
+export GPUPOOL_MOTO_SERVER ?= $(abspath $(MOTO_VENV))/bin/moto_server
+
+$(MOTO_STAMP): tests/moto-requirements.txt
+	test -x $(MOTO_VENV)/bin/python || $(PYTHON) -m venv $(MOTO_VENV)
+	$(MOTO_VENV)/bin/python -m pip install -q -r tests/moto-requirements.txt
+	touch $(MOTO_STAMP)
+
+moto: $(MOTO_STAMP)
+
 lint: install
 	$(BIN)/ruff check airflow_gpupool tests benchmarks dags
 	$(BIN)/ruff format --check airflow_gpupool tests benchmarks dags
 	$(BIN)/mypy
 	$(BIN)/lint-imports  # the layering contract in pyproject.toml
 
-test: lint
+test: lint $(MOTO_STAMP)
 	$(BIN)/pytest -q
 
-test-fast: install
+test-fast: install $(MOTO_STAMP)
 	$(BIN)/pytest -q -x -m "not slow"
 
 # The example DAGs run gpu_retraining end to end on embedded parts; the summary ends with `grants leaked: 0`.
@@ -78,4 +91,4 @@ constraints:
 	$(BIN)/python -m pip freeze --exclude-editable | grep -v '^airflow-gpupool' > constraints.txt
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .import_linter_cache
+	rm -rf $(VENV) $(MOTO_VENV) .mypy_cache .ruff_cache .pytest_cache .import_linter_cache

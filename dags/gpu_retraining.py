@@ -11,7 +11,8 @@ current model's (the ``current_loss`` param).
 Configuration, all read from the environment when the file is parsed (no I/O):
 
 * ``KUBECONFIG``: the cluster (unset: in-cluster configuration);
-* ``GPUPOOL_CHECKPOINT_ROOT``: where checkpoints go (a path or URL every pod and worker can reach);
+* ``GPUPOOL_CHECKPOINT_ROOT``: where checkpoints go (a path or URL every pod and worker can reach),
+  read through the Airflow connection ``GPUPOOL_CHECKPOINT_CONN_ID`` names, if any;
 * ``GPUPOOL_EMULATOR=1``: add the pod annotations that steer the Kubernetes emulator
   (``airflow_gpupool.testing``): training writes 5 checkpoints and crashes once after step 3, and
   retries come at once. Without it these are plain real-cluster DAGs.
@@ -38,6 +39,8 @@ CHECKPOINT_ROOT = os.environ.get("GPUPOOL_CHECKPOINT_ROOT") or os.path.join(
 # (UI or REST API, Airflow 3: no `ds`, no data interval).
 DATASET = "s3://datasets/recsys/{{ (dag_run.logical_date or dag_run.run_after) | ds }}"
 CHECKPOINTS = CHECKPOINT_ROOT.rstrip("/") + "/{{ dag.dag_id }}/{{ run_id }}"
+# An Airflow connection for the checkpoint store (ObjectStoragePath: an aws connection for s3://).
+CHECKPOINT_CONN_ID = os.environ.get("GPUPOOL_CHECKPOINT_CONN_ID") or None
 SHARED_GPUS = ["Tesla-T4", "NVIDIA-L4"]
 
 POD: dict[str, Any] = {
@@ -88,6 +91,7 @@ with DAG(
         team="recsys",
         priority=10,
         checkpoint_dir=CHECKPOINTS,
+        checkpoint_conn_id=CHECKPOINT_CONN_ID,
         keep_checkpoints=3,
         retries=2,
         retry_delay=timedelta(0) if EMULATOR else timedelta(minutes=5),
@@ -98,6 +102,7 @@ with DAG(
     watch_checkpoints = CheckpointSensor(
         task_id="watch_checkpoints",
         checkpoint_dir=CHECKPOINTS,
+        conn_id=CHECKPOINT_CONN_ID,
         keep_checkpoints=3,
         max_interval=timedelta(hours=2),
         on_stall="escalate",

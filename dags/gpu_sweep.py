@@ -7,8 +7,9 @@ each trial reserves 250 milli-GPU with 4 GiB of GPU memory and checkpoints under
 returns the setting with the lowest loss.
 
 Configuration from the environment at parse time (no I/O): ``KUBECONFIG`` (unset: in-cluster),
-``GPUPOOL_CHECKPOINT_ROOT``, and ``GPUPOOL_EMULATOR=1`` to add the Kubernetes emulator's pod
-annotations (each trial writes as many checkpoints as it has epochs).
+``GPUPOOL_CHECKPOINT_ROOT`` (read through the Airflow connection ``GPUPOOL_CHECKPOINT_CONN_ID``
+names, if any), and ``GPUPOOL_EMULATOR=1`` to add the Kubernetes emulator's pod annotations
+(each trial writes as many checkpoints as it has epochs).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ CHECKPOINT_ROOT = os.environ.get("GPUPOOL_CHECKPOINT_ROOT") or os.path.join(
     os.environ.get("AIRFLOW_HOME") or os.path.expanduser("~/airflow"), "checkpoints"
 )
 RUN_CHECKPOINTS = CHECKPOINT_ROOT.rstrip("/") + "/{{ dag.dag_id }}/{{ run_id }}"
+# An Airflow connection for the checkpoint store (ObjectStoragePath: an aws connection for s3://).
+CHECKPOINT_CONN_ID = os.environ.get("GPUPOOL_CHECKPOINT_CONN_ID") or None
 SETTINGS = [
     {"lr": "0.1", "epochs": "2"},
     {"lr": "0.01", "epochs": "4"},
@@ -70,6 +73,7 @@ with DAG(
         workload_class="training",
         team="research",
         checkpoint_dir=RUN_CHECKPOINTS + "/trial-{{ ti.map_index }}",
+        checkpoint_conn_id=CHECKPOINT_CONN_ID,
         keep_checkpoints=2,
         deferrable=True,
     ).expand_kwargs([trial_kwargs(s) for s in SETTINGS])
@@ -82,7 +86,7 @@ with DAG(
         root = CHECKPOINT_ROOT.rstrip("/") + f"/{dag_id}/{run_id}"
         results = []
         for index, setting in enumerate(SETTINGS):
-            newest = CheckpointStore(f"{root}/trial-{index}").newest()
+            newest = CheckpointStore(f"{root}/trial-{index}", conn_id=CHECKPOINT_CONN_ID).newest()
             if newest is not None and "loss" in newest.metrics:
                 results.append((float(newest.metrics["loss"]), index, setting))
         if not results:

@@ -59,7 +59,10 @@ class CheckpointListing:
 def _resolve(location: Any, conn_id: str | None) -> tuple[AbstractFileSystem, str, str]:
     """Return (filesystem, path, display URL) of a location."""
     if hasattr(location, "fs") and hasattr(location, "path"):  # an ObjectStoragePath (or any UPath)
-        return location.fs, str(location.path).rstrip("/"), str(location)
+        # str() of an ObjectStoragePath with a connection reads s3://<conn_id>@bucket/...; the URL
+        # handed to containers (GPUPOOL_RESUME_FROM) and shown in logs is the plain one.
+        url = location.as_uri() if getattr(location, "conn_id", None) else str(location)
+        return location.fs, str(location.path).rstrip("/"), url
     url = str(location)
     if conn_id:
         from airflow.sdk import ObjectStoragePath

@@ -20,7 +20,7 @@ Annotations (all optional, values are strings as Kubernetes requires):
 ``gpupool.emulator/log-lines``
     the container's log: a JSON list of strings, or text with one line per line
 ``gpupool.emulator/checkpoint-dir``
-    a local path or ``file://`` URL where training checkpoints are written
+    a local path, ``file://`` URL or fsspec URL (``s3://``) where training checkpoints are written
 ``gpupool.emulator/checkpoint-steps``
     the step the training reaches (``step-000001`` ... ``step-00000N``), then ``COMPLETE``
 ``gpupool.emulator/fail-after-step``
@@ -56,7 +56,7 @@ class PodBehaviour:
     :param node_lost: lose the node while the pod runs (``"delete"`` removes the node)
     :param image_pull_error: fail pulling the image
     :param log_lines: the container log
-    :param checkpoint_dir: local path or ``file://`` URL for checkpoints
+    :param checkpoint_dir: local path, ``file://`` URL or fsspec URL for checkpoints
     :param checkpoint_steps: the last step to write
     :param fail_after_step: crash after writing this step
     :param schedule_delay_seconds: time before the pod is scheduled

@@ -7,7 +7,9 @@ Layout under the checkpoint directory::
     ...
     COMPLETE                    # written when the training finished successfully
 
-A step directory without ``manifest.json`` is incomplete and must be ignored by readers.
+A step directory without ``manifest.json`` is incomplete and must be ignored by readers. The
+directory is a local path, a ``file://`` URL, or any other URL fsspec writes (``s3://`` with the
+``AWS_*`` variables, as a training container on a shared object store would).
 """
 
 from __future__ import annotations
@@ -27,6 +29,23 @@ RESUME_ENV = "GPUPOOL_RESUME_FROM"
 CHECKPOINT_DIR_ENV = "GPUPOOL_CHECKPOINT_DIR"
 
 _TRAILING_NUMBER = re.compile(r"(\d+)/*$")
+
+
+def is_local(location: str) -> bool:
+    """Return whether a checkpoint location is a local path or a ``file://`` URL.
+
+    :param location: a path or URL
+    """
+    scheme = urlparse(location).scheme
+    return scheme == "file" or len(scheme) <= 1  # one letter: a Windows drive
+
+
+def plan_root(location: str) -> Path | str:
+    """Return where the emulator writes a location's checkpoints: a local Path, or the URL itself.
+
+    :param location: a local path, a ``file://`` URL or an fsspec URL (``s3://bucket/run``)
+    """
+    return local_path(location) if is_local(location) else location.rstrip("/")
 
 
 def local_path(location: str) -> Path:
@@ -65,6 +84,13 @@ def loss_at(step: int) -> float:
     return round(2.5 / (1 + step) + 0.05, 6)
 
 
+def _step_files(step: int, now: datetime.datetime | None) -> tuple[bytes, str]:
+    """Return a step's data file and manifest."""
+    when = now or datetime.datetime.now(tz=datetime.UTC)
+    manifest = {"step": step, "time": when.isoformat(), "metrics": {"loss": loss_at(step)}}
+    return f"weights-after-step-{step}\n".encode() * 4, json.dumps(manifest, sort_keys=True)
+
+
 def write_step(root: Path, step: int, *, now: datetime.datetime | None = None) -> Path:
     """Write one checkpoint step: its data file first, its manifest last (atomically).
 
@@ -74,13 +100,58 @@ def write_step(root: Path, step: int, *, now: datetime.datetime | None = None) -
     """
     step_dir = root / STEP_DIR_FORMAT.format(step)
     step_dir.mkdir(parents=True, exist_ok=True)
-    (step_dir / DATA_NAME).write_bytes(f"weights-after-step-{step}\n".encode() * 4)
-    when = now or datetime.datetime.now(tz=datetime.UTC)
-    manifest = {"step": step, "time": when.isoformat(), "metrics": {"loss": loss_at(step)}}
+    data, manifest = _step_files(step, now)
+    (step_dir / DATA_NAME).write_bytes(data)
     partial = step_dir / f".{MANIFEST_NAME}.partial"
-    partial.write_text(json.dumps(manifest, sort_keys=True))
+    partial.write_text(manifest)
     os.replace(partial, step_dir / MANIFEST_NAME)
     return step_dir
+
+
+def write_step_url(url: str, step: int, *, now: datetime.datetime | None = None) -> str:
+    """Write one checkpoint step through fsspec: data first, manifest last; return its URL.
+
+    An object store's PUT is atomic, so the manifest needs no rename to appear whole.
+
+    :param url: the checkpoint location (``s3://bucket/run``)
+    :param step: the step number
+    :param now: the time recorded in the manifest
+    """
+    from fsspec.core import url_to_fs
+
+    fs, root = url_to_fs(url)
+    step_dir = f"{str(root).rstrip('/')}/{STEP_DIR_FORMAT.format(step)}"
+    data, manifest = _step_files(step, now)
+    fs.pipe_file(f"{step_dir}/{DATA_NAME}", data)
+    fs.pipe_file(f"{step_dir}/{MANIFEST_NAME}", manifest.encode())
+    return f"{url.rstrip('/')}/{STEP_DIR_FORMAT.format(step)}"
+
+
+def save_step(root: Path | str, step: int) -> None:
+    """Write one step where :func:`plan_root` said: a local directory or a URL.
+
+    :param root: a local Path or an fsspec URL
+    :param step: the step number
+    """
+    if isinstance(root, Path):
+        write_step(root, step)
+    else:
+        write_step_url(root, step)
+
+
+def save_complete(root: Path | str, last_step: int) -> None:
+    """Write the ``COMPLETE`` marker where :func:`plan_root` said.
+
+    :param root: a local Path or an fsspec URL
+    :param last_step: the final step
+    """
+    if isinstance(root, Path):
+        write_complete(root, last_step)
+        return
+    from fsspec.core import url_to_fs
+
+    fs, path = url_to_fs(root)
+    fs.pipe_file(f"{str(path).rstrip('/')}/{COMPLETE_MARKER}", json.dumps({"step": last_step}).encode())
 
 
 def write_complete(root: Path, last_step: int) -> Path:

@@ -29,13 +29,13 @@ if TYPE_CHECKING:
 class CheckpointPlan:
     """Which checkpoint steps a run writes.
 
-    :param root: the checkpoint directory
+    :param root: the checkpoint directory, or an fsspec URL (``s3://...``)
     :param first: first step to write
     :param last: final step of the training
     :param crash_after: step after which the run crashes, if any
     """
 
-    root: Path
+    root: Path | str
     first: int
     last: int
     crash_after: int | None
@@ -68,7 +68,7 @@ def checkpoint_plan(pod: dict[str, Any], behaviour: PodBehaviour) -> CheckpointP
     crash = behaviour.fail_after_step
     if crash is not None and crash <= resumed:
         crash = None  # the crash happened in an earlier run; the resumed one goes past it
-    return CheckpointPlan(checkpoints.local_path(location), resumed + 1, behaviour.checkpoint_steps, crash)
+    return CheckpointPlan(checkpoints.plan_root(location), resumed + 1, behaviour.checkpoint_steps, crash)
 
 
 class PodWorkload:
@@ -146,7 +146,7 @@ class PodWorkload:
             if (interruption := await self.pause(interval)) is not None:
                 return None if interruption.reason == FINISH_NOW else interrupted(interruption, self.node)
             assert plan is not None
-            checkpoints.write_step(plan.root, step)
+            checkpoints.save_step(plan.root, step)
             self.log(
                 f"step {step}/{plan.last}: loss={checkpoints.loss_at(step)} checkpoint {checkpoints.STEP_DIR_FORMAT.format(step)} saved"
             )
@@ -172,5 +172,5 @@ class PodWorkload:
             self.log(f"gpupool emulator: exiting with code {exit_code}")
             return Outcome("Failed", exit_code, "Error")
         if plan is not None:
-            checkpoints.write_complete(plan.root, plan.last)
+            checkpoints.save_complete(plan.root, plan.last)
         return Outcome("Succeeded", 0, "Completed")

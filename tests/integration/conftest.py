@@ -15,6 +15,7 @@ import pytest
 from airflow_gpupool.ledger import Ledger
 from airflow_gpupool.testing import KubernetesEmulatorServer, gpu_node
 from tests.ledger_fixtures import node
+from tests.s3_fixtures import moto_s3  # noqa: F401  (a real S3 API for the s3:// checkpoint tests)
 
 DAGS_FOLDER = Path(__file__).parent / "dags"
 A100 = "NVIDIA-A100-SXM4-80GB"

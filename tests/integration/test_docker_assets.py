@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ import yaml
 from airflow_gpupool import settings
 from airflow_gpupool.cli import build_parser
 from airflow_gpupool.operators.pod_spec import GPU_TOLERATION
+from tests.s3_fixtures import MotoS3
 from tests.skips import skip_or_fail
 
 DOCKER = Path(__file__).resolve().parents[2] / "docker"
@@ -447,7 +449,9 @@ def test_dockerfile() -> None:
         "--chown=airflow:root airflow_gpupool ./airflow_gpupool",
     ]
     (run,) = [arg for op, arg in instructions if op == "RUN"]
-    assert run.startswith("pip install --no-cache-dir -c constraints.txt . ")
+    # With the s3 extra: ObjectStoragePath reads the compose stack's s3:// checkpoints.
+    assert run.startswith('pip install --no-cache-dir -c constraints.txt ".[s3]" ')
+    assert run.endswith('python -c "import s3fs, airflow.providers.amazon.aws.fs.s3"')
     assert ("USER", "airflow") in instructions
 
 
@@ -526,9 +530,22 @@ def test_compose_airflow_service(service: str) -> None:
     assert env["GPUPOOL_LEDGER_URL"] == LEDGER_URL
     # The mounted kubeconfig is the one used: nothing falls back to in-cluster configuration.
     assert env["KUBECONFIG"] == "/home/airflow/.kube/config"
-    # Checkpoints on the shared object store, reached through fsspec's S3 filesystem.
+    # Checkpoints on the shared object store: ObjectStoragePath through the aws connection the
+    # example DAGs name; plain fsspec clients through botocore's variables, to the same store.
     assert env["GPUPOOL_CHECKPOINT_ROOT"] == "s3://gpupool-checkpoints"
+    assert env["GPUPOOL_CHECKPOINT_CONN_ID"] == "gpupool_s3"
+    minio = _compose()["services"]["object-store"]["environment"]
+    assert json.loads(env["AIRFLOW_CONN_GPUPOOL_S3"]) == {
+        "conn_type": "aws",
+        "login": minio["MINIO_ROOT_USER"],
+        "password": minio["MINIO_ROOT_PASSWORD"],
+        "extra": {"endpoint_url": "http://object-store:9000", "region_name": "us-east-1"},
+    }
     assert env["AWS_ENDPOINT_URL"] == "http://object-store:9000"
+    assert (env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"]) == (
+        minio["MINIO_ROOT_USER"],
+        minio["MINIO_ROOT_PASSWORD"],
+    )
     assert spec["volumes"] == [
         "../dags:/opt/airflow/dags:ro",
         "../examples:/opt/airflow/gpupool-examples:ro",
@@ -544,6 +561,31 @@ def test_compose_airflow_service(service: str) -> None:
         }
     if service in AIRFLOW_SERVICES:
         assert spec["command"] == AIRFLOW_SERVICES[service]
+
+
+def test_compose_checkpoint_settings_work_against_an_s3_api(
+    moto_s3: MotoS3, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stack's checkpoint root and connection, pointed at moto instead of MinIO, read and write."""
+    from airflow_gpupool.checkpoints import CheckpointStore, manifest_bytes
+
+    env = _compose()["services"]["airflow-scheduler"]["environment"]
+    conn_id = env["GPUPOOL_CHECKPOINT_CONN_ID"]
+    connection = json.loads(env[f"AIRFLOW_CONN_{conn_id.upper()}"])
+    connection["extra"]["endpoint_url"] = moto_s3.endpoint_url  # the only change: where MinIO would be
+    monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps(connection))
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(name)  # the connection alone must reach the store
+    (init,) = _compose()["services"]["object-store-init"]["entrypoint"][2:]
+    assert env["GPUPOOL_CHECKPOINT_ROOT"] == f"s3://{moto_s3.bucket}"
+    assert f"local/{moto_s3.bucket}" in init
+
+    root = f"{env['GPUPOOL_CHECKPOINT_ROOT']}/compose-check/{uuid.uuid4().hex}"
+    store = CheckpointStore(root, conn_id=conn_id)
+    store.fs.pipe_file(f"{store.root}/step-000001/manifest.json", manifest_bytes(1, {"loss": 0.4}))
+
+    newest = store.newest()
+    assert newest is not None and (newest.step, newest.location) == (1, f"{root}/step-000001")
 
 
 def test_compose_init_migrates_both_databases() -> None:
