@@ -65,6 +65,7 @@ __all__ = [
     "CorruptCheckpointError",
     "DeadlineExceededError",
     "FailureClass",
+    "GpuFaultError",
     "GpuPoolError",
     "ImagePullError",
     "InvalidInventoryError",
@@ -316,6 +317,7 @@ class FailureClass(str, Enum):
     APPLICATION_ERROR = "application_error"
     RESERVATION_TIMEOUT = "reservation_timeout"
     LEASE_LOST = "lease_lost"
+    GPU_FAULT = "gpu_fault"
     UNKNOWN = "unknown"
 
 
@@ -423,6 +425,12 @@ class LeaseLostError(PodFailureError):
         error = cls(Classification(FailureClass.LEASE_LOST, reason, None, pod_name))
         error.reservation_id, error.why = reservation_id, why
         return error
+
+
+class GpuFaultError(PodFailureError):
+    """The GPU itself failed under the try: an XID, an uncorrectable ECC error, a GPU lost from the bus."""
+
+    failure_class = FailureClass.GPU_FAULT
 
 
 class UnknownPodFailureError(PodFailureError):

@@ -12,9 +12,15 @@ out of memory               ``retry_larger``: retry and resume on the next large
 image pull                  ``fail``: fail at once, no retry, no page
 application error, deadline ``retry``; when the task's retries are spent → escalate
 reservation timeout, other  ``retry``; when the task's retries are spent → escalate
+GPU fault (XID, ECC, GPU    ``retry``; with the operator's ``cpu_fallback=True``: ``cpu_fallback``
+off the bus)
 ==========================  ====================================================================
 
 ``escalate`` fails the task without further retries and calls the task's escalation notifier.
+``cpu_fallback`` retries on the task's CPU-only variant (no slice, ``GPUPOOL_DEVICE=cpu``); it needs
+the operator's ``cpu_fallback=True``, which also makes it the default for a GPU fault, and the
+remedy of an out-of-memory failure on the GPU that no larger slice can hold. Once chosen, the rest of
+the task run's tries stay on the CPU.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ class Remedy(str, Enum):
     RETRY_LARGER = "retry_larger"
     FAIL = "fail"
     ESCALATE = "escalate"
+    CPU_FALLBACK = "cpu_fallback"
 
 
 DEFAULT_REMEDIES: dict[FailureClass, Remedy] = {
@@ -50,8 +57,11 @@ DEFAULT_REMEDIES: dict[FailureClass, Remedy] = {
     FailureClass.DEADLINE_EXCEEDED: Remedy.RETRY,
     FailureClass.APPLICATION_ERROR: Remedy.RETRY,
     FailureClass.RESERVATION_TIMEOUT: Remedy.RETRY,
+    FailureClass.GPU_FAULT: Remedy.RETRY,
     FailureClass.UNKNOWN: Remedy.RETRY,
 }
+#: The defaults that ``cpu_fallback=True`` changes: a faulty GPU is no reason to wait for another.
+CPU_FALLBACK_REMEDIES: dict[FailureClass, Remedy] = {FailureClass.GPU_FAULT: Remedy.CPU_FALLBACK}
 
 
 @dataclass(frozen=True)
@@ -66,16 +76,32 @@ class EscalationPolicy:
     escalate_when_exhausted: bool = True
 
     @classmethod
-    def of(cls, value: EscalationPolicy | Mapping[str, str] | None) -> EscalationPolicy:
+    def of(
+        cls, value: EscalationPolicy | Mapping[str, str] | None, *, cpu_fallback: bool = False
+    ) -> EscalationPolicy:
         """Return a policy from a policy, or from ``{"failure class": "remedy"}`` overrides of the default.
 
-        :raises ConfigurationError: an unknown class or remedy (at DAG parse time)
+        :param value: the operator's ``escalation`` argument
+        :param cpu_fallback: the operator's ``cpu_fallback``: the defaults include
+            :data:`CPU_FALLBACK_REMEDIES`, and only then may a remedy be ``cpu_fallback``
+        :raises ConfigurationError: an unknown class or remedy, or ``cpu_fallback`` without a CPU
+            variant (at DAG parse time)
         """
+        policy = value if isinstance(value, EscalationPolicy) else cls._from_overrides(value, cpu_fallback)
+        if not cpu_fallback:
+            chosen = sorted(c.value for c, r in policy.remedies.items() if r is Remedy.CPU_FALLBACK)
+            if chosen:
+                raise ConfigurationError(
+                    f"escalation {chosen}: the remedy 'cpu_fallback' needs the task's cpu_fallback=True "
+                    "(a CPU-only variant to run)"
+                )
+        return policy
+
+    @classmethod
+    def _from_overrides(cls, value: Mapping[str, str] | None, cpu_fallback: bool) -> EscalationPolicy:
+        remedies = dict(DEFAULT_REMEDIES) | (CPU_FALLBACK_REMEDIES if cpu_fallback else {})
         if value is None:
-            return cls()
-        if isinstance(value, EscalationPolicy):
-            return value
-        remedies = dict(DEFAULT_REMEDIES)
+            return cls(remedies=remedies)
         for key, remedy in value.items():
             try:
                 remedies[FailureClass(key)] = Remedy(remedy)
@@ -197,6 +223,7 @@ def decide(
     retries_left: bool,
     failed_model: str | None = None,
     cluster: ClusterSnapshot | None = None,
+    cpu_fallback: bool = False,
 ) -> Decision:
     """Return what to do after a failed try.
 
@@ -206,6 +233,8 @@ def decide(
     :param retries_left: whether Airflow would retry the task
     :param failed_model: the GPU model the try ran on
     :param cluster: the inventory as if nothing were granted (needed for ``retry_larger``)
+    :param cpu_fallback: whether the task has a CPU variant that can take over from a GPU that ran
+        out of memory when no larger slice fits
     """
     remedy = policy.remedy(failure_class)
     exhausted = policy.escalate_when_exhausted
@@ -218,7 +247,9 @@ def decide(
     next_request = None
     if remedy is Remedy.RETRY_LARGER:
         next_request = next_larger(request, failed_model, cluster or ClusterSnapshot(()))
-        if next_request is None:
+        if next_request is None and cpu_fallback:
+            remedy = Remedy.CPU_FALLBACK
+        elif next_request is None:
             return Decision(
                 remedy,
                 False,
@@ -228,6 +259,10 @@ def decide(
             )
     if not retries_left:
         return Decision(remedy, False, exhausted, None, f"{failure_class.value}: retries exhausted")
+    if remedy is Remedy.CPU_FALLBACK:
+        # The CPU variant is not handed the GPU try's checkpoints: nothing to resume from.
+        why = f"{failure_class.value}: retrying on the CPU fallback (GPUPOOL_DEVICE=cpu)"
+        return Decision(remedy, True, False, None, why)
     what = f"with {next_request.describe()}" if next_request else "as before"
     return Decision(remedy, True, False, next_request, f"{failure_class.value}: retrying {what}, resuming")
 

@@ -3,7 +3,7 @@
 The class decides the remedy (see :mod:`airflow_gpupool.operators.escalation`): a preempted
 pod is retried as it was, an out-of-memory pod with a larger slice, an image pull error not at
 all. Classification reads structured fields (reasons, exit codes); only the CUDA
-out-of-memory case, which Kubernetes cannot see, is read from the log tail.
+out-of-memory and GPU fault cases, which Kubernetes cannot see, are read from the log tail.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from airflow_gpupool.exceptions import (
     Classification,
     DeadlineExceededError,
     FailureClass,
+    GpuFaultError,
     ImagePullError,
     LeaseLostError,
     NodeLostError,
@@ -40,6 +41,9 @@ __all__ = [
     "Classification",
     "DeadlineExceededError",
     "FailureClass",
+    "GPU_FAULT",
+    "HOST_OOM_REASON",
+    "GpuFaultError",
     "ImagePullError",
     "LeaseLostError",
     "NodeLostError",
@@ -76,10 +80,18 @@ PREEMPTION_REASONS = frozenset(
 NODE_LOST_REASONS = frozenset({"NodeLost", "NodeNotReady", "NodeShutdown", "DeletionByPodGC"})
 IMAGE_PULL_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"})
 DEADLINE_REASONS = frozenset({"DeadlineExceeded"})
+#: The reason of a container the kernel killed for host memory (not GPU memory).
+HOST_OOM_REASON = "OOMKilled"
 #: What CUDA, PyTorch, TensorFlow and JAX print when the GPU runs out of memory.
 CUDA_OOM = re.compile(
     r"CUDA out of memory|OutOfMemoryError|CUDA_ERROR_OUT_OF_MEMORY|CUBLAS_STATUS_ALLOC_FAILED"
     r"|RESOURCE_EXHAUSTED: Out of memory|cudaErrorMemoryAllocation"
+)
+#: What the driver, NVML and CUDA print when the GPU itself fails (an XID, an uncorrectable ECC
+#: error, a GPU off the bus): the slice is not at fault, the hardware is.
+GPU_FAULT = re.compile(
+    r"NVRM: Xid|\bXid \d+|uncorrectable ECC error|CUDA_ERROR_ECC_UNCORRECTABLE|cudaErrorECCUncorrectable"
+    r"|fallen off the bus|NVML_ERROR_GPU_IS_LOST|GPU is lost"
 )
 
 
@@ -148,8 +160,8 @@ def _classify(
     def found(cls: FailureClass, reason: str) -> Classification:
         return Classification(cls, reason, exit_code, name)
 
-    if terminated.get("reason") == "OOMKilled":
-        return found(FailureClass.OUT_OF_MEMORY, "OOMKilled")
+    if terminated.get("reason") == HOST_OOM_REASON:
+        return found(FailureClass.OUT_OF_MEMORY, HOST_OOM_REASON)
     for cls, known in (
         (FailureClass.PREEMPTED, PREEMPTION_REASONS),
         (FailureClass.NODE_LOST, NODE_LOST_REASONS),
@@ -161,12 +173,22 @@ def _classify(
     pulled = sorted(({str(waiting.get("reason") or "")} | reasons) & IMAGE_PULL_REASONS)
     if pulled:
         return found(FailureClass.IMAGE_PULL, pulled[0])
-    oom = CUDA_OOM.search(log_tail)
-    if oom:
-        return found(FailureClass.OUT_OF_MEMORY, oom.group(0))
+    printed = _printed_failure(log_tail)
+    if printed is not None:
+        return found(*printed)
     if exit_code not in (None, 0):
         return found(FailureClass.APPLICATION_ERROR, terminated.get("reason") or f"exit code {exit_code}")
     return found(FailureClass.UNKNOWN, _fallback_reason(pod, terminated))
+
+
+def _printed_failure(log_tail: str) -> tuple[FailureClass, str] | None:
+    """Return the class and the words of a failure only the log tail tells (GPU fault, GPU out of memory)."""
+    # A faulty GPU often makes CUDA report out of memory too: the fault is the cause.
+    for cls, pattern in ((FailureClass.GPU_FAULT, GPU_FAULT), (FailureClass.OUT_OF_MEMORY, CUDA_OOM)):
+        printed = pattern.search(log_tail)
+        if printed:
+            return cls, printed.group(0)
+    return None
 
 
 def _fallback_reason(pod: Mapping[str, Any], terminated: Mapping[str, Any]) -> str:
@@ -191,6 +213,7 @@ _ERRORS: dict[FailureClass, type[PodFailureError]] = {
         DeadlineExceededError,
         ApplicationError,
         LeaseLostError,
+        GpuFaultError,
     )
 }
 

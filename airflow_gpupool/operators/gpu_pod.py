@@ -21,10 +21,7 @@ from airflow_gpupool.exceptions import (
 )
 from airflow_gpupool.hooks.gpupool import GpuPoolHook
 from airflow_gpupool.ledger.models import Grant, ReservationState
-from airflow_gpupool.operators.checkpointing import TaskCheckpoints
 from airflow_gpupool.operators.escalation import EscalationPolicy
-from airflow_gpupool.operators.failures import Classification, read_failure
-from airflow_gpupool.operators.ladder import FailedTry, FailureLadder
 from airflow_gpupool.operators.lease import LeaseRenewer, delete_pod
 from airflow_gpupool.operators.links import GpuReservationLink  # kit (issue 15)
 from airflow_gpupool.operators.pod_spec import cpu_only, own_resource_claim, pin_pod, with_resource_claim
@@ -38,6 +35,7 @@ from airflow_gpupool.operators.request import (
     shm_mib,
     templated,
 )
+from airflow_gpupool.operators.tries import XCOM_DEVICE_KEY, GpuPodTries
 from airflow_gpupool.operators.unschedulable import UnschedulableFailFast  # kit (issue 15)
 from airflow_gpupool.operators.waiting import wait_in_place
 from airflow_gpupool.resources import GpuRequest
@@ -52,15 +50,14 @@ if TYPE_CHECKING:
     from kubernetes.client import models as k8s
 
     from airflow_gpupool.checkpoints.manifest import CheckpointManifest
+    from airflow_gpupool.operators.failures import Classification
 
 __all__ = ["XCOM_DEVICE_KEY", "XCOM_GRANT_KEY", "GpuPodOperator"]
 
 XCOM_GRANT_KEY = "gpupool_grant"
-#: Pushed as ``"cpu"`` when the task ran its CPU fallback.
-XCOM_DEVICE_KEY = "gpupool_device"
 
 
-class GpuPodOperator(UnschedulableFailFast, KubernetesPodOperator):
+class GpuPodOperator(UnschedulableFailFast, GpuPodTries):
     """Reserve a GPU slice from the shared ledger, then run a Kubernetes pod pinned to it.
 
     Takes every argument of :class:`KubernetesPodOperator`, plus the request. The request
@@ -73,6 +70,8 @@ class GpuPodOperator(UnschedulableFailFast, KubernetesPodOperator):
     :param mig_profile: a MIG profile such as ``1g.10gb``
     :param gpu_models: GPU models allowed
     :param node_labels: labels the node must carry
+    :param prefer_node_labels: labels the node should carry (soft: among the nodes that fit equally
+        well, one with all of them is chosen; the request never waits or fails for lack of them)
     :param workload_class: ``training``, ``inference`` or ``batch`` (never training beside inference)
     :param priority: queue priority, higher first
     :param team: the team the slice is accounted to
@@ -90,8 +89,9 @@ class GpuPodOperator(UnschedulableFailFast, KubernetesPodOperator):
     :param escalation_notifier: called once per task run when the ladder escalates (default
         :class:`~airflow_gpupool.notifiers.EscalationNotifier`); any Airflow notifier or callable
     :param log_tail_lines: lines of the container log kept for classification and escalation
-    :param cpu_fallback: when the reservation times out, run the pod without a GPU instead of failing
-        (not pinned, no slice; the container sees ``GPUPOOL_DEVICE=cpu``)
+    :param cpu_fallback: run the pod without a GPU instead of failing (not pinned, no slice; the
+        container sees ``GPUPOOL_DEVICE=cpu``) when the reservation times out, and on the retry when
+        the ladder chooses it (a GPU fault by default; see :mod:`airflow_gpupool.operators.escalation`)
     :param shm_size: a memory-backed ``/dev/shm`` of this size (``8Gi``), counted in the request's
         memory; data loaders with several workers need one
     """
@@ -114,6 +114,7 @@ class GpuPodOperator(UnschedulableFailFast, KubernetesPodOperator):
         mig_profile: str | None = None,
         gpu_models: Sequence[str] | str = (),
         node_labels: Mapping[str, str] | None = None,
+        prefer_node_labels: Mapping[str, str] | None = None,
         workload_class: str = "batch",
         priority: int | str = 0,
         team: str = "default",
@@ -140,6 +141,7 @@ class GpuPodOperator(UnschedulableFailFast, KubernetesPodOperator):
         self.mig_profile = mig_profile
         self.gpu_models = gpu_models
         self.node_labels = node_labels
+        self.prefer_node_labels = prefer_node_labels
         self.workload_class = workload_class
         self.priority = priority
         self.team = team
@@ -152,7 +154,7 @@ class GpuPodOperator(UnschedulableFailFast, KubernetesPodOperator):
         self.reservation_deferrable = reservation_deferrable
         self.checkpoint_conn_id = checkpoint_conn_id
         self.keep_checkpoints = keep_checkpoints
-        self.escalation = EscalationPolicy.of(escalation)
+        self.escalation = EscalationPolicy.of(escalation, cpu_fallback=cpu_fallback)
         self.escalation_notifier = escalation_notifier
         self.log_tail_lines = log_tail_lines
         self.shm_size = shm_size
@@ -195,7 +197,7 @@ class GpuPodOperator(UnschedulableFailFast, KubernetesPodOperator):
         )
 
     @cached_property
-    def gpu_hook(self) -> GpuPoolHook:
+    def gpu_hook(self) -> GpuPoolHook:  # type: ignore[override]
         """The ledger hook, created on first use (never at parse time)."""
         if self.binding is not None:
             # The task's binding applies on every node pool: placement may use any of them.
@@ -209,21 +211,17 @@ class GpuPodOperator(UnschedulableFailFast, KubernetesPodOperator):
     # -- execute ---------------------------------------------------------------------------------
 
     def execute(self, context: Context) -> Any:
-        """Reserve the slice, wait for it (deferred or in place), then run the pinned pod."""
-        self._load_escalated_request(context)
+        """Reserve the slice, wait for it (deferred or in place), then run the pinned pod.
+
+        Runs the CPU fallback instead when an earlier try's failure chose it.
+        """
+        rid = TaskTry.from_context(context).reservation_id
+        if self._load_ladder_choice(context):
+            return self._run_cpu_fallback(context, rid)
         try:
             return self._reserve_and_run(context)
         except ReservationTimeoutError as e:
-            return self._timed_out(context, TaskTry.from_context(context).reservation_id, e)
-
-    def _timed_out(self, context: Context, rid: str, error: ReservationTimeoutError) -> Any:
-        """Fail with the timeout (through the ladder), or run the CPU fallback: degraded, not stopped."""
-        if not self.cpu_fallback:
-            raise self._failed(context, rid, error)
-        self.log.warning("%s; running the CPU fallback (GPUPOOL_DEVICE=cpu)", error)
-        self._cpu_fallback_active = True
-        context["ti"].xcom_push(key=XCOM_DEVICE_KEY, value="cpu")
-        return KubernetesPodOperator.execute(self, context)
+            return self._timed_out(context, rid, e)
 
     def _reserve_and_run(self, context: Context) -> Any:
         request = self.gpu_request()
@@ -269,7 +267,7 @@ class GpuPodOperator(UnschedulableFailFast, KubernetesPodOperator):
 
     def execute_granted(self, context: Context, event: dict[str, Any]) -> Any:
         """Resume after ReservationTrigger: run the pod, or fail with what blocked the request."""
-        self._load_escalated_request(context)
+        self._load_ladder_choice(context)
         rid = event["reservation_id"]
         status = event["status"]
         if status == ReservationEventStatus.GRANTED.value:
@@ -414,7 +412,7 @@ class GpuPodOperator(UnschedulableFailFast, KubernetesPodOperator):
         # An adopted grant keeps the id of the try that made it: the trigger's event carries it.
         rid = event.get("reservation_id") or TaskTry.from_context(context).reservation_id
         self._held_id = rid
-        self._load_escalated_request(context)
+        self._load_ladder_choice(context)
         if event.get("status") == LEASE_LOST_STATUS:
             return self._run_then_release(context, rid, lambda: self._lease_lost(event), "pod")
         return self._run_then_release(
@@ -457,49 +455,3 @@ class GpuPodOperator(UnschedulableFailFast, KubernetesPodOperator):
         finally:
             if self._held_id:
                 self._release(self._held_id, "task killed")
-
-    # -- checkpoints, failures, the ladder -----------------------------------------
-
-    @cached_property
-    def failure_ladder(self) -> FailureLadder:
-        """The task's failure ladder, created on first use (never at parse time)."""
-        return FailureLadder(self.gpu_hook, self.escalation, notifier=self.escalation_notifier, log=self.log)
-
-    def _checkpoints(self) -> TaskCheckpoints | None:
-        return TaskCheckpoints.of(
-            self.checkpoint_dir, conn_id=self.checkpoint_conn_id, keep=self.keep_checkpoints, log=self.log
-        )
-
-    def _load_escalated_request(self, context: Context) -> None:
-        """Take the larger request an earlier try's out-of-memory failure chose, if any."""
-        larger = self.failure_ladder.escalated_request(TaskTry.from_context(context))
-        if larger is not None:
-            self._request_override = larger
-
-    def cleanup(
-        self,
-        pod: k8s.V1Pod,
-        remote_pod: k8s.V1Pod,
-        xcom_result: dict[str, Any] | None = None,
-        context: Context | None = None,
-    ) -> None:
-        """Read why a failed pod failed (status, events, log tail) before the parent deletes it."""
-        phase = getattr(getattr(remote_pod, "status", None), "phase", None)
-        if remote_pod is not None and not self._killed and phase != "Succeeded":
-            self._failure = read_failure(self, pod, remote_pod)
-        super().cleanup(pod, remote_pod, xcom_result=xcom_result, context=context)
-
-    def _failed(self, context: Context, rid: str, error: Exception) -> BaseException:
-        """Walk the failure ladder for this try; return the exception to raise (before the release)."""
-        ti = context["ti"]
-        checkpoints = self._checkpoints()
-        failed = FailedTry(
-            task=TaskTry.from_context(context),
-            reservation_id=rid,
-            request=self.gpu_request(),
-            retries_left=ti.try_number <= int(getattr(ti, "max_tries", self.retries) or 0),
-            gpu_model=self._grant.gpu_model if self._grant else None,
-            observed=self._failure,
-            checkpoints=checkpoints.store if checkpoints is not None else None,
-        )
-        return self.failure_ladder.failed(context, failed, error)

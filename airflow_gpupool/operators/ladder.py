@@ -20,6 +20,7 @@ from airflow_gpupool.exceptions import LeaseLostError
 from airflow_gpupool.operators.escalation import Decision, EscalationPolicy, Remedy, decide, describe_policy
 from airflow_gpupool.operators.failures import (
     FAILURE_ATTRIBUTE,
+    HOST_OOM_REASON,
     Classification,
     FailureClass,
     FailureReport,
@@ -53,6 +54,7 @@ class FailedTry:
     :param gpu_model: the GPU model of its grant (None: it was never granted)
     :param observed: the class and log tail read off its pod before deletion (None: no pod was read)
     :param checkpoints: the task's checkpoint store, if it has one
+    :param cpu_fallback: whether the task has a CPU-only variant the ladder may choose
     """
 
     task: TaskTry
@@ -62,6 +64,7 @@ class FailedTry:
     gpu_model: str | None = None
     observed: tuple[Classification, str] | None = None
     checkpoints: CheckpointStore | None = None
+    cpu_fallback: bool = False
 
 
 class FailureLadder:
@@ -100,6 +103,27 @@ class FailureLadder:
         self._log.info("An earlier try ran out of memory; this try asks for %s", larger[-1].describe())
         return larger[-1]
 
+    def cpu_fallback_chosen(self, task: TaskTry) -> bool:
+        """Return whether an earlier try of this task run was failed over to the CPU fallback.
+
+        Sticky for the run: once the GPU was given up, later tries do not go back to it.
+
+        :param task: the try about to run
+        """
+        if task.try_number <= 1:
+            return False
+        chosen = [
+            a for a in self._hook.attempt_history(task.task_key) if a.remedy == Remedy.CPU_FALLBACK.value
+        ]
+        if chosen:
+            self._log.warning(
+                "The failure ladder chose the CPU fallback after try %s (%s); this try runs without a GPU "
+                "(GPUPOOL_DEVICE=cpu)",
+                chosen[0].try_number,
+                chosen[0].failure_class,
+            )
+        return bool(chosen)
+
     def failed(self, context: Mapping[str, Any], failed: FailedTry, error: Exception) -> BaseException:
         """Classify a failed try, record it, walk the ladder; return the exception to raise.
 
@@ -118,7 +142,7 @@ class FailureLadder:
         classification, tail = self._classify(failed, error)
         newest = failed.checkpoints.newest() if failed.checkpoints is not None else None
         step = newest.step if newest else None
-        decision = self._decide(failed, classification.failure_class)
+        decision = self._decide(failed, classification)
         report = FailureReport(
             classification, decision.remedy.value, decision.reason, decision.retry, step, tail
         )
@@ -157,7 +181,8 @@ class FailureLadder:
             classification = Classification(FailureClass.UNKNOWN, f"{type(error).__name__}: {error}")
         return classification, ""
 
-    def _decide(self, failed: FailedTry, failure_class: FailureClass) -> Decision:
+    def _decide(self, failed: FailedTry, classification: Classification) -> Decision:
+        failure_class = classification.failure_class
         cluster: ClusterSnapshot | None = None
         if self._policy.remedy(failure_class) is Remedy.RETRY_LARGER:
             try:
@@ -171,6 +196,8 @@ class FailureLadder:
             retries_left=failed.retries_left,
             failed_model=failed.gpu_model,
             cluster=cluster,
+            # Host memory (OOMKilled) is as short on the CPU: only a GPU out of memory falls back.
+            cpu_fallback=failed.cpu_fallback and classification.reason != HOST_OOM_REASON,
         )
 
     def _record(

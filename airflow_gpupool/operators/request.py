@@ -35,6 +35,7 @@ REQUEST_FIELDS = (
     "mig_profile",
     "gpu_models",
     "node_labels",
+    "prefer_node_labels",
     "priority",
     "team",
 )
@@ -119,6 +120,13 @@ def _integer(name: str, value: Any) -> Any:
         raise InvalidRequestError(name, value, "an integer (after templating)") from None
 
 
+def _labels(name: str, value: Any) -> tuple[tuple[str, str], ...]:
+    labels = value or {}
+    if not isinstance(labels, Mapping) or not all(isinstance(v, str) for v in labels.values()):
+        raise InvalidRequestError(name, labels, "a mapping of label names to strings")
+    return tuple(labels.items())
+
+
 def shm_mib(shm_size: Any) -> int:
     """Return the size of a memory-backed ``/dev/shm`` in MiB (0: none).
 
@@ -165,9 +173,7 @@ def build_request(
         or not all(isinstance(m, str) and m for m in models)
     ):
         raise InvalidRequestError("gpu_models", models, "GPU model names: a list of strings, or 'A100|H100'")
-    labels = fields["node_labels"] or {}
-    if not isinstance(labels, Mapping) or not all(isinstance(v, str) for v in labels.values()):
-        raise InvalidRequestError("node_labels", labels, "a mapping of label names to strings")
+    labels = {name: _labels(name, fields[name]) for name in ("node_labels", "prefer_node_labels")}
     if not isinstance(fields["team"], str) or not fields["team"]:
         raise InvalidRequestError("team", fields["team"], "a team name")
     return GpuRequest(
@@ -175,7 +181,8 @@ def build_request(
         memory_mib=requested_memory_mib(container_resources) + shm_mib(shm_size),
         mig_profile=fields["mig_profile"] or None,
         gpu_models=frozenset(models or ()),
-        node_labels=tuple(labels.items()),
+        node_labels=labels["node_labels"],
+        prefer_node_labels=labels["prefer_node_labels"],
         workload_class=workload_class,  # type: ignore[arg-type]
         team=fields["team"],
         preemptible=preemptible,

@@ -28,6 +28,9 @@ from airflow.providers.cncf.kubernetes.kubernetes_helper_functions import PodLau
 
 from airflow_gpupool.quantity import parse_quantity
 
+#: The first wait for a pod the scheduler has not looked at yet; doubled up to the check interval.
+QUICK_LOOK_SECONDS = 0.05
+
 
 def unschedulable_message(pod: Any) -> str | None:
     """Return the scheduler's message when it has declared the pod unschedulable (and nominated no node).
@@ -104,6 +107,7 @@ def fail_if_unschedulable(
     """
     started = clock()
     first_seen: float | None = None
+    quick_look = QUICK_LOOK_SECONDS
     while clock() - started < timeout_seconds:
         pod = read_pod()
         message = unschedulable_message(pod)
@@ -111,6 +115,9 @@ def fail_if_unschedulable(
             if pod.status is not None and (pod.status.phase not in (None, "Pending") or pod.spec.node_name):
                 return
             first_seen = None
+            # Not placed yet, nor refused: the scheduler usually answers within milliseconds, and a
+            # whole interval here would be added to every try's start. Look again soon, backing off.
+            pause, quick_look = min(quick_look, interval_seconds), quick_look * 2
         else:
             first_seen = clock() if first_seen is None else first_seen
             why = never_fits(pod, read_node())
@@ -119,7 +126,8 @@ def fail_if_unschedulable(
                 raise PodLaunchFailedException(
                     f"The scheduler cannot place the pod on its granted node: {message} ({detail})"
                 )
-        sleep(interval_seconds)
+            pause = interval_seconds
+        sleep(pause)
 
 
 class UnschedulableFailFast:

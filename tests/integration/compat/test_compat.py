@@ -84,7 +84,8 @@ def build(scenario: Scenario, gpu: bool, tmp_path: Path, k8s: KubernetesEmulator
         "config_file": k8s.kubeconfig_path,
         "in_cluster": False,
         "get_logs": True,
-        "startup_check_interval_seconds": 1,
+        # Both operators poll the pod's start this often: the emulator starts pods in milliseconds.
+        "startup_check_interval_seconds": 0.2,
         "poll_interval": 0.2,
         "deferrable": scenario.deferrable,
         "retries": scenario.retries,

@@ -185,3 +185,45 @@ def test_a_v1_ledger_migrates_to_the_latest_and_keeps_its_reservations(
     assert ledger.get(held.id).holder == "old-holder"
     assert TaskAttempts(ledger).history("any") == []
     ledger.close()
+
+
+def test_cpu_fallback_is_the_default_for_a_gpu_fault_only_with_a_cpu_variant() -> None:
+    assert EscalationPolicy.of(None).remedy(FailureClass.GPU_FAULT) is Remedy.RETRY
+    policy = EscalationPolicy.of(None, cpu_fallback=True)
+    assert policy.remedy(FailureClass.GPU_FAULT) is Remedy.CPU_FALLBACK
+    assert policy.remedy(FailureClass.APPLICATION_ERROR) is Remedy.RETRY
+    # An explicit override wins over the cpu_fallback default.
+    assert EscalationPolicy.of({"gpu_fault": "fail"}, cpu_fallback=True).remedy(FailureClass.GPU_FAULT) is (
+        Remedy.FAIL
+    )
+
+    decision = decide(policy, FailureClass.GPU_FAULT, GpuRequest(gpus=1), retries_left=True)
+    assert (decision.remedy, decision.retry, decision.escalate, decision.next_request) == (
+        Remedy.CPU_FALLBACK,
+        True,
+        False,
+        None,
+    )
+    assert decision.reason == "gpu_fault: retrying on the CPU fallback (GPUPOOL_DEVICE=cpu)"
+    spent = decide(policy, FailureClass.GPU_FAULT, GpuRequest(gpus=1), retries_left=False)
+    assert (spent.retry, spent.escalate, spent.reason) == (False, True, "gpu_fault: retries exhausted")
+
+
+def test_cpu_fallback_without_a_cpu_variant_fails_at_parse_time() -> None:
+    with pytest.raises(ConfigurationError, match=r"\['preempted'\].*needs the task's cpu_fallback=True"):
+        EscalationPolicy.of({"preempted": "cpu_fallback"})
+    with pytest.raises(ConfigurationError, match="cpu_fallback=True"):
+        EscalationPolicy.of(EscalationPolicy(remedies={FailureClass.GPU_FAULT: Remedy.CPU_FALLBACK}))
+
+
+def test_out_of_memory_with_no_larger_slice_falls_back_to_the_cpu_when_it_can() -> None:
+    request = GpuRequest(gpus=1, gpu_models=[H100])
+    kwargs = {"retries_left": True, "failed_model": H100, "cluster": MIXED}
+
+    fallback = decide(EscalationPolicy(), FailureClass.OUT_OF_MEMORY, request, cpu_fallback=True, **kwargs)
+    assert (fallback.remedy, fallback.retry, fallback.escalate) == (Remedy.CPU_FALLBACK, True, False)
+    # A larger slice still comes first.
+    larger = decide(
+        EscalationPolicy(), FailureClass.OUT_OF_MEMORY, GpuRequest(gpu_milli=500), cpu_fallback=True, **kwargs
+    )
+    assert (larger.remedy, larger.next_request) == (Remedy.RETRY_LARGER, GpuRequest(gpus=1))

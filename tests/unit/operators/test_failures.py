@@ -98,6 +98,22 @@ CASES = [
         3,
     ),
     ("nothing-known", pod(phase="Running"), [], "", FailureClass.UNKNOWN, None),
+    (
+        "xid-in-the-log",
+        pod(terminated={"reason": "Error", "exitCode": 1}),
+        [],
+        "step 3\nNVRM: Xid (PCI:0000:3b:00): 79, pid=42, GPU has fallen off the bus.",
+        FailureClass.GPU_FAULT,
+        1,
+    ),
+    (
+        "ecc-beats-the-oom-it-caused",
+        pod(terminated={"reason": "Error", "exitCode": 1}),
+        [],
+        "CUDA error: uncorrectable ECC error encountered\ntorch.OutOfMemoryError: CUDA out of memory",
+        FailureClass.GPU_FAULT,
+        1,
+    ),
 ]
 
 

@@ -6,6 +6,8 @@ import pytest
 
 from airflow_gpupool.exceptions import ConfigurationError, InvalidRequestError
 from airflow_gpupool.operators import GpuPodOperator
+from airflow_gpupool.operators.escalation import Remedy
+from airflow_gpupool.operators.failures import FailureClass
 
 
 def op(**kwargs: object) -> GpuPodOperator:
@@ -27,6 +29,18 @@ def op(**kwargs: object) -> GpuPodOperator:
             {"gpus": 1, "workload_class": "serving"}, InvalidRequestError, "workload_class", id="bad-class"
         ),
         pytest.param({"gpus": 1, "lease_ttl": 0}, InvalidRequestError, "lease_ttl", id="zero-ttl"),
+        pytest.param(
+            {"gpus": 1, "prefer_node_labels": ["zone"]},
+            InvalidRequestError,
+            "prefer_node_labels",
+            id="preferred-labels-not-a-mapping",
+        ),
+        pytest.param(
+            {"gpus": 1, "prefer_node_labels": {"zone": "not a label value!"}},
+            InvalidRequestError,
+            "prefer_node_labels['zone']",
+            id="preferred-label-bad-value",
+        ),
     ],
 )
 def test_bad_request_fails_at_parse_time(kwargs: dict, error: type[Exception], field: str) -> None:
@@ -72,3 +86,20 @@ def test_container_resources_set_the_requested_cpu_and_memory() -> None:
     task = op(gpus=1, container_resources=k8s.V1ResourceRequirements(requests={"cpu": "4", "memory": "16Gi"}))
     request = task.gpu_request()
     assert (request.cpu_milli, request.memory_mib) == (4000, 16384)
+
+
+def test_the_cpu_fallback_remedy_needs_cpu_fallback() -> None:
+    with pytest.raises(ConfigurationError, match="needs the task's cpu_fallback=True"):
+        op(gpus=1, escalation={"gpu_fault": "cpu_fallback"})
+    assert op(gpus=1, cpu_fallback=True).escalation.remedy(FailureClass.GPU_FAULT) is Remedy.CPU_FALLBACK
+
+
+def test_preferred_node_labels_go_into_the_request_and_may_be_templated() -> None:
+    task = op(gpus=1, prefer_node_labels={"gpupool.io/dataset-cache": "imagenet"})
+    assert task.gpu_request().prefer_node_labels == (("gpupool.io/dataset-cache", "imagenet"),)
+    assert "prefer_node_labels" in task.template_fields
+    templated = op(gpus=1, prefer_node_labels={"zone": "{{ params.zone }}"})  # checked once rendered
+    templated.prefer_node_labels = {"zone": "not a label value!"}
+    with pytest.raises(InvalidRequestError) as info:
+        templated.gpu_request()
+    assert info.value.field == "prefer_node_labels['zone']"

@@ -213,3 +213,39 @@ def test_fail_fast_where_the_ladder_stops_retries_carries_kpos_message(hook: Gpu
     assert isinstance(raised, AirflowFailException) and raised.__cause__ is kpo
     assert str(raised) == "Pod train-abc returned a failure."
     assert report(raised).remedy == "fail" and report(raised).failure_class is FailureClass.IMAGE_PULL
+
+
+def test_a_gpu_fault_chooses_the_cpu_fallback_and_the_next_tries_take_it(hook: GpuPoolHook) -> None:
+    ladder = FailureLadder(hook, EscalationPolicy.of(None, cpu_fallback=True), log=LOG)
+    xid = (Classification(FailureClass.GPU_FAULT, "NVRM: Xid", 1, "train-abc"), "NVRM: Xid (PCI:0): 79")
+    ti = FakeTaskInstance()
+    assert not ladder.cpu_fallback_chosen(TaskTry("retrain", "train", "manual__1", -1, 2))
+
+    raised = ladder.failed(
+        {"ti": ti}, try_of(1, retries_left=True, observed=xid, cpu_fallback=True), RuntimeError()
+    )
+
+    assert report(raised).remedy == "cpu_fallback" and report(raised).retry
+    assert ti.xcoms[XCOM_FAILURE_KEY]["remedy"] == "cpu_fallback"
+    (attempt,) = hook.attempt_history("retrain/train/manual__1/map--1")
+    assert (attempt.failure_class, attempt.remedy) == ("gpu_fault", "cpu_fallback")
+    assert ladder.cpu_fallback_chosen(TaskTry("retrain", "train", "manual__1", -1, 2))
+    assert ladder.cpu_fallback_chosen(TaskTry("retrain", "train", "manual__1", -1, 3)), "sticky for the run"
+    assert not ladder.cpu_fallback_chosen(TaskTry("retrain", "train", "manual__2", -1, 2)), "another run"
+
+
+def test_host_memory_out_of_memory_never_falls_back_to_the_cpu(hook: GpuPoolHook) -> None:
+    ladder = FailureLadder(hook, EscalationPolicy.of(None, cpu_fallback=True), log=LOG)
+    whole = FailedTry(
+        task=TaskTry("retrain", "train", "manual__1", -1, 1, "worker-1"),
+        reservation_id="gp-x",
+        request=GpuRequest(gpus=2),
+        retries_left=True,
+        observed=OOM,  # OOMKilled: the host's memory, as short on the CPU
+        cpu_fallback=True,
+    )
+
+    raised = ladder.failed({}, whole, RuntimeError("pod failed"))
+
+    assert report(raised).remedy == "retry_larger" and not report(raised).retry
+    assert isinstance(raised, AirflowFailException)

@@ -20,6 +20,7 @@ ARGS = st.fixed_dictionaries(
         "mig_profile": st.sampled_from(["1g.10gb", "3g.40gb", "9g.9gb"]) | ODD,
         "gpu_models": st.lists(st.sampled_from(["A100", "T4", ""]) | ODD, max_size=2) | ODD,
         "node_labels": st.dictionaries(st.text(max_size=3), ODD, max_size=2) | ODD,
+        "prefer_node_labels": st.dictionaries(st.text(max_size=3), ODD, max_size=2) | ODD,
         "priority": st.integers(-10, 10) | ODD,
         "team": st.sampled_from(["vision", ""]) | ODD,
         "workload_class": st.sampled_from(["training", "inference", "batch", "gaming"]) | ODD,

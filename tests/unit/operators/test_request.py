@@ -25,6 +25,7 @@ DEFAULTS: dict[str, Any] = {
     "mig_profile": None,
     "gpu_models": (),
     "node_labels": None,
+    "prefer_node_labels": None,
     "priority": 0,
     "team": "default",
 }
@@ -64,12 +65,19 @@ def test_bad_quantities_name_the_field() -> None:
 
 
 def test_build_request_renders_text_fields() -> None:
-    fields = {**DEFAULTS, "gpus": " 2 ", "gpu_models": "A100,H100", "node_labels": {"zone": "a"}}
+    fields = {
+        **DEFAULTS,
+        "gpus": " 2 ",
+        "gpu_models": "A100,H100",
+        "node_labels": {"zone": "a"},
+        "prefer_node_labels": {"gpupool.io/dataset-cache": "imagenet"},
+    }
     request = build_request(fields, workload_class="training", preemptible=True, container_resources=None)
     assert request == GpuRequest(
         gpus=2,
         gpu_models=frozenset({"A100", "H100"}),
         node_labels=(("zone", "a"),),
+        prefer_node_labels=(("gpupool.io/dataset-cache", "imagenet"),),
         workload_class="training",  # type: ignore[arg-type]
         preemptible=True,
     )

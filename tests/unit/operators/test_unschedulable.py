@@ -115,3 +115,11 @@ def test_a_pod_scheduled_within_the_grace_is_left_to_start() -> None:
     clock = Clock()
     watch([pod(), pod(), pod(unschedulable=False, node_name="t4-0")], node(**HAMI), clock)
     assert clock.now == 2
+
+
+def test_a_pod_not_yet_looked_at_is_read_again_soon_then_less_often() -> None:
+    clock = Clock()
+    pending = pod(unschedulable=False)
+    watch([pending, pending, pending, pod(unschedulable=False, node_name="t4-0")], node(**HAMI), clock)
+    # 0.05 + 0.1 + 0.2 s: not the one-second check interval three times over.
+    assert clock.now == pytest.approx(0.35)
