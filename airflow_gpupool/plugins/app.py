@@ -3,9 +3,11 @@
 Mounted by :class:`~airflow_gpupool.plugins.gpupool.GpuPoolPlugin` at ``/gpupool`` on the
 Airflow API server:
 
-* ``GET /gpupool/`` the page (``?partial=1``: only its body, for the page's refresh)
+* ``GET /gpupool/`` the page (``?partial=1``: only its body, for the page's refresh; ``range``,
+  ``team``, ``pool``, ``state``, ``dag_id`` and ``page`` choose the use's range and the history)
 * ``GET /gpupool/api/v1/snapshot`` nodes, GPUs, grants and the queue (with why each waits)
-* ``GET /gpupool/api/v1/history?limit=&state=`` recent reservations, newest first
+* ``GET /gpupool/api/v1/history?limit=&offset=&team=&pool=&state=&dag_id=`` the history, newest first
+* ``GET /gpupool/api/v1/usage?range=1h|24h|7d`` GPU-hours and share per team and pool, quotas
 * ``GET /gpupool/api/v1/series?hours=`` allocation and fragmentation over time
 * ``GET /gpupool/api/v1/explain/{reservation_id}`` why a reservation waits or how it ended
 * ``GET /gpupool/metrics`` Prometheus exposition
@@ -30,11 +32,11 @@ from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 
 from airflow_gpupool.plugins import URL_PREFIX
+from airflow_gpupool.plugins.history import PageView
 
 if TYPE_CHECKING:
     from airflow_gpupool.ledger import Ledger, LedgerSnapshot
 
-_ENDED = ("released", "expired", "timed_out", "cancelled")
 _STATIC = Path(__file__).parent / "static"
 _MAX_EXPLAINED = 50
 
@@ -146,14 +148,20 @@ def _ui_base(root_path: str) -> str:
     return root_path[: -len(URL_PREFIX)] if root_path.endswith(URL_PREFIX) else ""
 
 
-def _body(state: _State, ui_base: str, hours: float) -> str:
-    from airflow_gpupool.ledger import ReservationState
+def _body(state: _State, ui_base: str, view: PageView) -> str:
+    from airflow_gpupool.ledger.history import LedgerHistory
+    from airflow_gpupool.ledger.usage import usage_report
     from airflow_gpupool.plugins import page
+    from airflow_gpupool.plugins.history import PAGE_SIZE, history_html, usage_html
 
     snapshot, frag = state.snapshot()
     why = state.explanations(snapshot)
-    series = state.series(hours, snapshot)
-    history = state.ledger().history(states=[ReservationState(s) for s in _ENDED], limit=20)
+    series = state.series(view.hours, snapshot)
+    ledger = state.ledger()
+    history = LedgerHistory(ledger)
+    entries = history.entries(view.where, limit=PAGE_SIZE, offset=(view.page - 1) * PAGE_SIZE)
+    history_body = history_html(entries, history.count(view.where), view, history.facets(), ui_base)
+    usage = usage_report(ledger, snapshot, view.hours)
     nodes = (
         "".join(page.node_html(n, snapshot, ui_base) for n in snapshot.nodes)
         or '<p class="empty">No nodes.</p>'
@@ -165,10 +173,37 @@ def _body(state: _State, ui_base: str, hours: float) -> str:
         f'<section class="map"><h2>GPU map</h2><div class="nodes">{nodes}</div></section>'
         f'<section class="chart-box"><h2>Allocation and fragmentation</h2>'
         f"{page.chart_svg(series['allocation'], series['fragmentation'], series['since'], series['until'])}</section>"
+        f'<section class="usage"><h2>Use per team and node pool, last {view.range_name}</h2>{usage_html(usage, view)}</section>'
         f'<section class="grants"><h2>Grants ({len(snapshot.grants)})</h2>{page.grants_html(snapshot, ui_base)}</section>'
         f'<section class="queue"><h2>Queue ({len(snapshot.queue)})</h2>{page.queue_html(snapshot, why, ui_base)}</section>'
-        f'<section class="history"><h2>Recently ended</h2>{page.history_html(history, ui_base)}</section>'
+        f'<section class="history"><h2>History</h2>{history_body}</section>'
     )
+
+
+def page_view(
+    range_name: str = "24h",
+    team: str | None = None,
+    pool: str | None = None,
+    states: list[str] | None = None,
+    dag_id: str | None = None,
+    page_number: int = 1,
+) -> PageView:
+    """Return the view the page's query parameters choose, or answer 422 naming the bad one.
+
+    :param range_name: ``1h``, ``24h`` or ``7d``
+    :param states: reservation states (empty values ignored: the form's "any")
+    """
+    from airflow_gpupool.exceptions import InvalidRequestError
+    from airflow_gpupool.ledger.history import HistoryFilter
+    from airflow_gpupool.ledger.usage import RANGES
+
+    if range_name not in RANGES:
+        raise HTTPException(422, f"range={range_name!r}: choose one of {', '.join(RANGES)}")
+    try:
+        where = HistoryFilter(team or None, pool or None, tuple(s for s in states or () if s), dag_id or None)
+    except InvalidRequestError as e:
+        raise HTTPException(422, str(e)) from e
+    return PageView(range_name, where, page_number)
 
 
 def render_page(body: str) -> str:
@@ -226,48 +261,75 @@ def _add_error_handlers(app: FastAPI, state: _State) -> None:
     app.add_exception_handler(SQLAlchemyError, ledger_unavailable)
 
 
+#: The page's and the history API's filter parameters, as FastAPI reads them.
+RangeParam = Annotated[str, Query(alias="range")]
+StatesParam = Annotated[list[str] | None, Query(alias="state")]
+PageParam = Annotated[int, Query(alias="page", ge=1, le=100_000)]
+
+
 def _add_page_route(app: FastAPI, state: _State) -> None:
     @app.get("/", response_class=HTMLResponse)
     def index(
-        request: Request, partial: bool = False, hours: Annotated[float, Query(gt=0, le=24 * 14)] = 6.0
+        request: Request,
+        partial: bool = False,
+        range_name: RangeParam = "24h",
+        team: str | None = None,
+        pool: str | None = None,
+        states: StatesParam = None,
+        dag_id: str | None = None,
+        page_number: PageParam = 1,
     ) -> HTMLResponse:
-        body = _body(state, _ui_base(request.scope.get("root_path", "")), hours)
+        view = page_view(range_name, team, pool, states, dag_id, page_number)
+        body = _body(state, _ui_base(request.scope.get("root_path", "")), view)
         return HTMLResponse(body if partial else render_page(body))
 
 
-def _reservation_body(state: _State, reservation_id: str, ui_base: str) -> str | None:
+def _reservation_body(state: _State, reservation_id: str, ui_base: str, task_try: str | None) -> str | None:
     """Return the body of a reservation's page, or ``None`` when the ledger has no such reservation.
 
     :param state: the app's state
     :param reservation_id: the reservation
     :param ui_base: the Airflow UI's path prefix
+    :param task_try: the try the extra link names (``dag/task/run/map-N/try-T``): when it has no
+        reservation of its own id, it adopted an earlier try's grant, whose page is shown
     """
-    from airflow_gpupool.exceptions import UnknownReservationError
     from airflow_gpupool.ledger import ReservationState
     from airflow_gpupool.ledger.attempts import TaskAttempts
+    from airflow_gpupool.ledger.history import LedgerHistory
     from airflow_gpupool.plugins.reservation import reservation_html
     from airflow_gpupool.task_try import TaskTry
 
     ledger = state.ledger()
-    try:
-        reservation = ledger.get(reservation_id)
-    except UnknownReservationError:
+    reservation = ledger.get_or_none(reservation_id)
+    asked = TaskTry.from_holder(task_try) if task_try else None
+    adopted_by = None
+    if reservation is None and asked is not None:
+        adopted = LedgerHistory(ledger).held_by(asked)
+        reservation = ledger.get_or_none(adopted) if adopted else None
+        adopted_by = asked
+    if reservation is None:
         return None
     waiting = reservation.state is ReservationState.WAITING
-    explanation = ledger.explain(reservation_id) if waiting else None
+    explanation = ledger.explain(reservation.id) if waiting else None
     ref = TaskTry.from_holder(reservation.holder)
     attempts = [
         a
         for a in (TaskAttempts(ledger).history(ref.task_key) if ref else [])
-        if a.reservation_id == reservation_id
+        if a.reservation_id == reservation.id
     ]
-    return reservation_html(reservation, explanation, attempts, ui_base, ledger.now())
+    return reservation_html(reservation, explanation, attempts, ui_base, ledger.now(), adopted_by=adopted_by)
 
 
 def _add_reservation_route(app: FastAPI, state: _State) -> None:
     @app.get("/reservations/{reservation_id}", response_class=HTMLResponse)
-    def reservation_page(request: Request, reservation_id: str, partial: bool = False) -> HTMLResponse:
-        body = _reservation_body(state, reservation_id, _ui_base(request.scope.get("root_path", "")))
+    def reservation_page(
+        request: Request,
+        reservation_id: str,
+        partial: bool = False,
+        task_try: Annotated[str | None, Query(alias="try", max_length=512)] = None,
+    ) -> HTMLResponse:
+        ui_base = _ui_base(request.scope.get("root_path", ""))
+        body = _reservation_body(state, reservation_id, ui_base, task_try)
         if body is None:
             raise HTTPException(status_code=404, detail=f"no reservation {reservation_id} in the ledger")
         return HTMLResponse(body if partial else render_page(body))
@@ -289,15 +351,31 @@ def _add_api_routes(app: FastAPI, state: _State) -> None:
     @app.get("/api/v1/history")
     def api_history(
         limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-        state_filter: Annotated[list[str] | None, Query(alias="state")] = None,
+        offset: Annotated[int, Query(ge=0)] = 0,
+        team: str | None = None,
+        pool: str | None = None,
+        states: StatesParam = None,
+        dag_id: str | None = None,
     ) -> dict[str, Any]:
-        from airflow_gpupool.ledger import ReservationState
+        from airflow_gpupool.ledger.history import LedgerHistory
 
-        try:
-            states = [ReservationState(s) for s in state_filter] if state_filter else None
-        except ValueError as e:
-            raise HTTPException(422, str(e)) from e
-        return {"reservations": [r.to_dict() for r in state.ledger().history(states=states, limit=limit)]}
+        where = page_view(team=team, pool=pool, states=states, dag_id=dag_id).where
+        history = LedgerHistory(state.ledger())
+        entries = history.entries(where, limit=limit, offset=offset)
+        return {
+            "filter": where.to_dict(),
+            "total": history.count(where),
+            "offset": offset,
+            "reservations": [e.to_dict() for e in entries],
+        }
+
+    @app.get("/api/v1/usage")
+    def api_usage(range_name: RangeParam = "24h") -> dict[str, Any]:
+        from airflow_gpupool.ledger.usage import usage_report
+
+        view = page_view(range_name)
+        snapshot, _ = state.snapshot()
+        return usage_report(state.ledger(), snapshot, view.hours).to_dict()
 
     @app.get("/api/v1/series")
     def api_series(hours: Annotated[float, Query(gt=0, le=24 * 14)] = 6.0) -> dict[str, Any]:

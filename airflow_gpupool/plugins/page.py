@@ -173,7 +173,14 @@ def node_html(node: NodeRecord, snapshot: LedgerSnapshot, ui_base: str) -> str:
     )
 
 
-def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], empty: str, css: str) -> str:
+def table_html(headers: Sequence[str], rows: Sequence[Sequence[str]], empty: str, css: str) -> str:
+    """Return a table of already escaped cells, or the ``empty`` text when there are no rows.
+
+    :param headers: the column titles
+    :param rows: the cells (HTML) of each row
+    :param empty: what to say when there are no rows
+    :param css: the table's class
+    """
     if not rows:
         return f'<p class="empty">{escape(empty)}</p>'
     head = "".join(f"<th>{escape(h)}</th>" for h in headers)
@@ -221,7 +228,7 @@ def grants_html(snapshot: LedgerSnapshot, ui_base: str) -> str:
         for r in snapshot.grants
     ]
     headers = ["ID", "Task", "Team", "Class", "Slice", "Where", "Held", "Lease left"]
-    return _table(headers, rows, "No grants.", "grants")
+    return table_html(headers, rows, "No grants.", "grants")
 
 
 def queue_html(snapshot: LedgerSnapshot, why: Mapping[str, str], ui_base: str) -> str:
@@ -246,29 +253,7 @@ def queue_html(snapshot: LedgerSnapshot, why: Mapping[str, str], ui_base: str) -
         for r in snapshot.queue
     ]
     headers = ["#", "ID", "Task", "Team", "Priority", "Asks", "Waiting", "Why it waits"]
-    return _table(headers, rows, "Nobody is waiting.", "queue")
-
-
-def history_html(history: Sequence[Reservation], ui_base: str) -> str:
-    """Return the table of recently ended reservations.
-
-    :param history: ended reservations, newest first
-    :param ui_base: the Airflow UI's path prefix
-    """
-    rows = [
-        [
-            f"<code>{escape(r.id[:12])}</code>",
-            holder_html(r.holder, ui_base),
-            escape(r.request.team),
-            escape(r.request.describe()),
-            f'<span class="state s-{escape(r.state.value)}">{escape(r.state.value)}</span>',
-            escape(r.message),
-        ]
-        for r in history
-    ]
-    return _table(
-        ["ID", "Task", "Team", "Slice", "Outcome", "Message"], rows, "No ended reservations yet.", "history"
-    )
+    return table_html(headers, rows, "Nobody is waiting.", "queue")
 
 
 def _polyline(points: Sequence[tuple[float, float]], t0: float, t1: float, width: int, height: int) -> str:

@@ -110,11 +110,53 @@ def test_snapshot_api(client: TestClient, pool: Pool) -> None:
 
 
 def test_history_api_filters_by_state(client: TestClient) -> None:
-    everything = client.get("/api/v1/history", params={"limit": 100}).json()["reservations"]
-    assert len(everything) == 9
+    everything = client.get("/api/v1/history", params={"limit": 100}).json()
+    assert len(everything["reservations"]) == 9 and everything["total"] == 9
     expired = client.get("/api/v1/history", params={"state": "expired"}).json()["reservations"]
     assert [r["id"] for r in expired] == ["r-expired"]
-    assert client.get("/api/v1/history", params={"state": "bogus"}).status_code == 422
+    assert expired[0]["outcome"] == "expired" and expired[0]["dag_id"] == "lost"
+    response = client.get("/api/v1/history", params={"state": "bogus"})
+    assert response.status_code == 422 and "state" in response.text
+
+
+def test_history_api_filters_by_team_pool_and_dag_and_pages(client: TestClient) -> None:
+    def ids(**params: object) -> list[str]:
+        return [r["id"] for r in client.get("/api/v1/history", params=params).json()["reservations"]]
+
+    assert ids(team="nlp") == ["r-mig", "r-embed"]
+    assert ids(pool="train") == ["r-embed", "r-train"]
+    assert ids(dag_id="embed_dag") == ["r-embed"]
+    assert ids(team="vision", state=["waiting"]) == ["r-wide2", "r-wide"]
+    assert ids(limit=2, offset=1) == ids(limit=3)[1:]
+    train = client.get("/api/v1/history", params={"dag_id": "train_dag"}).json()["reservations"][0]
+    assert (train["try_number"], train["pool"], train["held"], train["waited"]) == (1, "train", 120.0, 0.0)
+
+
+def test_usage_api_per_team_and_pool(client: TestClient) -> None:
+    data = client.get("/api/v1/usage", params={"range": "1h"}).json()
+    teams = {t["team"]: t["gpu_hours"] for t in data["teams"]}
+    # Held for the scenario's last 120 s: vision 1 GPU, nlp 0.25 GPU + a 3g.40gb slice (3/7 of an
+    # A100); the expired T4 grant of "default" held its GPU for 20 s, until it was reaped.
+    hour = 3600
+    assert teams == pytest.approx(
+        {"vision": 120 / hour, "nlp": (0.25 + 0.429) * 120 / hour, "default": 20 / hour}
+    )
+    assert {p["pool"]: p["gpus"] for p in data["pools"]} == {"infer": 1, "mig": 1, "train": 2}
+    pools = {p["pool"]: p["gpu_hours"] for p in data["pools"]}
+    assert pools == pytest.approx({"infer": 20 / hour, "mig": 0.429 * 120 / hour, "train": 1.25 * 120 / hour})
+    assert data["quotas"] == []
+    assert client.get("/api/v1/usage", params={"range": "2d"}).status_code == 422
+
+
+def test_the_page_filters_its_history_and_shows_the_range(client: TestClient) -> None:
+    html = client.get("/", params={"team": "nlp", "range": "7d"}).text
+    history = html[html.index('<section class="history">') :]
+    assert "r-embed" in history and "r-mig" in history and "r-train" not in history
+    assert '<option value="nlp" selected>' in history
+    assert "Use per team and node pool, last 7d" in html
+    assert '<a href="?range=7d&amp;team=nlp" class="range on">7d</a>' in html
+    assert "GPU-hours" in html and "What these mean" in html
+    assert client.get("/", params={"page": 0}).status_code == 422
 
 
 def test_series_api_steps_through_grants(client: TestClient, pool: Pool) -> None:
