@@ -86,8 +86,9 @@ class HistoryFilter:
         return conditions
 
     def to_dict(self) -> dict[str, Any]:
-        """Return the filter as query parameters would spell it (empty ones left out)."""
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items() if v}
+        """Return the filter as the page's query parameters spell it (``state``; empty ones left out)."""
+        named = {"team": self.team, "pool": self.pool, "state": list(self.states), "dag_id": self.dag_id}
+        return {k: v for k, v in named.items() if v}
 
 
 @dataclass(frozen=True)

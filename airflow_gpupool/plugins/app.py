@@ -152,7 +152,7 @@ def _body(state: _State, ui_base: str, view: PageView) -> str:
     from airflow_gpupool.ledger.history import LedgerHistory
     from airflow_gpupool.ledger.usage import usage_report
     from airflow_gpupool.plugins import page
-    from airflow_gpupool.plugins.history import PAGE_SIZE, history_html, usage_html
+    from airflow_gpupool.plugins.history import PAGE_SIZE, definitions_html, history_html, usage_html
 
     snapshot, frag = state.snapshot()
     why = state.explanations(snapshot)
@@ -172,7 +172,8 @@ def _body(state: _State, ui_base: str, view: PageView) -> str:
         f'<div class="figure"><div class="k">Updated</div><div class="v small">{updated}</div></div></section>'
         f'<section class="map"><h2>GPU map</h2><div class="nodes">{nodes}</div></section>'
         f'<section class="chart-box"><h2>Allocation and fragmentation</h2>'
-        f"{page.chart_svg(series['allocation'], series['fragmentation'], series['since'], series['until'])}</section>"
+        f"{page.chart_svg(series['allocation'], series['fragmentation'], series['since'], series['until'])}"
+        f"{definitions_html(['Allocation', 'Fragmentation', 'MIG slice'])}</section>"
         f'<section class="usage"><h2>Use per team and node pool, last {view.range_name}</h2>{usage_html(usage, view)}</section>'
         f'<section class="grants"><h2>Grants ({len(snapshot.grants)})</h2>{page.grants_html(snapshot, ui_base)}</section>'
         f'<section class="queue"><h2>Queue ({len(snapshot.queue)})</h2>{page.queue_html(snapshot, why, ui_base)}</section>'

@@ -27,6 +27,11 @@ PAGE_SIZE = 50
 
 #: Short definitions of the page's terms, shown where the terms are.
 TERMS = {
+    "Allocation": "the share of all GPU compute held by grants (a MIG slice or a fraction counts its part).",
+    "Fragmentation": "the share of free GPU compute that the typical requests (the shapes of the live grants "
+    "and the queue) cannot use where it is: free, but in pieces too small or on nodes that lack CPU or memory.",
+    "MIG slice": "a hardware partition of an A100/H100 (3g.40gb: 3 of 7 compute slices and 40 GB); "
+    "the bar shows its compute part (3g).",
     "GPU-hours": "GPUs held × hours held in the range (a quarter GPU for 4 h is 1 GPU-hour; a MIG slice "
     "counts its compute share, 3g.40gb = 3/7 of an A100).",
     "Share": "this team's or pool's part of all GPU-hours used in the range.",

@@ -52,17 +52,26 @@ def holder_html(holder: str, ui_base: str) -> str:
     ref = TaskTry.from_holder(holder)
     if ref is None:
         return f'<span class="holder">{escape(holder)}</span>'
-    label = f"{ref.dag_id} / {ref.task_id}" + (f" [{ref.map_index}]" if ref.map_index >= 0 else "")
+    label = task_label(ref)
     return (
         f'<a class="ti" data-airflow-link href="{escape(task_instance_url(ref, ui_base))}" '
         f'title="{escape(holder)}">{escape(label)}</a>'
     )
 
 
+def task_label(ref: TaskTry) -> str:
+    """Return a try as people read it: ``train_dag / fit [3] · try 2`` (the map index when mapped).
+
+    :param ref: the try a holder names
+    """
+    mapped = f" [{ref.map_index}]" if ref.map_index >= 0 else ""
+    return f"{ref.dag_id} / {ref.task_id}{mapped} · try {ref.try_number}"
+
+
 def _segment(r: Reservation, milli: int, label: str, ui_base: str) -> str:
     team = r.request.team
     ref = TaskTry.from_holder(r.holder)
-    who = f"{ref.dag_id} / {ref.task_id}" if ref else r.holder
+    who = task_label(ref) if ref else r.holder
     title = f"{team} · {who} · {label} · {r.id}"
     body = f'<span class="team">{escape(team)}</span> <span class="who">{escape(who)}</span>'
     if ref is not None:
@@ -73,8 +82,23 @@ def _segment(r: Reservation, milli: int, label: str, ui_base: str) -> str:
     )
 
 
-def _free_segment(milli: int, label: str = "free") -> str:
-    return f'<div class="seg free" style="flex-basis:{milli / 10:.2f}%" title="{escape(label)}">{escape(label)}</div>'
+def _free_segment(milli: int, label: str = "free", title: str | None = None) -> str:
+    return (
+        f'<div class="seg free" style="flex-basis:{milli / 10:.2f}%" title="{escape(title or label)}">'
+        f"{escape(label)}</div>"
+    )
+
+
+def _mig_layout(held: Sequence[Reservation], mig_free: Sequence[tuple[str, str]]) -> str:
+    """Spell a MIG GPU's slices out under its bar (``3g.40gb × 2: 1 held, 1 free``): the bar is too narrow."""
+    counts: dict[str, list[int]] = {}
+    for r in held:
+        profile = str(r.grant.mig_profile if r.grant else "")
+        counts.setdefault(profile, [0, 0])[0] += 1
+    for _slice_id, profile in mig_free:
+        counts.setdefault(profile, [0, 0])[1] += 1
+    parts = [f"{escape(p)} × {h + f}: {h} held, {f} free" for p, (h, f) in sorted(counts.items())]
+    return f'<div class="mig-layout">{" · ".join(parts)}</div>'
 
 
 def gpu_html(
@@ -100,9 +124,10 @@ def gpu_html(
             profile = str(g.mig_profile if g else "")
             milli = MIG_PROFILES[profile].milli if profile in MIG_PROFILES else 0
             segments.append(_segment(r, milli, f"MIG {profile}", ui_base))
-        for _slice_id, profile in mig_free:
+        for slice_id, profile in mig_free:
             milli = MIG_PROFILES[profile].milli if profile in MIG_PROFILES else 0
-            segments.append(_free_segment(milli, f"free {profile}"))
+            # The compute part (``1g``) fits a seventh of a bar; the whole name is in the title.
+            segments.append(_free_segment(milli, profile.split(".")[0], f"free MIG {profile} ({slice_id})"))
     else:
         used = 0
         for r in held:
@@ -119,7 +144,8 @@ def gpu_html(
     return (
         f'<div class="gpu" data-node="{escape(node.name)}" data-gpu="{idx}">'
         f'<div class="gpu-label">GPU {idx} · {escape(str(gpu["model"]))} · {mem}{mig}{_observed(gpu)}</div>'
-        f'<div class="bar">{"".join(segments)}</div></div>'
+        f'<div class="bar">{"".join(segments)}</div>'
+        f"{_mig_layout(held, mig_free) if gpu['partitioned'] else ''}</div>"
     )
 
 
@@ -281,7 +307,7 @@ def chart_svg(
     grid = "".join(
         f'<line x1="0" x2="{w}" y1="{h - p * h:.0f}" y2="{h - p * h:.0f}" class="grid"/>'
         f'<text x="2" y="{h - p * h - 2:.0f}" class="axis">{int(p * 100)}%</text>'
-        for p in (0.25, 0.5, 0.75, 1.0)
+        for p in (0.25, 0.5, 0.75)
     )
     lines = f'<polyline class="alloc" points="{_polyline(allocation, t0, t1, w, h)}"/>'
     if len(fragmentation) == 1:
@@ -292,9 +318,37 @@ def chart_svg(
     return (
         f'<svg class="chart" viewBox="0 0 {w} {h}" preserveAspectRatio="none" role="img" '
         f'aria-label="GPU allocation and fragmentation over the last {duration(t1 - t0)}">{grid}{lines}</svg>'
+        f"{_time_axis(t0, t1)}"
         f'<div class="legend"><span class="l-alloc">allocation</span> <span class="l-frag">fragmentation</span>'
-        f" · {_clock(t0)} to {_clock(t1)} UTC (last {duration(t1 - t0)})</div>"
+        f" · 0–100 % of the GPUs · {_clock(t0)} to {_clock(t1)} UTC (last {duration(t1 - t0)})</div>"
     )
+
+
+#: Tick steps of the time axis, in seconds: the first that gives at most 6 ticks is used.
+_TICK_STEPS = (60, 300, 600, 1800, 3600, 3 * 3600, 6 * 3600, 12 * 3600, 86400)
+
+
+def time_ticks(t0: float, t1: float) -> list[float]:
+    """Return round times between ``t0`` and ``t1`` for the chart's time axis (at most 6).
+
+    :param t0: left edge, seconds since the epoch
+    :param t1: right edge
+    """
+    span = max(t1 - t0, 1.0)
+    step = next((s for s in _TICK_STEPS if span / s <= 6), 86400 * (1 + int(span // (6 * 86400))))
+    first = -(-t0 // step) * step
+    return [first + i * step for i in range(int((t1 - first) // step) + 1)]
+
+
+def _time_axis(t0: float, t1: float) -> str:
+    # HTML under the SVG: text inside a preserveAspectRatio="none" chart would be stretched.
+    span = (t1 - t0) or 1.0
+    fmt = "%d %b %H:%M" if t1 - t0 > 86400 else "%H:%M"
+    ticks = "".join(
+        f'<span style="left:{(t - t0) / span * 100:.1f}%">{time.strftime(fmt, time.gmtime(t))}</span>'
+        for t in time_ticks(t0, t1)
+    )
+    return f'<div class="xaxis" aria-hidden="true">{ticks}</div>'
 
 
 def _clock(at: float) -> str:
