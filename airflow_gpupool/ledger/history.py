@@ -48,6 +48,7 @@ WAIT_BUCKETS = (1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
 #: Pruned rows delete at most this many reservations per transaction (short write locks).
 PRUNE_BATCH = 2000
 _CARRIED = "pruned."
+FACET_ROWS = 5000
 
 
 @dataclass(frozen=True)
@@ -219,17 +220,17 @@ class LedgerHistory:
         return int(self.ledger.read(lambda conn: conn.execute(query).scalar_one()))
 
     def facets(self) -> dict[str, list[str]]:
-        """Return the teams, node pools and DAGs the history can be filtered by, sorted."""
+        """Return the teams, node pools and DAGs the history can be filtered by, sorted.
+
+        DAGs are those of the newest :data:`FACET_ROWS` reservations: holders are parsed here.
+        """
         r = schema.reservations.c
+        recent = select(r.holder).order_by(r.seq.desc()).limit(FACET_ROWS)
 
         def run(conn: Connection) -> dict[str, list[str]]:
             teams = sorted(conn.execute(select(r.team).distinct()).scalars())
             pools = sorted(conn.execute(select(schema.nodes.c.node_pool).distinct()).scalars())
-            dags = {
-                ref.dag_id
-                for h in conn.execute(select(r.holder)).scalars()
-                if (ref := TaskTry.from_holder(h))
-            }
+            dags = {ref.dag_id for h in conn.execute(recent).scalars() if (ref := TaskTry.from_holder(h))}
             return {"team": teams, "pool": pools, "dag_id": sorted(dags)}
 
         return self.ledger.read(run)

@@ -4,7 +4,8 @@ Mounted by :class:`~airflow_gpupool.plugins.gpupool.GpuPoolPlugin` at ``/gpupool
 Airflow API server:
 
 * ``GET /gpupool/`` the page (``?partial=1``: only its body, for the page's refresh; ``range``,
-  ``team``, ``pool``, ``state``, ``dag_id`` and ``page`` choose the use's range and the history)
+  ``team``, ``pool``, ``state``, ``dag_id`` and ``page`` choose the use's range and the history;
+  ``open=<pool>`` (or ``*``) opens node pools of the map, ``rows=all`` shows every grant and waiter)
 * ``GET /gpupool/api/v1/snapshot`` nodes, GPUs, grants and the queue (with why each waits)
 * ``GET /gpupool/api/v1/history?limit=&offset=&team=&pool=&state=&dag_id=`` the history, newest first
 * ``GET /gpupool/api/v1/usage?range=1h|24h|7d`` GPU-hours and share per team and pool, quotas
@@ -23,8 +24,9 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 # FastAPI reads the route functions' annotations at runtime: what they name is imported here,
 # and this module is imported only when the app is built (see plugins.gpupool._LazyApp).
@@ -84,11 +86,31 @@ def _default_ledger() -> Ledger:
     return GpuPoolHook().ledger
 
 
+@dataclass(frozen=True)
+class _Reading:
+    """One read of the ledger shared by the page, the JSON API and the metrics until it is stale."""
+
+    snapshot: LedgerSnapshot
+    fragmentation: float
+    explanations: dict[str, str]
+    read_at: float  # monotonic
+
+
 class _State:
-    def __init__(self, ledger_factory: Callable[[], Ledger]) -> None:
+    """The app's ledger and its one cached reading per process.
+
+    :param snapshot_ttl: seconds a reading is served before the ledger is read again (0: always
+        read): at 1,000 nodes a snapshot takes about half a second, and every viewer's refresh
+        and every scrape would take it again
+    """
+
+    def __init__(self, ledger_factory: Callable[[], Ledger], snapshot_ttl: float = 5.0) -> None:
         self._factory = ledger_factory
         self._ledger: Ledger | None = None
         self._lock = threading.Lock()
+        self._reading_lock = threading.Lock()
+        self._reading: _Reading | None = None
+        self.snapshot_ttl = snapshot_ttl
         self.sampler = FragmentationSampler()
 
     def known_url(self) -> str | None:
@@ -101,15 +123,35 @@ class _State:
                 self._ledger = self._factory()
             return self._ledger
 
-    def snapshot(self) -> tuple[LedgerSnapshot, float]:
-        from airflow_gpupool.metrics.collector import fragmentation_ratio
+    def invalidate(self) -> None:
+        """Forget the cached reading: the next request reads the ledger."""
+        with self._reading_lock:
+            self._reading = None
 
-        snapshot = self.ledger().snapshot()
-        frag = fragmentation_ratio(snapshot)
-        self.sampler.add(snapshot.taken_at, snapshot.allocation, frag)
-        return snapshot, frag
+    def reading(self) -> _Reading:
+        """Return the cached reading, or read the ledger when it is older than ``snapshot_ttl``."""
+        # One reader at a time: viewers arriving while it reads get its reading, not a read of their own.
+        with self._reading_lock:
+            cached = self._reading
+            if cached is not None and time.monotonic() - cached.read_at < self.snapshot_ttl:
+                return cached
+            from airflow_gpupool.metrics.collector import fragmentation_ratio
+
+            snapshot = self.ledger().snapshot()
+            frag = fragmentation_ratio(snapshot)
+            self.sampler.add(snapshot.taken_at, snapshot.allocation, frag)
+            self._reading = _Reading(snapshot, frag, self._explain(snapshot), time.monotonic())
+            return self._reading
+
+    def snapshot(self) -> tuple[LedgerSnapshot, float]:
+        reading = self.reading()
+        return reading.snapshot, reading.fragmentation
 
     def explanations(self, snapshot: LedgerSnapshot) -> dict[str, str]:
+        reading = self.reading()
+        return reading.explanations if reading.snapshot is snapshot else self._explain(snapshot)
+
+    def _explain(self, snapshot: LedgerSnapshot) -> dict[str, str]:
         from airflow_gpupool.exceptions import GpuPoolError
 
         ledger = self.ledger()
@@ -143,6 +185,20 @@ class _State:
         }
 
 
+class _CachedLedger:
+    """What the metrics collector reads of a ledger (its URL and a snapshot), served from the cache."""
+
+    def __init__(self, state: _State) -> None:
+        self._state = state
+
+    @property
+    def url(self) -> str:
+        return self._state.ledger().url
+
+    def snapshot(self) -> LedgerSnapshot:
+        return self._state.reading().snapshot
+
+
 def _ui_base(root_path: str) -> str:
     # The page is mounted at <airflow base>/gpupool; the Airflow UI lives at <airflow base>/.
     return root_path[: -len(URL_PREFIX)] if root_path.endswith(URL_PREFIX) else ""
@@ -153,6 +209,7 @@ def _body(state: _State, ui_base: str, view: PageView) -> str:
     from airflow_gpupool.ledger.usage import usage_report
     from airflow_gpupool.plugins import page
     from airflow_gpupool.plugins.history import PAGE_SIZE, definitions_html, history_html, usage_html
+    from airflow_gpupool.plugins.pools import map_html
 
     snapshot, frag = state.snapshot()
     why = state.explanations(snapshot)
@@ -162,21 +219,19 @@ def _body(state: _State, ui_base: str, view: PageView) -> str:
     entries = history.entries(view.where, limit=PAGE_SIZE, offset=(view.page - 1) * PAGE_SIZE)
     history_body = history_html(entries, history.count(view.where), view, history.facets(), ui_base)
     usage = usage_report(ledger, snapshot, view.hours)
-    nodes = (
-        "".join(page.node_html(n, snapshot, ui_base) for n in snapshot.nodes)
-        or '<p class="empty">No nodes.</p>'
-    )
+    nodes = map_html(snapshot, ui_base, view.opened, {"range": view.range_name, **view.where.to_dict()})
+    rows = None if view.all_rows else page.MAX_ROWS
     updated = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(snapshot.taken_at))
     return (
         f'<section class="summary">{page.summary_html(snapshot, frag)}'
         f'<div class="figure"><div class="k">Updated</div><div class="v small">{updated}</div></div></section>'
-        f'<section class="map"><h2>GPU map</h2><div class="nodes">{nodes}</div></section>'
+        f'<section class="map"><h2>GPU map</h2>{nodes}</section>'
         f'<section class="chart-box"><h2>Allocation and fragmentation</h2>'
         f"{page.chart_svg(series['allocation'], series['fragmentation'], series['since'], series['until'])}"
         f"{definitions_html(['Allocation', 'Fragmentation', 'MIG slice'])}</section>"
         f'<section class="usage"><h2>Use per team and node pool, last {view.range_name}</h2>{usage_html(usage, view)}</section>'
-        f'<section class="grants"><h2>Grants ({len(snapshot.grants)})</h2>{page.grants_html(snapshot, ui_base)}</section>'
-        f'<section class="queue"><h2>Queue ({len(snapshot.queue)})</h2>{page.queue_html(snapshot, why, ui_base)}</section>'
+        f'<section class="grants"><h2>Grants ({len(snapshot.grants)})</h2>{page.grants_html(snapshot, ui_base, rows)}</section>'
+        f'<section class="queue"><h2>Queue ({len(snapshot.queue)})</h2>{page.queue_html(snapshot, why, ui_base, rows)}</section>'
         f'<section class="history"><h2>History</h2>{history_body}</section>'
     )
 
@@ -223,15 +278,16 @@ def render_page(body: str) -> str:
     )
 
 
-def create_app(ledger_factory: Callable[[], Ledger] | None = None) -> FastAPI:
+def create_app(ledger_factory: Callable[[], Ledger] | None = None, *, snapshot_ttl: float = 5.0) -> FastAPI:
     """Build the FastAPI app.
 
     :param ledger_factory: returns the ledger to show (called once, on first use); default:
         the ledger of the ``gpupool_default`` connection, else ``[gpupool] ledger_url``
+    :param snapshot_ttl: seconds one ledger reading is shared by the page, the API and the metrics
     """
     from airflow.api_fastapi.core_api.security import get_user
 
-    state = _State(ledger_factory or _default_ledger)
+    state = _State(ledger_factory or _default_ledger, snapshot_ttl)
     app = FastAPI(
         title="GPU pool",
         description="The airflow-gpupool ledger: GPU map, grants, queue, history and metrics.",
@@ -279,8 +335,14 @@ def _add_page_route(app: FastAPI, state: _State) -> None:
         states: StatesParam = None,
         dag_id: str | None = None,
         page_number: PageParam = 1,
+        opened: Annotated[list[str] | None, Query(alias="open", max_length=253)] = None,
+        rows: Annotated[str | None, Query(pattern="^all$")] = None,
     ) -> HTMLResponse:
-        view = page_view(range_name, team, pool, states, dag_id, page_number)
+        view = replace(
+            page_view(range_name, team, pool, states, dag_id, page_number),
+            opened=tuple(o for o in opened or () if o),
+            all_rows=rows == "all",
+        )
         body = _body(state, _ui_base(request.scope.get("root_path", "")), view)
         return HTMLResponse(body if partial else render_page(body))
 
@@ -398,5 +460,6 @@ def _add_metrics_route(app: FastAPI, state: _State) -> None:
         from airflow_gpupool.metrics.collector import GpuPoolCollector
 
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(GpuPoolCollector(state.ledger))
+        # The collector reads a URL and a snapshot: the process's cached reading stands in for the ledger.
+        registry.register(GpuPoolCollector(cast("Ledger", _CachedLedger(state))))
         return PlainTextResponse(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

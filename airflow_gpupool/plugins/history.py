@@ -50,6 +50,8 @@ class PageView:
     range_name: str = "24h"
     where: HistoryFilter = HistoryFilter()
     page: int = 1
+    opened: tuple[str, ...] = ()
+    all_rows: bool = False
 
     @property
     def hours(self) -> float:
@@ -58,7 +60,13 @@ class PageView:
 
     def query(self, **change: object) -> str:
         """Return the query string of this view with ``change`` applied (``?range=7d&team=nlp``)."""
-        params: dict[str, object] = {"range": self.range_name, **self.where.to_dict(), "page": self.page}
+        params: dict[str, object] = {
+            "range": self.range_name,
+            **self.where.to_dict(),
+            "page": self.page,
+            "open": list(self.opened),
+            "rows": "all" if self.all_rows else None,
+        }
         params.update(change)
         return "?" + urlencode(
             {k: v for k, v in params.items() if v not in (None, "", 1) or k == "range"}, doseq=True
@@ -148,12 +156,13 @@ def filters_html(view: PageView, facets: Mapping[str, Sequence[str]]) -> str:
     return (
         '<form class="filters" method="get" action="">'
         f'<input type="hidden" name="range" value="{escape(view.range_name)}">'
-        f"{_select('team', 'Team', facets.get('team', ()), [w.team or ''])}"
+        + "".join(f'<input type="hidden" name="open" value="{escape(o)}">' for o in view.opened)
+        + f"{_select('team', 'Team', facets.get('team', ()), [w.team or ''])}"
         f"{_select('pool', 'Pool', facets.get('pool', ()), [w.pool or ''])}"
         f"{_select('state', 'State', states, w.states)}"
         f"{_select('dag_id', 'DAG', facets.get('dag_id', ()), [w.dag_id or ''])}"
         '<button type="submit">Filter</button>'
-        f'<a href="{escape(PageView(view.range_name).query())}">clear</a></form>'
+        f'<a href="{escape(PageView(view.range_name, opened=view.opened).query())}">clear</a></form>'
     )
 
 

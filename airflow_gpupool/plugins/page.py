@@ -17,6 +17,10 @@ from airflow_gpupool.task_try import TaskTry
 
 if TYPE_CHECKING:
     from airflow_gpupool.ledger import LedgerSnapshot, NodeRecord, Reservation
+    from airflow_gpupool.plugins.pools import SnapshotIndex
+
+#: Rows the grants and queue tables show (the JSON API has them all): long tables are paged.
+MAX_ROWS = 100
 
 UNHEALTHY = ("quarantined", "cordoned", "draining")
 
@@ -164,22 +168,22 @@ def _observed(gpu: Mapping[str, Any]) -> str:
     return "".join(f" · {p}" for p in parts)
 
 
-def node_html(node: NodeRecord, snapshot: LedgerSnapshot, ui_base: str) -> str:
+def node_html(
+    node: NodeRecord, snapshot: LedgerSnapshot, ui_base: str, index: SnapshotIndex | None = None
+) -> str:
     """Return one node's card: its health, heartbeat and GPUs.
 
     :param node: the node
     :param snapshot: the snapshot it comes from (grants and free MIG slices)
     :param ui_base: the Airflow UI's path prefix
+    :param index: the snapshot's grants and free MIG slices by node (built here when not given)
     """
-    by_gpu: dict[int, list[Reservation]] = {}
-    for r in snapshot.grants:
-        if r.grant is not None and r.grant.node == node.name:
-            for i in r.grant.gpu_indices:
-                by_gpu.setdefault(i, []).append(r)
-    mig_free: dict[int, tuple[tuple[str, str], ...]] = {}
-    for state in snapshot.cluster.nodes:
-        if state.name == node.name:
-            mig_free = {g.index: g.mig_free for g in state.gpus}
+    if index is None:
+        from airflow_gpupool.plugins.pools import SnapshotIndex
+
+        index = SnapshotIndex.of(snapshot)
+    by_gpu = index.grants.get(node.name, {})
+    mig_free = index.mig_free.get(node.name, {})
     health = escape(node.health)
     beat = (
         f"heartbeat {duration(snapshot.taken_at - node.heartbeat_at)} ago"
@@ -233,11 +237,18 @@ def _lease_left(r: Reservation, now: float) -> str:
     return f'<span class="state s-orphaned">orphaned</span> pod <code>{pod}</code>'
 
 
-def grants_html(snapshot: LedgerSnapshot, ui_base: str) -> str:
-    """Return the table of live grants.
+def _more(shown: int, total: int) -> str:
+    if shown >= total:
+        return ""
+    return f'<p class="more">Showing {shown} of {total}: all are in <a href="api/v1/snapshot">the JSON API</a>.</p>'
+
+
+def grants_html(snapshot: LedgerSnapshot, ui_base: str, max_rows: int | None = MAX_ROWS) -> str:
+    """Return the table of live grants (the first ``max_rows``).
 
     :param snapshot: a ledger snapshot
     :param ui_base: the Airflow UI's path prefix
+    :param max_rows: at most this many rows (None: all)
     """
     now = snapshot.taken_at
     rows = [
@@ -251,18 +262,21 @@ def grants_html(snapshot: LedgerSnapshot, ui_base: str) -> str:
             duration(now - r.grant.granted_at) if r.grant else "",
             _lease_left(r, now),
         ]
-        for r in snapshot.grants
+        for r in snapshot.grants[:max_rows]
     ]
     headers = ["ID", "Task", "Team", "Class", "Slice", "Where", "Held", "Lease left"]
-    return table_html(headers, rows, "No grants.", "grants")
+    return table_html(headers, rows, "No grants.", "grants") + _more(len(rows), len(snapshot.grants))
 
 
-def queue_html(snapshot: LedgerSnapshot, why: Mapping[str, str], ui_base: str) -> str:
+def queue_html(
+    snapshot: LedgerSnapshot, why: Mapping[str, str], ui_base: str, max_rows: int | None = MAX_ROWS
+) -> str:
     """Return the queue table: position, what is asked, the wait so far and why it waits.
 
     :param snapshot: a ledger snapshot
     :param why: :meth:`~airflow_gpupool.ledger.Ledger.explain` of each waiting reservation
     :param ui_base: the Airflow UI's path prefix
+    :param max_rows: at most this many rows, the head of the queue (None: all)
     """
     now = snapshot.taken_at
     rows = [
@@ -276,10 +290,10 @@ def queue_html(snapshot: LedgerSnapshot, why: Mapping[str, str], ui_base: str) -
             duration(now - r.created_at),
             f'<span class="why">{escape(why.get(r.id) or r.message)}</span>',
         ]
-        for r in snapshot.queue
+        for r in snapshot.queue[:max_rows]
     ]
     headers = ["#", "ID", "Task", "Team", "Priority", "Asks", "Waiting", "Why it waits"]
-    return table_html(headers, rows, "Nobody is waiting.", "queue")
+    return table_html(headers, rows, "Nobody is waiting.", "queue") + _more(len(rows), len(snapshot.queue))
 
 
 def _polyline(points: Sequence[tuple[float, float]], t0: float, t1: float, width: int, height: int) -> str:

@@ -23,6 +23,7 @@ from airflow_gpupool.ledger import Ledger
 from airflow_gpupool.plugins.app import create_app
 from airflow_gpupool.plugins.gpupool import GpuPoolPlugin
 from airflow_gpupool.plugins.holders import task_instance_url
+from airflow_gpupool.resources import GpuRequest
 from airflow_gpupool.task_try import TaskTry as TaskRef
 from airflow_gpupool.task_try import parse_holder
 from tests.unit.metrics.scenario import EMBED_HOLDER, TRAIN_HOLDER, Pool, build_pool
@@ -243,3 +244,60 @@ def test_an_unreadable_ledger_is_a_503_that_names_it(tmp_path: Path) -> None:
         assert response.json()["detail"].startswith(f"GPU ledger unavailable: no GPU ledger at {url}")
     metrics = client.get("/metrics")
     assert metrics.status_code == 200 and "gpupool_ledger_up 0.0" in metrics.text
+
+
+def test_a_big_cluster_shows_pools_closed_and_pages_its_tables(tmp_path: Path) -> None:
+    from tests.ledger_fixtures import node
+
+    ledger = Ledger.create(f"sqlite:///{tmp_path}/big.db", policy="bestfit")
+    ledger.upsert_nodes(
+        [node(f"a{i:02}", gpus=1, pool="a100") for i in range(20)]
+        + [node(f"t{i:02}", gpus=1, model="T4", pool="t4") for i in range(10)]
+    )
+    for i in range(140):  # more than the tables show: 30 grants, 110 waiting
+        ledger.reserve(GpuRequest(gpus=1), f"job{i}@h", timeout=600)
+    app = create_app(lambda: ledger)
+    app.dependency_overrides[get_user] = lambda: SimpleAuthManagerUser(username="viewer", role="viewer")
+    client = TestClient(app)
+    closed = client.get("/", params={"partial": 1}).text
+    assert closed.count('class="node ') == 0
+    assert '<b>a100</b> <span class="meta">20 nodes · 20 GPUs · 20 held (100%) · 20 grants' in closed
+    assert 'href="?range=24h&amp;open=t4">open</a>' in closed
+    opened = client.get("/", params={"partial": 1, "open": "t4"}).text
+    assert (
+        opened.count('class="node ') == 10 and 'data-node="t00"' in opened and 'data-node="a00"' not in opened
+    )
+    assert 'href="?range=24h">close</a>' in opened
+    everything = client.get("/", params={"partial": 1, "open": "*", "rows": "all"}).text
+    assert everything.count('class="node ') == 30
+    assert "Showing" not in everything and everything.count('<span class="why">') == 110
+    assert "Showing 100 of 110" in closed and closed.count('<span class="why">') == 100
+    ledger.close()
+
+
+def test_the_page_the_api_and_the_metrics_share_one_reading_per_process(tmp_path: Path) -> None:
+    from tests.ledger_fixtures import node
+
+    ledger = Ledger.create(f"sqlite:///{tmp_path}/cached.db", policy="bestfit")
+    ledger.upsert_nodes([node("a1", gpus=2)])
+    app = create_app(lambda: ledger, snapshot_ttl=3600)
+    app.dependency_overrides[get_user] = lambda: SimpleAuthManagerUser(username="viewer", role="viewer")
+    client = TestClient(app)
+
+    def grants_seen() -> tuple[int, int, str]:
+        api = len(client.get("/api/v1/snapshot").json()["grants"])
+        page = client.get("/", params={"partial": 1}).text.count("<td><code>")
+        metrics = client.get("/metrics").text
+        return (
+            api,
+            page,
+            next(line for line in metrics.splitlines() if line.startswith("gpupool_gpu_allocated_milli{")),
+        )
+
+    before = grants_seen()
+    ledger.reserve(GpuRequest(gpus=1), "job@h")
+    assert grants_seen() == before  # served from the one cached reading
+    app.state.gpupool.invalidate()
+    after = grants_seen()
+    assert after[:2] == (1, 1) and after[2] != before[2]
+    ledger.close()
