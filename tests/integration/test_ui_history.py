@@ -13,6 +13,8 @@ The story (times from the fake clock's start, ``T``):
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from airflow_gpupool.exceptions import FailureClass, InvalidRequestError
@@ -197,3 +199,32 @@ def test_the_try_that_adopted_an_earlier_grant_finds_it(story: Ledger) -> None:
     history = LedgerHistory(story)
     assert history.held_by(TaskTry("train", "fit", "manual__1", -1, 2)) == "r-try1"
     assert history.held_by(TaskTry("train", "fit", "manual__1", -1, 3)) is None
+
+
+def test_the_controllers_pass_prunes_history_past_the_retention(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kubernetes import client, config
+
+    from airflow_gpupool.controller.leader import LeaderElector, LeaseSettings
+    from airflow_gpupool.controller.run import GpuPoolController
+    from airflow_gpupool.inventory.sync import core_v1_api
+    from airflow_gpupool.testing import KubernetesEmulatorServer, gpu_node
+
+    monkeypatch.setenv("AIRFLOW__GPUPOOL__HISTORY_RETENTION_DAYS", "1")
+    clock = FakeClock()
+    with KubernetesEmulatorServer(nodes=[gpu_node("gpu-a-0", gpus=2)]) as k8s:
+        ledger = Ledger.create(f"sqlite:///{tmp_path}/ledger.db", clock=clock)
+        leases = client.CoordinationV1Api(config.new_client_from_config(config_file=k8s.kubeconfig_path))
+        elector = LeaderElector(leases, LeaseSettings("default", "pruner", lease_duration=60))
+        controller = GpuPoolController(ledger, core_v1_api(k8s.kubeconfig_path), elector)
+        controller.run_pass()  # syncs the node
+        old = ledger.reserve(GpuRequest(gpus=1), "old@w")
+        ledger.release(old.id)
+        clock.advance(86400 + 1)
+        recent = ledger.reserve(GpuRequest(gpus=1), "recent@w")
+        ledger.release(recent.id)
+        controller = GpuPoolController(ledger, core_v1_api(k8s.kubeconfig_path), elector)
+        assert controller.run_pass().errors == []
+        assert [e.id for e in LedgerHistory(ledger).entries()] == [recent.id]
+        ledger.close()
