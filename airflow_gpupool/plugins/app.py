@@ -40,7 +40,8 @@ if TYPE_CHECKING:
     from airflow_gpupool.ledger import Ledger, LedgerSnapshot
 
 _STATIC = Path(__file__).parent / "static"
-_MAX_EXPLAINED = 50
+#: Waiters explained per reading (the head of the queue; each explanation places the request).
+_MAX_EXPLAINED = 20
 
 
 class FragmentationSampler:
@@ -152,17 +153,10 @@ class _State:
         return reading.explanations if reading.snapshot is snapshot else self._explain(snapshot)
 
     def _explain(self, snapshot: LedgerSnapshot) -> dict[str, str]:
-        from airflow_gpupool.exceptions import GpuPoolError
-
-        ledger = self.ledger()
-        out = {}
-        for r in snapshot.queue[:_MAX_EXPLAINED]:
-            try:
-                out[r.id] = ledger.explain(r.id)
-            except GpuPoolError:
-                # It left the queue since the snapshot; its stored message is what there is.
-                out[r.id] = r.message
-        return out
+        waiting = snapshot.queue[:_MAX_EXPLAINED]
+        why = self.ledger().explain_many(r.id for r in waiting)
+        # One that left the queue since the snapshot: its stored message is what there is.
+        return {r.id: why.get(r.id, r.message) for r in waiting}
 
     def series(self, hours: float, snapshot: LedgerSnapshot | None = None) -> dict[str, Any]:
         from airflow_gpupool.metrics.stats import allocation_series, held_spans

@@ -228,3 +228,13 @@ def test_the_controllers_pass_prunes_history_past_the_retention(
         assert controller.run_pass().errors == []
         assert [e.id for e in LedgerHistory(ledger).entries()] == [recent.id]
         ledger.close()
+
+
+def test_explain_many_says_what_explain_says_in_one_read(ledger: Ledger) -> None:
+    ledger.upsert_nodes([node("a1", gpus=1)])
+    held = ledger.reserve(GpuRequest(gpus=1), "held@w")
+    waiting = [ledger.reserve(GpuRequest(gpus=1), f"w{i}@w", timeout=600).id for i in range(3)]
+    why = ledger.explain_many([*waiting, held.id, "nope"])
+    assert why == {rid: ledger.explain(rid) for rid in [*waiting, held.id]}
+    assert "reservation is granted" == why[held.id] and "needs 1 free GPU" in why[waiting[0]]
+    assert ledger.explain_many([]) == {}
