@@ -24,9 +24,9 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, cast
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar, cast
 
 # FastAPI reads the route functions' annotations at runtime: what they name is imported here,
 # and this module is imported only when the app is built (see plugins.gpupool._LazyApp).
@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from airflow_gpupool.ledger import Ledger, LedgerSnapshot
 
 _STATIC = Path(__file__).parent / "static"
+T = TypeVar("T")
 #: Waiters explained per reading (the head of the queue; each explanation places the request).
 _MAX_EXPLAINED = 20
 
@@ -95,6 +96,8 @@ class _Reading:
     fragmentation: float
     explanations: dict[str, str]
     read_at: float  # monotonic
+    #: What is computed from the reading once (the chart's series and the use per range, the facets).
+    derived: dict[tuple[Any, ...], Any] = field(default_factory=dict)
 
 
 class _State:
@@ -111,6 +114,7 @@ class _State:
         self._lock = threading.Lock()
         self._reading_lock = threading.Lock()
         self._reading: _Reading | None = None
+        self._derived_lock = threading.Lock()
         self.snapshot_ttl = snapshot_ttl
         self.sampler = FragmentationSampler()
 
@@ -143,6 +147,14 @@ class _State:
             self.sampler.add(snapshot.taken_at, snapshot.allocation, frag)
             self._reading = _Reading(snapshot, frag, self._explain(snapshot), time.monotonic())
             return self._reading
+
+    def derived(self, key: tuple[Any, ...], compute: Callable[[LedgerSnapshot], T]) -> T:
+        """Return ``compute(snapshot)`` of the current reading, computed once per reading and ``key``."""
+        reading = self.reading()
+        with self._derived_lock:
+            if key not in reading.derived:
+                reading.derived[key] = compute(reading.snapshot)
+            return cast("T", reading.derived[key])
 
     def snapshot(self) -> tuple[LedgerSnapshot, float]:
         reading = self.reading()
@@ -207,12 +219,13 @@ def _body(state: _State, ui_base: str, view: PageView) -> str:
 
     snapshot, frag = state.snapshot()
     why = state.explanations(snapshot)
-    series = state.series(view.hours, snapshot)
+    series = state.derived(("series", view.hours), lambda s: state.series(view.hours, s))
     ledger = state.ledger()
     history = LedgerHistory(ledger)
     entries = history.entries(view.where, limit=PAGE_SIZE, offset=(view.page - 1) * PAGE_SIZE)
-    history_body = history_html(entries, history.count(view.where), view, history.facets(), ui_base)
-    usage = usage_report(ledger, snapshot, view.hours)
+    facets = state.derived(("facets",), lambda _s: history.facets())
+    history_body = history_html(entries, history.count(view.where), view, facets, ui_base)
+    usage = state.derived(("usage", view.hours), lambda s: usage_report(ledger, s, view.hours))
     nodes = map_html(snapshot, ui_base, view.opened, {"range": view.range_name, **view.where.to_dict()})
     rows = None if view.all_rows else page.MAX_ROWS
     updated = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(snapshot.taken_at))
@@ -430,13 +443,12 @@ def _add_api_routes(app: FastAPI, state: _State) -> None:
     def api_usage(range_name: RangeParam = "24h") -> dict[str, Any]:
         from airflow_gpupool.ledger.usage import usage_report
 
-        view = page_view(range_name)
-        snapshot, _ = state.snapshot()
-        return usage_report(state.ledger(), snapshot, view.hours).to_dict()
+        hours = page_view(range_name).hours
+        return state.derived(("usage", hours), lambda s: usage_report(state.ledger(), s, hours)).to_dict()
 
     @app.get("/api/v1/series")
     def api_series(hours: Annotated[float, Query(gt=0, le=24 * 14)] = 6.0) -> dict[str, Any]:
-        return state.series(hours)
+        return state.derived(("series", hours), lambda s: state.series(hours, s))
 
     @app.get("/api/v1/explain/{reservation_id}")
     def api_explain(reservation_id: str) -> dict[str, str]:
