@@ -21,7 +21,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from sqlalchemy import Engine
 
-from airflow_gpupool.ledger.history import ENDED_STATES, WAIT_BUCKETS
+# Re-exported: the collector and older callers read them here.
+from airflow_gpupool.ledger.history import ENDED_STATES as ENDED_STATES
+from airflow_gpupool.ledger.history import WAIT_BUCKETS as WAIT_BUCKETS
 
 
 @dataclass(frozen=True)
