@@ -202,6 +202,12 @@ def get_provider_info() -> dict[str, Any]:
                         "What a GPU memory leak does: report (status, UI, metric) or quarantine the GPU until clean.",
                         "report",
                     ),
+                    # The GPU pool page's history (issue 15).
+                    "history_retention_days": _option(
+                        "Days ended reservations stay in the ledger's history; the controller prunes older ones.",
+                        "30",
+                        "float",
+                    ),
                 },
             }
         },

@@ -55,6 +55,8 @@ DEFAULTS: dict[str, str] = {
     "heartbeat_stable_seconds": "90",
     "leak_grace_seconds": "60",
     "leak_action": "report",
+    # The GPU pool page's history (issue 15).
+    "history_retention_days": "30",
 }
 
 
@@ -369,3 +371,11 @@ def leak_action() -> str:
     if value not in ("report", "quarantine"):
         raise ConfigurationError(f"[gpupool] leak_action: {value!r}; choose report or quarantine")
     return value
+
+
+# -- the history (issue 15) ----------------------------------------------------------------------
+
+
+def history_retention_seconds() -> float:
+    """``[gpupool] history_retention_days`` in seconds: how long ended reservations are kept (default 30 days)."""
+    return _positive("history_retention_days") * 86400

@@ -12,7 +12,14 @@ from airflow_gpupool.argtypes import integer, number
 from airflow_gpupool.bench import operator_bench
 from airflow_gpupool.cli.common import ledger_url, require_extra, url_arg
 
-__all__ = ["cmd_bench_heartbeats", "cmd_bench_ledger", "cmd_bench_operator", "cmd_bench_queue", "register"]
+__all__ = [
+    "cmd_bench_heartbeats",
+    "cmd_bench_ledger",
+    "cmd_bench_operator",
+    "cmd_bench_queue",
+    "cmd_bench_ui",
+    "register",
+]
 
 
 def cmd_bench_ledger(args: argparse.Namespace) -> int:
@@ -153,3 +160,45 @@ def register(subparsers: Any) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_bench_operator)
     _register_heartbeats(bench)
+    _register_ui(bench)
+
+
+def cmd_bench_ui(args: argparse.Namespace) -> int:
+    """Measure the GPU pool page's refresh (size, time) on a big cluster against the ungrouped page."""
+    from airflow_gpupool.bench.ui_bench import run_ui_bench
+
+    def make_app(ledger: Any) -> Any:
+        from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+        from airflow.api_fastapi.core_api.security import get_user
+
+        from airflow_gpupool.plugins.app import create_app
+
+        app = create_app(lambda: ledger)
+        # Login is Airflow's; the bench measures the page behind it.
+        app.dependency_overrides[get_user] = lambda: SimpleAuthManagerUser(username="bench", role="viewer")
+        return app
+
+    with contextlib.redirect_stdout(sys.stderr):
+        result = run_ui_bench(
+            make_app, nodes=args.nodes, grants=args.grants, waiting=args.waiting, requests=args.requests
+        )
+    if args.json:
+        print(json.dumps(result, sort_keys=True))
+    else:
+        for key, value in result.items():
+            print(f"{key:>14}: {value}")
+    return 0
+
+
+def _register_ui(bench: Any) -> None:
+    p = bench.add_parser(
+        "ui",
+        help="the GPU pool page's size and time per refresh on a big cluster, against the ungrouped page",
+        description=cmd_bench_ui.__doc__,
+    )
+    p.add_argument("--nodes", type=integer(1, 100_000), default=1000, help="nodes (1,000: 7,200 GPUs)")
+    p.add_argument("--grants", type=integer(0, 100_000), default=2000, help="live grants")
+    p.add_argument("--waiting", type=integer(0, 100_000), default=50, help="waiting requests")
+    p.add_argument("--requests", type=integer(1, 1000), default=20, help="requests measured per case")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_bench_ui)

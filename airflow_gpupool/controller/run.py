@@ -31,6 +31,8 @@ from airflow_gpupool.controller.heartbeats import check_heartbeats
 from airflow_gpupool.controller.reconcile import ReconcileResult, reconcile
 from airflow_gpupool.exceptions import ConfigurationError
 from airflow_gpupool.inventory.sync import SyncResult, sync_inventory
+from airflow_gpupool.ledger.history import LedgerHistory
+from airflow_gpupool.settings import history_retention_seconds
 from airflow_gpupool.validate import positive_seconds
 
 if TYPE_CHECKING:
@@ -177,6 +179,10 @@ class GpuPoolController:
             )
             result.checkpoints_asked = self._step(
                 result, "early warning", lambda: request_emergency_checkpoints(self.ledger, self.api)
+            )
+            # Issue 15: the page's history is kept for [gpupool] history_retention_days.
+            self._step(
+                result, "history", lambda: LedgerHistory(self.ledger).prune(history_retention_seconds())
             )
         if now >= self._next_gate and self.elector.is_leader():  # gatekeeper (controller/gatekeeper.py)
             self._next_gate = now + self.intervals.gate

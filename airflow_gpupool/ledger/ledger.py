@@ -429,6 +429,10 @@ class Ledger:
         """
         return self._views.explain(reservation_id)
 
+    def explain_many(self, reservation_ids: Iterable[str]) -> dict[str, str]:
+        """Say why each waiting reservation waits, in one read (the GPU pool page's queue); unknown ids are left out."""
+        return self._views.explain_many(reservation_ids)
+
     def history(
         self, states: Iterable[ReservationState] | None = None, limit: int = 100
     ) -> list[Reservation]:

@@ -64,6 +64,32 @@ class LedgerViews:
 
         return self._store.read(run)
 
+    def explain_many(self, reservation_ids: Iterable[str]) -> dict[str, str]:
+        """Say why each of ``reservation_ids`` waits, in one read: the capacity is loaded once.
+
+        An id that is no longer in the ledger is left out.
+        """
+        ids = list(reservation_ids)
+
+        def run(conn: Connection) -> dict[str, str]:
+            cache = _loaded_cache(conn)
+            now = self._store.clock(conn)
+            out = {}
+            for reservation_id in ids:
+                try:
+                    row = records.row_by_id(conn, reservation_id)
+                except UnknownReservationError:
+                    continue
+                if row.state != WAITING:
+                    out[reservation_id] = f"reservation is {row.state}"
+                    continue
+                out[reservation_id] = self._cycle.blocked_message(
+                    Tx(conn, now, 0, dict(cache.nodes)), row, cache
+                )
+            return out
+
+        return self._store.read(run) if ids else {}
+
     def history(
         self, states: Iterable[ReservationState] | None = None, limit: int = 100
     ) -> list[Reservation]:

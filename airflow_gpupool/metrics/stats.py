@@ -2,7 +2,8 @@
 
 The cumulative counts (:func:`ledger_totals`) are counted from the table rather than kept in
 an exporter's memory, so every exporter of one ledger reports the same values and they survive
-exporter restarts; they only grow because the ledger never deletes a reservation row.
+exporter restarts; they only grow: pruning old history first carries what the pruned rows
+counted over (:func:`airflow_gpupool.ledger.history.cumulative_counts`).
 
 :class:`~airflow_gpupool.ledger.Ledger` returns live reservations and a bounded history;
 metrics and the UI chart need counts over every ended reservation and the times slices
@@ -18,9 +19,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from sqlalchemy import ColumnElement, Connection, Engine
+    from sqlalchemy import Engine
 
-ENDED_STATES = ("released", "expired", "timed_out", "cancelled")
+# Re-exported: the collector and older callers read them here.
+from airflow_gpupool.ledger.history import ENDED_STATES as ENDED_STATES
+from airflow_gpupool.ledger.history import WAIT_BUCKETS as WAIT_BUCKETS
 
 
 @dataclass(frozen=True)
@@ -91,10 +94,6 @@ def allocation_series(
     return points
 
 
-WAIT_BUCKETS = (1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 4 * 3600.0)
-"""Upper bounds (seconds) of the wait histogram's buckets."""
-
-
 @dataclass(frozen=True)
 class WaitHistogram:
     """A cumulative histogram of waits: ``buckets[i]`` counts waits ``<= WAIT_BUCKETS[i]``.
@@ -111,7 +110,7 @@ class WaitHistogram:
 
 @dataclass(frozen=True)
 class LedgerTotals:
-    """Counts over every reservation the ledger has kept: they only grow (no row is ever deleted).
+    """Counts over every reservation the ledger has kept (pruned ones included): they only grow.
 
     :param ended: ended reservations by final state (every state of :data:`ENDED_STATES`)
     :param grants: reservations ever granted
@@ -127,26 +126,9 @@ class LedgerTotals:
     waited_timed_out: WaitHistogram
 
 
-def _wait_histogram(
-    conn: Connection, waited: ColumnElement[float], where: ColumnElement[bool]
-) -> WaitHistogram:
-    """Count waits into the buckets in one aggregate query.
-
-    :param conn: an open read transaction
-    :param waited: the wait of one row, seconds
-    :param where: which rows
-    """
-    from sqlalchemy import case, func, select
-
-    from airflow_gpupool.ledger import schema
-
-    columns = [func.sum(case((waited <= bound, 1), else_=0)) for bound in WAIT_BUCKETS]
-    row = conn.execute(
-        select(func.count(), func.coalesce(func.sum(waited), 0.0), *columns)
-        .select_from(schema.reservations)
-        .where(where)
-    ).one()
-    return WaitHistogram(tuple(int(n or 0) for n in row[2:]), int(row[0]), float(row[1]))
+def _histogram(counts: dict[str, int], name: str) -> WaitHistogram:
+    buckets = tuple(counts[f"wait.{name}.le.{bound:g}"] for bound in WAIT_BUCKETS)
+    return WaitHistogram(buckets, counts[f"wait.{name}.count"], counts[f"wait.{name}.sum_ms"] / 1000)
 
 
 def ledger_totals(url: str) -> LedgerTotals:
@@ -154,22 +136,15 @@ def ledger_totals(url: str) -> LedgerTotals:
 
     :param url: the ledger's SQLAlchemy URL
     """
-    from sqlalchemy import func, select
-
-    from airflow_gpupool.exceptions import FailureClass
-    from airflow_gpupool.ledger import schema
     from airflow_gpupool.ledger.engine import read_transaction
+    from airflow_gpupool.ledger.history import cumulative_counts
 
-    r, a = schema.reservations.c, schema.task_attempts.c
-    ended = dict.fromkeys(ENDED_STATES, 0)
     with read_transaction(_engine(url)) as conn:
-        for state, count in conn.execute(
-            select(r.state, func.count()).where(r.state.in_(ENDED_STATES)).group_by(r.state)
-        ):
-            ended[state] = int(count)
-        grants = conn.execute(select(func.count()).where(r.granted_at.is_not(None))).scalar_one()
-        preempted = select(func.count()).where(a.failure_class == FailureClass.PREEMPTED.value)
-        preemptions = conn.execute(preempted).scalar_one()
-        granted = _wait_histogram(conn, r.granted_at - r.created_at, r.granted_at.is_not(None))
-        timed_out = _wait_histogram(conn, r.ended_at - r.created_at, r.state == "timed_out")
-    return LedgerTotals(ended, int(grants), int(preemptions), granted, timed_out)
+        counts = cumulative_counts(conn)
+    return LedgerTotals(
+        {state: counts[f"ended.{state}"] for state in ENDED_STATES},
+        counts["grants"],
+        counts["preemptions"],
+        _histogram(counts, "granted"),
+        _histogram(counts, "timed_out"),
+    )

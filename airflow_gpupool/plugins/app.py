@@ -3,9 +3,12 @@
 Mounted by :class:`~airflow_gpupool.plugins.gpupool.GpuPoolPlugin` at ``/gpupool`` on the
 Airflow API server:
 
-* ``GET /gpupool/`` the page (``?partial=1``: only its body, for the page's refresh)
+* ``GET /gpupool/`` the page (``?partial=1``: only its body, for the page's refresh; ``range``,
+  ``team``, ``pool``, ``state``, ``dag_id`` and ``page`` choose the use's range and the history;
+  ``open=<pool>`` (or ``*``) opens node pools of the map, ``rows=all`` shows every grant and waiter)
 * ``GET /gpupool/api/v1/snapshot`` nodes, GPUs, grants and the queue (with why each waits)
-* ``GET /gpupool/api/v1/history?limit=&state=`` recent reservations, newest first
+* ``GET /gpupool/api/v1/history?limit=&offset=&team=&pool=&state=&dag_id=`` the history, newest first
+* ``GET /gpupool/api/v1/usage?range=1h|24h|7d`` GPU-hours and share per team and pool, quotas
 * ``GET /gpupool/api/v1/series?hours=`` allocation and fragmentation over time
 * ``GET /gpupool/api/v1/explain/{reservation_id}`` why a reservation waits or how it ended
 * ``GET /gpupool/metrics`` Prometheus exposition
@@ -21,8 +24,9 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar, cast
 
 # FastAPI reads the route functions' annotations at runtime: what they name is imported here,
 # and this module is imported only when the app is built (see plugins.gpupool._LazyApp).
@@ -30,13 +34,15 @@ from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 
 from airflow_gpupool.plugins import URL_PREFIX
+from airflow_gpupool.plugins.history import PageView
 
 if TYPE_CHECKING:
     from airflow_gpupool.ledger import Ledger, LedgerSnapshot
 
-_ENDED = ("released", "expired", "timed_out", "cancelled")
 _STATIC = Path(__file__).parent / "static"
-_MAX_EXPLAINED = 50
+T = TypeVar("T")
+#: Waiters explained per reading (the head of the queue; each explanation places the request).
+_MAX_EXPLAINED = 20
 
 
 class FragmentationSampler:
@@ -82,11 +88,34 @@ def _default_ledger() -> Ledger:
     return GpuPoolHook().ledger
 
 
+@dataclass(frozen=True)
+class _Reading:
+    """One read of the ledger shared by the page, the JSON API and the metrics until it is stale."""
+
+    snapshot: LedgerSnapshot
+    fragmentation: float
+    explanations: dict[str, str]
+    read_at: float  # monotonic
+    #: What is computed from the reading once (the chart's series and the use per range, the facets).
+    derived: dict[tuple[Any, ...], Any] = field(default_factory=dict)
+
+
 class _State:
-    def __init__(self, ledger_factory: Callable[[], Ledger]) -> None:
+    """The app's ledger and its one cached reading per process.
+
+    :param snapshot_ttl: seconds a reading is served before the ledger is read again (0: always
+        read): at 1,000 nodes a snapshot takes about half a second, and every viewer's refresh
+        and every scrape would take it again
+    """
+
+    def __init__(self, ledger_factory: Callable[[], Ledger], snapshot_ttl: float = 5.0) -> None:
         self._factory = ledger_factory
         self._ledger: Ledger | None = None
         self._lock = threading.Lock()
+        self._reading_lock = threading.Lock()
+        self._reading: _Reading | None = None
+        self._derived_lock = threading.Lock()
+        self.snapshot_ttl = snapshot_ttl
         self.sampler = FragmentationSampler()
 
     def known_url(self) -> str | None:
@@ -99,26 +128,47 @@ class _State:
                 self._ledger = self._factory()
             return self._ledger
 
-    def snapshot(self) -> tuple[LedgerSnapshot, float]:
-        from airflow_gpupool.metrics.collector import fragmentation_ratio
+    def invalidate(self) -> None:
+        """Forget the cached reading: the next request reads the ledger."""
+        with self._reading_lock:
+            self._reading = None
 
-        snapshot = self.ledger().snapshot()
-        frag = fragmentation_ratio(snapshot)
-        self.sampler.add(snapshot.taken_at, snapshot.allocation, frag)
-        return snapshot, frag
+    def reading(self) -> _Reading:
+        """Return the cached reading, or read the ledger when it is older than ``snapshot_ttl``."""
+        # One reader at a time: viewers arriving while it reads get its reading, not a read of their own.
+        with self._reading_lock:
+            cached = self._reading
+            if cached is not None and time.monotonic() - cached.read_at < self.snapshot_ttl:
+                return cached
+            from airflow_gpupool.metrics.collector import fragmentation_ratio
+
+            snapshot = self.ledger().snapshot()
+            frag = fragmentation_ratio(snapshot)
+            self.sampler.add(snapshot.taken_at, snapshot.allocation, frag)
+            self._reading = _Reading(snapshot, frag, self._explain(snapshot), time.monotonic())
+            return self._reading
+
+    def derived(self, key: tuple[Any, ...], compute: Callable[[LedgerSnapshot], T]) -> T:
+        """Return ``compute(snapshot)`` of the current reading, computed once per reading and ``key``."""
+        reading = self.reading()
+        with self._derived_lock:
+            if key not in reading.derived:
+                reading.derived[key] = compute(reading.snapshot)
+            return cast("T", reading.derived[key])
+
+    def snapshot(self) -> tuple[LedgerSnapshot, float]:
+        reading = self.reading()
+        return reading.snapshot, reading.fragmentation
 
     def explanations(self, snapshot: LedgerSnapshot) -> dict[str, str]:
-        from airflow_gpupool.exceptions import GpuPoolError
+        reading = self.reading()
+        return reading.explanations if reading.snapshot is snapshot else self._explain(snapshot)
 
-        ledger = self.ledger()
-        out = {}
-        for r in snapshot.queue[:_MAX_EXPLAINED]:
-            try:
-                out[r.id] = ledger.explain(r.id)
-            except GpuPoolError:
-                # It left the queue since the snapshot; its stored message is what there is.
-                out[r.id] = r.message
-        return out
+    def _explain(self, snapshot: LedgerSnapshot) -> dict[str, str]:
+        waiting = snapshot.queue[:_MAX_EXPLAINED]
+        why = self.ledger().explain_many(r.id for r in waiting)
+        # One that left the queue since the snapshot: its stored message is what there is.
+        return {r.id: why.get(r.id, r.message) for r in waiting}
 
     def series(self, hours: float, snapshot: LedgerSnapshot | None = None) -> dict[str, Any]:
         from airflow_gpupool.metrics.stats import allocation_series, held_spans
@@ -141,34 +191,82 @@ class _State:
         }
 
 
+class _CachedLedger:
+    """What the metrics collector reads of a ledger (its URL and a snapshot), served from the cache."""
+
+    def __init__(self, state: _State) -> None:
+        self._state = state
+
+    @property
+    def url(self) -> str:
+        return self._state.ledger().url
+
+    def snapshot(self) -> LedgerSnapshot:
+        return self._state.reading().snapshot
+
+
 def _ui_base(root_path: str) -> str:
     # The page is mounted at <airflow base>/gpupool; the Airflow UI lives at <airflow base>/.
     return root_path[: -len(URL_PREFIX)] if root_path.endswith(URL_PREFIX) else ""
 
 
-def _body(state: _State, ui_base: str, hours: float) -> str:
-    from airflow_gpupool.ledger import ReservationState
+def _body(state: _State, ui_base: str, view: PageView) -> str:
+    from airflow_gpupool.ledger.history import LedgerHistory
+    from airflow_gpupool.ledger.usage import usage_report
     from airflow_gpupool.plugins import page
+    from airflow_gpupool.plugins.history import PAGE_SIZE, definitions_html, history_html, usage_html
+    from airflow_gpupool.plugins.pools import map_html
 
     snapshot, frag = state.snapshot()
     why = state.explanations(snapshot)
-    series = state.series(hours, snapshot)
-    history = state.ledger().history(states=[ReservationState(s) for s in _ENDED], limit=20)
-    nodes = (
-        "".join(page.node_html(n, snapshot, ui_base) for n in snapshot.nodes)
-        or '<p class="empty">No nodes.</p>'
-    )
+    series = state.derived(("series", view.hours), lambda s: state.series(view.hours, s))
+    ledger = state.ledger()
+    history = LedgerHistory(ledger)
+    entries = history.entries(view.where, limit=PAGE_SIZE, offset=(view.page - 1) * PAGE_SIZE)
+    facets = state.derived(("facets",), lambda _s: history.facets())
+    history_body = history_html(entries, history.count(view.where), view, facets, ui_base)
+    usage = state.derived(("usage", view.hours), lambda s: usage_report(ledger, s, view.hours))
+    nodes = map_html(snapshot, ui_base, view.opened, {"range": view.range_name, **view.where.to_dict()})
+    rows = None if view.all_rows else page.MAX_ROWS
     updated = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(snapshot.taken_at))
     return (
         f'<section class="summary">{page.summary_html(snapshot, frag)}'
         f'<div class="figure"><div class="k">Updated</div><div class="v small">{updated}</div></div></section>'
-        f'<section class="map"><h2>GPU map</h2><div class="nodes">{nodes}</div></section>'
+        f'<section class="map"><h2>GPU map</h2>{nodes}</section>'
         f'<section class="chart-box"><h2>Allocation and fragmentation</h2>'
-        f"{page.chart_svg(series['allocation'], series['fragmentation'], series['since'], series['until'])}</section>"
-        f'<section class="grants"><h2>Grants ({len(snapshot.grants)})</h2>{page.grants_html(snapshot, ui_base)}</section>'
-        f'<section class="queue"><h2>Queue ({len(snapshot.queue)})</h2>{page.queue_html(snapshot, why, ui_base)}</section>'
-        f'<section class="history"><h2>Recently ended</h2>{page.history_html(history, ui_base)}</section>'
+        f"{page.chart_svg(series['allocation'], series['fragmentation'], series['since'], series['until'])}"
+        f"{definitions_html(['Allocation', 'Fragmentation', 'MIG slice'])}</section>"
+        f'<section class="usage"><h2>Use per team and node pool, last {view.range_name}</h2>{usage_html(usage, view)}</section>'
+        f'<section class="grants"><h2>Grants ({len(snapshot.grants)})</h2>{page.grants_html(snapshot, ui_base, rows)}</section>'
+        f'<section class="queue"><h2>Queue ({len(snapshot.queue)})</h2>{page.queue_html(snapshot, why, ui_base, rows)}</section>'
+        f'<section class="history"><h2>History</h2>{history_body}</section>'
     )
+
+
+def page_view(
+    range_name: str = "24h",
+    team: str | None = None,
+    pool: str | None = None,
+    states: list[str] | None = None,
+    dag_id: str | None = None,
+    page_number: int = 1,
+) -> PageView:
+    """Return the view the page's query parameters choose, or answer 422 naming the bad one.
+
+    :param range_name: ``1h``, ``24h`` or ``7d``
+    :param states: reservation states (empty values ignored: the form's "any")
+    """
+    from airflow_gpupool.exceptions import InvalidRequestError
+    from airflow_gpupool.ledger.history import HistoryFilter
+    from airflow_gpupool.ledger.usage import RANGES
+
+    if range_name not in RANGES:
+        raise HTTPException(422, f"range={range_name!r}: choose one of {', '.join(RANGES)}")
+    try:
+        where = HistoryFilter(team or None, pool or None, tuple(s for s in states or () if s), dag_id or None)
+    except InvalidRequestError as e:
+        raise HTTPException(422, str(e)) from e
+    return PageView(range_name, where, page_number)
 
 
 def render_page(body: str) -> str:
@@ -187,15 +285,16 @@ def render_page(body: str) -> str:
     )
 
 
-def create_app(ledger_factory: Callable[[], Ledger] | None = None) -> FastAPI:
+def create_app(ledger_factory: Callable[[], Ledger] | None = None, *, snapshot_ttl: float = 5.0) -> FastAPI:
     """Build the FastAPI app.
 
     :param ledger_factory: returns the ledger to show (called once, on first use); default:
         the ledger of the ``gpupool_default`` connection, else ``[gpupool] ledger_url``
+    :param snapshot_ttl: seconds one ledger reading is shared by the page, the API and the metrics
     """
     from airflow.api_fastapi.core_api.security import get_user
 
-    state = _State(ledger_factory or _default_ledger)
+    state = _State(ledger_factory or _default_ledger, snapshot_ttl)
     app = FastAPI(
         title="GPU pool",
         description="The airflow-gpupool ledger: GPU map, grants, queue, history and metrics.",
@@ -226,48 +325,81 @@ def _add_error_handlers(app: FastAPI, state: _State) -> None:
     app.add_exception_handler(SQLAlchemyError, ledger_unavailable)
 
 
+#: The page's and the history API's filter parameters, as FastAPI reads them.
+RangeParam = Annotated[str, Query(alias="range")]
+StatesParam = Annotated[list[str] | None, Query(alias="state")]
+PageParam = Annotated[int, Query(alias="page", ge=1, le=100_000)]
+
+
 def _add_page_route(app: FastAPI, state: _State) -> None:
     @app.get("/", response_class=HTMLResponse)
     def index(
-        request: Request, partial: bool = False, hours: Annotated[float, Query(gt=0, le=24 * 14)] = 6.0
+        request: Request,
+        partial: bool = False,
+        range_name: RangeParam = "24h",
+        team: str | None = None,
+        pool: str | None = None,
+        states: StatesParam = None,
+        dag_id: str | None = None,
+        page_number: PageParam = 1,
+        opened: Annotated[list[str] | None, Query(alias="open", max_length=253)] = None,
+        rows: Annotated[str | None, Query(pattern="^all$")] = None,
     ) -> HTMLResponse:
-        body = _body(state, _ui_base(request.scope.get("root_path", "")), hours)
+        view = replace(
+            page_view(range_name, team, pool, states, dag_id, page_number),
+            opened=tuple(o for o in opened or () if o),
+            all_rows=rows == "all",
+        )
+        body = _body(state, _ui_base(request.scope.get("root_path", "")), view)
         return HTMLResponse(body if partial else render_page(body))
 
 
-def _reservation_body(state: _State, reservation_id: str, ui_base: str) -> str | None:
+def _reservation_body(state: _State, reservation_id: str, ui_base: str, task_try: str | None) -> str | None:
     """Return the body of a reservation's page, or ``None`` when the ledger has no such reservation.
 
     :param state: the app's state
     :param reservation_id: the reservation
     :param ui_base: the Airflow UI's path prefix
+    :param task_try: the try the extra link names (``dag/task/run/map-N/try-T``): when it has no
+        reservation of its own id, it adopted an earlier try's grant, whose page is shown
     """
-    from airflow_gpupool.exceptions import UnknownReservationError
     from airflow_gpupool.ledger import ReservationState
     from airflow_gpupool.ledger.attempts import TaskAttempts
+    from airflow_gpupool.ledger.history import LedgerHistory
     from airflow_gpupool.plugins.reservation import reservation_html
     from airflow_gpupool.task_try import TaskTry
 
     ledger = state.ledger()
-    try:
-        reservation = ledger.get(reservation_id)
-    except UnknownReservationError:
+    reservation = ledger.get_or_none(reservation_id)
+    asked = TaskTry.from_holder(task_try) if task_try else None
+    adopted_by = None
+    if reservation is None and asked is not None:
+        adopted = LedgerHistory(ledger).held_by(asked)
+        reservation = ledger.get_or_none(adopted) if adopted else None
+        adopted_by = asked
+    if reservation is None:
         return None
     waiting = reservation.state is ReservationState.WAITING
-    explanation = ledger.explain(reservation_id) if waiting else None
+    explanation = ledger.explain(reservation.id) if waiting else None
     ref = TaskTry.from_holder(reservation.holder)
     attempts = [
         a
         for a in (TaskAttempts(ledger).history(ref.task_key) if ref else [])
-        if a.reservation_id == reservation_id
+        if a.reservation_id == reservation.id
     ]
-    return reservation_html(reservation, explanation, attempts, ui_base, ledger.now())
+    return reservation_html(reservation, explanation, attempts, ui_base, ledger.now(), adopted_by=adopted_by)
 
 
 def _add_reservation_route(app: FastAPI, state: _State) -> None:
     @app.get("/reservations/{reservation_id}", response_class=HTMLResponse)
-    def reservation_page(request: Request, reservation_id: str, partial: bool = False) -> HTMLResponse:
-        body = _reservation_body(state, reservation_id, _ui_base(request.scope.get("root_path", "")))
+    def reservation_page(
+        request: Request,
+        reservation_id: str,
+        partial: bool = False,
+        task_try: Annotated[str | None, Query(alias="try", max_length=512)] = None,
+    ) -> HTMLResponse:
+        ui_base = _ui_base(request.scope.get("root_path", ""))
+        body = _reservation_body(state, reservation_id, ui_base, task_try)
         if body is None:
             raise HTTPException(status_code=404, detail=f"no reservation {reservation_id} in the ledger")
         return HTMLResponse(body if partial else render_page(body))
@@ -289,19 +421,34 @@ def _add_api_routes(app: FastAPI, state: _State) -> None:
     @app.get("/api/v1/history")
     def api_history(
         limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-        state_filter: Annotated[list[str] | None, Query(alias="state")] = None,
+        offset: Annotated[int, Query(ge=0)] = 0,
+        team: str | None = None,
+        pool: str | None = None,
+        states: StatesParam = None,
+        dag_id: str | None = None,
     ) -> dict[str, Any]:
-        from airflow_gpupool.ledger import ReservationState
+        from airflow_gpupool.ledger.history import LedgerHistory
 
-        try:
-            states = [ReservationState(s) for s in state_filter] if state_filter else None
-        except ValueError as e:
-            raise HTTPException(422, str(e)) from e
-        return {"reservations": [r.to_dict() for r in state.ledger().history(states=states, limit=limit)]}
+        where = page_view(team=team, pool=pool, states=states, dag_id=dag_id).where
+        history = LedgerHistory(state.ledger())
+        entries = history.entries(where, limit=limit, offset=offset)
+        return {
+            "filter": where.to_dict(),
+            "total": history.count(where),
+            "offset": offset,
+            "reservations": [e.to_dict() for e in entries],
+        }
+
+    @app.get("/api/v1/usage")
+    def api_usage(range_name: RangeParam = "24h") -> dict[str, Any]:
+        from airflow_gpupool.ledger.usage import usage_report
+
+        hours = page_view(range_name).hours
+        return state.derived(("usage", hours), lambda s: usage_report(state.ledger(), s, hours)).to_dict()
 
     @app.get("/api/v1/series")
     def api_series(hours: Annotated[float, Query(gt=0, le=24 * 14)] = 6.0) -> dict[str, Any]:
-        return state.series(hours)
+        return state.derived(("series", hours), lambda s: state.series(hours, s))
 
     @app.get("/api/v1/explain/{reservation_id}")
     def api_explain(reservation_id: str) -> dict[str, str]:
@@ -319,5 +466,6 @@ def _add_metrics_route(app: FastAPI, state: _State) -> None:
         from airflow_gpupool.metrics.collector import GpuPoolCollector
 
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(GpuPoolCollector(state.ledger))
+        # The collector reads a URL and a snapshot: the process's cached reading stands in for the ledger.
+        registry.register(GpuPoolCollector(cast("Ledger", _CachedLedger(state))))
         return PlainTextResponse(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

@@ -17,6 +17,10 @@ from airflow_gpupool.task_try import TaskTry
 
 if TYPE_CHECKING:
     from airflow_gpupool.ledger import LedgerSnapshot, NodeRecord, Reservation
+    from airflow_gpupool.plugins.pools import SnapshotIndex
+
+#: Rows the grants and queue tables show (the JSON API has them all): long tables are paged.
+MAX_ROWS = 100
 
 UNHEALTHY = ("quarantined", "cordoned", "draining")
 
@@ -52,17 +56,26 @@ def holder_html(holder: str, ui_base: str) -> str:
     ref = TaskTry.from_holder(holder)
     if ref is None:
         return f'<span class="holder">{escape(holder)}</span>'
-    label = f"{ref.dag_id} / {ref.task_id}" + (f" [{ref.map_index}]" if ref.map_index >= 0 else "")
+    label = task_label(ref)
     return (
         f'<a class="ti" data-airflow-link href="{escape(task_instance_url(ref, ui_base))}" '
         f'title="{escape(holder)}">{escape(label)}</a>'
     )
 
 
+def task_label(ref: TaskTry) -> str:
+    """Return a try as people read it: ``train_dag / fit [3] · try 2`` (the map index when mapped).
+
+    :param ref: the try a holder names
+    """
+    mapped = f" [{ref.map_index}]" if ref.map_index >= 0 else ""
+    return f"{ref.dag_id} / {ref.task_id}{mapped} · try {ref.try_number}"
+
+
 def _segment(r: Reservation, milli: int, label: str, ui_base: str) -> str:
     team = r.request.team
     ref = TaskTry.from_holder(r.holder)
-    who = f"{ref.dag_id} / {ref.task_id}" if ref else r.holder
+    who = task_label(ref) if ref else r.holder
     title = f"{team} · {who} · {label} · {r.id}"
     body = f'<span class="team">{escape(team)}</span> <span class="who">{escape(who)}</span>'
     if ref is not None:
@@ -73,8 +86,23 @@ def _segment(r: Reservation, milli: int, label: str, ui_base: str) -> str:
     )
 
 
-def _free_segment(milli: int, label: str = "free") -> str:
-    return f'<div class="seg free" style="flex-basis:{milli / 10:.2f}%" title="{escape(label)}">{escape(label)}</div>'
+def _free_segment(milli: int, label: str = "free", title: str | None = None) -> str:
+    return (
+        f'<div class="seg free" style="flex-basis:{milli / 10:.2f}%" title="{escape(title or label)}">'
+        f"{escape(label)}</div>"
+    )
+
+
+def _mig_layout(held: Sequence[Reservation], mig_free: Sequence[tuple[str, str]]) -> str:
+    """Spell a MIG GPU's slices out under its bar (``3g.40gb × 2: 1 held, 1 free``): the bar is too narrow."""
+    counts: dict[str, list[int]] = {}
+    for r in held:
+        profile = str(r.grant.mig_profile if r.grant else "")
+        counts.setdefault(profile, [0, 0])[0] += 1
+    for _slice_id, profile in mig_free:
+        counts.setdefault(profile, [0, 0])[1] += 1
+    parts = [f"{escape(p)} × {h + f}: {h} held, {f} free" for p, (h, f) in sorted(counts.items())]
+    return f'<div class="mig-layout">{" · ".join(parts)}</div>'
 
 
 def gpu_html(
@@ -100,9 +128,10 @@ def gpu_html(
             profile = str(g.mig_profile if g else "")
             milli = MIG_PROFILES[profile].milli if profile in MIG_PROFILES else 0
             segments.append(_segment(r, milli, f"MIG {profile}", ui_base))
-        for _slice_id, profile in mig_free:
+        for slice_id, profile in mig_free:
             milli = MIG_PROFILES[profile].milli if profile in MIG_PROFILES else 0
-            segments.append(_free_segment(milli, f"free {profile}"))
+            # The compute part (``1g``) fits a seventh of a bar; the whole name is in the title.
+            segments.append(_free_segment(milli, profile.split(".")[0], f"free MIG {profile} ({slice_id})"))
     else:
         used = 0
         for r in held:
@@ -119,7 +148,8 @@ def gpu_html(
     return (
         f'<div class="gpu" data-node="{escape(node.name)}" data-gpu="{idx}">'
         f'<div class="gpu-label">GPU {idx} · {escape(str(gpu["model"]))} · {mem}{mig}{_observed(gpu)}</div>'
-        f'<div class="bar">{"".join(segments)}</div></div>'
+        f'<div class="bar">{"".join(segments)}</div>'
+        f"{_mig_layout(held, mig_free) if gpu['partitioned'] else ''}</div>"
     )
 
 
@@ -138,22 +168,22 @@ def _observed(gpu: Mapping[str, Any]) -> str:
     return "".join(f" · {p}" for p in parts)
 
 
-def node_html(node: NodeRecord, snapshot: LedgerSnapshot, ui_base: str) -> str:
+def node_html(
+    node: NodeRecord, snapshot: LedgerSnapshot, ui_base: str, index: SnapshotIndex | None = None
+) -> str:
     """Return one node's card: its health, heartbeat and GPUs.
 
     :param node: the node
     :param snapshot: the snapshot it comes from (grants and free MIG slices)
     :param ui_base: the Airflow UI's path prefix
+    :param index: the snapshot's grants and free MIG slices by node (built here when not given)
     """
-    by_gpu: dict[int, list[Reservation]] = {}
-    for r in snapshot.grants:
-        if r.grant is not None and r.grant.node == node.name:
-            for i in r.grant.gpu_indices:
-                by_gpu.setdefault(i, []).append(r)
-    mig_free: dict[int, tuple[tuple[str, str], ...]] = {}
-    for state in snapshot.cluster.nodes:
-        if state.name == node.name:
-            mig_free = {g.index: g.mig_free for g in state.gpus}
+    if index is None:
+        from airflow_gpupool.plugins.pools import SnapshotIndex
+
+        index = SnapshotIndex.of(snapshot)
+    by_gpu = index.grants.get(node.name, {})
+    mig_free = index.mig_free.get(node.name, {})
     health = escape(node.health)
     beat = (
         f"heartbeat {duration(snapshot.taken_at - node.heartbeat_at)} ago"
@@ -173,7 +203,14 @@ def node_html(node: NodeRecord, snapshot: LedgerSnapshot, ui_base: str) -> str:
     )
 
 
-def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], empty: str, css: str) -> str:
+def table_html(headers: Sequence[str], rows: Sequence[Sequence[str]], empty: str, css: str) -> str:
+    """Return a table of already escaped cells, or the ``empty`` text when there are no rows.
+
+    :param headers: the column titles
+    :param rows: the cells (HTML) of each row
+    :param empty: what to say when there are no rows
+    :param css: the table's class
+    """
     if not rows:
         return f'<p class="empty">{escape(empty)}</p>'
     head = "".join(f"<th>{escape(h)}</th>" for h in headers)
@@ -200,11 +237,18 @@ def _lease_left(r: Reservation, now: float) -> str:
     return f'<span class="state s-orphaned">orphaned</span> pod <code>{pod}</code>'
 
 
-def grants_html(snapshot: LedgerSnapshot, ui_base: str) -> str:
-    """Return the table of live grants.
+def _more(shown: int, total: int) -> str:
+    if shown >= total:
+        return ""
+    return f'<p class="more">Showing {shown} of {total}: all are in <a href="api/v1/snapshot">the JSON API</a>.</p>'
+
+
+def grants_html(snapshot: LedgerSnapshot, ui_base: str, max_rows: int | None = MAX_ROWS) -> str:
+    """Return the table of live grants (the first ``max_rows``).
 
     :param snapshot: a ledger snapshot
     :param ui_base: the Airflow UI's path prefix
+    :param max_rows: at most this many rows (None: all)
     """
     now = snapshot.taken_at
     rows = [
@@ -218,18 +262,21 @@ def grants_html(snapshot: LedgerSnapshot, ui_base: str) -> str:
             duration(now - r.grant.granted_at) if r.grant else "",
             _lease_left(r, now),
         ]
-        for r in snapshot.grants
+        for r in snapshot.grants[:max_rows]
     ]
     headers = ["ID", "Task", "Team", "Class", "Slice", "Where", "Held", "Lease left"]
-    return _table(headers, rows, "No grants.", "grants")
+    return table_html(headers, rows, "No grants.", "grants") + _more(len(rows), len(snapshot.grants))
 
 
-def queue_html(snapshot: LedgerSnapshot, why: Mapping[str, str], ui_base: str) -> str:
+def queue_html(
+    snapshot: LedgerSnapshot, why: Mapping[str, str], ui_base: str, max_rows: int | None = MAX_ROWS
+) -> str:
     """Return the queue table: position, what is asked, the wait so far and why it waits.
 
     :param snapshot: a ledger snapshot
     :param why: :meth:`~airflow_gpupool.ledger.Ledger.explain` of each waiting reservation
     :param ui_base: the Airflow UI's path prefix
+    :param max_rows: at most this many rows, the head of the queue (None: all)
     """
     now = snapshot.taken_at
     rows = [
@@ -243,32 +290,10 @@ def queue_html(snapshot: LedgerSnapshot, why: Mapping[str, str], ui_base: str) -
             duration(now - r.created_at),
             f'<span class="why">{escape(why.get(r.id) or r.message)}</span>',
         ]
-        for r in snapshot.queue
+        for r in snapshot.queue[:max_rows]
     ]
     headers = ["#", "ID", "Task", "Team", "Priority", "Asks", "Waiting", "Why it waits"]
-    return _table(headers, rows, "Nobody is waiting.", "queue")
-
-
-def history_html(history: Sequence[Reservation], ui_base: str) -> str:
-    """Return the table of recently ended reservations.
-
-    :param history: ended reservations, newest first
-    :param ui_base: the Airflow UI's path prefix
-    """
-    rows = [
-        [
-            f"<code>{escape(r.id[:12])}</code>",
-            holder_html(r.holder, ui_base),
-            escape(r.request.team),
-            escape(r.request.describe()),
-            f'<span class="state s-{escape(r.state.value)}">{escape(r.state.value)}</span>',
-            escape(r.message),
-        ]
-        for r in history
-    ]
-    return _table(
-        ["ID", "Task", "Team", "Slice", "Outcome", "Message"], rows, "No ended reservations yet.", "history"
-    )
+    return table_html(headers, rows, "Nobody is waiting.", "queue") + _more(len(rows), len(snapshot.queue))
 
 
 def _polyline(points: Sequence[tuple[float, float]], t0: float, t1: float, width: int, height: int) -> str:
@@ -296,7 +321,7 @@ def chart_svg(
     grid = "".join(
         f'<line x1="0" x2="{w}" y1="{h - p * h:.0f}" y2="{h - p * h:.0f}" class="grid"/>'
         f'<text x="2" y="{h - p * h - 2:.0f}" class="axis">{int(p * 100)}%</text>'
-        for p in (0.25, 0.5, 0.75, 1.0)
+        for p in (0.25, 0.5, 0.75)
     )
     lines = f'<polyline class="alloc" points="{_polyline(allocation, t0, t1, w, h)}"/>'
     if len(fragmentation) == 1:
@@ -307,9 +332,37 @@ def chart_svg(
     return (
         f'<svg class="chart" viewBox="0 0 {w} {h}" preserveAspectRatio="none" role="img" '
         f'aria-label="GPU allocation and fragmentation over the last {duration(t1 - t0)}">{grid}{lines}</svg>'
+        f"{_time_axis(t0, t1)}"
         f'<div class="legend"><span class="l-alloc">allocation</span> <span class="l-frag">fragmentation</span>'
-        f" · {_clock(t0)} to {_clock(t1)} UTC (last {duration(t1 - t0)})</div>"
+        f" · 0–100 % of the GPUs · {_clock(t0)} to {_clock(t1)} UTC (last {duration(t1 - t0)})</div>"
     )
+
+
+#: Tick steps of the time axis, in seconds: the first that gives at most 6 ticks is used.
+_TICK_STEPS = (60, 300, 600, 1800, 3600, 3 * 3600, 6 * 3600, 12 * 3600, 86400)
+
+
+def time_ticks(t0: float, t1: float) -> list[float]:
+    """Return round times between ``t0`` and ``t1`` for the chart's time axis (at most 6).
+
+    :param t0: left edge, seconds since the epoch
+    :param t1: right edge
+    """
+    span = max(t1 - t0, 1.0)
+    step = next((s for s in _TICK_STEPS if span / s <= 6), 86400 * (1 + int(span // (6 * 86400))))
+    first = -(-t0 // step) * step
+    return [first + i * step for i in range(int((t1 - first) // step) + 1)]
+
+
+def _time_axis(t0: float, t1: float) -> str:
+    # HTML under the SVG: text inside a preserveAspectRatio="none" chart would be stretched.
+    span = (t1 - t0) or 1.0
+    fmt = "%d %b %H:%M" if t1 - t0 > 86400 else "%H:%M"
+    ticks = "".join(
+        f'<span style="left:{(t - t0) / span * 100:.1f}%">{time.strftime(fmt, time.gmtime(t))}</span>'
+        for t in time_ticks(t0, t1)
+    )
+    return f'<div class="xaxis" aria-hidden="true">{ticks}</div>'
 
 
 def _clock(at: float) -> str:

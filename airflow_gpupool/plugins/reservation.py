@@ -15,6 +15,7 @@ from airflow_gpupool.plugins.page import duration, holder_html
 if TYPE_CHECKING:
     from airflow_gpupool.ledger.attempts import TaskAttempt
     from airflow_gpupool.ledger.models import Reservation
+    from airflow_gpupool.task_try import TaskTry
 
 
 def _clock(at: float | None) -> str:
@@ -63,7 +64,13 @@ def reservation_facts(r: Reservation, now: float) -> list[tuple[str, str]]:
 
 
 def reservation_html(
-    r: Reservation, explanation: str | None, attempts: Sequence[TaskAttempt], ui_base: str, now: float
+    r: Reservation,
+    explanation: str | None,
+    attempts: Sequence[TaskAttempt],
+    ui_base: str,
+    now: float,
+    *,
+    adopted_by: TaskTry | None = None,
 ) -> str:
     """Return the body of a reservation's page.
 
@@ -72,6 +79,7 @@ def reservation_html(
     :param attempts: the failure records of this reservation's task try
     :param ui_base: the Airflow UI's path prefix
     :param now: the current time
+    :param adopted_by: the try whose link led here, when it adopted this earlier try's grant
     """
     rows = "".join(f"<dt>{escape(t)}</dt><dd>{escape(v)}</dd>" for t, v in reservation_facts(r, now))
     why = f'<p class="why">{escape(explanation)}</p>' if explanation else ""
@@ -80,8 +88,14 @@ def reservation_html(
         for a in attempts
     )
     tries = f'<h3>Failure record</h3><ul class="attempts">{failed}</ul>' if failed else ""
+    adopted = (
+        f'<p class="adopted">Try {adopted_by.try_number} re-attached to the pod of an earlier try and '
+        f"adopted its grant: this is that reservation.</p>"
+        if adopted_by is not None
+        else ""
+    )
     return (
         f'<section class="reservation"><h2>Reservation <code>{escape(r.id)}</code></h2>'
         f'<p>{holder_html(r.holder, ui_base)} · <a href="../">back to the GPU pool</a></p>'
-        f'<dl class="facts">{rows}</dl>{why}{tries}</section>'
+        f'{adopted}<dl class="facts">{rows}</dl>{why}{tries}</section>'
     )

@@ -109,7 +109,14 @@ def test_page_renders_the_gpu_map(server: str, viewport: tuple[int, int], name: 
             page.on("pageerror", lambda e: errors.append(str(e)))
             page.goto(server, wait_until="load")
             nodes = page.locator("article.node")
-            assert nodes.evaluate_all("els => els.map(e => e.dataset.node)") == ["a100-1", "a100-mig", "t4-1"]
+            # Grouped by node pool (a small cluster opens every pool), each pool's nodes by name.
+            pools = page.locator("div.pool").evaluate_all("els => els.map(e => e.dataset.pool)")
+            assert pools == ["infer", "mig", "train"]
+            assert nodes.evaluate_all("els => els.map(e => e.dataset.node)") == ["t4-1", "a100-mig", "a100-1"]
+            assert (
+                "1 node · 2 GPUs · 1.25 held (62%) · 2 grants"
+                in page.locator('div.pool[data-pool="train"]').inner_text()
+            )
             assert page.locator("article.node.health-quarantined").get_attribute("data-node") == "t4-1"
             assert page.locator(".gpu").count() == 4
             held = page.locator(".seg.held").evaluate_all("els => els.map(e => e.dataset.reservation)")

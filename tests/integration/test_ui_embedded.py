@@ -2,14 +2,19 @@
 
 Airflow 3 shows an external view in an iframe sandboxed without top navigation
 (``allow-scripts allow-same-origin allow-forms allow-downloads``), so a ``target="_top"`` link
-does nothing there. This test starts ``airflow api-server`` with the plugin, opens the page from
-Airflow's navigation (``/plugin/gpupool``), clicks a task link inside the iframe, and checks
-that the Airflow UI itself went to that task instance's page. Screenshots go to
-``test-artifacts/``. Needs Chromium and playwright as ``test_ui_browser.py`` does.
+does nothing there. The ledger is populated for real: a ``GpuPodOperator`` DAG runs with
+``dag.test()`` against the Kubernetes emulator (its try pushes the "GPU reservation" extra
+link), then teams hold and release slices. This test starts ``airflow api-server`` with the
+plugin, opens the page from Airflow's navigation (``/plugin/gpupool``), chooses a range and
+filters the history inside the iframe, clicks a task link there, checks that the Airflow UI
+itself went to that task instance's page, and clicks its "GPU reservation" extra link, which
+opens that try's reservation page. Screenshots go to ``test-artifacts/``. Needs Chromium and
+playwright as ``test_ui_browser.py`` does.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -18,13 +23,19 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+from urllib.parse import quote
 
 import pytest
 
+from airflow_gpupool.ledger import Ledger
+from airflow_gpupool.resources import GpuRequest
+from airflow_gpupool.task_try import TaskTry
+from tests.integration.conftest import ledger_inventory
 from tests.integration.test_ui_browser import ARTIFACTS, CHROMIUM, require_browser
-from tests.unit.metrics.scenario import build_pool
+from tests.unit.metrics.scenario import TRAIN_HOLDER
 
-TASK_URL = "/dags/train_dag/runs/manual__2027-01-15T10%3A00%3A00%2B00%3A00/tasks/fit"
+DAG_ID = "gpu_bind_whole"  # tests/integration/dags: one GpuPodOperator task, "train"
 pytestmark = pytest.mark.slow
 
 
@@ -34,12 +45,34 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _populate(url: str, dagbag: Any) -> str:
+    """Run the DAG's GpuPodOperator for real, then let teams hold and release slices; return its run id."""
+    ledger = Ledger.create(url)
+    ledger.upsert_nodes(ledger_inventory())
+    extra = {
+        "ledger_url": url,
+        "poll_interval_seconds": 0.2,
+        "node_pool_bindings": "a100-mig=mig,t4-shared=hami",
+    }
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("AIRFLOW_CONN_GPUPOOL_DEFAULT", json.dumps({"conn_type": "gpupool", "extra": extra}))
+        dag_run = dagbag.get_dag(DAG_ID).test()
+    assert str(dag_run.get_task_instances()[0].state) == "success"
+    for n, team in enumerate(["vision", "nlp", "nlp", "speech"]):
+        holder = TaskTry(f"{team}_dag", "step", f"manual__{n}", -1, 1, "w").holder
+        done = ledger.reserve(GpuRequest(gpu_milli=500, team=team), holder, reservation_id=f"r-{team}-{n}")
+        ledger.release(done.id)
+    ledger.reserve(GpuRequest(gpus=1, team="vision"), TRAIN_HOLDER, reservation_id="r-train", ttl=3600)
+    ledger.close()
+    return str(dag_run.run_id)
+
+
 @pytest.fixture(scope="module")
-def airflow_ui(airflow_db: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Serve the Airflow UI with the GPU pool plugin over the scenario ledger; return its base URL."""
+def airflow_ui(dagbag: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """Serve the Airflow UI with the GPU pool plugin over a populated ledger; return its base URL and run id."""
     require_browser()
     ledger_url = f"sqlite:///{tmp_path_factory.mktemp('embedded')}/ledger.db"
-    build_pool(ledger_url).ledger.close()
+    run_id = _populate(ledger_url, dagbag)
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW_CONN_GPUPOOL")}
     root = str(Path(__file__).resolve().parents[2])
@@ -67,7 +100,7 @@ def airflow_ui(airflow_db: None, tmp_path_factory: pytest.TempPathFactory) -> It
                         f"airflow api-server did not start (see {ARTIFACTS / 'embedded-api-server.log'})"
                     )
                 time.sleep(0.5)
-        yield base
+        yield base, run_id
     finally:
         server.terminate()
         try:
@@ -77,10 +110,11 @@ def airflow_ui(airflow_db: None, tmp_path_factory: pytest.TempPathFactory) -> It
         log.close()
 
 
-@pytest.mark.timeout(240)
-def test_a_task_link_in_the_embedded_page_opens_the_task_in_airflow(airflow_ui: str) -> None:
-    from playwright.sync_api import sync_playwright
+@pytest.mark.timeout(300)
+def test_the_embedded_page_filters_and_its_links_open_airflow_pages(airflow_ui: tuple[str, str]) -> None:
+    from playwright.sync_api import expect, sync_playwright
 
+    base, run_id = airflow_ui
     args = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"]
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=args, headless=True)
@@ -88,7 +122,7 @@ def test_a_task_link_in_the_embedded_page_opens_the_task_in_airflow(airflow_ui: 
             page = browser.new_page(viewport={"width": 1366, "height": 900})
             blocked: list[str] = []
             page.on("console", lambda m: blocked.append(m.text) if "Unsafe attempt" in m.text else None)
-            page.goto(f"{airflow_ui}/plugin/gpupool", wait_until="networkidle")
+            page.goto(f"{base}/plugin/gpupool", wait_until="networkidle")
             iframe = page.locator("iframe")
             # The sandbox this page must work in: no top navigation, no pop-ups.
             assert (
@@ -98,16 +132,49 @@ def test_a_task_link_in_the_embedded_page_opens_the_task_in_airflow(airflow_ui: 
             frame = page.frame_locator("iframe")
             frame.locator("article.node").first.wait_for(timeout=30000)
             page.screenshot(path=str(ARTIFACTS / "gpupool-embedded.png"))
-            link = frame.locator('.seg[data-reservation="r-train"] a')
-            assert link.get_attribute("href") == TASK_URL
-            assert link.get_attribute("target") is None
 
+            # The per-team view over a chosen range: every team that held a slice, with its GPU-hours.
+            frame.locator("nav.ranges a", has_text="7d").click()
+            frame.locator("nav.ranges a.on", has_text="7d").wait_for(timeout=15000)
+            teams = frame.locator("table.by-team tbody tr").all_inner_texts()
+            assert [t.split()[0] for t in teams] == ["nlp", "speech", "vision"]
+            # The history, filtered by team through the page's own form.
+            frame.locator('form.filters select[name="team"]').select_option("nlp")
+            frame.locator("form.filters button").click()
+            rids = frame.locator("table.history a.rid")
+            expect(rids).to_have_count(2, timeout=15000)  # the filtered page has loaded
+            assert rids.evaluate_all("els => els.map(e => e.title)") == ["r-nlp-2", "r-nlp-1"]
+            assert frame.locator('select[name="team"] option[value="nlp"]').get_attribute("selected") == ""
+            frame.locator('form.filters select[name="team"]').select_option("")
+            frame.locator('form.filters select[name="dag_id"]').select_option(DAG_ID)
+            frame.locator("form.filters button").click()
+            row = frame.locator("table.history tbody tr")
+            expect(row).to_have_count(1, timeout=15000)
+            expect(row).to_contain_text("released")
+            page.screenshot(path=str(ARTIFACTS / "gpupool-embedded-filtered.png"), full_page=True)
+
+            # A task link inside the sandboxed iframe: the Airflow UI itself goes to the task instance.
+            link = row.locator("a.ti")
+            task_url = f"/dags/{DAG_ID}/runs/{quote(run_id, safe='')}/tasks/train"
+            assert link.get_attribute("href") == task_url and link.get_attribute("target") is None
             link.click()
-            page.wait_for_url(f"**{TASK_URL}", timeout=15000)
+            page.wait_for_url(f"**{task_url}", timeout=15000)
             # The Airflow UI routed there itself: its task-instance page, not our iframe.
-            page.get_by_text("Task", exact=True).first.wait_for(timeout=15000)
-            assert page.locator("iframe").count() == 0
-            page.screenshot(path=str(ARTIFACTS / "gpupool-embedded-after-click.png"))
+            expect(page.locator("iframe")).to_have_count(0, timeout=15000)
+            # Its "GPU reservation" extra link (Airflow lists a task's extra links under Details)
+            # opens this try's reservation page.
+            page.get_by_text("Details", exact=True).last.click()
+            extra = page.get_by_role("link", name="GPU reservation")
+            extra.wait_for(timeout=30000)
+            page.screenshot(path=str(ARTIFACTS / "gpupool-embedded-task.png"))
+            reservation_id = TaskTry(DAG_ID, "train", run_id, -1, 1).reservation_id
+            assert extra.get_attribute("target") == "_self"  # same origin: Airflow opens it in place
+            extra.click()
+            page.wait_for_url(f"**/gpupool/reservations/{reservation_id}?try=*", timeout=15000)
+            page.get_by_text(f"Reservation {reservation_id}").wait_for(timeout=15000)
+            assert "<dt>State</dt><dd>released</dd>" in page.content()
+            assert "<dt>Ran on</dt><dd>gpu-a100 (node pool a100), GPU 0,1" in page.content()
+            page.screenshot(path=str(ARTIFACTS / "gpupool-embedded-reservation.png"))
             assert blocked == []
         finally:
             browser.close()

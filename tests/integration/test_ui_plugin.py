@@ -23,6 +23,7 @@ from airflow_gpupool.ledger import Ledger
 from airflow_gpupool.plugins.app import create_app
 from airflow_gpupool.plugins.gpupool import GpuPoolPlugin
 from airflow_gpupool.plugins.holders import task_instance_url
+from airflow_gpupool.resources import GpuRequest
 from airflow_gpupool.task_try import TaskTry as TaskRef
 from airflow_gpupool.task_try import parse_holder
 from tests.unit.metrics.scenario import EMBED_HOLDER, TRAIN_HOLDER, Pool, build_pool
@@ -110,11 +111,53 @@ def test_snapshot_api(client: TestClient, pool: Pool) -> None:
 
 
 def test_history_api_filters_by_state(client: TestClient) -> None:
-    everything = client.get("/api/v1/history", params={"limit": 100}).json()["reservations"]
-    assert len(everything) == 9
+    everything = client.get("/api/v1/history", params={"limit": 100}).json()
+    assert len(everything["reservations"]) == 9 and everything["total"] == 9
     expired = client.get("/api/v1/history", params={"state": "expired"}).json()["reservations"]
     assert [r["id"] for r in expired] == ["r-expired"]
-    assert client.get("/api/v1/history", params={"state": "bogus"}).status_code == 422
+    assert expired[0]["outcome"] == "expired" and expired[0]["dag_id"] == "lost"
+    response = client.get("/api/v1/history", params={"state": "bogus"})
+    assert response.status_code == 422 and "state" in response.text
+
+
+def test_history_api_filters_by_team_pool_and_dag_and_pages(client: TestClient) -> None:
+    def ids(**params: object) -> list[str]:
+        return [r["id"] for r in client.get("/api/v1/history", params=params).json()["reservations"]]
+
+    assert ids(team="nlp") == ["r-mig", "r-embed"]
+    assert ids(pool="train") == ["r-embed", "r-train"]
+    assert ids(dag_id="embed_dag") == ["r-embed"]
+    assert ids(team="vision", state=["waiting"]) == ["r-wide2", "r-wide"]
+    assert ids(limit=2, offset=1) == ids(limit=3)[1:]
+    train = client.get("/api/v1/history", params={"dag_id": "train_dag"}).json()["reservations"][0]
+    assert (train["try_number"], train["pool"], train["held"], train["waited"]) == (1, "train", 120.0, 0.0)
+
+
+def test_usage_api_per_team_and_pool(client: TestClient) -> None:
+    data = client.get("/api/v1/usage", params={"range": "1h"}).json()
+    teams = {t["team"]: t["gpu_hours"] for t in data["teams"]}
+    # Held for the scenario's last 120 s: vision 1 GPU, nlp 0.25 GPU + a 3g.40gb slice (3/7 of an
+    # A100); the expired T4 grant of "default" held its GPU for 20 s, until it was reaped.
+    hour = 3600
+    assert teams == pytest.approx(
+        {"vision": 120 / hour, "nlp": (0.25 + 0.429) * 120 / hour, "default": 20 / hour}
+    )
+    assert {p["pool"]: p["gpus"] for p in data["pools"]} == {"infer": 1, "mig": 1, "train": 2}
+    pools = {p["pool"]: p["gpu_hours"] for p in data["pools"]}
+    assert pools == pytest.approx({"infer": 20 / hour, "mig": 0.429 * 120 / hour, "train": 1.25 * 120 / hour})
+    assert data["quotas"] == []
+    assert client.get("/api/v1/usage", params={"range": "2d"}).status_code == 422
+
+
+def test_the_page_filters_its_history_and_shows_the_range(client: TestClient) -> None:
+    html = client.get("/", params={"team": "nlp", "range": "7d"}).text
+    history = html[html.index('<section class="history">') :]
+    assert "r-embed" in history and "r-mig" in history and "r-train" not in history
+    assert '<option value="nlp" selected>' in history
+    assert "Use per team and node pool, last 7d" in html
+    assert '<a href="?range=7d&amp;team=nlp" class="range on">7d</a>' in html
+    assert "GPU-hours" in html and "What these mean" in html
+    assert client.get("/", params={"page": 0}).status_code == 422
 
 
 def test_series_api_steps_through_grants(client: TestClient, pool: Pool) -> None:
@@ -201,3 +244,60 @@ def test_an_unreadable_ledger_is_a_503_that_names_it(tmp_path: Path) -> None:
         assert response.json()["detail"].startswith(f"GPU ledger unavailable: no GPU ledger at {url}")
     metrics = client.get("/metrics")
     assert metrics.status_code == 200 and "gpupool_ledger_up 0.0" in metrics.text
+
+
+def test_a_big_cluster_shows_pools_closed_and_pages_its_tables(tmp_path: Path) -> None:
+    from tests.ledger_fixtures import node
+
+    ledger = Ledger.create(f"sqlite:///{tmp_path}/big.db", policy="bestfit")
+    ledger.upsert_nodes(
+        [node(f"a{i:02}", gpus=1, pool="a100") for i in range(20)]
+        + [node(f"t{i:02}", gpus=1, model="T4", pool="t4") for i in range(10)]
+    )
+    for i in range(140):  # more than the tables show: 30 grants, 110 waiting
+        ledger.reserve(GpuRequest(gpus=1), f"job{i}@h", timeout=600)
+    app = create_app(lambda: ledger)
+    app.dependency_overrides[get_user] = lambda: SimpleAuthManagerUser(username="viewer", role="viewer")
+    client = TestClient(app)
+    closed = client.get("/", params={"partial": 1}).text
+    assert closed.count('class="node ') == 0
+    assert '<b>a100</b> <span class="meta">20 nodes · 20 GPUs · 20 held (100%) · 20 grants' in closed
+    assert 'href="?range=24h&amp;open=t4">open</a>' in closed
+    opened = client.get("/", params={"partial": 1, "open": "t4"}).text
+    assert (
+        opened.count('class="node ') == 10 and 'data-node="t00"' in opened and 'data-node="a00"' not in opened
+    )
+    assert 'href="?range=24h">close</a>' in opened
+    everything = client.get("/", params={"partial": 1, "open": "*", "rows": "all"}).text
+    assert everything.count('class="node ') == 30
+    assert "Showing" not in everything and everything.count('<span class="why">') == 110
+    assert "Showing 100 of 110" in closed and closed.count('<span class="why">') == 100
+    ledger.close()
+
+
+def test_the_page_the_api_and_the_metrics_share_one_reading_per_process(tmp_path: Path) -> None:
+    from tests.ledger_fixtures import node
+
+    ledger = Ledger.create(f"sqlite:///{tmp_path}/cached.db", policy="bestfit")
+    ledger.upsert_nodes([node("a1", gpus=2)])
+    app = create_app(lambda: ledger, snapshot_ttl=3600)
+    app.dependency_overrides[get_user] = lambda: SimpleAuthManagerUser(username="viewer", role="viewer")
+    client = TestClient(app)
+
+    def grants_seen() -> tuple[int, int, str]:
+        api = len(client.get("/api/v1/snapshot").json()["grants"])
+        page = client.get("/", params={"partial": 1}).text.count("<td><code>")
+        metrics = client.get("/metrics").text
+        return (
+            api,
+            page,
+            next(line for line in metrics.splitlines() if line.startswith("gpupool_gpu_allocated_milli{")),
+        )
+
+    before = grants_seen()
+    ledger.reserve(GpuRequest(gpus=1), "job@h")
+    assert grants_seen() == before  # served from the one cached reading
+    app.state.gpupool.invalidate()
+    after = grants_seen()
+    assert after[:2] == (1, 1) and after[2] != before[2]
+    ledger.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -11,10 +12,13 @@ from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
 from airflow.api_fastapi.core_api.security import get_user
 from fastapi.testclient import TestClient
 
+from airflow_gpupool.ledger import Ledger
 from airflow_gpupool.operators import GpuPodOperator
 from airflow_gpupool.operators.links import GpuReservationLink
 from airflow_gpupool.plugins.app import create_app
+from airflow_gpupool.resources import GpuRequest
 from airflow_gpupool.task_try import TaskTry
+from tests.ledger_fixtures import node
 from tests.unit.metrics.scenario import Pool, build_pool
 
 
@@ -66,4 +70,29 @@ def test_the_extra_link_opens_the_page_of_the_tries_own_reservation() -> None:
     key = SimpleNamespace(dag_id="train_dag", task_id="fit", run_id="manual__1", map_index=-1, try_number=2)
     ti = SimpleNamespace(**vars(key), start_date=datetime.datetime.now(tz=datetime.UTC))
     expected = TaskTry.from_context({"ti": ti}).reservation_id  # what the operator reserves under
-    assert link.get_link(None, ti_key=key) == f"/gpupool/reservations/{expected}"  # type: ignore[arg-type]
+    url = link.get_link(None, ti_key=key)  # type: ignore[arg-type]
+    assert url == f"/gpupool/reservations/{expected}?try=train_dag%2Ffit%2Fmanual__1%2Fmap--1%2Ftry-2"
+
+
+def test_the_extra_link_of_a_retry_that_adopted_a_grant_opens_the_adopted_reservation(tmp_path: Path) -> None:
+    ledger = Ledger.create(f"sqlite:///{tmp_path}/ledger.db", policy="bestfit")
+    ledger.upsert_nodes([node("a100-1", gpus=1, model="A100", pool="train")])
+    first = TaskTry("adopt_dag", "fit", "manual__1", -1, 1, "w1")
+    ledger.reserve(GpuRequest(gpus=1), first.holder, ttl=600, reservation_id=first.reservation_id)
+    retry = TaskTry("adopt_dag", "fit", "manual__1", -1, 2, "w2")
+    ledger.adopt(first.reservation_id, retry.holder)  # what operators/reattach.py does
+    app = create_app(lambda: ledger)
+    app.dependency_overrides[get_user] = lambda: SimpleAuthManagerUser(username="viewer", role="viewer")
+    client = TestClient(app)
+    key = SimpleNamespace(dag_id="adopt_dag", task_id="fit", run_id="manual__1", map_index=-1, try_number=2)
+    url = GpuReservationLink().get_link(None, ti_key=key)  # type: ignore[arg-type]
+    assert url.startswith(f"/gpupool/reservations/{retry.reservation_id}?")
+    html = client.get(url.removeprefix("/gpupool")).text
+    assert f"Reservation <code>{first.reservation_id}</code>" in html
+    assert "Try 2 re-attached to the pod of an earlier try and adopted its grant" in html
+    # Without the try, the retry's own id is still unknown; a try that holds nothing is too.
+    assert client.get(f"/reservations/{retry.reservation_id}").status_code == 404
+    other = TaskTry("adopt_dag", "fit", "manual__1", -1, 3)
+    missing = client.get(f"/reservations/{other.reservation_id}", params={"try": other.holder.rstrip("@")})
+    assert missing.status_code == 404
+    ledger.close()

@@ -22,7 +22,7 @@ COMMANDS = {
     "reserve": [],
     "release": [],
     "reap": [],
-    "bench": ["ledger", "queue", "operator", "heartbeats"],
+    "bench": ["ledger", "queue", "operator", "heartbeats", "ui"],
     "simulate": [],
     "traces": ["fetch", "synth"],
     "emulator": [],

@@ -25,6 +25,7 @@ LAYERS = [
     {"inventory", "grants", "views"},
     {"ledger"},
     {"attempts", "quotas", "shared"},
+    {"history", "usage"},
     {"__init__"},
 ]
 RANK = {module: rank for rank, layer in enumerate(LAYERS) for module in layer}

@@ -1,0 +1,194 @@
+"""GPU-hours per team and node pool over a time range, from the reservations the ledger keeps.
+
+A grant counts from its grant to its end (or to ``until`` while it still holds) clipped to the
+range, times the milli-GPU it holds in the quota's units (:func:`~airflow_gpupool.ledger.quotas.grant_milli`:
+a MIG slice counts its compute share). Shares are of the GPU-hours used in the range; a pool's
+utilization is of its GPUs' hours (today's inventory: the ledger keeps no history of it).
+Stored quotas are listed next to what each team holds now: nominal, and borrowed (held above nominal).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import or_, select
+
+from airflow_gpupool.governance.quotas import gpu_milli_of_mig
+from airflow_gpupool.ledger import schema
+from airflow_gpupool.ledger.quotas import LedgerQuotas
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
+
+    from airflow_gpupool.ledger.ledger import Ledger
+    from airflow_gpupool.ledger.models import LedgerSnapshot
+
+__all__ = ["RANGES", "QuotaUse", "UsageReport", "usage_report"]
+
+#: The ranges the page offers, by name, in hours.
+RANGES = {"1h": 1.0, "24h": 24.0, "7d": 168.0}
+
+
+@dataclass(frozen=True)
+class QuotaUse:
+    """One stored quota next to what its team holds of that flavor now, in GPUs."""
+
+    team: str
+    flavor: str
+    nominal: float
+    held: float
+
+    @property
+    def borrowed(self) -> float:
+        """GPUs held above nominal (borrowed from the cohort)."""
+        return max(0.0, self.held - self.nominal)
+
+    @property
+    def unused(self) -> float:
+        """Nominal GPUs not held now (what the team may lend)."""
+        return max(0.0, self.nominal - self.held)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return primitives."""
+        return {
+            "team": self.team,
+            "flavor": self.flavor,
+            "nominal": self.nominal,
+            "held": self.held,
+            "borrowed": self.borrowed,
+            "unused": self.unused,
+        }
+
+
+@dataclass(frozen=True)
+class UsageReport:
+    """GPU-hours over ``[since, until]`` by ``(team, pool)``, the pools' GPU counts, and the quotas."""
+
+    since: float
+    until: float
+    gpu_hours: dict[tuple[str, str], float]
+    pool_gpus: dict[str, int]
+    quotas: tuple[QuotaUse, ...]
+
+    @property
+    def hours(self) -> float:
+        """The range's length in hours."""
+        return (self.until - self.since) / 3600
+
+    def by_team(self) -> dict[str, float]:
+        """GPU-hours per team, over all pools."""
+        out: dict[str, float] = defaultdict(float)
+        for (team, _pool), hours in self.gpu_hours.items():
+            out[team] += hours
+        return dict(sorted(out.items()))
+
+    def by_pool(self) -> dict[str, float]:
+        """GPU-hours per node pool (every pool of the inventory, 0 when unused)."""
+        out: dict[str, float] = dict.fromkeys(sorted(self.pool_gpus), 0.0)
+        for (_team, pool), hours in self.gpu_hours.items():
+            out[pool] = out.get(pool, 0.0) + hours
+        return out
+
+    @property
+    def total(self) -> float:
+        """GPU-hours used in the range, all teams and pools."""
+        return sum(self.gpu_hours.values())
+
+    def share(self, hours: float) -> float:
+        """Return ``hours`` as a share (0–1) of all GPU-hours used in the range."""
+        return hours / self.total if self.total > 0 else 0.0
+
+    def utilization(self, pool: str) -> float:
+        """Return the share (0–1) of the pool's GPU-hours that was held in the range."""
+        capacity = self.pool_gpus.get(pool, 0) * self.hours
+        return self.by_pool().get(pool, 0.0) / capacity if capacity > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return primitives (the JSON API's form)."""
+        teams = self.by_team()
+        pools = self.by_pool()
+        return {
+            "since": self.since,
+            "until": self.until,
+            "total_gpu_hours": self.total,
+            "teams": [{"team": t, "gpu_hours": h, "share": self.share(h)} for t, h in teams.items()],
+            "pools": [
+                {
+                    "pool": p,
+                    "gpus": self.pool_gpus.get(p, 0),
+                    "gpu_hours": h,
+                    "share": self.share(h),
+                    "utilization": self.utilization(p),
+                }
+                for p, h in pools.items()
+            ],
+            "team_pools": [
+                {"team": t, "pool": p, "gpu_hours": h, "share_of_pool": h / pools[p] if pools[p] else 0.0}
+                for (t, p), h in sorted(self.gpu_hours.items())
+            ],
+            "quotas": [q.to_dict() for q in self.quotas],
+        }
+
+
+def _milli(row: Any, models: dict[tuple[str, int], str]) -> int:
+    indices = json.loads(row.gpu_indices or "[]")
+    if row.mig_slice is not None:
+        profile = json.loads(row.request).get("mig_profile") or ""
+        model = models.get((row.node, indices[0])) if indices else None
+        return gpu_milli_of_mig(profile, model)
+    return len(indices) * int(row.milli_per_gpu or 0)
+
+
+def _gpu_hours(conn: Connection, since: float, until: float) -> dict[tuple[str, str], float]:
+    r, n, g = schema.reservations.c, schema.nodes.c, schema.gpus.c
+    rows = conn.execute(
+        select(
+            r.team,
+            r.node,
+            r.gpu_indices,
+            r.milli_per_gpu,
+            r.mig_slice,
+            r.request,
+            r.granted_at,
+            r.ended_at,
+            n.node_pool,
+        )
+        .select_from(schema.reservations.outerjoin(schema.nodes, n.name == r.node))
+        .where(r.granted_at.is_not(None), r.granted_at < until, or_(r.ended_at.is_(None), r.ended_at > since))
+    ).all()
+    models = (
+        {(row.node, row.idx): row.model for row in conn.execute(select(g.node, g.idx, g.model))}
+        if any(row.mig_slice is not None for row in rows)
+        else {}
+    )
+    out: dict[tuple[str, str], float] = defaultdict(float)
+    for row in rows:
+        seconds = min(row.ended_at if row.ended_at is not None else until, until) - max(row.granted_at, since)
+        if seconds > 0:
+            out[(row.team, row.node_pool or "(removed node)")] += _milli(row, models) / 1000 * seconds / 3600
+    return dict(out)
+
+
+def usage_report(ledger: Ledger, snapshot: LedgerSnapshot, hours: float) -> UsageReport:
+    """Return GPU-hours by team and pool over the ``hours`` before the snapshot, and the quotas' use now.
+
+    :param ledger: the ledger
+    :param snapshot: a snapshot of it: "now", the inventory's pools and the live grants
+    :param hours: the range's length
+    """
+    until = snapshot.taken_at
+    since = until - hours * 3600
+    used = ledger.read(lambda conn: _gpu_hours(conn, since, until))
+    pool_gpus: dict[str, int] = defaultdict(int)
+    for node in snapshot.nodes:
+        pool_gpus[node.node_pool] += len(node.gpus)
+    quotas = LedgerQuotas(ledger)
+    held = quotas.usage(snapshot.grants)
+    uses = tuple(
+        QuotaUse(q.team, str(q.flavor), q.nominal_milli / 1000, held.get((q.team, q.flavor), 0) / 1000)
+        for q in quotas.list().quotas
+    )
+    return UsageReport(since, until, used, dict(pool_gpus), uses)
