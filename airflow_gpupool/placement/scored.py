@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from airflow_gpupool.placement.explain import explain
-from airflow_gpupool.placement.fast import ShapeCache, pick
+from airflow_gpupool.placement.fast import NodeClasses, ShapeCache, pick
 from airflow_gpupool.placement.fit import EXCLUSIVE_CLASSES, fraction_memory
 from airflow_gpupool.placement.snapshot import ClusterSnapshot
 from airflow_gpupool.placement.table import NodeTable, seeded_rank
@@ -201,6 +201,7 @@ class ScoredPolicy:
         self._rank = np.zeros(0, dtype=np.int64)
         self.fast = self.fast_default if fast is None else bool(fast)
         self._shapes = ShapeCache()
+        self._classes = NodeClasses()
 
     def sync(self, snapshot: ClusterSnapshot) -> np.ndarray | None:
         """Update the table (and the subclass's per-node state); return the rows changed."""
@@ -257,7 +258,8 @@ class ScoredPolicy:
     ) -> Verdict:
         """Place as :meth:`place` does, rescoring only the nodes changed since the shape's last decision."""
         self._shapes.note(changed, self.table.size)
-        best = self._shapes.best(request, self._score_rows)
+        self._classes.note(self.table.nodes, changed)
+        best = self._shapes.best(request, self._score_rows, self._classes)
         prefer = (
             (lambda rows: preferred(self.table, request, rows, rows)) if request.prefer_node_labels else None
         )
