@@ -37,6 +37,9 @@ __all__ = ["BestPerNode", "NodeClasses", "ShapeCache", "pick", "shape_of"]
 MAX_SHAPES = 4096
 #: Fewer stale rows than this are scored as they are (grouping them costs more than it saves).
 GROUP_FROM = 16
+#: Up to this many stale rows are scored one by one in Python when the policy can (numpy's
+#: cost per call dominates below it).
+FEW_ROWS = 24
 
 
 def state_of(node: NodeState) -> tuple[Any, ...]:
@@ -125,6 +128,8 @@ class BestPerNode:
 
 
 Scorer = Callable[[GpuRequest, "np.ndarray | None"], "tuple[Candidates, np.ndarray, np.ndarray]"]
+#: Scores a request on a few rows: ``(row, primary, secondary, GPU column)`` of each row it fits.
+FewScorer = Callable[[GpuRequest, list[int]], list[tuple[int, float, float, int]]]
 
 
 class ShapeCache:
@@ -144,12 +149,19 @@ class ShapeCache:
         elif len(changed):
             self._changed_at[changed] = self.version
 
-    def best(self, request: GpuRequest, score: Scorer, classes: NodeClasses | None = None) -> BestPerNode:
+    def best(
+        self,
+        request: GpuRequest,
+        score: Scorer,
+        classes: NodeClasses | None = None,
+        few: FewScorer | None = None,
+    ) -> BestPerNode:
         """Return the best choice of ``request``'s shape on every node, rescoring what changed.
 
         :param score: scores the candidates of the request on the given rows (None: all rows)
             and returns them with their primary and secondary costs
         :param classes: the rows' states (None: score every stale row)
+        :param few: scores up to :data:`FEW_ROWS` rows without numpy (None: ``score`` does)
         """
         key = shape_of(request)
         kept = self._shapes.get(key)
@@ -169,7 +181,9 @@ class ShapeCache:
             if len(stale) == 0:
                 return kept
             rows = None if len(stale) * 4 > size else stale
-        if classes is not None and request.mig_profile is None:
+        if few is not None and rows is not None and len(rows) <= FEW_ROWS:
+            self._refresh_few(kept, request, rows.tolist(), few)
+        elif classes is not None and request.mig_profile is None:
             # MIG slices carry per-node ids: such nodes never share a state, nothing to group.
             self._refresh_grouped(kept, request, rows, score, classes)
         else:
@@ -178,6 +192,17 @@ class ShapeCache:
         if len(self._shapes) > MAX_SHAPES:
             self._shapes.popitem(last=False)
         return kept
+
+    def _refresh_few(self, kept: BestPerNode, request: GpuRequest, rows: list[int], few: FewScorer) -> None:
+        for i in rows:
+            kept.primary[i] = np.inf
+            kept.gpu[i] = -1
+            kept.mig.pop(i, None)
+        for i, primary, secondary, gpu in few(request, rows):
+            kept.primary[i] = primary
+            kept.secondary[i] = secondary
+            kept.gpu[i] = gpu
+        kept.version = self.version
 
     def _refresh_grouped(
         self,

@@ -16,8 +16,10 @@ from typing import Any
 
 import numpy as np
 
+from airflow_gpupool.placement.fast import FEW_ROWS, FewScorer
 from airflow_gpupool.placement.frag import DEFAULT_SHAPES, Fragmentation, TypicalShape
 from airflow_gpupool.placement.policy import register
+from airflow_gpupool.placement.scalar import FewRows
 from airflow_gpupool.placement.scored import Candidates, ScoredPolicy, first_per_free_value
 from airflow_gpupool.placement.snapshot import ClusterSnapshot
 from airflow_gpupool.resources import GpuKind, GpuRequest
@@ -50,8 +52,12 @@ class FragmentationPolicy(ScoredPolicy):
     def sync(self, snapshot: ClusterSnapshot) -> np.ndarray | None:
         """Sync the table and the per-node fragmentation of the changed nodes."""
         changed = super().sync(snapshot)
-        self.frag.refresh(self.table, changed)
+        self.refresh_fragmentation(changed)
         return changed
+
+    def refresh_fragmentation(self, changed: np.ndarray | None) -> None:
+        """Recompute the fragmentation of the ``changed`` rows (None: of every row)."""
+        self.frag.refresh(self.table, changed)
 
     def reduce(self, cand: Candidates) -> Candidates:
         """Score one GPU per distinct free value on each node."""
@@ -151,6 +157,11 @@ class GpuPoolPolicy(FragmentationPolicy):
         super().__init__(**options)
         self._gpus = np.zeros(0, dtype=np.int64)
         self._pressure = np.zeros(1)
+        self._few = FewRows(self)
+
+    def few_rows(self, request: GpuRequest) -> FewScorer | None:
+        """Score a few rows in plain Python where :mod:`~airflow_gpupool.placement.scalar` can."""
+        return self._few.score if FewRows.handles(self, request) else None
 
     def fragmentation(self, shapes: Sequence[TypicalShape]) -> Fragmentation:
         """Weigh shapes by a mix of their frequency and their GPU demand.
@@ -178,12 +189,27 @@ class GpuPoolPolicy(FragmentationPolicy):
             self._gpus = self.table.gpu_count()
             self._pressure = self.node_pressure()
         elif len(changed):
-            gpus = (self.table.gpu_model[changed] >= 0).sum(axis=1)
-            if np.any(gpus != self._gpus[changed]):  # a node's GPUs changed: what fits where too
-                self._gpus[changed] = gpus
+            nodes = self.table.nodes
+            rows = changed.tolist()
+            counts = self._gpus[changed].tolist()
+            if any(len(nodes[i].gpus) != n for i, n in zip(rows, counts, strict=True)):
+                # A node's GPUs changed: what fits where too, so every node's cost may have changed.
+                self._gpus[changed] = [len(nodes[i].gpus) for i in rows]
                 self._pressure = self.node_pressure()
-                return None  # every node's cost may have changed
+                return None
         return changed
+
+    def refresh_fragmentation(self, changed: np.ndarray | None) -> None:
+        """Recompute the changed rows' fragmentation, a few of them in plain Python."""
+        if (
+            self.fast
+            and changed is not None
+            and 0 < len(changed) <= FEW_ROWS
+            and len(self.frag.value) == self.table.size
+        ):
+            self._few.refresh(changed.tolist())
+        else:
+            super().refresh_fragmentation(changed)
 
     def costs(self, request: GpuRequest, cand: Candidates) -> tuple[np.ndarray, np.ndarray]:
         """Return the banded growth (fragmentation plus stranding) with the fit tie-break, and the GPU's free milli."""
