@@ -59,6 +59,7 @@ class FewRows:
         self.policy = policy
         self._shapes_for = -1
         self._by_model: list[list[tuple[int, int, int, float]]] = []
+        self._thresholds: list[int] = policy.frag.thresholds.tolist()
 
     @staticmethod
     def handles(policy: GpuPoolPolicy, request: GpuRequest) -> bool:
@@ -86,7 +87,7 @@ class FewRows:
     def refresh(self, rows: list[int]) -> None:
         """Recompute the policy's fragmentation arrays for ``rows``, as ``Fragmentation.refresh`` does."""
         table, frag = self.policy.table, self.policy.frag
-        thresholds = frag.thresholds.tolist()
+        thresholds = self._thresholds
         for i in rows:
             node = table.nodes[i]
             free_gpus = [0 if g.partitioned else g.free_milli for g in node.gpus]
@@ -159,7 +160,7 @@ class FewRows:
         """
         policy, table, frag = self.policy, self.policy.table, self.policy.frag
         gpu_milli = milli + whole * MILLI_PER_GPU
-        thresholds = frag.thresholds.tolist()
+        thresholds = self._thresholds
         cnt = frag.cnt[i].tolist()
         amount = frag.amount[i].tolist()
         free = int(frag.free[i])
