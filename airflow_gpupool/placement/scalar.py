@@ -15,7 +15,7 @@ away at 1e-6 like the reference does) cannot change a decision short of an exact
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from airflow_gpupool.placement.fit import EXCLUSIVE_CLASSES
 from airflow_gpupool.resources import MILLI_PER_GPU, GpuKind, GpuRequest
@@ -52,6 +52,20 @@ def whole_gpu_takes(gpu: GpuState, request: GpuRequest) -> bool:
     )
 
 
+class _Row(NamedTuple):
+    """What the costs read of one node row."""
+
+    i: int
+    cnt: list[int]
+    amount: list[int]
+    free: int
+    value: float
+    cpu_free: int
+    cpu_cap: int
+    gpus: int  # GPU count × 1000, at least 1000
+    pressure: float
+
+
 class FewRows:
     """Scores a request on a few rows of a :class:`GpuPoolPolicy`'s synced table."""
 
@@ -60,6 +74,10 @@ class FewRows:
         self._shapes_for = -1
         self._by_model: list[list[tuple[int, int, int, float]]] = []
         self._thresholds: list[int] = policy.frag.thresholds.tolist()
+        # The policy's parameters are fixed for its life.
+        self._r = policy.cpu_per_milli * policy.strand_ratio
+        self._strand = policy.strand_weight
+        self._scarce = policy.scarce_weight
 
     @staticmethod
     def handles(policy: GpuPoolPolicy, request: GpuRequest) -> bool:
@@ -125,11 +143,11 @@ class FewRows:
             return None
         kind = request.kind
         if kind is GpuKind.NONE:
-            return (i, *self._cost(i, 0, 0, -1, request.cpu_milli), -1)
+            return (i, *self._cost(self._row(i), 0, 0, -1, request.cpu_milli), -1)
         if kind is GpuKind.WHOLE:
             if sum(1 for g in node.gpus if whole_gpu_takes(g, request)) < request.gpus:
                 return None
-            return (i, *self._cost(i, 0, request.gpus, -1, request.cpu_milli), -1)
+            return (i, *self._cost(self._row(i), 0, request.gpus, -1, request.cpu_milli), -1)
         return self._best_fraction(request, i, node)
 
     def _best_fraction(self, request: GpuRequest, i: int, node: NodeState) -> Choice | None:
@@ -137,6 +155,7 @@ class FewRows:
         models, need = request.gpu_models, request.gpu_memory_mib
         seen: set[int] = set()
         best: Choice | None = None
+        row: _Row | None = None
         for j, g in enumerate(node.gpus):
             free = 0 if g.partitioned else g.free_milli
             if free in seen or free < milli or (models and g.model not in models):
@@ -147,53 +166,66 @@ class FewRows:
             elif g.free_memory_mib < need or g.memory_mib < need:
                 continue
             seen.add(free)  # GPUs of equal free milli cost the same: the first one stands for all
-            primary, secondary = self._cost(i, milli, 0, free, request.cpu_milli)
+            row = row or self._row(i)
+            primary, secondary = self._cost(row, milli, 0, free, request.cpu_milli)
             if best is None or (primary, secondary) < (best[1], best[2]):
                 best = (i, primary, secondary, j)
         return best
 
-    def _cost(self, i: int, milli: int, whole: int, gpu_free: int, cpu: int) -> tuple[float, float]:
+    def _row(self, i: int) -> _Row:
+        """Return what the costs read of row ``i``, read once for all its candidates."""
+        policy, table, frag = self.policy, self.policy.table, self.policy.frag
+        return _Row(
+            i,
+            frag.cnt[i].tolist(),
+            frag.amount[i].tolist(),
+            int(frag.free[i]),
+            float(frag.value[i]),
+            int(table.cpu_free[i]),
+            max(int(table.cpu_cap[i]), 1),
+            max(int(policy._gpus[i]), 1) * 1000,
+            float(policy._pressure[i]),
+        )
+
+    def _cost(self, row: _Row, milli: int, whole: int, gpu_free: int, cpu: int) -> tuple[float, float]:
         """Return (primary, secondary) as ``GpuPoolPolicy.costs`` computes them, for one candidate.
 
         :param milli: milli taken on the GPU of a fraction, whose free milli is ``gpu_free``
         :param whole: whole GPUs taken
         """
-        policy, table, frag = self.policy, self.policy.table, self.policy.frag
+        policy = self.policy
         gpu_milli = milli + whole * MILLI_PER_GPU
-        thresholds = self._thresholds
-        cnt = frag.cnt[i].tolist()
-        amount = frag.amount[i].tolist()
-        free = int(frag.free[i])
+        before_free = row.free
+        free = before_free - gpu_milli
         if milli:
+            cnt, amount = row.cnt.copy(), row.amount.copy()
             f, f2 = gpu_free, gpu_free - milli
-            for k, t in enumerate(thresholds):
+            for k, t in enumerate(self._thresholds):
                 if f2 < t <= f:
                     cnt[k] -= 1
                 amount[k] += (f2 if t <= f2 else 0) - (f if t <= f else 0)
-            free -= milli
         elif whole:
-            cnt = [c - whole for c in cnt]
-            amount = [a - whole * MILLI_PER_GPU for a in amount]
-            free -= whole * MILLI_PER_GPU
-        cpu_free = int(table.cpu_free[i])
+            cnt = [c - whole for c in row.cnt]
+            amount = [a - whole * MILLI_PER_GPU for a in row.amount]
+        else:
+            cnt, amount = row.cnt, row.amount
+        cpu_free = row.cpu_free
         cpu_after = cpu_free - cpu
-        after = self._value(i, cpu_after, free, cnt, amount)
-        growth = round((after - float(frag.value[i])) * 1e6) / 1e6
-        before_free = int(frag.free[i])
-        r = policy.cpu_per_milli * policy.strand_ratio
-        if policy.strand_weight and r > 0:
+        after = self._value(row.i, cpu_after, free, cnt, amount)
+        growth = round((after - row.value) * 1e6) / 1e6
+        r = self._r
+        if self._strand and r > 0:
             stranded = max(before_free - gpu_milli - cpu_after / r, 0.0) - max(
                 before_free - cpu_free / r, 0.0
             )
-            growth = growth + policy.strand_weight * stranded
-        if policy.scarce_weight:
+            growth = growth + self._strand * stranded
+        if self._scarce:
             if r > 0:
                 taken = min(before_free, cpu_free / r) - min(before_free - gpu_milli, cpu_after / r)
             else:
                 taken = gpu_milli
-            growth = growth + policy.scarce_weight * (float(policy._pressure[i]) * max(taken, 0.0))
-        gpus = max(int(policy._gpus[i]), 1) * 1000
-        fit = ((before_free - gpu_milli) / gpus + cpu_after / max(int(table.cpu_cap[i]), 1)) / 2
+            growth = growth + self._scarce * (row.pressure * max(taken, 0.0))
+        fit = ((before_free - gpu_milli) / row.gpus + cpu_after / row.cpu_cap) / 2
         x = growth / policy.scale
         band = 0.0 if x > _EXP_MAX else float(math.trunc(100.0 / (1.0 + math.exp(x))))
         primary = -band + 0.5 * fit
