@@ -15,6 +15,7 @@ away at 1e-6 like the reference does) cannot change a decision short of an exact
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from typing import TYPE_CHECKING, NamedTuple
 
 from airflow_gpupool.placement.fit import EXCLUSIVE_CLASSES
@@ -106,12 +107,27 @@ class FewRows:
         """Recompute the policy's fragmentation arrays for ``rows``, as ``Fragmentation.refresh`` does."""
         table, frag = self.policy.table, self.policy.frag
         thresholds = self._thresholds
+        top = len(thresholds)
         for i in rows:
             node = table.nodes[i]
-            free_gpus = [0 if g.partitioned else g.free_milli for g in node.gpus]
-            cnt = [sum(1 for v in free_gpus if v >= t) for t in thresholds]
-            amount = [sum(v for v in free_gpus if v >= t) for t in thresholds]
-            free = sum(v for v in free_gpus if v > 0)
+            # A GPU with v free counts at every threshold up to v: tally it at the first one above.
+            count_at = [0] * (top + 1)
+            amount_at = [0] * (top + 1)
+            free = 0
+            for g in node.gpus:
+                v = 0 if g.partitioned else g.free_milli
+                if v > 0:
+                    free += v
+                    k = bisect_right(thresholds, v)
+                    count_at[k] += 1
+                    amount_at[k] += v
+            cnt = [0] * top
+            amount = [0] * top
+            run_count = run_amount = 0
+            for k in range(top - 1, -1, -1):
+                run_count += count_at[k + 1]
+                run_amount += amount_at[k + 1]
+                cnt[k], amount[k] = run_count, run_amount
             frag.cnt[i] = cnt
             frag.amount[i] = amount
             frag.free[i] = free
