@@ -4,7 +4,10 @@ Writes a markdown table of allocation % at 130 % arrived (and the timings of the
 policy and FGD on the default trace) to ``benchmarks/results/placement.md`` and the
 allocation curves of the default trace to ``benchmarks/results/placement.png``.
 
-Usage: ``python benchmarks/placement.py [--policies fgd gpupool ...] [--traces default ...] [--seeds 42 ...] [--losses]``
+Usage: ``python benchmarks/placement.py [--policies fgd gpupool ...] [--traces default ...] [--seeds 42 ...] [--losses]
+[--prefer 0.3 [--prefer-nodes 0.25]]`` (``--prefer``: each run twice, a share of the pods asking for
+a label a share of the nodes carries, and the same pods marked but asking nothing: see
+:class:`~airflow_gpupool.sim.replay.Preference`)
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from pathlib import Path
 
 from airflow_gpupool.cli.simulate import ALL_POLICIES
 from airflow_gpupool.sim.plot import plot_replay
-from airflow_gpupool.sim.replay import ReplayResult, replay, trace_shapes, where_lost
+from airflow_gpupool.sim.replay import Preference, ReplayResult, replay, trace_shapes, where_lost
 from airflow_gpupool.sim.trace import TRACES, load_nodes, load_pods
 
 PUBLISHED_130 = {
@@ -59,10 +62,16 @@ SEEDS = (42, 43, 44)
 OUT = Path(__file__).parent / "results"
 
 
-def run_one(job: tuple[str, str, int]) -> tuple[str, str, int, ReplayResult]:
-    trace, policy, seed = job
+def run_one(job: tuple[str, str, int, Preference | None]) -> tuple[str, str, int, ReplayResult]:
+    trace, policy, seed, prefer = job
     pods = load_pods(trace)
-    return trace, policy, seed, replay(load_nodes(), pods, policy, seed, shapes=trace_shapes(pods))
+    label = policy if prefer is None else f"{policy}+prefer" if prefer.apply else f"{policy}+marked"
+    return (
+        trace,
+        label,
+        seed,
+        replay(load_nodes(), pods, policy, seed, shapes=trace_shapes(pods), prefer=prefer),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,8 +85,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--losses", action="store_true", help="also print where the unallocated capacity is at the end"
     )
+    parser.add_argument("--prefer", type=float, help="share of the pods given a node preference")
+    parser.add_argument(
+        "--prefer-nodes", type=float, default=0.25, help="share of the nodes carrying the label"
+    )
     args = parser.parse_args(argv)
-    jobs = [(t, p, s) for t in args.traces for p in args.policies for s in args.seeds]
+    prefers: list[Preference | None] = [None]
+    if args.prefer is not None:
+        prefers = [
+            Preference(args.prefer, args.prefer_nodes),
+            Preference(args.prefer, args.prefer_nodes, apply=False),
+        ]
+        args.policies = [f"{p}+{m}" for p in args.policies for m in ("prefer", "marked")]
+    jobs = [
+        (t, p, s, pr)
+        for t in args.traces
+        for p in dict.fromkeys(x.split("+")[0] for x in args.policies)
+        for pr in prefers
+        for s in args.seeds
+    ]
     results: dict[tuple[str, str], list[ReplayResult]] = {}
     with ProcessPoolExecutor(args.jobs) as pool:
         for trace, policy, _seed, result in pool.map(run_one, jobs):
@@ -99,21 +125,34 @@ def main(argv: list[str] | None = None) -> int:
     for trace in args.traces:
         cells = []
         for policy in args.policies:
-            mean = statistics.mean(r.alloc_at(130) for r in results[(trace, policy)])
+            mean = statistics.mean(r.alloc_at(130) or 0.0 for r in results[(trace, policy)])
             published = PUBLISHED_130.get(trace, {}).get(policy)
             cells.append(f"{mean:.2f}" + (f" ({published:.2f})" if published else ""))
         lines.append(f"| {trace} | " + " | ".join(cells) + " |")
     lines += [
         "",
-        "| trace | policy | seconds (median) | decision ms p50 | decision ms p99 |",
-        "|---|---|---|---|---|",
+        "| trace | policy | seconds (median) | decision ms p50 | p99 | CPU ms p50 | CPU p99 | CPU p50 / fgd's |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for (trace, policy), runs in sorted(results.items()):
         s = [r.summary() for r in runs]
-        lines.append(
-            f"| {trace} | {policy} | {statistics.median(x['seconds'] for x in s):.1f} | "
-            f"{statistics.median(x['decision_ms_p50'] for x in s):.3f} | {statistics.median(x['decision_ms_p99'] for x in s):.3f} |"
+        cpu50 = statistics.median(float(x["decision_cpu_ms_p50"]) for x in s)  # type: ignore[arg-type]
+        fgd = results.get((trace, "fgd"))
+        ratio = (
+            f"{cpu50 / statistics.median(float(r.summary()['decision_cpu_ms_p50']) for r in fgd):.2f}"  # type: ignore[arg-type]
+            if fgd
+            else "–"
         )
+        lines.append(
+            f"| {trace} | {policy} | {statistics.median(x['seconds'] for x in s):.1f} | "  # type: ignore[type-var]
+            f"{statistics.median(x['decision_ms_p50'] for x in s):.3f} | {statistics.median(x['decision_ms_p99'] for x in s):.3f} | "  # type: ignore[type-var]
+            f"{cpu50:.3f} | {statistics.median(x['decision_cpu_ms_p99'] for x in s):.3f} | {ratio} |"  # type: ignore[type-var]
+        )
+    if args.prefer is not None:
+        lines += ["", "| trace | policy | preference met % (mean of seeds) |", "|---|---|---|"]
+        for (trace, policy), runs in sorted(results.items()):
+            met = [r.prefer_met * 100 / r.prefer_placed for r in runs if r.prefer_placed]
+            lines.append(f"| {trace} | {policy} | {statistics.mean(met):.2f} |")
     table = "\n".join(lines)
     (OUT / "placement.md").write_text(table + "\n")
     if "default" in args.traces:

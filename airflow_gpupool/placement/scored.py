@@ -14,8 +14,9 @@ from typing import Any
 import numpy as np
 
 from airflow_gpupool.placement.explain import explain
-from airflow_gpupool.placement.fast import ShapeCache, pick
+from airflow_gpupool.placement.fast import FewScorer, NodeClasses, ShapeCache, pick
 from airflow_gpupool.placement.fit import EXCLUSIVE_CLASSES, fraction_memory
+from airflow_gpupool.placement.scalar import whole_gpu_takes
 from airflow_gpupool.placement.snapshot import ClusterSnapshot
 from airflow_gpupool.placement.table import NodeTable, seeded_rank
 from airflow_gpupool.placement.verdict import Assignment, NoFit, Verdict
@@ -201,6 +202,7 @@ class ScoredPolicy:
         self._rank = np.zeros(0, dtype=np.int64)
         self.fast = self.fast_default if fast is None else bool(fast)
         self._shapes = ShapeCache()
+        self._classes = NodeClasses()
 
     def sync(self, snapshot: ClusterSnapshot) -> np.ndarray | None:
         """Update the table (and the subclass's per-node state); return the rows changed."""
@@ -238,6 +240,11 @@ class ScoredPolicy:
         pick = self._select(cand, primary, secondary, request)
         return self._assignment(request, cand, pick, float(primary[pick]))
 
+    def few_rows(self, request: GpuRequest) -> FewScorer | None:
+        """Return a scorer of a few rows without numpy for ``request``, or None (the default)."""
+        del request
+        return None
+
     def reduce(self, cand: Candidates) -> Candidates:
         """Return the candidates worth scoring (default: all of them)."""
         return cand
@@ -257,27 +264,16 @@ class ScoredPolicy:
     ) -> Verdict:
         """Place as :meth:`place` does, rescoring only the nodes changed since the shape's last decision."""
         self._shapes.note(changed, self.table.size)
-        best = self._shapes.best(request, self._score_rows)
+        self._classes.note(self.table.nodes, changed)
+        best = self._shapes.best(request, self._score_rows, self._classes, self.few_rows(request))
         prefer = (
             (lambda rows: preferred(self.table, request, rows, rows)) if request.prefer_node_labels else None
         )
         row = pick(best, self._rank, prefer)
         if row is None:
             return explain(snapshot, request) if explain_no_fit else NoFit(())
-        gpu = int(best.gpu[row])
-        one = Candidates(
-            np.array([row]),
-            np.array([gpu]),
-            request.kind,
-            MIG_PROFILES[str(request.mig_profile)].milli
-            if request.kind is GpuKind.MIG
-            else int(request.gpu_milli or 0),
-            request.gpus if request.kind is GpuKind.WHOLE else 0,
-            request.cpu_milli,
-            request.memory_mib,
-            (best.mig[row],) if request.kind is GpuKind.MIG else (),
-        )
-        return self._assignment(request, one, 0, float(best.primary[row]))
+        mig = best.mig[row] if request.kind is GpuKind.MIG else ""
+        return self._assign(request, row, int(best.gpu[row]), mig, float(best.primary[row]))
 
     def _select(
         self, cand: Candidates, primary: np.ndarray, secondary: np.ndarray, request: GpuRequest | None = None
@@ -296,22 +292,28 @@ class ScoredPolicy:
         return int(best[np.argmin(cand.gpu[best])])
 
     def _assignment(self, request: GpuRequest, cand: Candidates, k: int, score: float) -> Assignment:
-        i = int(cand.node[k])
+        mig = cand.mig[k] if cand.kind is GpuKind.MIG else ""
+        return self._assign(request, int(cand.node[k]), int(cand.gpu[k]), mig, score)
+
+    def _assign(self, request: GpuRequest, i: int, gpu_col: int, mig: str, score: float) -> Assignment:
+        """Return the assignment of ``request`` on row ``i`` (GPU column or MIG slice where one is taken)."""
         node = self.table.nodes[i]
-        if cand.kind is GpuKind.NONE:
+        kind = request.kind
+        if kind is GpuKind.NONE:
             return Assignment(node.name, (), 0, 0, score=score)
-        if cand.kind is GpuKind.WHOLE:
-            usable = _gpu_ok(self.table, request, i) & (self.table.gpu_free[i] == MILLI_PER_GPU)
-            if request.gpu_memory_mib is not None:
-                usable &= self.table.gpu_mem_cap[i] >= request.gpu_memory_mib
-            taken = [node.gpus[j] for j in np.flatnonzero(usable)[: request.gpus]]
+        if kind is GpuKind.WHOLE:
+            # The first free GPUs the request may use, as find_candidates counted them.
+            taken = [g for g in node.gpus if whole_gpu_takes(g, request)][: request.gpus]
             memory = min(g.memory_mib for g in taken)
             return Assignment(node.name, tuple(g.index for g in taken), MILLI_PER_GPU, memory, score=score)
-        gpu = node.gpus[int(cand.gpu[k])]
-        if cand.kind is GpuKind.MIG:
-            memory = MIG_PROFILES[str(request.mig_profile)].memory_gb * 1024
-            return Assignment(node.name, (gpu.index,), cand.milli, memory, mig_slice=cand.mig[k], score=score)
-        return Assignment(node.name, (gpu.index,), cand.milli, fraction_memory(request, gpu), score=score)
+        gpu = node.gpus[gpu_col]
+        if kind is GpuKind.MIG:
+            profile = MIG_PROFILES[str(request.mig_profile)]
+            return Assignment(
+                node.name, (gpu.index,), profile.milli, profile.memory_gb * 1024, mig_slice=mig, score=score
+            )
+        milli = int(request.gpu_milli or 0)
+        return Assignment(node.name, (gpu.index,), milli, fraction_memory(request, gpu), score=score)
 
     # Helpers the policies share.
 

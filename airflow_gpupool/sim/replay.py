@@ -45,8 +45,12 @@ class ReplayResult:
     :param alloc: allocation % after each arrival
     :param frag: cluster fragmentation % when arrived % first reached each report point
     :param seconds: wall time of the replay
-    :param decision_ms: duration of each placement decision
+    :param decision_ms: duration of each placement decision (wall clock)
+    :param decision_cpu_ms: CPU time of each decision (the thread's own: on shared cores the
+        wall clock also counts the time the OS gave other processes, a few ms at a time)
     :param nodes: the cluster at the end of the run
+    :param prefer_placed: pods marked by a :class:`Preference` that were placed
+    :param prefer_met: of those, the ones placed on a node with the preferred label
     """
 
     policy: str
@@ -58,7 +62,10 @@ class ReplayResult:
     frag: dict[int, float] = field(default_factory=dict)
     seconds: float = 0.0
     decision_ms: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    decision_cpu_ms: np.ndarray = field(default_factory=lambda: np.zeros(0))
     nodes: tuple[NodeState, ...] = ()
+    prefer_placed: int = 0
+    prefer_met: int = 0
 
     def alloc_at(self, percent: int) -> float | None:
         """Mean allocation % over the arrivals whose rounded arrived % is ``percent``.
@@ -94,7 +101,51 @@ class ReplayResult:
         out["seconds"] = round(self.seconds, 3)
         out["decision_ms_p50"] = round(float(np.percentile(ms, 50)), 4)
         out["decision_ms_p99"] = round(float(np.percentile(ms, 99)), 4)
+        cpu = self.decision_cpu_ms if len(self.decision_cpu_ms) else np.zeros(1)
+        out["decision_cpu_ms_p50"] = round(float(np.percentile(cpu, 50)), 4)
+        out["decision_cpu_ms_p99"] = round(float(np.percentile(cpu, 99)), 4)
+        out["prefer_placed"] = self.prefer_placed
+        out["prefer_met_pct"] = (
+            round(self.prefer_met * 100 / self.prefer_placed, 2) if self.prefer_placed else None
+        )
         return out
+
+
+@dataclass(frozen=True)
+class Preference:
+    """Soft node preferences in a replay: how often ``prefer_node_labels`` is met, at what cost.
+
+    A seeded ``node_share`` of the nodes carries ``label`` (say a local NVMe cache) and a
+    seeded ``pod_share`` of the arrivals is *marked*; with ``apply`` the marked pods ask for
+    the label as ``prefer_node_labels``, without it they ask nothing and the run measures how
+    often they land on such a node anyway (the baseline). Nodes and marks depend on the seed
+    only, so the two runs mark the same pods.
+
+    :raises SimulationError: a share outside [0, 1]
+    """
+
+    pod_share: float
+    node_share: float = 0.25
+    label: tuple[str, str] = ("gpupool.io/local-nvme", "true")
+    apply: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("pod_share", "node_share"):
+            value = getattr(self, name)
+            if not 0 <= value <= 1:
+                raise SimulationError(name, value, "a share between 0 and 1")
+
+    def label_nodes(self, nodes: Sequence[NodeState], seed: int) -> tuple[list[NodeState], set[int]]:
+        """Return the nodes with the label added to a seeded share of them, and those positions."""
+        rng = np.random.default_rng([seed, 1])
+        chosen = set(rng.permutation(len(nodes))[: round(self.node_share * len(nodes))].tolist())
+        out = [replace(n, labels=(*n.labels, self.label)) if i in chosen else n for i, n in enumerate(nodes)]
+        return out, chosen
+
+    def marks(self, count: int, seed: int) -> np.ndarray:
+        """Return which of ``count`` arrivals are marked."""
+        marked: np.ndarray = np.random.default_rng([seed, 2]).random(count) < self.pod_share
+        return marked
 
 
 def scale_cluster(
@@ -177,6 +228,7 @@ def replay(
     ratio: float = 1.3,
     shapes: Sequence[TypicalShape] | None = None,
     progress: Callable[[float], None] | None = None,
+    prefer: Preference | None = None,
 ) -> ReplayResult:
     """Replay ``pods`` on ``nodes`` with ``policy`` under the FGD protocol.
 
@@ -187,6 +239,7 @@ def replay(
     :param ratio: arrived GPU milli to reach, as a multiple of the capacity
     :param shapes: typical shapes (default: those of ``pods``)
     :param progress: called with the fraction done, now and then
+    :param prefer: soft node preferences to measure (default: none)
     :raises SimulationError: ``ratio`` is not positive
     """
     if not ratio > 0:
@@ -195,12 +248,18 @@ def replay(
     engine = get_policy(policy, typical_shapes=shapes, seed=seed)
     place = quick(engine)
     current = list(nodes)
+    labeled: set[int] = set()
+    if prefer is not None:
+        current, labeled = prefer.label_nodes(current, seed)
     where = {n.name: i for i, n in enumerate(current)}
     capacity = ClusterSnapshot(tuple(current)).gpu_capacity_milli
     arrivals = workload(pods, capacity, seed, ratio)
+    marked = prefer.marks(len(arrivals), seed) if prefer is not None else np.zeros(len(arrivals), dtype=bool)
+    prefer_placed = prefer_met = 0
     arrived = np.zeros(len(arrivals))
     alloc = np.zeros(len(arrivals))
     ms = np.zeros(len(arrivals))
+    cpu_ms = np.zeros(len(arrivals))
     meter = ClusterFrag(shapes)
     frag: dict[int, float] = {}
     points = list(REPORT_POINTS)
@@ -208,16 +267,23 @@ def replay(
     start = time.perf_counter()
     snapshot = ClusterSnapshot(tuple(current))
     for k, pod in enumerate(arrivals):
-        t0 = time.perf_counter()
-        verdict = place(snapshot, pod.request)
+        request = pod.request
+        if marked[k] and prefer is not None and prefer.apply:
+            request = replace(request, prefer_node_labels=(prefer.label,))
+        t0, c0 = time.perf_counter(), time.thread_time()
+        verdict = place(snapshot, request)
         ms[k] = (time.perf_counter() - t0) * 1000
+        cpu_ms[k] = (time.thread_time() - c0) * 1000
         asked += pod.gpu_milli
         if isinstance(verdict, Assignment):
             i = where[verdict.node]
-            current[i] = allocate(current[i], pod.request, verdict)
+            current[i] = allocate(current[i], request, verdict)
             # One node changed: the next snapshot says so (see ClusterSnapshot.derive).
             snapshot = snapshot.derive(tuple(current), (i,))
             allocated += pod.gpu_milli
+            if marked[k]:
+                prefer_placed += 1
+                prefer_met += i in labeled
         else:
             failed += 1
         arrived[k] = asked * 100 / capacity
@@ -228,7 +294,19 @@ def replay(
             progress(k / len(arrivals))
     seconds = time.perf_counter() - start
     return ReplayResult(
-        policy, seed, len(arrivals), failed, arrived, alloc, frag, seconds, ms, tuple(current)
+        policy,
+        seed,
+        len(arrivals),
+        failed,
+        arrived,
+        alloc,
+        frag,
+        seconds,
+        ms,
+        cpu_ms,
+        tuple(current),
+        prefer_placed,
+        prefer_met,
     )
 
 

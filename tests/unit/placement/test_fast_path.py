@@ -7,6 +7,7 @@ must return the same verdict every time: same node, GPUs, MIG slice, or both no 
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -80,10 +81,28 @@ def _request(rng: random.Random) -> GpuRequest:
     return GpuRequest(cpu_milli=cpu, memory_mib=memory, gpus=rng.choice((1, 1, 2, 4, 8)), **extra)  # type: ignore[arg-type]
 
 
+def _replicated(rng: random.Random, kinds: int, copies: int) -> list[NodeState]:
+    """Return ``copies`` nodes of each of ``kinds`` random nodes: many nodes in the same state."""
+    base = _cluster(rng, kinds)
+    return [
+        replace(
+            node,
+            name=f"{node.name}-c{c}",
+            gpus=tuple(
+                replace(g, mig_free=tuple((f"{s}-c{c}", p) for s, p in g.mig_free)) for g in node.gpus
+            ),
+        )
+        for c in range(copies)
+        for node in base
+    ]
+
+
 @pytest.mark.parametrize("seed", range(6))
-def test_fast_and_reference_decisions_are_identical_on_random_snapshots(seed: int) -> None:
+@pytest.mark.parametrize("layout", ["random", "replicated"])
+def test_fast_and_reference_decisions_are_identical_on_random_snapshots(seed: int, layout: str) -> None:
     rng = random.Random(seed)
-    nodes = _cluster(rng, rng.choice((5, 40, 120)))
+    # Replicated: the fast path scores one node per state and copies its choice to the others.
+    nodes = _cluster(rng, rng.choice((5, 40, 120))) if layout == "random" else _replicated(rng, 4, 50)
     requests = [_request(rng) for _ in range(60)]
     shapes = typical_shapes([shape_key(r) for r in requests]) if seed % 2 else None
     fast = get_policy("gpupool", seed=seed, typical_shapes=shapes, fast=True)

@@ -66,3 +66,37 @@ def test_shapes_that_fit_everywhere_add_no_pressure() -> None:
     assert isinstance(policy, GpuPoolPolicy)
     policy.sync(CLUSTER)
     assert np.all(policy.node_pressure() == 0)
+
+
+#: Three 8-GPU nodes with 96 cores and one with 128: only that one hosts 8 GPUs with 120 cores,
+#: a request too rare to be among the typical shapes (all 1-GPU here).
+BIG = ClusterSnapshot(
+    tuple(
+        [node("big", "G3", gpus=8, cpu=128000), *(node(f"g{i}", "G2", gpus=8, cpu=96000) for i in range(3))]
+    )
+)
+ONE_GPU = (TypicalShape(12000, 1000, 1, frozenset(), 1.0),)
+
+
+def _pick_big(seed: int, **options: float) -> str:
+    request = GpuRequest(gpus=1, cpu_milli=16000)
+    verdict = get_policy("gpupool", typical_shapes=ONE_GPU, seed=seed, **options).place(BIG, request)
+    assert isinstance(verdict, Assignment)
+    return verdict.node
+
+
+def test_the_only_node_for_a_whole_node_request_is_kept_for_it() -> None:
+    # CPU-heavy 1-GPU work strands nothing on the CPU-rich node, so the typical shapes alone send it there.
+    blind = {_pick_big(seed, whole_node_weight=0) for seed in range(12)}
+    kept = {_pick_big(seed) for seed in range(12)}
+
+    assert "big" in blind
+    assert "big" not in kept
+
+
+def test_the_whole_node_pressure_marks_the_biggest_kind_of_node() -> None:
+    policy = get_policy("gpupool", typical_shapes=ONE_GPU)
+    assert isinstance(policy, GpuPoolPolicy)
+    policy.sync(BIG)
+
+    assert policy.node_pressure().tolist() == [1.0, 0.0, 0.0, 0.0]

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
+
 import pytest
 
+from airflow_gpupool.exceptions import SimulationError
 from airflow_gpupool.placement import Assignment, ClusterSnapshot, GpuState, NodeState, get_policy
 from airflow_gpupool.resources import GpuRequest
+from airflow_gpupool.sim.replay import Preference, replay
+from airflow_gpupool.sim.synth import synthesize
+from airflow_gpupool.sim.trace import load_nodes, load_pods
 
 NVME = (("storage", "nvme"),)
 
@@ -60,3 +67,29 @@ def test_the_preference_survives_serialization() -> None:
 
     assert GpuRequest.from_dict(request.to_dict()) == request
     assert GpuRequest.from_dict({"gpus": 1}).prefer_node_labels == ()  # rows written before it
+
+
+def test_the_simulator_measures_how_often_a_preference_is_met(tmp_path: Path) -> None:
+    paths = synthesize(tmp_path, nodes=40, pods=400, seed=3)
+    nodes_csv = next(p for p in paths if "node" in p.name)
+    pods_csv = next(p for p in paths if "pod" in p.name)
+    # Identical nodes: the policy scores many of them equally, which is where a preference acts.
+    base = next(n for n in load_nodes(nodes_csv) if len(n.gpus) >= 4)
+    nodes, pods = [replace(base, name=f"n{i}") for i in range(30)], load_pods(pods_csv)
+
+    # fgd: its score bands tie often; gpupool's fit tie-break leaves fewer exact ties (README).
+    asked = replay(nodes, pods, "fgd", seed=42, prefer=Preference(0.3, node_share=0.25))
+    baseline = replay(nodes, pods, "fgd", seed=42, prefer=Preference(0.3, node_share=0.25, apply=False))
+
+    # The same pods are marked in both runs; asking for the label puts more of them there.
+    assert asked.pods == baseline.pods and asked.prefer_placed > 20 and baseline.prefer_placed > 20
+    assert asked.prefer_met / asked.prefer_placed > 1.5 * baseline.prefer_met / baseline.prefer_placed, (
+        asked.prefer_met,
+        baseline.prefer_met,
+        asked.prefer_placed,
+    )
+    summary = asked.summary()
+    assert summary["prefer_met_pct"] == round(asked.prefer_met * 100 / asked.prefer_placed, 2)
+    assert replay(nodes, pods, "gpupool", seed=42).summary()["prefer_met_pct"] is None
+    with pytest.raises(SimulationError, match="pod_share"):
+        Preference(1.5)
