@@ -5,7 +5,8 @@ the queue rule of :func:`airflow_gpupool.placement.queue.serve` and the placemen
 module only keeps time. Policies compared (:data:`POLICIES`):
 
 - ``gpupool``: admission by quota with borrowing (:class:`QuotaState`), fair order
-  (:class:`FairShare`), headroom for urgent work (:func:`fits_headroom`), and preemption of the
+  (:class:`FairShare`), headroom for urgent work (:func:`fits_headroom`; lent to preemptible
+  work when the teams file says ``headroom_lent``), and preemption of the
   victims that lose the least work (:func:`choose_victims`) with a checkpoint grace: a victim that
   can write a checkpoint on SIGTERM does so and ends, losing only the seconds spent writing it;
   one that cannot runs to the grace's deadline and loses what followed its last periodic checkpoint;
@@ -119,6 +120,12 @@ class TeamsSim(QueueSim):
         self.pending: dict[int, tuple[set[int], int]] = {}  # preemptor -> (victims left, node)
         self.events: list[tuple[float, int, int]] = []
         self.next_try = 0
+        self.on_node: dict[int, set[int]] = defaultdict(set)
+        self.slots_milli = 0  # what running tries hold, as their requests count it
+        # Tries that found no room in the last pass: until a slice is given back, capacity,
+        # quotas and headroom only tighten, so they are not placed again (the queue rule still
+        # counts their overtakes).
+        self.blocked: set[int] = set()
 
     # -- time and books ------------------------------------------------------------------------
 
@@ -141,6 +148,8 @@ class TeamsSim(QueueSim):
         del self.waiting[str(k)]
         t.started_at, t.node = now, self.where[assignment.node]
         self.running[k] = (request, assignment, t.node)
+        self.on_node[t.node].add(k)
+        self.slots_milli += request.total_gpu_milli
         self.started_at[k] = now
         self.allocated += self.useful[k]
         self.held_by[t.job.team] += self.useful[k]
@@ -151,7 +160,10 @@ class TeamsSim(QueueSim):
     def end(self, k: int) -> None:
         """A try's slice is given back (it finished, or its preemption completed)."""
         self.held_by[self.tries[k].job.team] -= self.useful[k]
+        self.on_node[self.running[k][2]].discard(k)
+        self.slots_milli -= self.running[k][0].total_gpu_milli
         self.depart(k)
+        self.freed = True
 
     def urgent(self, job: Job) -> bool:
         """Whether the job may use the headroom (urgent priority or inference)."""
@@ -212,12 +224,21 @@ class TeamsSim(QueueSim):
         # A node drained for a preemptor is its alone until its victims have ended.
         draining = {self.nodes[i].name for _, i in self.pending.values()}
 
+        if self.freed:
+            self.blocked, self.freed = set(), False
+        blocked = self.blocked
+
         def try_place(entry: QueueEntry, held: frozenset[str]) -> Assignment | None:
-            if not self._admits(self.tries[int(entry.request_id)].job, free[0]):
+            k = int(entry.request_id)
+            if k in blocked:
+                return None
+            if not self._admits(self.tries[k].job, free[0]):
+                blocked.add(k)
                 return None
             r = entry.request
             key = (r.gpus, r.gpu_milli, r.workload_class)
             if key in failed:
+                blocked.add(k)
                 return None  # capacity only shrinks during a pass
             nodes = tuple(n for n in self.nodes if n.name not in held and n.name not in draining)
             if not nodes:
@@ -225,6 +246,7 @@ class TeamsSim(QueueSim):
             verdict = self.place(ClusterSnapshot(nodes), r)
             if not isinstance(verdict, Assignment):
                 failed.add(key)
+                blocked.add(k)
                 return None
             self._take(self.where[verdict.node], r, verdict)
             free[0] -= r.total_gpu_milli
@@ -242,7 +264,7 @@ class TeamsSim(QueueSim):
 
     def allocated_milli(self) -> int:
         """Milli-GPU held by running tries, as their requests count it."""
-        return sum(r.total_gpu_milli for r, _, _ in self.running.values())
+        return self.slots_milli
 
     # -- preemption ----------------------------------------------------------------------------
 
@@ -273,6 +295,11 @@ class TeamsSim(QueueSim):
         ):
             return
         reclaims = self.held_by[t.job.team] + milli <= self.nominal.get(t.job.team, 0)
+        if not reclaims and not any(
+            self.tries[v].job.request.preemptible and self.tries[v].job.request.priority < r.priority
+            for v in self.running
+        ):
+            return  # nobody it may preempt (a shortcut: choose_victims would say the same)
         preemptor = Preemptor(r.priority, milli, reclaims)
         best: tuple[float, int, tuple[int, ...]] | None = None
         for i in range(len(self.nodes)):
@@ -304,7 +331,7 @@ class TeamsSim(QueueSim):
 
         A request of an exclusive class must take every grant of the conflicting class there.
         """
-        on_node = [k for k, (_, _, n) in self.running.items() if n == i]
+        on_node = sorted(self.on_node[i])
         if any(self.tries[k].releasing for k in on_node):
             return None  # a preemption is already draining this node
         order = self.policy.preemption or VictimOrder.LEAST_WORK_LOST

@@ -3,7 +3,8 @@
 :func:`simulate_teams` replays jobs through :class:`~airflow_gpupool.sim.governed.TeamsSim` for
 one policy and returns what ``gpupool simulate --mode queue --json`` prints: per team
 ``mean_wait_s``, ``p99_wait_s``, ``share`` (GPU time over capacity, in the window),
-``nominal_share``, ``demand_share`` (GPU time its jobs arriving in the window ask for),
+``nominal_share``, ``demand_share`` (GPU time its jobs would use in the window if each started
+on arrival),
 ``share_of_entitled`` (share over min(nominal, demand): what "gets its nominal share when it has
 the demand" measures), ``borrowed_gpu_s``, ``preemptions``, ``lost_gpu_s`` and ``grace_gpu_s``;
 overall ``jain_fairness`` (Jain's index of ``share_of_entitled``, each capped at 1: a team above
@@ -82,9 +83,9 @@ def _measures(
 ) -> dict[str, Any]:
     gpu_window = sim.capacity * window
     demand: dict[str, float] = defaultdict(float)
-    for job in jobs:
-        if job.arrival >= warm:
-            demand[job.team] += job.request.total_gpu_milli * job.work_s
+    for job in jobs:  # the GPU time each job would use in the window if it started on arrival
+        overlap = min(job.arrival + job.work_s, warm + window) - max(job.arrival, warm)
+        demand[job.team] += job.request.total_gpu_milli * max(0.0, overlap)
     teams: dict[str, dict[str, Any]] = {}
     ratios = []
     for team in sorted(set(plan.teams) | set(demand)):
