@@ -122,6 +122,7 @@ class TeamsSim(QueueSim):
         self.next_try = 0
         self.on_node: dict[int, set[int]] = defaultdict(set)
         self.slots_milli = 0  # what running tries hold, as their requests count it
+        self._free, self._failed, self._draining = 0, set[tuple[Any, ...]](), set[str]()  # one pass's
         # Tries that found no room in the last pass: until a slice is given back, capacity,
         # quotas and headroom only tighten, so they are not placed again (the queue rule still
         # counts their overtakes).
@@ -219,40 +220,13 @@ class TeamsSim(QueueSim):
     def pass_(self, now: float) -> None:
         """Serve the queue, then let the first waiting requests preempt."""
         entries = self.ordered()
-        free = [self.capacity - self.allocated_milli()]
-        failed: set[tuple[Any, ...]] = set()
+        self._free = self.capacity - self.allocated_milli()
+        self._failed = set()
         # A node drained for a preemptor is its alone until its victims have ended.
-        draining = {self.nodes[i].name for _, i in self.pending.values()}
-
+        self._draining = {self.nodes[i].name for _, i in self.pending.values()}
         if self.freed:
             self.blocked, self.freed = set(), False
-        blocked = self.blocked
-
-        def try_place(entry: QueueEntry, held: frozenset[str]) -> Assignment | None:
-            k = int(entry.request_id)
-            if k in blocked:
-                return None
-            if not self._admits(self.tries[k].job, free[0]):
-                blocked.add(k)
-                return None
-            r = entry.request
-            key = (r.gpus, r.gpu_milli, r.workload_class)
-            if key in failed:
-                blocked.add(k)
-                return None  # capacity only shrinks during a pass
-            nodes = tuple(n for n in self.nodes if n.name not in held and n.name not in draining)
-            if not nodes:
-                return None
-            verdict = self.place(ClusterSnapshot(nodes), r)
-            if not isinstance(verdict, Assignment):
-                failed.add(key)
-                blocked.add(k)
-                return None
-            self._take(self.where[verdict.node], r, verdict)
-            free[0] -= r.total_gpu_milli
-            return verdict
-
-        outcome = serve(entries, try_place, self.max_overtakes, self._hold)
+        outcome = serve(entries, self._try_place, self.max_overtakes, self._hold)
         for entry, assignment in outcome.granted:
             self._start(int(entry.request_id), entry.request, assignment, now)
         for rid, count in outcome.overtakes.items():
@@ -261,6 +235,28 @@ class TeamsSim(QueueSim):
             left = [int(e.request_id) for e in entries if e.request_id in self.waiting]
             for k in left[:PREEMPTION_LOOKAHEAD]:
                 self._preempt_for(k, now)
+
+    def _try_place(self, entry: QueueEntry, held: frozenset[str]) -> Assignment | None:
+        """Place one waiting try within its quota and the headroom, as the queue rule asks."""
+        k = int(entry.request_id)
+        if k in self.blocked:
+            return None
+        r = entry.request
+        key = (r.gpus, r.gpu_milli, r.workload_class)
+        if not self._admits(self.tries[k].job, self._free) or key in self._failed:
+            self.blocked.add(k)
+            return None  # capacity only shrinks during a pass
+        nodes = tuple(n for n in self.nodes if n.name not in held and n.name not in self._draining)
+        if not nodes:
+            return None
+        verdict = self.place(ClusterSnapshot(nodes), r)
+        if not isinstance(verdict, Assignment):
+            self._failed.add(key)
+            self.blocked.add(k)
+            return None
+        self._take(self.where[verdict.node], r, verdict)
+        self._free -= r.total_gpu_milli
+        return verdict
 
     def allocated_milli(self) -> int:
         """Milli-GPU held by running tries, as their requests count it."""
