@@ -19,7 +19,7 @@ from airflow_gpupool.sim.trace import load_nodes, load_pods
 __all__ = ["format_teams_table", "run_teams"]
 
 
-def _sources(args: argparse.Namespace) -> int:
+def _one_source(args: argparse.Namespace) -> None:
     given = [
         o
         for o, v in (
@@ -31,12 +31,11 @@ def _sources(args: argparse.Namespace) -> int:
     ]
     if len(given) > 1:
         raise SimulationError(" and ".join(given), "both", "one of --teams, --scenario, --teams-from")
-    return len(given)
 
 
 def run_teams(args: argparse.Namespace) -> int:
     """Compare the governance policies on the teams the arguments name; print JSON or a table."""
-    _sources(args)
+    _one_source(args)
     warm, window = args.warmup_hours * 3600, args.hours * 3600
     check_queue_args(
         load=args.load,

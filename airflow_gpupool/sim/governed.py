@@ -29,7 +29,7 @@ import heapq
 import math
 from collections import defaultdict
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, cast
 
 from airflow_gpupool.governance.admission import QuotaState
 from airflow_gpupool.governance.capacity import fits_headroom, is_urgent
@@ -213,9 +213,8 @@ class TeamsSim(QueueSim):
         if not self.policy.fair_order:
             return sorted(entries, key=lambda e: (-e.request.priority, e.seq))
         fair = FairShare(self.plan.quotas, dict(self.held_by), self.capacity)
-        queued = {id(q): q for q in (_Queued(e, self.tries[e.seq]) for e in entries)}
-        order = fair.order(list(queued.values()))
-        return [replace(queued[id(q)].entry, seq=rank) for rank, q in enumerate(order)]
+        order = fair.order([_Queued(e, self.tries[e.seq]) for e in entries])
+        return [replace(cast(_Queued, q).entry, seq=rank) for rank, q in enumerate(order)]
 
     def pass_(self, now: float) -> None:
         """Serve the queue, then let the first waiting requests preempt."""
