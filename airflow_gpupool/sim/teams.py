@@ -367,7 +367,8 @@ def teams_from_qos(pods: Sequence[TracePod], durations: Sequence[float], capacit
 
     Each team's nominal quota is its share of the trace's GPU time (how a capacity planner would
     size it), all in one cohort with no limits; BE and Burstable are preemptible and assumed to
-    checkpoint every 10 minutes (30 s to write one on SIGTERM); LS, the highest priority, is urgent.
+    checkpoint every 10 minutes (30 s to write one on SIGTERM) and may use the headroom on loan;
+    LS, the highest priority, is urgent.
     """
     work: dict[str, float] = {}
     for pod, seconds in zip(pods, durations, strict=True):
@@ -382,6 +383,7 @@ def teams_from_qos(pods: Sequence[TracePod], durations: Sequence[float], capacit
         quotas=QuotaPlan(quotas),
         workloads={team: () for team in work},
         flavor=flavor,
+        headroom_lent=True,  # as in the three-teams scenario: BE and Burstable may fill it
         urgent_priority=QOS_PRIORITY["LS"],
     )
 
