@@ -103,6 +103,22 @@ def register(subparsers: Any) -> None:
         help="queue mode: overtakes a blocked request tolerates in the project's queue "
         "(default: the ledger's, 8; airflow-pool has no bound)",
     )
+    parser.add_argument(
+        "--teams",
+        metavar="FILE",
+        help="queue mode: a teams file (quotas, workloads, governance; see airflow_gpupool/sim/teams.py); "
+        "compares the governance policies gpupool, kueue-like, no-preemption and airflow-pool",
+    )
+    parser.add_argument(
+        "--scenario",
+        choices=("three-teams",),
+        help="queue mode: a built-in teams file (three-teams: three teams share 8 A100s)",
+    )
+    parser.add_argument(
+        "--teams-from",
+        choices=("qos",),
+        help="queue mode: teams drawn from the trace (qos: one team per QoS class, quotas by its GPU time)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     parser.set_defaults(func=run)
 
@@ -119,6 +135,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.mode == "queue":
             return _run_queue(args)
+        if args.teams or args.scenario or args.teams_from:
+            raise SimulationError("--teams/--scenario/--teams-from", "--mode fgd", "--mode queue")
         return _run_fgd(args)
     except GpuPoolError as e:
         print(f"gpupool simulate: {e}", file=sys.stderr)
@@ -196,6 +214,11 @@ def format_table(results: Sequence[ReplayResult]) -> str:
 
 def _run_queue(args: argparse.Namespace) -> int:
     from airflow_gpupool.sim.queue import MAX_OVERTAKES, QUEUE_BASELINE, check_queue_args, simulate_queue
+
+    if args.teams or args.scenario or args.teams_from:
+        from airflow_gpupool.cli.simulate_teams import run_teams
+
+        return run_teams(args)
 
     max_overtakes = MAX_OVERTAKES if args.max_overtakes is None else args.max_overtakes
     check_queue_args(

@@ -2,7 +2,10 @@
 
 **Headroom.** Per pool, a share of capacity (``headroom_share``, default 0.2; 0 turns it off)
 that only urgent requests may use: priority at or above ``urgent_priority``, or the
-``inference`` class. Others are placed only while the pool keeps that share free.
+``inference`` class. Others are placed only while the pool keeps that share free, unless the
+pool *lends* its headroom to preemptible work (``lendable``): urgent work then takes it back by
+preemption, so the headroom is not idle while no urgent work waits (what keeps allocation up
+when urgent work is a small part of the load), at the cost of a victim's grace in urgent wait.
 
 **Spot.** A node pool is spot or on-demand, read from the labels cloud providers and Karpenter
 set (``karpenter.sh/capacity-type``, ``cloud.google.com/gke-spot``, ``eks.amazonaws.com/capacityType``).
@@ -79,12 +82,19 @@ def is_urgent(priority: int, workload_class: str, urgent_priority: int) -> bool:
 
 
 def fits_headroom(
-    capacity_milli: int, free_milli: int, request_milli: int, share: float, *, urgent: bool
+    capacity_milli: int,
+    free_milli: int,
+    request_milli: int,
+    share: float,
+    *,
+    urgent: bool,
+    lendable: bool = False,
 ) -> bool:
     """Return whether a request may take ``request_milli`` of a pool with ``free_milli`` free.
 
     :param share: the pool's headroom share, 0 to 1 (0: no headroom)
     :param urgent: the request may use the headroom
+    :param lendable: the pool lends its headroom to this request (it is preemptible)
     :raises InvalidRequestError: ``share`` outside [0, 1]
     """
     if (
@@ -94,7 +104,7 @@ def fits_headroom(
         or not 0 <= share <= 1
     ):
         raise InvalidRequestError("headroom share", share, "a number from 0 to 1")
-    if urgent:
+    if urgent or lendable:
         return request_milli <= free_milli
     return free_milli - request_milli >= math.ceil(share * capacity_milli)
 

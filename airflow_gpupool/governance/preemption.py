@@ -9,14 +9,26 @@ Victims are chosen to lose the least work: the GPU-seconds since each victim's n
 checkpoint (since its start when it has none), then the lowest priority, then the newest grant;
 taken in that order until enough is freed. The ledger gives each victim a grace period to write
 an emergency checkpoint before its slice passes on.
+
+:attr:`VictimOrder.KUEUE` is the order Kueue uses instead (borrowing workloads first, then the
+lowest priority, then the most recently admitted), blind to checkpoints: the simulator's
+``kueue-like`` policy compares against it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import Enum
 
-__all__ = ["Preemptor", "VictimCandidate", "choose_victims", "lost_gpu_seconds"]
+__all__ = ["Preemptor", "VictimCandidate", "VictimOrder", "choose_victims", "may_preempt", "lost_gpu_seconds"]
+
+
+class VictimOrder(str, Enum):
+    """How eligible victims are ranked."""
+
+    LEAST_WORK_LOST = "least-work-lost"  # ours: GPU-seconds since the newest checkpoint first
+    KUEUE = "kueue"  # borrowed first, then lowest priority, then newest
 
 
 @dataclass(frozen=True)
@@ -68,6 +80,7 @@ def choose_victims(
     free_milli: int,
     now: float,
     min_runtime_seconds: float,
+    order: VictimOrder = VictimOrder.LEAST_WORK_LOST,
 ) -> tuple[VictimCandidate, ...] | None:
     """Return the victims that free enough for ``preemptor`` losing the least work, or None.
 
@@ -75,11 +88,15 @@ def choose_victims(
     :param free_milli: what is free there already
     :param now: the ledger's time
     :param min_runtime_seconds: a grant younger than this is never a victim
+    :param order: how victims are ranked (ours by default)
     """
     if preemptor.was_preempted or free_milli >= preemptor.milli:
         return None if preemptor.was_preempted else ()
-    eligible = [c for c in candidates if _eligible(preemptor, c, now, min_runtime_seconds)]
-    eligible.sort(key=lambda c: (lost_gpu_seconds(c, now), c.priority, -c.granted_at))
+    eligible = [c for c in candidates if may_preempt(preemptor, c, now, min_runtime_seconds)]
+    if order is VictimOrder.KUEUE:
+        eligible.sort(key=lambda c: (not c.borrowed, c.priority, -c.granted_at))
+    else:
+        eligible.sort(key=lambda c: (lost_gpu_seconds(c, now), c.priority, -c.granted_at))
     chosen: list[VictimCandidate] = []
     freed = free_milli
     for victim in eligible:
@@ -90,7 +107,10 @@ def choose_victims(
     return tuple(chosen) if freed >= preemptor.milli else None
 
 
-def _eligible(preemptor: Preemptor, victim: VictimCandidate, now: float, min_runtime: float) -> bool:
+def may_preempt(preemptor: Preemptor, victim: VictimCandidate, now: float, min_runtime: float) -> bool:
+    """Return whether ``victim`` may lose its slice to ``preemptor`` now (the rule in the module docstring)."""
+    if preemptor.was_preempted:
+        return False
     if not victim.preemptible or now - victim.granted_at < min_runtime:
         return False
     return victim.priority < preemptor.priority or (victim.borrowed and preemptor.reclaims)

@@ -74,7 +74,8 @@ def whole_slots(request: GpuRequest) -> GpuRequest:
     return request
 
 
-def _workload(pods: Sequence[TracePod]) -> tuple[list[TracePod], np.ndarray]:
+def usable_workload(pods: Sequence[TracePod]) -> tuple[list[TracePod], np.ndarray]:
+    """Return the pods with both times, and their durations (capped at 24 h)."""
     usable = [
         p
         for p in pods
@@ -151,7 +152,7 @@ def simulate_queue(
     rng = np.random.default_rng(seed)
     if 0 < sample_nodes < len(nodes):
         nodes = [nodes[int(i)] for i in sorted(rng.choice(len(nodes), sample_nodes, replace=False))]
-    usable, durations = _workload(pods)
+    usable, durations = usable_workload(pods)
     if not usable:
         raise SimulationError("--pods", "(trace)", "queue mode needs pods with creation_time < deletion_time")
     capacity = ClusterSnapshot(tuple(nodes)).gpu_capacity_milli
@@ -167,7 +168,7 @@ def simulate_queue(
     baseline = policy == QUEUE_BASELINE
     shapes = trace_shapes(usable)
     engine = get_policy("spread" if baseline else policy, seed=seed, typical_shapes=shapes)
-    sim = _QueueSim(list(nodes), quick(engine), shapes, 10**9 if baseline else max_overtakes)
+    sim = QueueSim(list(nodes), quick(engine), shapes, 10**9 if baseline else max_overtakes)
     horizon = float(times[-1])
     events: list[tuple[float, int, int]] = [(float(t), 1, k) for k, t in enumerate(times)]
     heapq.heapify(events)
@@ -216,7 +217,7 @@ def _key(r: GpuRequest) -> tuple[Any, ...]:
     return (r.cpu_milli, r.memory_mib, r.gpus, r.gpu_milli, r.gpu_models, r.gpu_memory_mib, r.mig_profile)
 
 
-class _QueueSim:
+class QueueSim:
     """State of one queue simulation: nodes, waiting and running requests, accumulators."""
 
     def __init__(

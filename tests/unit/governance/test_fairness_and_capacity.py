@@ -113,9 +113,12 @@ def test_headroom_is_kept_for_urgent_work() -> None:
     assert not fits_headroom(10000, 2500, 1000, 0.2, urgent=False)
     assert fits_headroom(10000, 2500, 2500, 0.2, urgent=True)
     assert fits_headroom(10000, 1000, 1000, 0.0, urgent=False)  # 0 turns it off
+    # A pool that lends its headroom lets preemptible work in; it must still fit.
+    assert fits_headroom(10000, 2500, 1000, 0.2, urgent=False, lendable=True)
+    assert not fits_headroom(10000, 500, 1000, 0.2, urgent=False, lendable=True)
     for bad in (-0.1, 1.5, float("nan"), True):
         with pytest.raises(InvalidRequestError, match="headroom share"):
-            fits_headroom(10000, 1000, 1000, bad, urgent=False)  # type: ignore[arg-type]
+            fits_headroom(10000, 1000, 1000, bad, urgent=False)
     assert Capacity.of("spot") is Capacity.SPOT
     with pytest.raises(InvalidRequestError, match="capacity"):
         Capacity.of("cheap")

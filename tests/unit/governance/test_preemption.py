@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_gpupool.governance.preemption import Preemptor, VictimCandidate, choose_victims, lost_gpu_seconds
+from airflow_gpupool.governance.preemption import (
+    Preemptor,
+    VictimCandidate,
+    VictimOrder,
+    choose_victims,
+    lost_gpu_seconds,
+)
 
 NOW = 10_000.0
 
@@ -78,3 +84,31 @@ def test_nothing_is_preempted_when_free_capacity_suffices_or_victims_cannot() ->
     assert victims(Preemptor(10, 1000), [grant("low")], free=1000) == []
     assert victims(Preemptor(10, 3000), [grant("a"), grant("b")]) is None
     assert victims(Preemptor(10, 3000), [grant("a"), grant("b")], free=1000) == ["a", "b"]
+
+
+def test_kueue_order_takes_borrowers_then_lowest_priority_then_newest_blind_to_checkpoints() -> None:
+    fresh = grant("fresh-checkpoint", priority=1, checkpoint_age=60, age=7200)
+    stale_new = grant("stale-newest", priority=1, checkpoint_age=1800, age=3600)
+    low = grant("lowest-priority", priority=0, checkpoint_age=3000)
+    lender = grant("borrower", priority=5, checkpoint_age=3000, borrowed=True)
+    chosen = choose_victims(
+        Preemptor(priority=10, milli=1000),
+        [fresh, stale_new, low, lender],
+        free_milli=0,
+        now=NOW,
+        min_runtime_seconds=300,
+        order=VictimOrder.KUEUE,
+    )
+    assert chosen is not None and [v.reservation_id for v in chosen] == ["borrower"]
+    without_borrower = [fresh, stale_new, low]
+    chosen = choose_victims(
+        Preemptor(priority=10, milli=2000),
+        without_borrower,
+        free_milli=0,
+        now=NOW,
+        min_runtime_seconds=300,
+        order=VictimOrder.KUEUE,
+    )
+    assert chosen is not None and [v.reservation_id for v in chosen] == ["lowest-priority", "stale-newest"]
+    # Ours picks the freshest checkpoint for the same request.
+    assert victims(Preemptor(priority=10, milli=1000), without_borrower) == ["fresh-checkpoint"]

@@ -8,7 +8,7 @@ from airflow_gpupool.placement import GpuState, NodeState, get_policy
 from airflow_gpupool.placement.accounting import allocate, deallocate
 from airflow_gpupool.placement.frag import DEFAULT_SHAPES
 from airflow_gpupool.resources import GpuRequest
-from airflow_gpupool.sim.queue import _QueueSim
+from airflow_gpupool.sim.queue import QueueSim
 from airflow_gpupool.sim.replay import quick
 
 
@@ -54,7 +54,7 @@ CASES = [
 
 @pytest.mark.parametrize(("node", "request_"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_queue_books_are_the_ledgers(node: NodeState, request_: GpuRequest) -> None:
-    sim = _QueueSim([node], quick(get_policy("gpupool", typical_shapes=DEFAULT_SHAPES)), DEFAULT_SHAPES, 8)
+    sim = QueueSim([node], quick(get_policy("gpupool", typical_shapes=DEFAULT_SHAPES)), DEFAULT_SHAPES, 8)
     sim.arrive(0, request_, 0.0, request_.total_gpu_milli)
     assert sim.serve(0.0) == [0]
     _, assignment, _ = sim.running[0]
@@ -70,7 +70,7 @@ def test_queue_books_are_the_ledgers(node: NodeState, request_: GpuRequest) -> N
 def test_a_class_leaves_a_node_with_its_last_task() -> None:
     node = NodeState("n", 64000, 262144, gpus(1))
     training = GpuRequest(gpu_milli=250, workload_class="training")
-    sim = _QueueSim([node], quick(get_policy("gpupool", typical_shapes=DEFAULT_SHAPES)), DEFAULT_SHAPES, 8)
+    sim = QueueSim([node], quick(get_policy("gpupool", typical_shapes=DEFAULT_SHAPES)), DEFAULT_SHAPES, 8)
     for k in range(2):
         sim.arrive(k, training, 0.0, 250)
     assert sim.serve(0.0) == [0, 1]

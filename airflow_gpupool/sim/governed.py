@@ -1,0 +1,462 @@
+"""Queue mode with teams: quotas, fair order, headroom and preemption, as the ledger applies them.
+
+The rules are those of :mod:`airflow_gpupool.governance` (the functions the ledger calls), on
+the queue rule of :func:`airflow_gpupool.placement.queue.serve` and the placement policies; this
+module only keeps time. Policies compared (:data:`POLICIES`):
+
+- ``gpupool``: admission by quota with borrowing (:class:`QuotaState`), fair order
+  (:class:`FairShare`), headroom for urgent work (:func:`fits_headroom`; lent to preemptible
+  work when the teams file says ``headroom_lent``), and preemption of the
+  victims that lose the least work (:func:`choose_victims`) with a checkpoint grace: a victim that
+  can write a checkpoint on SIGTERM does so and ends, losing only the seconds spent writing it;
+  one that cannot runs to the grace's deadline and loses what followed its last periodic checkpoint;
+- ``kueue-like``: the same quotas and borrowing, priority then FIFO, no headroom, Kueue's victim
+  order (borrowers, lowest priority, newest), victims stopped at once: they lose the work since
+  their last periodic checkpoint, and there is no minimum runtime;
+- ``no-preemption``: ``gpupool`` without preemption;
+- ``airflow-pool``: an Airflow pool (whole-GPU slots, priority then FIFO, no quotas, no bound on
+  overtakes, spreading placement).
+
+A preempted try queues again at its own priority with the work left after its newest checkpoint
+and does not preempt in turn. ``lost_gpu_s`` counts GPU-seconds of work thrown away (computed
+since the checkpoint a retry resumes from); ``grace_gpu_s`` those a victim held while writing
+its emergency checkpoint (no work lost, but no work done either).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import defaultdict
+from dataclasses import dataclass, replace
+from typing import Any, cast
+
+from airflow_gpupool.governance.admission import QuotaState
+from airflow_gpupool.governance.capacity import fits_headroom, is_urgent
+from airflow_gpupool.governance.fairness import FairShare
+from airflow_gpupool.governance.preemption import (
+    Preemptor,
+    VictimCandidate,
+    VictimOrder,
+    choose_victims,
+    lost_gpu_seconds,
+)
+from airflow_gpupool.placement.accounting import deallocate
+from airflow_gpupool.placement.fit import EXCLUSIVE_CLASSES, choices
+from airflow_gpupool.placement.frag import DEFAULT_SHAPES
+from airflow_gpupool.placement.policy import get_policy
+from airflow_gpupool.placement.queue import QueueEntry, serve
+from airflow_gpupool.placement.snapshot import ClusterSnapshot, NodeState
+from airflow_gpupool.placement.verdict import Assignment, NoFitReason
+from airflow_gpupool.sim.queue import MAX_OVERTAKES, QueueSim, whole_slots
+from airflow_gpupool.sim.replay import quick
+from airflow_gpupool.sim.teams import Job, TeamsPlan
+
+__all__ = ["POLICIES", "GovernancePolicy", "TeamsSim"]
+
+
+@dataclass(frozen=True)
+class GovernancePolicy:
+    """Which rules a compared policy applies."""
+
+    name: str
+    quotas: bool
+    fair_order: bool
+    headroom: bool
+    preemption: VictimOrder | None
+    grace: bool
+    min_runtime: bool
+    whole_slots: bool = False
+    placement: str = "gpupool"
+    max_overtakes: int = MAX_OVERTAKES
+
+
+POLICIES = {
+    p.name: p
+    for p in (
+        GovernancePolicy("gpupool", True, True, True, VictimOrder.LEAST_WORK_LOST, True, True),
+        GovernancePolicy("kueue-like", True, False, False, VictimOrder.KUEUE, False, False),
+        GovernancePolicy("no-preemption", True, True, True, None, False, True),
+        GovernancePolicy("airflow-pool", False, False, False, None, False, False, True, "spread", 10**9),
+    )
+}
+#: Waiting requests considered for preemption per pass, in serving order.
+PREEMPTION_LOOKAHEAD = 8
+FINISH, RELEASE, ARRIVE = 0, 1, 2  # event kinds, in the order they are handled at one instant
+
+
+@dataclass
+class _Try:
+    """One try of a job: queued, running, or being preempted."""
+
+    job: Job
+    remaining_s: float
+    queued_at: float
+    was_preempted: bool = False
+    started_at: float | None = None
+    node: int = -1
+    releasing: bool = False
+
+
+class TeamsSim(QueueSim):
+    """Queue state plus teams: who holds what, tries, preemptions, the event heap."""
+
+    def __init__(
+        self, nodes: list[NodeState], plan: TeamsPlan, policy: GovernancePolicy, warm: float
+    ) -> None:
+        engine = get_policy(policy.placement, seed=0, typical_shapes=DEFAULT_SHAPES)
+        super().__init__(nodes, quick(engine), DEFAULT_SHAPES, policy.max_overtakes)
+        self.plan, self.policy, self.warm = plan, policy, warm
+        self.capacity = ClusterSnapshot(tuple(nodes)).gpu_capacity_milli
+        self.nominal = {t: plan.nominal_milli(t) for t in plan.teams}
+        self.tries: dict[int, _Try] = {}
+        self.held_by: dict[str, int] = defaultdict(int)
+        self.area: dict[str, float] = defaultdict(float)
+        self.borrowed_area: dict[str, float] = defaultdict(float)
+        self.preemptions: dict[str, int] = defaultdict(int)
+        self.lost: dict[str, float] = defaultdict(float)
+        self.grace: dict[str, float] = defaultdict(float)
+        self.waited: dict[str, list[tuple[float, bool]]] = defaultdict(list)
+        self.pending: dict[int, tuple[set[int], int]] = {}  # preemptor -> (victims left, node)
+        self.events: list[tuple[float, int, int]] = []
+        self.next_try = 0
+        self.on_node: dict[int, set[int]] = defaultdict(set)
+        self.slots_milli = 0  # what running tries hold, as their requests count it
+        self._free, self._failed, self._draining = 0, set[tuple[Any, ...]](), set[str]()  # one pass's
+        # Tries that found no room in the last pass: until a slice is given back, capacity,
+        # quotas and headroom only tighten, so they are not placed again (the queue rule still
+        # counts their overtakes).
+        self.blocked: set[int] = set()
+
+    # -- time and books ------------------------------------------------------------------------
+
+    def advance(self, now: float, warm: float) -> None:
+        if now > warm:
+            dt = now - max(self.last, warm)
+            for team, milli in self.held_by.items():
+                self.area[team] += milli * dt
+                self.borrowed_area[team] += max(0, milli - self.nominal.get(team, 0)) * dt
+        super().advance(now, warm)
+
+    def enqueue(self, job: Job, now: float, remaining: float, *, was_preempted: bool = False) -> None:
+        k, self.next_try = self.next_try, self.next_try + 1
+        self.tries[k] = _Try(job, remaining, now, was_preempted)
+        request = whole_slots(job.request) if self.policy.whole_slots else job.request
+        self.arrive(k, request, now, job.request.total_gpu_milli)
+
+    def _start(self, k: int, request: Any, assignment: Assignment, now: float) -> None:
+        t = self.tries[k]
+        del self.waiting[str(k)]
+        t.started_at, t.node = now, self.where[assignment.node]
+        self.running[k] = (request, assignment, t.node)
+        self.on_node[t.node].add(k)
+        self.slots_milli += request.total_gpu_milli
+        self.started_at[k] = now
+        self.allocated += self.useful[k]
+        self.held_by[t.job.team] += self.useful[k]
+        if t.queued_at >= self.warm:
+            self.waited[t.job.team].append((now - t.queued_at, self.urgent(t.job)))
+        heapq.heappush(self.events, (now + t.remaining_s, FINISH, k))
+
+    def end(self, k: int) -> None:
+        """A try's slice is given back (it finished, or its preemption completed)."""
+        self.held_by[self.tries[k].job.team] -= self.useful[k]
+        self.on_node[self.running[k][2]].discard(k)
+        self.slots_milli -= self.running[k][0].total_gpu_milli
+        self.depart(k)
+        self.freed = True
+
+    def urgent(self, job: Job) -> bool:
+        """Whether the job may use the headroom (urgent priority or inference)."""
+        r = job.request
+        return is_urgent(r.priority, r.workload_class.value, self.plan.urgent_priority)
+
+    # -- the queue pass ------------------------------------------------------------------------
+
+    def _used(self) -> dict[tuple[str, Any], int]:
+        return {(team, self.plan.flavor): milli for team, milli in self.held_by.items()}
+
+    def _admits(self, job: Job, free: int) -> bool:
+        milli = job.request.total_gpu_milli
+        if (
+            self.policy.quotas
+            and not QuotaState(self.plan.quotas, self._used())
+            .admit(job.team, [self.plan.flavor], milli)
+            .admitted
+        ):
+            return False
+        if self.policy.headroom:
+            return fits_headroom(
+                self.capacity,
+                free,
+                milli,
+                self.plan.headroom,
+                urgent=self.urgent(job),
+                lendable=self._lends(job),
+            )
+        return True
+
+    def _saves_on_sigterm(self, job: Job) -> bool:
+        """Whether the job writes a checkpoint on SIGTERM within the grace (it opts in)."""
+        seconds = job.emergency_checkpoint_s
+        return seconds is not None and seconds <= self.plan.grace_s
+
+    def _lends(self, job: Job) -> bool:
+        return self.plan.headroom_lent and job.request.preemptible
+
+    def ordered(self) -> list[QueueEntry]:
+        """Return the waiting requests in serving order, renumbered so the queue rule keeps it.
+
+        ``request_id`` stays the try's number; ``seq`` becomes the rank in the fair order.
+        """
+        entries = [e for e in self.waiting.values() if e.seq not in self.pending]
+        if not self.policy.fair_order:
+            return sorted(entries, key=lambda e: (-e.request.priority, e.seq))
+        fair = FairShare(self.plan.quotas, dict(self.held_by), self.capacity)
+        order = fair.order([_Queued(e, self.tries[e.seq]) for e in entries])
+        return [replace(cast(_Queued, q).entry, seq=rank) for rank, q in enumerate(order)]
+
+    def pass_(self, now: float) -> None:
+        """Serve the queue, then let the first waiting requests preempt."""
+        entries = self.ordered()
+        self._free = self.capacity - self.allocated_milli()
+        self._failed = set()
+        # A node drained for a preemptor is its alone until its victims have ended.
+        self._draining = {self.nodes[i].name for _, i in self.pending.values()}
+        if self.freed:
+            self.blocked, self.freed = set(), False
+        outcome = serve(entries, self._try_place, self.max_overtakes, self._hold)
+        for entry, assignment in outcome.granted:
+            self._start(int(entry.request_id), entry.request, assignment, now)
+        for rid, count in outcome.overtakes.items():
+            self.waiting[rid] = replace(self.waiting[rid], overtakes=count)
+        if self.policy.preemption is not None:
+            left = [int(e.request_id) for e in entries if e.request_id in self.waiting]
+            for k in left[:PREEMPTION_LOOKAHEAD]:
+                self._preempt_for(k, now)
+
+    def _try_place(self, entry: QueueEntry, held: frozenset[str]) -> Assignment | None:
+        """Place one waiting try within its quota and the headroom, as the queue rule asks."""
+        k = int(entry.request_id)
+        if k in self.blocked:
+            return None
+        r = entry.request
+        key = (r.gpus, r.gpu_milli, r.workload_class)
+        if not self._admits(self.tries[k].job, self._free) or key in self._failed:
+            self.blocked.add(k)
+            return None  # capacity only shrinks during a pass
+        nodes = tuple(n for n in self.nodes if n.name not in held and n.name not in self._draining)
+        if not nodes:
+            return None
+        verdict = self.place(ClusterSnapshot(nodes), r)
+        if not isinstance(verdict, Assignment):
+            self._failed.add(key)
+            self.blocked.add(k)
+            return None
+        self._take(self.where[verdict.node], r, verdict)
+        self._free -= r.total_gpu_milli
+        return verdict
+
+    def allocated_milli(self) -> int:
+        """Milli-GPU held by running tries, as their requests count it."""
+        return self.slots_milli
+
+    # -- preemption ----------------------------------------------------------------------------
+
+    def _candidate(self, k: int, now: float) -> VictimCandidate:
+        t = self.tries[k]
+        r = t.job.request
+        started = t.started_at if t.started_at is not None else now
+        checkpoint = _last_checkpoint(started, now, t.job.checkpoint_interval_s)
+        if self.policy.grace and self._saves_on_sigterm(t.job):
+            checkpoint = now  # it will write one in its grace: stopping it loses (almost) nothing
+        team = t.job.team
+        borrowed = self.held_by[team] > self.nominal.get(team, 0)
+        return VictimCandidate(
+            str(k), r.priority, r.preemptible, started, self.useful[k], checkpoint, borrowed
+        )
+
+    def _preempt_for(self, k: int, now: float) -> None:
+        t = self.tries[k]
+        r = t.job.request
+        milli = r.total_gpu_milli
+        if t.was_preempted or k in self.pending:
+            return
+        if (
+            self.policy.quotas
+            and not QuotaState(self.plan.quotas, self._used())
+            .admit(t.job.team, [self.plan.flavor], milli)
+            .admitted
+        ):
+            return
+        reclaims = self.held_by[t.job.team] + milli <= self.nominal.get(t.job.team, 0)
+        if not reclaims and not any(
+            self.tries[v].job.request.preemptible and self.tries[v].job.request.priority < r.priority
+            for v in self.running
+        ):
+            return  # nobody it may preempt (a shortcut: choose_victims would say the same)
+        preemptor = Preemptor(r.priority, milli, reclaims)
+        best: tuple[float, int, tuple[int, ...]] | None = None
+        for i in range(len(self.nodes)):
+            if isinstance(choices(self.empty[i], r), NoFitReason):
+                continue
+            found = self._victims_on(i, preemptor, r, now)
+            if found is not None and (best is None or found[0] < best[0]):
+                best = (found[0], i, found[1])
+        if best is None:
+            return
+        _, i, victims = best
+        if self.policy.headroom and not fits_headroom(
+            self.capacity,
+            self.capacity - self.allocated_milli() + sum(self.useful[v] for v in victims),
+            milli,
+            self.plan.headroom,
+            urgent=self.urgent(t.job),
+            lendable=self._lends(t.job),
+        ):
+            return
+        self.pending[k] = (set(victims), i)
+        for v in victims:
+            self._stop(v, now)
+
+    def _victims_on(
+        self, i: int, preemptor: Preemptor, request: Any, now: float
+    ) -> tuple[float, tuple[int, ...]] | None:
+        """Return (cost, victims) that make room for ``request`` on node ``i``, or None.
+
+        A request of an exclusive class must take every grant of the conflicting class there.
+        """
+        on_node = sorted(self.on_node[i])
+        if any(self.tries[k].releasing for k in on_node):
+            return None  # a preemption is already draining this node
+        order = self.policy.preemption or VictimOrder.LEAST_WORK_LOST
+        min_runtime = self.plan.min_runtime_s if self.policy.min_runtime else 0.0
+        candidates = {k: self._candidate(k, now) for k in on_node}
+        conflicting = EXCLUSIVE_CLASSES.get(request.workload_class.value)
+        forced = [k for k in on_node if self.tries[k].job.request.workload_class.value == conflicting]
+        if forced:
+            taken = choose_victims(
+                replace(preemptor, milli=sum(self.useful[k] for k in forced)),
+                [candidates[k] for k in forced],
+                free_milli=0,
+                now=now,
+                min_runtime_seconds=min_runtime,
+                order=order,
+            )
+            if taken is None or len(taken) != len(forced):
+                return None  # one of them may not be preempted: the node cannot take the request
+        chosen = choose_victims(
+            preemptor,
+            [candidates[k] for k in on_node if k not in forced],
+            free_milli=self.nodes[i].gpu_free_milli + sum(self.useful[k] for k in forced),
+            now=now,
+            min_runtime_seconds=min_runtime,
+            order=order,
+        )
+        if chosen is None:
+            return None
+        victims = tuple(forced) + tuple(int(v.reservation_id) for v in chosen)
+        if not victims or not self._fits_without(i, victims, request):
+            return None
+        if order is VictimOrder.KUEUE:
+            return float(len(victims)), victims  # Kueue does not see checkpoints
+        return sum(lost_gpu_seconds(candidates[v], now) for v in victims), victims
+
+    def _fits_without(self, i: int, victims: tuple[int, ...], request: Any) -> bool:
+        """Whether ``request`` fits on node ``i`` once ``victims`` are gone (whole GPUs, classes)."""
+        node = self.nodes[i]
+        gone = set(victims)
+        left = {
+            self.tries[k].job.request.workload_class.value
+            for k, (_, _, n) in self.running.items()
+            if n == i and k not in gone
+        }
+        for v in victims:
+            r, assignment, _ = self.running[v]
+            node = deallocate(node, r, assignment, frozenset(left & set(EXCLUSIVE_CLASSES)))
+        return not isinstance(choices(node, request), NoFitReason)
+
+    def _stop(self, v: int, now: float) -> None:
+        """Preempt try ``v``: SIGTERM with a grace (gpupool), or stopped at once (kueue-like).
+
+        A step that writes a checkpoint on SIGTERM ends once written (within the grace) and loses
+        no work; one that does not handle SIGTERM ends at once, as a container does, and loses
+        the work since its last periodic checkpoint, as every victim of ``kueue-like`` does.
+        """
+        t = self.tries[v]
+        job = t.job
+        milli = self.useful[v] / 1000
+        started = t.started_at if t.started_at is not None else now
+        t.releasing = True
+        if now >= self.warm:
+            self.preemptions[job.team] += 1
+        if self.policy.grace and self._saves_on_sigterm(job):
+            writing = float(job.emergency_checkpoint_s or 0.0)
+            release, saved = now + writing, now - started
+            if now >= self.warm:
+                self.grace[job.team] += milli * writing
+        else:
+            release = now
+            saved = (_last_checkpoint(started, now, job.checkpoint_interval_s) or started) - started
+            if now >= self.warm:
+                self.lost[job.team] += milli * (now - started - saved)
+        t.remaining_s -= saved
+        if release > now:
+            heapq.heappush(self.events, (release, RELEASE, v))
+        else:
+            self.release(v, now)
+
+    def release(self, v: int, now: float) -> None:
+        """A preempted try's pod has ended: its slice passes on, its retry queues again."""
+        t = self.tries[v]
+        self.end(v)
+        self.enqueue(t.job, now, t.remaining_s, was_preempted=True)
+        self._hand_over(v, now)
+
+    def _hand_over(self, v: int, now: float) -> None:
+        """Give the preemptor waiting on ``v`` its node once every one of its victims has ended."""
+        for k, (left, i) in list(self.pending.items()):
+            left.discard(v)
+            if left:
+                continue
+            del self.pending[k]
+            request = self.waiting[str(k)].request
+            verdict = self.place(ClusterSnapshot((self.nodes[i],)), request)
+            if isinstance(verdict, Assignment):
+                self._take(i, request, verdict)
+                self._start(k, request, verdict, now)
+
+    def finish(self, k: int, now: float) -> bool:
+        """A try's FINISH event: end it unless it was preempted since (then its RELEASE ends it)."""
+        if k not in self.running or self.tries[k].releasing:
+            return False
+        self.end(k)
+        self._hand_over(k, now)
+        return True
+
+
+@dataclass(frozen=True)
+class _Queued:
+    """A waiting entry as :class:`FairShare` sees it."""
+
+    entry: QueueEntry
+    attempt: _Try
+
+    @property
+    def team(self) -> str:
+        return self.attempt.job.team
+
+    @property
+    def priority(self) -> int:
+        return self.entry.request.priority
+
+    @property
+    def created_at(self) -> float:
+        return self.attempt.queued_at
+
+
+def _last_checkpoint(started: float, now: float, interval: float | None) -> float | None:
+    """Return when the newest periodic checkpoint of a try started at ``started`` was written."""
+    if interval is None or now - started < interval:
+        return None
+    return started + math.floor((now - started) / interval) * interval
