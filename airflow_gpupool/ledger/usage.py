@@ -4,14 +4,17 @@ A grant counts from its grant to its end (or to ``until`` while it still holds) 
 range, times the milli-GPU it holds in the quota's units (:func:`~airflow_gpupool.ledger.quotas.grant_milli`:
 a MIG slice counts its compute share). Shares are of the GPU-hours used in the range; a pool's
 utilization is of its GPUs' hours (today's inventory: the ledger keeps no history of it).
-Stored quotas are listed next to what each team holds now: nominal, and borrowed (held above nominal).
+Stored quotas are listed next to what each team holds now: nominal, borrowed (held above
+nominal) and lent (what its cohort borrows, shared among the cohort's lenders in proportion to what
+each may lend). Reserved against used: the SM utilization the node agents last reported for the
+GPUs each team's grants hold (teams whose GPUs no agent reports are left out).
 """
 
 from __future__ import annotations
 
 import json
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import or_, select
@@ -23,6 +26,7 @@ from airflow_gpupool.ledger.quotas import LedgerQuotas
 if TYPE_CHECKING:
     from sqlalchemy import Connection
 
+    from airflow_gpupool.governance.quotas import TeamQuota
     from airflow_gpupool.ledger.ledger import Ledger
     from airflow_gpupool.ledger.models import LedgerSnapshot
 
@@ -40,6 +44,7 @@ class QuotaUse:
     flavor: str
     nominal: float
     held: float
+    lent: float = 0.0
 
     @property
     def borrowed(self) -> float:
@@ -60,6 +65,7 @@ class QuotaUse:
             "held": self.held,
             "borrowed": self.borrowed,
             "unused": self.unused,
+            "lent": self.lent,
         }
 
 
@@ -72,6 +78,7 @@ class UsageReport:
     gpu_hours: dict[tuple[str, str], float]
     pool_gpus: dict[str, int]
     quotas: tuple[QuotaUse, ...]
+    team_utilization: dict[str, float] = field(default_factory=dict)
 
     @property
     def hours(self) -> float:
@@ -114,7 +121,15 @@ class UsageReport:
             "since": self.since,
             "until": self.until,
             "total_gpu_hours": self.total,
-            "teams": [{"team": t, "gpu_hours": h, "share": self.share(h)} for t, h in teams.items()],
+            "teams": [
+                {
+                    "team": t,
+                    "gpu_hours": h,
+                    "share": self.share(h),
+                    "utilization": self.team_utilization.get(t),
+                }
+                for t, h in teams.items()
+            ],
             "pools": [
                 {
                     "pool": p,
@@ -187,8 +202,47 @@ def usage_report(ledger: Ledger, snapshot: LedgerSnapshot, hours: float) -> Usag
         pool_gpus[node.node_pool] += len(node.gpus)
     quotas = LedgerQuotas(ledger)
     held = quotas.usage(snapshot.grants)
-    uses = tuple(
+    plan = quotas.list().quotas
+    uses = [
         QuotaUse(q.team, str(q.flavor), q.nominal_milli / 1000, held.get((q.team, q.flavor), 0) / 1000)
-        for q in quotas.list().quotas
+        for q in plan
+    ]
+    return UsageReport(
+        since, until, used, dict(pool_gpus), _with_lent(plan, uses), _team_utilization(snapshot)
     )
-    return UsageReport(since, until, used, dict(pool_gpus), uses)
+
+
+def _with_lent(plan: tuple[TeamQuota, ...], uses: list[QuotaUse]) -> tuple[QuotaUse, ...]:
+    """Share what each cohort borrows of a flavor among its lenders, by what each may lend.
+
+    Borrowed capacity has no single lender in the ledger (a grant takes free capacity, not a
+    team's), so the proportional split is the account, as Kueue reports a cohort's lending.
+    """
+    lendable: list[float] = []
+    for quota, use in zip(plan, uses, strict=True):
+        limit = use.unused if quota.lending_limit_milli is None else quota.lending_limit_milli / 1000
+        lendable.append(min(use.unused, limit) if quota.cohort else 0.0)
+    borrowed: dict[tuple[str, str], float] = defaultdict(float)
+    offered: dict[tuple[str, str], float] = defaultdict(float)
+    for quota, use, may_lend in zip(plan, uses, lendable, strict=True):
+        if quota.cohort:
+            borrowed[(quota.cohort, use.flavor)] += use.borrowed
+            offered[(quota.cohort, use.flavor)] += may_lend
+    out = []
+    for quota, use, may_lend in zip(plan, uses, lendable, strict=True):
+        key = (quota.cohort or "", use.flavor)
+        total = offered.get(key, 0.0)
+        lent = min(may_lend, borrowed.get(key, 0.0) * may_lend / total) if total > 0 else 0.0
+        out.append(replace(use, lent=lent))
+    return tuple(out)
+
+
+def _team_utilization(snapshot: LedgerSnapshot) -> dict[str, float]:
+    """Return each team's mean SM utilization (0–1) over the GPUs its grants hold, as agents last reported."""
+    samples: dict[str, list[float]] = defaultdict(list)
+    for node in snapshot.nodes:
+        for gpu in node.gpus:
+            for use in (gpu.get("usage") or {}).values():
+                if "team" in use:
+                    samples[use["team"]].append((use.get("utilization") or 0) / 100.0)
+    return {team: sum(values) / len(values) for team, values in sorted(samples.items())}

@@ -38,6 +38,10 @@ TERMS = {
     "Utilization": "GPU-hours held in the pool over its GPUs × the range's hours.",
     "Nominal": "the GPUs a team's quota guarantees in a flavor (a node pool or a GPU model).",
     "Borrowed": "GPUs held above nominal now, lent by other teams of the cohort while they do not use them.",
+    "Lent": "the part of this team's unused nominal (within its lending limit) that its cohort borrows now, "
+    "split among the cohort's lenders by what each may lend.",
+    "GPU use now": "mean SM utilization that the node agents last reported for the GPUs this team holds "
+    "(– where no agent reports): reserved against used.",
     "Waited": "from the request to its grant (or to its end when never granted).",
     "Held": "from the grant to the release, expiry or now.",
 }
@@ -98,6 +102,7 @@ def usage_html(report: UsageReport, view: PageView) -> str:
             f'<span class="dot" style="background:{team_colour(t)}"></span>{escape(t)}',
             f"{h:.2f}",
             f"{report.share(h):.1%}",
+            f"{report.team_utilization[t]:.0%}" if t in report.team_utilization else "–",
         ]
         for t, h in report.by_team().items()
     ]
@@ -119,23 +124,26 @@ def usage_html(report: UsageReport, view: PageView) -> str:
             _gpus(q.held),
             f'<b class="borrowed">{_gpus(q.borrowed)}</b>' if q.borrowed else "0",
             _gpus(q.unused),
+            _gpus(q.lent),
         ]
         for q in report.quotas
     ]
     quota_table = (
         "<h3>Quotas now</h3>"
-        + table_html(["Team", "Flavor", "Nominal", "Held", "Borrowed", "Unused"], quotas, "", "quotas")
+        + table_html(
+            ["Team", "Flavor", "Nominal", "Held", "Borrowed", "Unused", "Lent"], quotas, "", "quotas"
+        )
         if quotas
         else ""
     )
     return (
         f"{_range_links(view)}"
         f'<div class="usage-grid"><div><h3>By team ({report.total:.2f} GPU-hours)</h3>'
-        f"{table_html(['Team', 'GPU-hours', 'Share'], teams, 'No GPU held in this range.', 'by-team')}</div>"
+        f"{table_html(['Team', 'GPU-hours', 'Share', 'GPU use now'], teams, 'No GPU held in this range.', 'by-team')}</div>"
         f"<div><h3>By node pool</h3>"
         f"{table_html(['Pool', 'GPUs', 'GPU-hours', 'Share', 'Utilization'], pools, 'No node pools.', 'by-pool')}</div></div>"
         f"{quota_table}"
-        f"{definitions_html(['GPU-hours', 'Share', 'Utilization', 'Nominal', 'Borrowed'])}"
+        f"{definitions_html(['GPU-hours', 'Share', 'Utilization', 'GPU use now', 'Nominal', 'Borrowed', 'Lent'])}"
     )
 
 

@@ -20,6 +20,7 @@ import pytest
 from airflow_gpupool.exceptions import FailureClass, InvalidRequestError
 from airflow_gpupool.governance.quotas import Flavor, QuotaPlan, TeamQuota
 from airflow_gpupool.ledger import Ledger
+from airflow_gpupool.ledger.agent_report import GpuSample, NodeReport
 from airflow_gpupool.ledger.attempts import TaskAttempt, TaskAttempts
 from airflow_gpupool.ledger.history import HistoryFilter, LedgerHistory
 from airflow_gpupool.ledger.quotas import LedgerQuotas
@@ -168,6 +169,49 @@ def test_quotas_show_nominal_held_and_borrowed(ledger: Ledger, clock: FakeClock)
         ("vision", 2.0, 3.0, 1.0, 0.0),
     ]
     assert report.by_team() == pytest.approx({"vision": 1.5})  # 3 GPUs for the last half hour
+
+
+def test_a_cohorts_borrowing_is_lent_by_its_lenders_within_their_lending_limits(
+    ledger: Ledger, clock: FakeClock
+) -> None:
+    ledger.upsert_nodes([node("a100-1", gpus=8, model="A100", pool="train")])
+    ledger.reserve(GpuRequest(gpus=3, team="vision"), "v@w", ttl=600)
+    train = Flavor("pool", "train")
+    LedgerQuotas(ledger).apply(
+        QuotaPlan(
+            (
+                TeamQuota("nlp", train, 2000, "lab"),
+                TeamQuota("ops", train, 2000, "lab", lending_limit_milli=500),
+                TeamQuota("solo", train, 2000),  # no cohort: lends nothing
+                TeamQuota("vision", train, 2000, "lab"),
+            )
+        )
+    )
+    report = usage_report(ledger, ledger.snapshot(), 1)
+    # vision borrows 1 GPU; nlp may lend 2 and ops 0.5, so they lend 1 x 2/2.5 and 1 x 0.5/2.5.
+    assert {q.team: q.lent for q in report.quotas} == pytest.approx(
+        {"nlp": 0.8, "ops": 0.2, "solo": 0.0, "vision": 0.0}
+    )
+    assert [q["lent"] for q in report.to_dict()["quotas"]] == pytest.approx([0.8, 0.2, 0.0, 0.0])
+
+
+def test_a_teams_gpu_use_is_what_the_agent_last_reported_for_its_gpus(
+    ledger: Ledger, clock: FakeClock
+) -> None:
+    a100 = node("a100-1", gpus=2, model="A100", pool="train")
+    ledger.upsert_nodes([a100])
+    ledger.reserve(GpuRequest(gpus=1, team="vision"), "v@w", ttl=600)
+    clock.advance(300)
+    samples = tuple(
+        GpuSample(
+            index=g.index, uuid=g.uuid, bus_id=f"0000:0{g.index}:00.0", model="A100", utilization_gpu=80
+        )
+        for g in a100.gpus
+    )
+    ledger.record_report(NodeReport("a100-1", clock(), 30.0, gpus=samples))
+    report = usage_report(ledger, ledger.snapshot(), 1)
+    assert report.team_utilization == pytest.approx({"vision": 0.8})  # only the GPU it holds counts
+    assert report.to_dict()["teams"][0]["utilization"] == pytest.approx(0.8)
 
 
 def test_pruning_keeps_live_and_recent_history_and_the_counters(story: Ledger, clock: FakeClock) -> None:
