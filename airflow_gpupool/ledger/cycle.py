@@ -24,6 +24,7 @@ from airflow_gpupool.ledger.cache import CapacityCache, classes_from_counts
 from airflow_gpupool.ledger.equivalence import EquivalenceIndex
 from airflow_gpupool.ledger.explain import WaitContext, blocked_message
 from airflow_gpupool.ledger.models import ReapResult, ReservationState
+from airflow_gpupool.ledger.queue_copy import QueueCopy
 from airflow_gpupool.ledger.records import GRANTED, HOLDING, assignment_of, class_delta
 from airflow_gpupool.ledger.service import PassMemo, ServiceMemo
 from airflow_gpupool.ledger.store import LOGGER_NAME, LedgerStore, Tx
@@ -94,6 +95,9 @@ class WriteCycle:
         self._equivalence = EquivalenceIndex()
         self._service = ServiceMemo()
         self._shapes: dict[str, GpuRequest] = {}
+        self.queue = QueueCopy()
+        # The hold the last pass logged: a hold is logged when it changes, not at every pass.
+        self._logged_hold: tuple[str, str] | None = None
 
     def write(self, fn: Callable[[Tx], T]) -> T:
         """Run ``fn`` in one write transaction, after expiring the leases and requests that are due."""
@@ -117,6 +121,7 @@ class WriteCycle:
         """Expire dead leases and overdue requests, then serve the queue."""
 
         def run(tx: Tx) -> ReapResult:
+            tx.queue_tracked = True
             # Every write transaction starts by expiring what is due; report what it did.
             self.serve(tx)
             return ReapResult(tuple(tx.expired), tuple(tx.timed_out), tuple(tx.granted), tuple(tx.orphaned))
@@ -207,6 +212,7 @@ class WriteCycle:
         )
         tx.dirty = True
         tx.settled.append(row.id)
+        tx.queue_touched.add(row.id)
 
     def end_grant(self, tx: Tx, row: Row[Any], state: ReservationState, message: str) -> None:
         """End a grant in ``state`` and give what it held back to its node.
@@ -284,10 +290,16 @@ class WriteCycle:
             tx.conn.execute(
                 sql.SET_OVERTAKES, [{"rid": rid, "overtake_count": n} for rid, n in counts.items()]
             )
+            tx.queue_touched.update(counts)
         for rid, node in outcome.holds.items():
-            log.info(
-                "Queue holds node %s for %s: its overtake budget (%d) is spent", node, rid, self.max_overtakes
-            )
+            if (rid, node) != self._logged_hold:
+                self._logged_hold = (rid, node)
+                log.info(
+                    "Queue holds node %s for %s: its overtake budget (%d) is spent",
+                    node,
+                    rid,
+                    self.max_overtakes,
+                )
         if outcome.barrier is not None:
             log.info(
                 "Queue held for %s: its overtake budget is spent and no node can be held", outcome.barrier
@@ -303,9 +315,19 @@ class WriteCycle:
         can take, holds only exclude more): only the first spent one is read of those. The
         pass then decides what a pass over the whole queue decides, reading what it needs.
         """
-        conn, spent = tx.conn, {"spent": self.max_overtakes}
-        rows = list(conn.execute(sql.WAITING_UNSPENT, spent).all())
-        shapes = conn.execute(sql.SPENT_SHAPES, spent).scalars().all()
+        # The copy is the queue as this transaction found it: once the transaction changed a
+        # waiting row, a pass reads the rows. Requests it queued are read by id.
+        version = None if tx.queue_touched else tx.queue_version
+        copy = self.queue.rows(tx.conn, version, self.max_overtakes, tx.queue_inserted)
+        if copy is not None:
+            rows = list(copy.unspent)
+            if tx.queue_inserted:
+                rows += tx.conn.execute(sql.WAITING_BY_IDS, {"ids": sorted(tx.queue_inserted)}).all()
+            shapes: list[str] = list(copy.spent_by_shape)
+        else:
+            conn, spent = tx.conn, {"spent": self.max_overtakes}
+            rows = list(conn.execute(sql.WAITING_UNSPENT, spent).all())
+            shapes = list(conn.execute(sql.SPENT_SHAPES, spent).scalars().all())
         if not shapes:
             return rows
         fitting = []
@@ -317,9 +339,13 @@ class WriteCycle:
                 memo.shapes_blocked.add(text)
             else:
                 fitting.append(text)
-        if fitting:
-            rows += conn.execute(sql.WAITING_SPENT_OF, {**spent, "shapes": fitting}).all()
-        first = conn.execute(sql.FIRST_SPENT, spent).first()
+        if copy is not None:
+            rows += [row for text in fitting for row in copy.spent_by_shape[text]]
+            first = copy.first_spent
+        else:
+            if fitting:
+                rows += conn.execute(sql.WAITING_SPENT_OF, {**spent, "shapes": fitting}).all()
+            first = conn.execute(sql.FIRST_SPENT, spent).first()
         if first is not None and all(row.id != first.id for row in rows):
             rows.append(first)
         return rows
@@ -403,5 +429,6 @@ def _grant(tx: Tx, entry: QueueEntry, assignment: Assignment) -> None:
     tx.nodes[node] = allocate(tx.nodes[node], request, assignment)
     tx.granted.append(entry.request_id)
     tx.settled.append(entry.request_id)
+    tx.queue_touched.add(entry.request_id)
     tx.assignments[entry.request_id] = assignment
     tx.dirty = True

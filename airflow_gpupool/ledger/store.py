@@ -17,11 +17,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, Row
+from sqlalchemy import Connection, Row, insert
 
 from airflow_gpupool import settings
 from airflow_gpupool.exceptions import StaleCacheError
-from airflow_gpupool.ledger import records
+from airflow_gpupool.ledger import records, schema
 from airflow_gpupool.ledger import statements as sql
 from airflow_gpupool.ledger.cache import CapacityCache
 from airflow_gpupool.ledger.concurrent import ConcurrentPath
@@ -84,6 +84,25 @@ class Tx:
     settled: list[str] = field(default_factory=list)
     # What this transaction's last pass over the queue found (:mod:`~airflow_gpupool.ledger.service`).
     served: Any = None
+    # The queue's version as this transaction began (:mod:`~airflow_gpupool.ledger.queue_copy`).
+    queue_version: int | None = None
+    # Whether every change this transaction makes to waiting rows is recorded below (the
+    # ledger's own grants, releases and reaps); any other write counts as changing the queue.
+    queue_tracked: bool = False
+    # Requests this transaction queued, and waiting rows it changed (granted, ended, overtaken).
+    queue_inserted: set[str] = field(default_factory=set)
+    queue_touched: set[str] = field(default_factory=set)
+
+    def queue_changed(self) -> bool:
+        """Whether the waiting requests differ once this transaction commits.
+
+        A request queued and granted in the same transaction (a grant that fits at once) leaves
+        the queue as it was.
+        """
+        if not self.queue_tracked:
+            return True
+        at_once = self.queue_inserted & set(self.granted)
+        return bool((self.queue_touched | self.queue_inserted) - at_once)
 
     def snapshot(self) -> ClusterSnapshot:
         """Return the capacity as this transaction sees it now."""
@@ -269,7 +288,11 @@ class LedgerStore:
                 self.check_schema(conn)
                 stamp = self.cache.refresh(conn, writing=True)
                 tx = Tx(conn, self._tx_now(conn), stamp.version, dict(self.cache.nodes))
+                tx.queue_version = stamp.queue_version
                 result = fn(tx)
+                if tx.queue_changed():
+                    self._stamp_queue(conn, tx.version, stamp.queue_version is None)
+                    tx.dirty = True  # on SQLite, the next writer then gets another version
                 if tx.settled and not stamp.counter:  # PostgreSQL: delivered at commit
                     notify_waiters(conn, tx.settled)
                 if tx.dirty and stamp.counter:
@@ -283,6 +306,15 @@ class LedgerStore:
     @staticmethod
     def _bump(conn: Connection, key: str, value: int) -> None:
         conn.execute(sql.BUMP_META, {"meta_key": key, "meta_value": value})
+
+    @staticmethod
+    def _stamp_queue(conn: Connection, version: int, missing: bool) -> None:
+        """Stamp the queue's version with this transaction's (the key is added on the first change)."""
+        if missing:
+            # Under the write lock: no other writer adds the key meanwhile.
+            conn.execute(insert(schema.ledger_meta).values(key=sql.QUEUE_VERSION_KEY, value=version))
+        else:
+            conn.execute(sql.BUMP_META, {"meta_key": sql.QUEUE_VERSION_KEY, "meta_value": version})
 
     @transient_retry
     def read(self, fn: Callable[[Connection], T]) -> T:
