@@ -316,13 +316,12 @@ class WriteCycle:
         pass then decides what a pass over the whole queue decides, reading what it needs.
         """
         # The copy is the queue as this transaction found it: once the transaction changed a
-        # waiting row, a pass reads the rows. Requests it queued are read by id.
+        # waiting row, a pass reads the rows. Requests it queued are added as it wrote them.
         version = None if tx.queue_touched else tx.queue_version
         copy = self.queue.rows(tx.conn, version, self.max_overtakes, tx.queue_inserted)
         if copy is not None:
             rows = list(copy.unspent)
-            if tx.queue_inserted:
-                rows += tx.conn.execute(sql.WAITING_BY_IDS, {"ids": sorted(tx.queue_inserted)}).all()
+            rows += tx.queue_inserted.values()
             shapes: list[str] = list(copy.spent_by_shape)
         else:
             conn, spent = tx.conn, {"spent": self.max_overtakes}

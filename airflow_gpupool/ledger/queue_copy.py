@@ -13,14 +13,23 @@ copy is current.
 from __future__ import annotations
 
 import threading
-from collections.abc import Set as AbstractSet
-from typing import Any
+from collections.abc import Container
+from typing import Any, NamedTuple
 
 from sqlalchemy import Connection
 
 from airflow_gpupool.ledger import statements as sql
 
-__all__ = ["QueueCopy", "WaitingRows"]
+__all__ = ["QueueCopy", "QueuedRow", "WaitingRows"]
+
+
+class QueuedRow(NamedTuple):
+    """A request queued by the running transaction, as the queue's reads return its row."""
+
+    id: str
+    request: str
+    seq: int
+    overtakes: int
 
 
 class WaitingRows:
@@ -53,7 +62,7 @@ class QueueCopy:
         self.reads = 0
 
     def rows(
-        self, conn: Connection, version: int | None, spent: int, queued_here: AbstractSet[str]
+        self, conn: Connection, version: int | None, spent: int, queued_here: Container[str]
     ) -> WaitingRows | None:
         """Return the waiting rows at ``version``, read only if this copy is older.
 

@@ -56,8 +56,6 @@ WAITING_SPENT_OF = WAITING.where(
     _r.overtakes >= bindparam("spent"), _r.request.in_(bindparam("shapes", expanding=True))
 )
 FIRST_SPENT = WAITING.where(_r.overtakes >= bindparam("spent")).limit(1)
-# Requests queued by the running transaction (:mod:`~airflow_gpupool.ledger.queue_copy`).
-WAITING_BY_IDS = WAITING.where(_r.id.in_(bindparam("ids", expanding=True)))
 # The queue serves higher priorities first, then the older request (lower ``seq``).
 WAITING_AHEAD = select(func.count()).where(
     _r.state == "waiting",

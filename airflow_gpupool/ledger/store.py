@@ -89,8 +89,9 @@ class Tx:
     # Whether every change this transaction makes to waiting rows is recorded below (the
     # ledger's own grants, releases and reaps); any other write counts as changing the queue.
     queue_tracked: bool = False
-    # Requests this transaction queued, and waiting rows it changed (granted, ended, overtaken).
-    queue_inserted: set[str] = field(default_factory=set)
+    # Requests this transaction queued (their rows, as the queue reads them), and waiting rows
+    # it changed (granted, ended, overtaken).
+    queue_inserted: dict[str, Any] = field(default_factory=dict)
     queue_touched: set[str] = field(default_factory=set)
 
     def queue_changed(self) -> bool:
@@ -101,8 +102,12 @@ class Tx:
         """
         if not self.queue_tracked:
             return True
-        at_once = self.queue_inserted & set(self.granted)
-        return bool((self.queue_touched | self.queue_inserted) - at_once)
+        at_once = self.queue_inserted.keys() & set(self.granted)
+        return bool((self.queue_touched | self.queue_inserted.keys()) - at_once)
+
+    def woken_at_commit(self) -> list[str]:
+        """The settled requests someone may wait for: not those queued in this transaction."""
+        return [rid for rid in self.settled if rid not in self.queue_inserted]
 
     def snapshot(self) -> ClusterSnapshot:
         """Return the capacity as this transaction sees it now."""
@@ -293,8 +298,9 @@ class LedgerStore:
                 if tx.queue_changed():
                     self._stamp_queue(conn, tx.version, stamp.queue_version is None)
                     tx.dirty = True  # on SQLite, the next writer then gets another version
-                if tx.settled and not stamp.counter:  # PostgreSQL: delivered at commit
-                    notify_waiters(conn, tx.settled)
+                woken = tx.woken_at_commit()
+                if woken and not stamp.counter:  # PostgreSQL: delivered at commit
+                    notify_waiters(conn, woken)
                 if tx.dirty and stamp.counter:
                     self._bump(conn, "version", tx.version)
                 if tx.inventory_changed:
