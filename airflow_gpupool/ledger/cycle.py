@@ -204,15 +204,14 @@ class WriteCycle:
         tx.conn.execute(sql.ORPHAN_ROW, {"rid": row.id, "now": tx.now, "orphan_message": message})
         tx.orphaned.append(row.id)
 
-    @staticmethod
-    def end_waiting(tx: Tx, row: Row[Any], state: ReservationState, message: str) -> None:
+    def end_waiting(self, tx: Tx, row: Row[Any], state: ReservationState, message: str) -> None:
         """End a waiting reservation in ``state``."""
         tx.conn.execute(
             sql.END_ROW, {"rid": row.id, "new_state": state.value, "now": tx.now, "end_message": message}
         )
         tx.dirty = True
         tx.settled.append(row.id)
-        tx.queue_touched.add(row.id)
+        tx.spent_changed |= row.overtakes >= self.max_overtakes
 
     def end_grant(self, tx: Tx, row: Row[Any], state: ReservationState, message: str) -> None:
         """End a grant in ``state`` and give what it held back to its node.
@@ -279,10 +278,12 @@ class WriteCycle:
         if memo is not None:
             tx.served = memo.found()
         counts = outcome.overtakes
+        stored = {e.request_id: e.overtakes for e in entries}
+        bound = self.max_overtakes
+        tx.spent_changed |= any(n >= bound > stored[rid] for rid, n in counts.items())
         if self.incremental:
             # Past the bound, a count decides nothing more (spent is spent): kept at the bound, a
             # spent request's row is not written again by every later backfill grant.
-            stored = {e.request_id: e.overtakes for e in entries}
             counts = {rid: n for rid, n in counts.items() if min(n, self.max_overtakes) != stored[rid]}
             counts = {rid: min(n, self.max_overtakes) for rid, n in counts.items()}
         if counts:
@@ -290,7 +291,6 @@ class WriteCycle:
             tx.conn.execute(
                 sql.SET_OVERTAKES, [{"rid": rid, "overtake_count": n} for rid, n in counts.items()]
             )
-            tx.queue_touched.update(counts)
         for rid, node in outcome.holds.items():
             if (rid, node) != self._logged_hold:
                 self._logged_hold = (rid, node)
@@ -315,17 +315,14 @@ class WriteCycle:
         can take, holds only exclude more): only the first spent one is read of those. The
         pass then decides what a pass over the whole queue decides, reading what it needs.
         """
-        # The copy is the queue as this transaction found it: once the transaction changed a
-        # waiting row, a pass reads the rows. Requests it queued are added as it wrote them.
-        version = None if tx.queue_touched else tx.queue_version
-        copy = self.queue.rows(tx.conn, version, self.max_overtakes, tx.queue_inserted)
+        conn, spent = tx.conn, {"spent": self.max_overtakes}
+        rows = list(conn.execute(sql.WAITING_UNSPENT, spent).all())
+        # The copy is the spent requests as this transaction found them: once it changed them,
+        # a pass reads them.
+        copy = self.queue.rows(conn, None if tx.spent_changed else tx.spent_version, self.max_overtakes)
         if copy is not None:
-            rows = list(copy.unspent)
-            rows += tx.queue_inserted.values()
             shapes: list[str] = list(copy.spent_by_shape)
         else:
-            conn, spent = tx.conn, {"spent": self.max_overtakes}
-            rows = list(conn.execute(sql.WAITING_UNSPENT, spent).all())
             shapes = list(conn.execute(sql.SPENT_SHAPES, spent).scalars().all())
         if not shapes:
             return rows
@@ -371,6 +368,7 @@ class WriteCycle:
                     memo.found_blocked(entry, held)
                 return None
             _grant(tx, entry, verdict)
+            tx.spent_changed |= entry.overtakes >= self.max_overtakes
             return verdict
 
         return try_place
@@ -428,6 +426,5 @@ def _grant(tx: Tx, entry: QueueEntry, assignment: Assignment) -> None:
     tx.nodes[node] = allocate(tx.nodes[node], request, assignment)
     tx.granted.append(entry.request_id)
     tx.settled.append(entry.request_id)
-    tx.queue_touched.add(entry.request_id)
     tx.assignments[entry.request_id] = assignment
     tx.dirty = True

@@ -27,7 +27,6 @@ from airflow_gpupool.ledger.cache import classes_from_counts
 from airflow_gpupool.ledger.concurrent import ConcurrentPath
 from airflow_gpupool.ledger.cycle import WriteCycle
 from airflow_gpupool.ledger.models import Grant, ReleaseResult, Reservation, ReservationState
-from airflow_gpupool.ledger.queue_copy import QueuedRow
 from airflow_gpupool.ledger.records import GRANTED, HOLDING, ORPHANED, WAITING
 from airflow_gpupool.ledger.store import LOGGER_NAME, LedgerStore, Tx
 from airflow_gpupool.placement.accounting import allocate, deallocate
@@ -226,13 +225,12 @@ class LedgerGrants:
             if existing is not None:
                 return self._store.reservation(tx.conn, existing)
             tx.queue_tracked = True
-            text = json.dumps(request.to_dict(), sort_keys=True)
-            tx.queue_inserted[rid] = QueuedRow(rid, text, tx.version, 0)
+            tx.queue_inserted.add(rid)
             tx.conn.execute(
                 insert(schema.reservations).values(
                     id=rid,
                     holder=args.holder,
-                    request=text,
+                    request=json.dumps(request.to_dict(), sort_keys=True),
                     priority=request.priority,
                     seq=tx.version,
                     state=WAITING,

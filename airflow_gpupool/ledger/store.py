@@ -84,26 +84,19 @@ class Tx:
     settled: list[str] = field(default_factory=list)
     # What this transaction's last pass over the queue found (:mod:`~airflow_gpupool.ledger.service`).
     served: Any = None
-    # The queue's version as this transaction began (:mod:`~airflow_gpupool.ledger.queue_copy`).
-    queue_version: int | None = None
-    # Whether every change this transaction makes to waiting rows is recorded below (the
-    # ledger's own grants, releases and reaps); any other write counts as changing the queue.
+    # The version of the spent requests as this transaction began (:mod:`~airflow_gpupool.ledger.queue_copy`).
+    spent_version: int | None = None
+    # Whether every change this transaction makes to waiting rows is recorded in ``spent_changed``
+    # (the ledger's own grants, releases and reaps); any other write counts as changing them.
     queue_tracked: bool = False
-    # Requests this transaction queued (their rows, as the queue reads them), and waiting rows
-    # it changed (granted, ended, overtaken).
-    queue_inserted: dict[str, Any] = field(default_factory=dict)
-    queue_touched: set[str] = field(default_factory=set)
+    # Whether a request's budget became spent, or a spent request was granted or ended.
+    spent_changed: bool = False
+    # Requests this transaction queued.
+    queue_inserted: set[str] = field(default_factory=set)
 
-    def queue_changed(self) -> bool:
-        """Whether the waiting requests differ once this transaction commits.
-
-        A request queued and granted in the same transaction (a grant that fits at once) leaves
-        the queue as it was.
-        """
-        if not self.queue_tracked:
-            return True
-        at_once = self.queue_inserted.keys() & set(self.granted)
-        return bool((self.queue_touched | self.queue_inserted.keys()) - at_once)
+    def spent_rows_changed(self) -> bool:
+        """Whether the spent waiting requests differ once this transaction commits."""
+        return self.spent_changed or not self.queue_tracked
 
     def woken_at_commit(self) -> list[str]:
         """The settled requests someone may wait for: not those queued in this transaction."""
@@ -293,10 +286,10 @@ class LedgerStore:
                 self.check_schema(conn)
                 stamp = self.cache.refresh(conn, writing=True)
                 tx = Tx(conn, self._tx_now(conn), stamp.version, dict(self.cache.nodes))
-                tx.queue_version = stamp.queue_version
+                tx.spent_version = stamp.spent_version
                 result = fn(tx)
-                if tx.queue_changed():
-                    self._stamp_queue(conn, tx.version, stamp.queue_version is None)
+                if tx.spent_rows_changed():
+                    self._stamp_spent(conn, tx.version, stamp.spent_version is None)
                     tx.dirty = True  # on SQLite, the next writer then gets another version
                 woken = tx.woken_at_commit()
                 if woken and not stamp.counter:  # PostgreSQL: delivered at commit
@@ -314,13 +307,13 @@ class LedgerStore:
         conn.execute(sql.BUMP_META, {"meta_key": key, "meta_value": value})
 
     @staticmethod
-    def _stamp_queue(conn: Connection, version: int, missing: bool) -> None:
-        """Stamp the queue's version with this transaction's (the key is added on the first change)."""
+    def _stamp_spent(conn: Connection, version: int, missing: bool) -> None:
+        """Stamp the spent requests' version with this transaction's (the key is added on the first change)."""
         if missing:
             # Under the write lock: no other writer adds the key meanwhile.
-            conn.execute(insert(schema.ledger_meta).values(key=sql.QUEUE_VERSION_KEY, value=version))
+            conn.execute(insert(schema.ledger_meta).values(key=sql.SPENT_VERSION_KEY, value=version))
         else:
-            conn.execute(sql.BUMP_META, {"meta_key": sql.QUEUE_VERSION_KEY, "meta_value": version})
+            conn.execute(sql.BUMP_META, {"meta_key": sql.SPENT_VERSION_KEY, "meta_value": version})
 
     @transient_retry
     def read(self, fn: Callable[[Connection], T]) -> T:

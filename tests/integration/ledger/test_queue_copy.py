@@ -1,8 +1,8 @@
-"""The per-process copy of the queue: no queue read while nobody changed it, and every change seen.
+"""The per-process copy of the spent waiting requests: no read of them while nobody changed them.
 
-On both backends, with real ledgers: the queue's version in ``gpupool_meta`` moves with each
-write that changes a waiting row, and a ledger whose copy carries the current version reads
-no waiting rows on a pass.
+On both backends, with real ledgers: the spent requests' version in ``gpupool_meta`` moves
+with each write that makes a budget spent or grants or ends a spent request, and a ledger
+whose copy carries the current version reads no spent row on a pass.
 """
 
 from __future__ import annotations
@@ -21,22 +21,21 @@ WHOLE_NODE = GpuRequest(gpus=8, cpu_milli=1000, memory_mib=1024)
 ONE_GPU = GpuRequest(gpus=1, cpu_milli=1000, memory_mib=1024)
 
 
-def queue_version(ledger: Ledger) -> int | None:
+def spent_version(ledger: Ledger) -> int | None:
     def run(conn: Connection) -> int | None:
         meta = schema.ledger_meta.c
-        return conn.execute(select(meta.value).where(meta.key == sql.QUEUE_VERSION_KEY)).scalar()
+        return conn.execute(select(meta.value).where(meta.key == sql.SPENT_VERSION_KEY)).scalar()
 
     return ledger.read(run)
 
 
 @pytest.fixture
-def queue_reads(ledger: Ledger) -> Iterator[list[str]]:
-    """Every statement of ``ledger`` that reads the queue (not a request it queued, by id)."""
+def spent_reads(ledger: Ledger) -> Iterator[list[str]]:
+    """Every statement of ``ledger`` that reads spent waiting rows."""
     seen: list[str] = []
 
     def saw(_conn: object, _cursor: object, statement: str, *_args: object) -> None:
-        queue_order = "ORDER BY gpupool_reservations.priority DESC" in statement
-        if (queue_order and "gpupool_reservations.id IN" not in statement) or "DISTINCT" in statement:
+        if "gpupool_reservations.overtakes >=" in statement:
             seen.append(statement)
 
     engine = ledger._store.engine
@@ -53,41 +52,46 @@ def _full_pool_with_waiters(ledger: Ledger, waiters: int) -> list[str]:
     return [ledger.reserve(WHOLE_NODE, f"waiter-{i}").id for i in range(waiters)]
 
 
-def test_cycles_that_leave_the_queue_as_it_was_read_no_waiting_rows(
-    ledger: Ledger, queue_reads: list[str]
-) -> None:
-    waiting = _full_pool_with_waiters(ledger, 5)
-    for _ in range(12):  # backfills overtake the waiters until their budgets are spent
-        ledger.release(ledger.reserve(ONE_GPU, "client").id)
-    stamped = queue_version(ledger)
-    queue_reads.clear()
-    for _ in range(10):
+def _backfill(ledger: Ledger, cycles: int) -> None:
+    for _ in range(cycles):
         granted = ledger.reserve(ONE_GPU, "client")
         assert granted.state is ReservationState.GRANTED
         ledger.release(granted.id)
-    assert queue_reads == []
-    assert queue_version(ledger) == stamped  # a grant that fits at once, and its release, change no waiter
+
+
+def test_cycles_that_spend_no_budget_read_no_spent_rows(ledger: Ledger, spent_reads: list[str]) -> None:
+    waiting = _full_pool_with_waiters(ledger, 5)
+    _backfill(ledger, 12)  # backfills overtake the waiters until their budgets are spent
+    stamped = spent_version(ledger)
+    spent_reads.clear()
+    _backfill(ledger, 10)
+    assert spent_reads == []
+    assert spent_version(ledger) == stamped
     assert [ledger.get(rid).state for rid in waiting] == [ReservationState.WAITING] * 5
 
 
-def test_a_change_by_another_process_is_read(make_ledger: Callable[..., Ledger]) -> None:
+def test_a_request_spent_by_another_process_is_read(make_ledger: Callable[..., Ledger]) -> None:
     first, second = make_ledger(), make_ledger()
     first.upsert_nodes([node("n1", gpus=8)])
-    big = first.reserve(WHOLE_NODE, "first")  # the first's copy: an empty queue
-    assert big.state is ReservationState.GRANTED
-    before = queue_version(first)
-    queued = second.reserve(GpuRequest(gpus=4, cpu_milli=1000, memory_mib=1024), "second")
-    assert queued.state is ReservationState.WAITING
-    assert queue_version(first) != before
-    # The first's release serves a queue it has not read since: it must see the new request.
-    first.release(big.id)
-    assert first.get(queued.id).state is ReservationState.GRANTED
+    half = first.reserve(GpuRequest(gpus=4, cpu_milli=1000, memory_mib=1024), "first")
+    first.reap()  # a pass: the first's copy holds no spent request
+    whole = second.reserve(WHOLE_NODE, "second")
+    assert whole.state is ReservationState.WAITING
+    before = spent_version(first)
+    _backfill(second, 8)  # the whole-node request's budget is spent
+    assert spent_version(first) != before
+    # The first's release serves spent requests it has not read: it must see this one.
+    first.release(half.id)
+    assert first.get(whole.id).state is ReservationState.GRANTED
 
 
-def test_a_request_that_waits_moves_the_version_and_one_granted_at_once_does_not(ledger: Ledger) -> None:
+def test_the_version_moves_when_a_budget_is_spent_not_when_a_request_queues(ledger: Ledger) -> None:
     ledger.upsert_nodes([node("n1", gpus=8)])
-    stamped = queue_version(ledger)
     ledger.reserve(ONE_GPU, "client")
-    assert queue_version(ledger) == stamped
-    ledger.reserve(WHOLE_NODE, "waiter")
-    assert queue_version(ledger) not in (None, stamped)
+    stamped = spent_version(ledger)
+    waiter = ledger.reserve(WHOLE_NODE, "waiter")
+    _backfill(ledger, 7)
+    assert spent_version(ledger) == stamped
+    _backfill(ledger, 1)
+    assert ledger.get(waiter.id).state is ReservationState.WAITING
+    assert spent_version(ledger) not in (None, stamped)
