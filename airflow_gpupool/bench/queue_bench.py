@@ -18,7 +18,8 @@ filler, and ``waiters`` requests for a whole node wait in the queue. Then, for
 It reports the clients' ``cycles_per_s``, ``wakeup_p50_ms``/``wakeup_p99_ms`` (from the
 grant's time on the ledger's clock, taken as its transaction took the lock, to the event),
 ``connections_max`` (PostgreSQL: the most sessions of the bench's processes at once, from
-``pg_stat_activity``) and the invariants, checked during and after the run.
+``pg_stat_activity``), ``waiter_cpu_percent`` (the waiter process's CPU, in % of one core)
+and the invariants, checked during and after the run.
 """
 
 from __future__ import annotations
@@ -116,10 +117,13 @@ def _waiters(url: str, ids: list[str], ready: Any, stop: Any, out: Any) -> None:
             return
 
     async def main() -> None:
-        from airflow_gpupool.ledger.shared import shared_ledger
+        from airflow_gpupool.hooks.gpupool import AsyncGpuPoolHook
         from airflow_gpupool.triggers.wait_room import wait_room
 
-        ledger = shared_ledger(url)
+        # The ledger the triggers share: resolved as their hooks resolve it (bindings included).
+        hook = AsyncGpuPoolHook(None, ledger_url=url)
+        await hook.aoptions()
+        ledger = hook.ledger
         room = wait_room(ledger, settings.poll_interval_seconds())
         tasks = {asyncio.create_task(watch(rid)) for rid in ids}
         started = time.monotonic()
@@ -128,6 +132,7 @@ def _waiters(url: str, ids: list[str], ready: Any, stop: Any, out: Any) -> None:
             await asyncio.sleep(0.2)
         await asyncio.sleep(1.0)
         ready.put(len(tasks))
+        cpu[:] = [time.process_time(), time.monotonic()]
         made = 0
         while not stop.is_set():
             done = {t for t in tasks if t.done()}
@@ -145,12 +150,14 @@ def _waiters(url: str, ids: list[str], ready: Any, stop: Any, out: Any) -> None:
                 )
                 tasks.add(asyncio.create_task(watch(rid)))
             await asyncio.sleep(0.05)
+        cpu[:] = [time.process_time() - cpu[0], time.monotonic() - cpu[1]]
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
+    cpu: list[float] = []
     asyncio.run(main())
-    out.put({"wakeups_ms": wakeups})
+    out.put({"wakeups_ms": wakeups, "cpu_s": cpu[0], "wall_s": cpu[1]})
 
 
 def _client(url: str, index: int, seconds: float, hold_s: float, ready: Any, go: Any, out: Any) -> None:
@@ -315,6 +322,8 @@ def run_queue_bench(
         "wakeup_p50_ms": round(statistics.median(wakeups), 1) if wakeups else None,
         "wakeup_p99_ms": round(percentile(wakeups, 0.99), 1) if wakeups else None,
         "connections_max": connections,
+        # The waiter process's CPU over the run, in % of one core (re-queueing granted waiters included).
+        "waiter_cpu_percent": round(100 * woken["cpu_s"] / woken["wall_s"], 1) if woken["wall_s"] else None,
         "violations": len(violations),
         "violation_examples": violations[:5],
         "cpu_count": os.cpu_count(),

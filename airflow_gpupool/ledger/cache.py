@@ -48,12 +48,15 @@ class Stamp:
     :param version: the stamp this transaction writes rows with (0 for readers)
     :param counter: whether versions are a counter (SQLite): an unchanged watermark then
         means nothing changed
+    :param spent_version: the version of the last write that changed the spent waiting
+        requests (None: none stamped yet), see :mod:`~airflow_gpupool.ledger.queue_copy`
     """
 
     generation: int
     watermark: int
     version: int
     counter: bool
+    spent_version: int | None = None
 
     @property
     def watermark_after_commit(self) -> int:
@@ -66,6 +69,7 @@ class Stamp:
 _PG_CHANGES = """
 SELECT
     (SELECT value FROM gpupool_meta WHERE key = 'inventory_generation') AS generation,
+    (SELECT value FROM gpupool_meta WHERE key = 'spent_queue_version') AS spent_version,
     pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS watermark,
     {version} AS version,
     (SELECT json_agg(n ORDER BY n.name) FROM gpupool_nodes n WHERE n.version >= :since) AS nodes,
@@ -160,12 +164,18 @@ class CapacityCache:
         if conn.dialect.name == "postgresql":
             row = conn.execute(_PG_WRITE if writing else _PG_READ, {"since": since}).one()
             self._apply(row.nodes or [], row.gpus or [], row.migs or [])
-            return Stamp(row.generation, row.watermark, row.version, counter=False)
+            return Stamp(row.generation, row.watermark, row.version, False, row.spent_version)
         meta = dict(
             conn.execute(sql.READ_META).all()
         )  # rows are tuples (Result.tuples() is deprecated in 2.1)
         version = meta["version"] + 1
-        stamp = Stamp(meta["inventory_generation"], version, version if writing else 0, counter=True)
+        stamp = Stamp(
+            meta["inventory_generation"],
+            version,
+            version if writing else 0,
+            True,
+            meta.get(sql.SPENT_VERSION_KEY),
+        )
         if since != version:  # on a counter, an unchanged watermark means nothing changed
             self._apply(*self._select(conn, None if since == _EVERYTHING else since))
         return stamp

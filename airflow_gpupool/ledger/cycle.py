@@ -24,6 +24,7 @@ from airflow_gpupool.ledger.cache import CapacityCache, classes_from_counts
 from airflow_gpupool.ledger.equivalence import EquivalenceIndex
 from airflow_gpupool.ledger.explain import WaitContext, blocked_message
 from airflow_gpupool.ledger.models import ReapResult, ReservationState
+from airflow_gpupool.ledger.queue_copy import QueueCopy
 from airflow_gpupool.ledger.records import GRANTED, HOLDING, assignment_of, class_delta
 from airflow_gpupool.ledger.service import PassMemo, ServiceMemo
 from airflow_gpupool.ledger.store import LOGGER_NAME, LedgerStore, Tx
@@ -94,6 +95,9 @@ class WriteCycle:
         self._equivalence = EquivalenceIndex()
         self._service = ServiceMemo()
         self._shapes: dict[str, GpuRequest] = {}
+        self.queue = QueueCopy()
+        # The hold the last pass logged: a hold is logged when it changes, not at every pass.
+        self._logged_hold: tuple[str, str] | None = None
 
     def write(self, fn: Callable[[Tx], T]) -> T:
         """Run ``fn`` in one write transaction, after expiring the leases and requests that are due."""
@@ -117,6 +121,7 @@ class WriteCycle:
         """Expire dead leases and overdue requests, then serve the queue."""
 
         def run(tx: Tx) -> ReapResult:
+            tx.queue_tracked = True
             # Every write transaction starts by expiring what is due; report what it did.
             self.serve(tx)
             return ReapResult(tuple(tx.expired), tuple(tx.timed_out), tuple(tx.granted), tuple(tx.orphaned))
@@ -199,14 +204,14 @@ class WriteCycle:
         tx.conn.execute(sql.ORPHAN_ROW, {"rid": row.id, "now": tx.now, "orphan_message": message})
         tx.orphaned.append(row.id)
 
-    @staticmethod
-    def end_waiting(tx: Tx, row: Row[Any], state: ReservationState, message: str) -> None:
+    def end_waiting(self, tx: Tx, row: Row[Any], state: ReservationState, message: str) -> None:
         """End a waiting reservation in ``state``."""
         tx.conn.execute(
             sql.END_ROW, {"rid": row.id, "new_state": state.value, "now": tx.now, "end_message": message}
         )
         tx.dirty = True
         tx.settled.append(row.id)
+        tx.spent_changed |= row.overtakes >= self.max_overtakes
 
     def end_grant(self, tx: Tx, row: Row[Any], state: ReservationState, message: str) -> None:
         """End a grant in ``state`` and give what it held back to its node.
@@ -273,10 +278,12 @@ class WriteCycle:
         if memo is not None:
             tx.served = memo.found()
         counts = outcome.overtakes
+        stored = {e.request_id: e.overtakes for e in entries}
+        bound = self.max_overtakes
+        tx.spent_changed |= any(n >= bound > stored[rid] for rid, n in counts.items())
         if self.incremental:
             # Past the bound, a count decides nothing more (spent is spent): kept at the bound, a
             # spent request's row is not written again by every later backfill grant.
-            stored = {e.request_id: e.overtakes for e in entries}
             counts = {rid: n for rid, n in counts.items() if min(n, self.max_overtakes) != stored[rid]}
             counts = {rid: min(n, self.max_overtakes) for rid, n in counts.items()}
         if counts:
@@ -285,9 +292,14 @@ class WriteCycle:
                 sql.SET_OVERTAKES, [{"rid": rid, "overtake_count": n} for rid, n in counts.items()]
             )
         for rid, node in outcome.holds.items():
-            log.info(
-                "Queue holds node %s for %s: its overtake budget (%d) is spent", node, rid, self.max_overtakes
-            )
+            if (rid, node) != self._logged_hold:
+                self._logged_hold = (rid, node)
+                log.info(
+                    "Queue holds node %s for %s: its overtake budget (%d) is spent",
+                    node,
+                    rid,
+                    self.max_overtakes,
+                )
         if outcome.barrier is not None:
             log.info(
                 "Queue held for %s: its overtake budget is spent and no node can be held", outcome.barrier
@@ -305,7 +317,13 @@ class WriteCycle:
         """
         conn, spent = tx.conn, {"spent": self.max_overtakes}
         rows = list(conn.execute(sql.WAITING_UNSPENT, spent).all())
-        shapes = conn.execute(sql.SPENT_SHAPES, spent).scalars().all()
+        # The copy is the spent requests as this transaction found them: once it changed them,
+        # a pass reads them.
+        copy = self.queue.rows(conn, None if tx.spent_changed else tx.spent_version, self.max_overtakes)
+        if copy is not None:
+            shapes: list[str] = list(copy.spent_by_shape)
+        else:
+            shapes = list(conn.execute(sql.SPENT_SHAPES, spent).scalars().all())
         if not shapes:
             return rows
         fitting = []
@@ -317,9 +335,13 @@ class WriteCycle:
                 memo.shapes_blocked.add(text)
             else:
                 fitting.append(text)
-        if fitting:
-            rows += conn.execute(sql.WAITING_SPENT_OF, {**spent, "shapes": fitting}).all()
-        first = conn.execute(sql.FIRST_SPENT, spent).first()
+        if copy is not None:
+            rows += [row for text in fitting for row in copy.spent_by_shape[text]]
+            first = copy.first_spent
+        else:
+            if fitting:
+                rows += conn.execute(sql.WAITING_SPENT_OF, {**spent, "shapes": fitting}).all()
+            first = conn.execute(sql.FIRST_SPENT, spent).first()
         if first is not None and all(row.id != first.id for row in rows):
             rows.append(first)
         return rows
@@ -346,6 +368,7 @@ class WriteCycle:
                     memo.found_blocked(entry, held)
                 return None
             _grant(tx, entry, verdict)
+            tx.spent_changed |= entry.overtakes >= self.max_overtakes
             return verdict
 
         return try_place

@@ -224,6 +224,8 @@ class LedgerGrants:
             ).first()
             if existing is not None:
                 return self._store.reservation(tx.conn, existing)
+            tx.queue_tracked = True
+            tx.queue_inserted.add(rid)
             tx.conn.execute(
                 insert(schema.reservations).values(
                     id=rid,
@@ -279,6 +281,7 @@ class LedgerGrants:
             )
 
         def run(tx: Tx) -> Reservation:
+            tx.queue_tracked = True
             row = records.row_by_id(tx.conn, reservation_id)
             if row.state not in HOLDING:
                 raise LeaseExpiredError(reservation_id, row.state)
@@ -301,6 +304,7 @@ class LedgerGrants:
         """Give a grant back, or withdraw a waiting request; idempotent."""
 
         def run(tx: Tx) -> ReleaseResult:
+            tx.queue_tracked = True
             row = records.row_by_id(tx.conn, reservation_id)
             state = ReservationState(row.state)
             if state.ended:
@@ -323,6 +327,7 @@ def bind_pod(cycle: WriteCycle, store: LedgerStore, binding: PodBinding) -> Rese
     rid = binding.reservation_id
 
     def run(tx: Tx) -> Reservation:
+        tx.queue_tracked = True
         row = records.row_by_id(tx.conn, rid)
         if row.state not in HOLDING:
             raise LeaseExpiredError(rid, row.state)

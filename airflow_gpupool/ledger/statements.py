@@ -15,6 +15,9 @@ _g = schema.gpus.c
 _m = schema.mig_slices.c
 _r = schema.reservations.c
 
+#: The ``gpupool_meta`` key of the spent requests' version (:mod:`~airflow_gpupool.ledger.queue_copy`);
+#: absent until the first write that changes them stamps it.
+SPENT_VERSION_KEY = "spent_queue_version"
 READ_META = select(schema.ledger_meta.c.key, schema.ledger_meta.c.value)
 BUMP_META = (
     update(schema.ledger_meta)
@@ -52,7 +55,8 @@ SPENT_SHAPES = select(_r.request).where(_r.state == "waiting", _r.overtakes >= b
 WAITING_SPENT_OF = WAITING.where(
     _r.overtakes >= bindparam("spent"), _r.request.in_(bindparam("shapes", expanding=True))
 )
-FIRST_SPENT = WAITING.where(_r.overtakes >= bindparam("spent")).limit(1)
+WAITING_SPENT = WAITING.where(_r.overtakes >= bindparam("spent"))
+FIRST_SPENT = WAITING_SPENT.limit(1)
 # The queue serves higher priorities first, then the older request (lower ``seq``).
 WAITING_AHEAD = select(func.count()).where(
     _r.state == "waiting",

@@ -17,11 +17,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, Row
+from sqlalchemy import Connection, Row, insert
 
 from airflow_gpupool import settings
 from airflow_gpupool.exceptions import StaleCacheError
-from airflow_gpupool.ledger import records
+from airflow_gpupool.ledger import records, schema
 from airflow_gpupool.ledger import statements as sql
 from airflow_gpupool.ledger.cache import CapacityCache
 from airflow_gpupool.ledger.concurrent import ConcurrentPath
@@ -84,6 +84,23 @@ class Tx:
     settled: list[str] = field(default_factory=list)
     # What this transaction's last pass over the queue found (:mod:`~airflow_gpupool.ledger.service`).
     served: Any = None
+    # The version of the spent requests as this transaction began (:mod:`~airflow_gpupool.ledger.queue_copy`).
+    spent_version: int | None = None
+    # Whether every change this transaction makes to waiting rows is recorded in ``spent_changed``
+    # (the ledger's own grants, releases and reaps); any other write counts as changing them.
+    queue_tracked: bool = False
+    # Whether a request's budget became spent, or a spent request was granted or ended.
+    spent_changed: bool = False
+    # Requests this transaction queued.
+    queue_inserted: set[str] = field(default_factory=set)
+
+    def spent_rows_changed(self) -> bool:
+        """Whether the spent waiting requests differ once this transaction commits."""
+        return self.spent_changed or not self.queue_tracked
+
+    def woken_at_commit(self) -> list[str]:
+        """The settled requests someone may wait for: not those queued in this transaction."""
+        return [rid for rid in self.settled if rid not in self.queue_inserted]
 
     def snapshot(self) -> ClusterSnapshot:
         """Return the capacity as this transaction sees it now."""
@@ -269,9 +286,14 @@ class LedgerStore:
                 self.check_schema(conn)
                 stamp = self.cache.refresh(conn, writing=True)
                 tx = Tx(conn, self._tx_now(conn), stamp.version, dict(self.cache.nodes))
+                tx.spent_version = stamp.spent_version
                 result = fn(tx)
-                if tx.settled and not stamp.counter:  # PostgreSQL: delivered at commit
-                    notify_waiters(conn, tx.settled)
+                if tx.spent_rows_changed():
+                    self._stamp_spent(conn, tx.version, stamp.spent_version is None)
+                    tx.dirty = True  # on SQLite, the next writer then gets another version
+                woken = tx.woken_at_commit()
+                if woken and not stamp.counter:  # PostgreSQL: delivered at commit
+                    notify_waiters(conn, woken)
                 if tx.dirty and stamp.counter:
                     self._bump(conn, "version", tx.version)
                 if tx.inventory_changed:
@@ -283,6 +305,15 @@ class LedgerStore:
     @staticmethod
     def _bump(conn: Connection, key: str, value: int) -> None:
         conn.execute(sql.BUMP_META, {"meta_key": key, "meta_value": value})
+
+    @staticmethod
+    def _stamp_spent(conn: Connection, version: int, missing: bool) -> None:
+        """Stamp the spent requests' version with this transaction's (the key is added on the first change)."""
+        if missing:
+            # Under the write lock: no other writer adds the key meanwhile.
+            conn.execute(insert(schema.ledger_meta).values(key=sql.SPENT_VERSION_KEY, value=version))
+        else:
+            conn.execute(sql.BUMP_META, {"meta_key": sql.SPENT_VERSION_KEY, "meta_value": version})
 
     @transient_retry
     def read(self, fn: Callable[[Connection], T]) -> T:

@@ -15,7 +15,7 @@ FOLDER = Path(airflow_gpupool.ledger.__file__).parent
 LAYERS = [
     {"schema", "models", "engine", "equivalence", "service", "agent_report"},
     {"statements", "pg_functions", "invariants", "concurrent", "notify"},
-    {"migrations", "cache"},
+    {"migrations", "cache", "queue_copy"},
     {"records"},
     {"store"},
     {"explain"},
