@@ -101,12 +101,25 @@ def _register_heartbeats(bench: Any) -> None:
         description=cmd_bench_heartbeats.__doc__,
     )
     url_arg(p)
-    p.add_argument("--nodes", type=int, default=1000, help="nodes sending heartbeats")
-    p.add_argument("--interval", type=float, default=30, help="each node's heartbeat interval, seconds")
-    p.add_argument("--seconds", type=float, default=20, help="measured duration of each phase")
-    p.add_argument("--clients", type=int, default=4, help="reserve/release client processes")
-    p.add_argument("--writers", type=int, default=2, help="heartbeat writer processes")
-    p.add_argument("--rounds", type=int, default=3, help="rounds of the three phases, interleaved")
+    p.add_argument(
+        "--nodes", type=integer(1, 100_000), default=1000, help="nodes sending heartbeats (1-100000)"
+    )
+    p.add_argument(
+        "--interval",
+        type=number(0, above=True),
+        default=30,
+        help="each node's heartbeat interval, seconds (> 0)",
+    )
+    p.add_argument(
+        "--seconds", type=number(0, above=True), default=20, help="measured duration of each phase (> 0)"
+    )
+    p.add_argument(
+        "--clients", type=integer(1, 256), default=4, help="reserve/release client processes (1-256)"
+    )
+    p.add_argument("--writers", type=integer(1, 64), default=2, help="heartbeat writer processes (1-64)")
+    p.add_argument(
+        "--rounds", type=integer(1, 100), default=3, help="rounds of the three phases, interleaved"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON line")
     p.set_defaults(func=cmd_bench_heartbeats)
 
@@ -143,10 +156,16 @@ def register(subparsers: Any) -> None:
         description=cmd_bench_queue.__doc__,
     )
     url_arg(p)
-    p.add_argument("--waiters", type=int, default=1000, help="waiting requests, each with its trigger")
-    p.add_argument("--clients", type=int, default=8, help="client processes doing reserve/release cycles")
-    p.add_argument("--seconds", type=float, default=10, help="measured duration")
-    p.add_argument("--nodes", type=int, default=32, help="nodes of 8 GPUs in the bench inventory")
+    p.add_argument(
+        "--waiters", type=integer(0, 100_000), default=1000, help="waiting requests, each with its trigger"
+    )
+    p.add_argument(
+        "--clients", type=integer(1, 256), default=8, help="client processes doing reserve/release cycles"
+    )
+    p.add_argument("--seconds", type=number(0, above=True), default=10, help="measured duration (> 0)")
+    p.add_argument(
+        "--nodes", type=integer(1, 10_000), default=32, help="nodes of 8 GPUs in the bench inventory"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_bench_queue)
     p = bench.add_parser(
