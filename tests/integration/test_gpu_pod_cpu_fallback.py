@@ -5,28 +5,18 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from airflow.sdk import DAG
 
 from airflow_gpupool.exceptions import ReservationTimeoutError
 from airflow_gpupool.ledger import Ledger
 from airflow_gpupool.resources import GpuRequest
 from airflow_gpupool.testing import KubernetesEmulatorServer
-from tests.integration.compat.driver import FakeTaskInstance, drive
+from tests.integration.compat.driver import FakeTaskInstance, emulated_gpu_pod, run_task
 
 
 def fallback_task(k8s: KubernetesEmulatorServer, task_id: str, **kwargs: Any) -> Any:
-    from airflow_gpupool.operators import GpuPodOperator
-
-    return GpuPodOperator(
-        task_id=task_id,
-        name=task_id,
-        random_name_suffix=False,
-        namespace="default",
-        image="registry.example/train:1",
-        config_file=k8s.kubeconfig_path,
-        in_cluster=False,
-        startup_check_interval_seconds=1,
-        poll_interval=0.2,
+    return emulated_gpu_pod(
+        k8s.kubeconfig_path,
+        task_id,
         gpus=4,
         gpu_models=["NVIDIA-A100-SXM4-80GB"],
         reservation_timeout=1,
@@ -41,9 +31,7 @@ def a100_taken(gpu_ledger: Ledger) -> Ledger:
 
 
 def run(op: Any, task_id: str) -> FakeTaskInstance:
-    ti = FakeTaskInstance(task_id, 0)
-    drive(op, {"ti": ti, "task_instance": ti, "run_id": ti.run_id, "dag": DAG("fb", schedule=None)})
-    return ti
+    return run_task(op, "fb")
 
 
 @pytest.mark.parametrize("deferrable", [False, True], ids=["in-place", "deferred"])

@@ -5,11 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from airflow.sdk import DAG
 
 from airflow_gpupool.ledger import Ledger
 from airflow_gpupool.testing import KubernetesEmulatorServer, gpu_node
-from tests.integration.compat.driver import FakeTaskInstance, drive
+from tests.integration.compat.driver import emulated_gpu_pod, run_task
 from tests.ledger_fixtures import node
 
 V100 = "Tesla-V100-SXM2-32GB"
@@ -29,8 +28,6 @@ def pinned_node(pod: dict[str, Any]) -> str:
 def test_the_grant_lands_on_the_preferred_node_when_both_fit(
     k8s: KubernetesEmulatorServer, gpu_ledger: Ledger, cached: str
 ) -> None:
-    from airflow_gpupool.operators import GpuPodOperator
-
     # Two identical V100 nodes; only the label tells them apart (each order, so the name cannot decide).
     names = ("gpu-v100-a", "gpu-v100-b")
     gpu_ledger.upsert_nodes(
@@ -39,23 +36,9 @@ def test_the_grant_lands_on_the_preferred_node_when_both_fit(
     for n in names:
         k8s.add_node(gpu_node(n, gpus=2, product=V100, memory_mib=32768))
     task_id = f"prefer-{cached}"
-    op = GpuPodOperator(
-        task_id=task_id,
-        name=task_id,
-        random_name_suffix=False,
-        namespace="default",
-        image="registry.example/train:1",
-        config_file=k8s.kubeconfig_path,
-        in_cluster=False,
-        startup_check_interval_seconds=1,
-        poll_interval=0.2,
-        gpus=1,
-        gpu_models=[V100],
-        prefer_node_labels=CACHE,
-    )
-    ti = FakeTaskInstance(task_id, 0)
+    op = emulated_gpu_pod(k8s.kubeconfig_path, task_id, gpus=1, gpu_models=[V100], prefer_node_labels=CACHE)
 
-    drive(op, {"ti": ti, "task_instance": ti, "run_id": ti.run_id, "dag": DAG("prefer", schedule=None)})
+    ti = run_task(op, "prefer")
 
     assert ti.xcoms["gpupool_grant"]["node"] == cached
     (pod,) = k8s.created_pods()

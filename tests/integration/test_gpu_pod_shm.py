@@ -5,27 +5,17 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from airflow.sdk import DAG
 
 from airflow_gpupool.exceptions import InvalidRequestError
 from airflow_gpupool.ledger import Ledger
 from airflow_gpupool.testing import KubernetesEmulatorServer
-from tests.integration.compat.driver import FakeTaskInstance, drive
+from tests.integration.compat.driver import emulated_gpu_pod, run_task
 
 
 def shm_task(k8s: KubernetesEmulatorServer, task_id: str, **kwargs: Any) -> Any:
-    from airflow_gpupool.operators import GpuPodOperator
-
-    return GpuPodOperator(
-        task_id=task_id,
-        name=task_id,
-        random_name_suffix=False,
-        namespace="default",
-        image="registry.example/train:1",
-        config_file=k8s.kubeconfig_path,
-        in_cluster=False,
-        startup_check_interval_seconds=1,
-        poll_interval=0.2,
+    return emulated_gpu_pod(
+        k8s.kubeconfig_path,
+        task_id,
         gpus=1,
         container_resources={"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"memory": "8Gi"}},
         **kwargs,
@@ -38,8 +28,7 @@ def test_shm_is_mounted_and_counted_in_the_memory(
 ) -> None:
     task_id = f"shm-{'def' if deferrable else 'sync'}"
     op = shm_task(k8s, task_id, deferrable=deferrable, shm_size="2Gi")
-    ti = FakeTaskInstance(task_id, 0)
-    drive(op, {"ti": ti, "task_instance": ti, "run_id": ti.run_id, "dag": DAG("shm", schedule=None)})
+    ti = run_task(op, "shm")
 
     (pod,) = k8s.created_pods()
     (volume,) = [v for v in pod["spec"]["volumes"] if v["name"] == "gpupool-dshm"]

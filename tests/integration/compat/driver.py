@@ -6,7 +6,7 @@ import asyncio
 import datetime
 from typing import Any
 
-__all__ = ["FakeTaskInstance", "drive", "run_trigger"]
+__all__ = ["FakeTaskInstance", "drive", "emulated_gpu_pod", "run_task", "run_trigger"]
 
 
 class FakeTaskInstance:
@@ -55,3 +55,30 @@ def drive(op: Any, context: dict[str, Any]) -> Any:
                 return method(context, payload, **extra)
 
     raise AssertionError("deferred more than 6 times")
+
+
+def emulated_gpu_pod(kubeconfig_path: str, task_id: str, **kwargs: Any) -> Any:
+    """Return a ``GpuPodOperator`` for the emulator at ``kubeconfig_path``, polling fast; ``kwargs`` add to it."""
+    from airflow_gpupool.operators import GpuPodOperator
+
+    return GpuPodOperator(
+        task_id=task_id,
+        name=task_id,
+        random_name_suffix=False,
+        namespace="default",
+        image="registry.example/train:1",
+        config_file=kubeconfig_path,
+        in_cluster=False,
+        startup_check_interval_seconds=1,
+        poll_interval=0.2,
+        **kwargs,
+    )
+
+
+def run_task(op: Any, dag_id: str) -> FakeTaskInstance:
+    """Drive ``op`` as try 1 of a task of a DAG ``dag_id``; return its task instance (XComs, state)."""
+    from airflow.sdk import DAG
+
+    ti = FakeTaskInstance(op.task_id, 0)
+    drive(op, {"ti": ti, "task_instance": ti, "run_id": ti.run_id, "dag": DAG(dag_id, schedule=None)})
+    return ti
