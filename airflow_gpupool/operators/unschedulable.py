@@ -14,22 +14,23 @@ Two cases:
   termination grace period) unless the scheduler nominates the node for preemption, then fails
   with the reason.
 
-Only the synchronous start-up is watched (``deferrable=True`` pods start inside
-``KubernetesPodOperator``'s trigger, which keeps its own timeout).
+Only the synchronous start-up is watched, and only through the reads of the pod that
+``KubernetesPodOperator``'s start-up loop makes anyway (no read or wait of its own, so a pod that
+starts normally costs nothing extra); ``deferrable=True`` pods start inside
+``KubernetesPodOperator``'s trigger, which keeps its own timeout.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from functools import cached_property
 from typing import Any
 
 from airflow.providers.cncf.kubernetes.kubernetes_helper_functions import PodLaunchFailedException
+from airflow.providers.cncf.kubernetes.utils.pod_manager import PodManager
 
 from airflow_gpupool.quantity import parse_quantity
-
-#: The first wait for a pod the scheduler has not looked at yet; doubled up to the check interval.
-QUICK_LOOK_SECONDS = 0.05
 
 
 def unschedulable_message(pod: Any) -> str | None:
@@ -84,50 +85,58 @@ def never_fits(pod: Any, node: Any) -> str | None:
     return None
 
 
-def fail_if_unschedulable(
-    read_pod: Callable[[], Any],
-    read_node: Callable[[], Any],
-    *,
-    grace_seconds: float,
-    timeout_seconds: float,
-    interval_seconds: float,
-    clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], None] = time.sleep,
-) -> None:
-    """Wait until the pod is scheduled (or leaves ``Pending``); fail when it cannot be placed.
+class UnschedulableWatch:
+    """Judge each read of a starting pod: fail when it cannot be placed on its granted node.
 
-    :param read_pod: returns the pod as the API has it now
+    It adds no reads and no waits of its own: it looks at the pods ``KubernetesPodOperator``'s
+    start-up loop reads anyway, at that loop's check interval.
+
     :param read_node: returns its granted node, or ``None`` when it is gone
     :param grace_seconds: how long a pod that may still fit is left unschedulable
-    :param timeout_seconds: stop watching after this long (the operator's schedule timeout follows)
-    :param interval_seconds: seconds between reads
     :param clock: monotonic seconds
-    :param sleep: waits
-    :raises PodLaunchFailedException: with the scheduler's reason
     """
-    started = clock()
-    first_seen: float | None = None
-    quick_look = QUICK_LOOK_SECONDS
-    while clock() - started < timeout_seconds:
-        pod = read_pod()
+
+    def __init__(
+        self,
+        read_node: Callable[[], Any],
+        *,
+        grace_seconds: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._read_node, self._grace, self._clock = read_node, grace_seconds, clock
+        self._first_seen: float | None = None
+
+    def check(self, pod: Any) -> None:
+        """Return when the pod may still be placed; raise when it cannot.
+
+        :param pod: the pod as the API has it now
+        :raises PodLaunchFailedException: with the scheduler's reason
+        """
         message = unschedulable_message(pod)
         if message is None:
-            if pod.status is not None and (pod.status.phase not in (None, "Pending") or pod.spec.node_name):
-                return
-            first_seen = None
-            # Not placed yet, nor refused: the scheduler usually answers within milliseconds, and a
-            # whole interval here would be added to every try's start. Look again soon, backing off.
-            pause, quick_look = min(quick_look, interval_seconds), quick_look * 2
-        else:
-            first_seen = clock() if first_seen is None else first_seen
-            why = never_fits(pod, read_node())
-            if why is not None or clock() - first_seen >= grace_seconds:
-                detail = why or f"still unschedulable after {grace_seconds:g} s"
-                raise PodLaunchFailedException(
-                    f"The scheduler cannot place the pod on its granted node: {message} ({detail})"
-                )
-            pause = interval_seconds
-        sleep(pause)
+            self._first_seen = None
+            return
+        now = self._clock()
+        self._first_seen = now if self._first_seen is None else self._first_seen
+        why = never_fits(pod, self._read_node())
+        if why is not None or now - self._first_seen >= self._grace:
+            detail = why or f"still unschedulable after {self._grace:g} s"
+            raise PodLaunchFailedException(
+                f"The scheduler cannot place the pod on its granted node: {message} ({detail})"
+            )
+
+
+class _WatchedPodManager(PodManager):
+    """KPO's pod manager whose every pod read is shown to a watch while one is set."""
+
+    watch: UnschedulableWatch | None = None
+
+    def read_pod(self, pod: Any) -> Any:
+        """Read the pod as the parent does, then let the watch judge it."""
+        remote = super().read_pod(pod)
+        if self.watch is not None:
+            self.watch.check(remote)
+        return remote
 
 
 class UnschedulableFailFast:
@@ -143,22 +152,29 @@ class UnschedulableFailFast:
         """Return the node the pod is pinned to, or ``None`` (then nothing is watched)."""
         return None
 
+    @cached_property
+    def pod_manager(self) -> PodManager:
+        """KPO's pod manager, able to show the start-up loop's reads to an :class:`UnschedulableWatch`."""
+        op: Any = self
+        return _WatchedPodManager(kube_client=op.client, callbacks=op.callbacks)
+
     def await_pod_start(self, pod: Any) -> None:
-        """Fail at once when the pod cannot be placed on its granted node, then wait as the parent does.
+        """Wait as the parent does, failing at once when the pod cannot be placed on its granted node.
 
         :param pod: the created ``V1Pod``
         """
         node = self.granted_node()
-        if node is not None:
+        manager = self.pod_manager
+        if node is not None and isinstance(manager, _WatchedPodManager):
             op: Any = self
-            fail_if_unschedulable(
-                lambda: op.pod_manager.read_pod(pod),
-                lambda: _read_node(op.client, node),
-                grace_seconds=self.unschedulable_grace_seconds,
-                timeout_seconds=float(op.schedule_timeout_seconds),
-                interval_seconds=float(op.startup_check_interval_seconds),
+            manager.watch = UnschedulableWatch(
+                lambda: _read_node(op.client, node), grace_seconds=self.unschedulable_grace_seconds
             )
-        super().await_pod_start(pod)  # type: ignore[misc]
+        try:
+            super().await_pod_start(pod)  # type: ignore[misc]
+        finally:
+            if isinstance(manager, _WatchedPodManager):
+                manager.watch = None
 
 
 def _read_node(core: Any, name: str) -> Any:

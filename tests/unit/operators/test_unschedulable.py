@@ -16,7 +16,7 @@ from kubernetes.client import (
     V1ResourceRequirements,
 )
 
-from airflow_gpupool.operators.unschedulable import fail_if_unschedulable, never_fits, unschedulable_message
+from airflow_gpupool.operators.unschedulable import UnschedulableWatch, never_fits, unschedulable_message
 
 MESSAGE = "0/1 nodes are available: 1 Insufficient nvidia.com/gpucores."
 
@@ -74,27 +74,16 @@ class Clock:
     def __call__(self) -> float:
         return self.now
 
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
 
-
-def watch(pods: list[V1Pod], the_node: V1Node | None, clock: Clock) -> None:
-    reads = iter(pods)
-    last: list[V1Pod] = []
-
-    def read() -> V1Pod:
-        last[:] = [next(reads, last[0] if last else pods[-1])]
-        return last[0]
-
-    fail_if_unschedulable(
-        read,
-        lambda: the_node,
-        grace_seconds=30,
-        timeout_seconds=120,
-        interval_seconds=1,
-        clock=clock,
-        sleep=clock.sleep,
-    )
+def watch(pods: list[V1Pod], the_node: V1Node | None, clock: Clock) -> int:
+    """Show ``pods`` to a watch one second apart (KPO's default check interval); return how many it saw."""
+    judge = UnschedulableWatch(lambda: the_node, grace_seconds=30, clock=clock)
+    for seen, read in enumerate(pods, start=1):
+        judge.check(read)
+        if read.spec.node_name:
+            return seen
+        clock.now += 1
+    return len(pods)
 
 
 def test_a_pod_that_can_never_fit_fails_at_the_first_look() -> None:
@@ -107,19 +96,24 @@ def test_a_pod_that_can_never_fit_fails_at_the_first_look() -> None:
 def test_a_pod_that_may_fit_fails_after_the_grace() -> None:
     clock = Clock()
     with pytest.raises(PodLaunchFailedException, match="still unschedulable after 30 s"):
-        watch([pod()], node(**HAMI), clock)
+        watch([pod()] * 40, node(**HAMI), clock)
     assert clock.now == 30
 
 
 def test_a_pod_scheduled_within_the_grace_is_left_to_start() -> None:
     clock = Clock()
-    watch([pod(), pod(), pod(unschedulable=False, node_name="t4-0")], node(**HAMI), clock)
-    assert clock.now == 2
+    assert watch([pod(), pod(), pod(unschedulable=False, node_name="t4-0")], node(**HAMI), clock) == 3
 
 
-def test_a_pod_not_yet_looked_at_is_read_again_soon_then_less_often() -> None:
+def test_the_grace_starts_again_when_the_pod_was_schedulable_in_between() -> None:
     clock = Clock()
     pending = pod(unschedulable=False)
-    watch([pending, pending, pending, pod(unschedulable=False, node_name="t4-0")], node(**HAMI), clock)
-    # 0.05 + 0.1 + 0.2 s: not the one-second check interval three times over.
-    assert clock.now == pytest.approx(0.35)
+    # 29 s unschedulable, one read without the condition, then 29 s more: never 30 s in a row.
+    assert (
+        watch(
+            [pod()] * 29 + [pending] + [pod()] * 29 + [pod(unschedulable=False, node_name="t4-0")],
+            node(**HAMI),
+            clock,
+        )
+        == 60
+    )
