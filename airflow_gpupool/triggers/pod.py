@@ -42,6 +42,8 @@ class LeasedPodTrigger(KubernetesPodTrigger):
         self.ledger_conn_id = ledger_conn_id
         self.ledger_url = ledger_url
         self.lease_ttl = lease_ttl
+        #: Set once the lease is lost, before the pod is deleted: the pod watch may see that deletion first.
+        self._lost_event: dict[str, Any] | None = None
 
     @classmethod
     def wrap(cls, trigger: KubernetesPodTrigger, **lease: Any) -> LeasedPodTrigger:
@@ -71,9 +73,10 @@ class LeasedPodTrigger(KubernetesPodTrigger):
                 except Exception as e:
                     lost = watch.failed(e)
                     if lost is not None:
+                        self._lost_event = lease_lost_event(lost, self.pod_namespace, self.pod_name)
                         self.log.error("%s; deleting the pod %s", lost.classification.reason, self.pod_name)
                         await self._delete_pod()
-                        return lease_lost_event(lost, self.pod_namespace, self.pod_name)
+                        return self._lost_event
                     self.log.warning(
                         "Renewing the lease of %s failed; will retry: %s", self.reservation_id, e
                     )
@@ -114,6 +117,13 @@ class LeasedPodTrigger(KubernetesPodTrigger):
                 try:
                     event = following.result()
                 except StopAsyncIteration:
+                    event = None
+                if self._lost_event is not None:
+                    # The pod watch ended on the deletion the lost lease caused (pod not found): the
+                    # lease is why, and the operator must be told so.
+                    yield trigger_event(self._lost_event)
+                    return
+                if event is None:
                     return
                 # The operator resumes on the grant named here: an adopted one keeps its first try's id.
                 if isinstance(event.payload, dict):

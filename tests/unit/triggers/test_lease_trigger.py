@@ -73,3 +73,40 @@ def test_a_released_grant_deletes_the_pod_and_yields_a_lease_lost_event(
     )
     assert "it is released" in event.payload["why"]
     delete_pod.assert_awaited_once_with(mock.ANY, "train-x", "ml", grace_period_seconds=0)
+
+
+def test_the_pod_watch_seeing_the_deletion_first_still_yields_the_lease_lost_event(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook
+    from airflow.providers.cncf.kubernetes.triggers.pod import KubernetesPodTrigger
+    from airflow.triggers.base import TriggerEvent
+
+    url = f"sqlite:///{tmp_path}/ledger.db"
+    ledger = Ledger.create(url)
+    ledger.upsert_nodes([node("n1", gpus=2)])
+    rid = ledger.reserve(GpuRequest(gpus=1), "worker-1", reservation_id="gp-t", ttl=30).id
+    ledger.release(rid, reason="taken back")
+    deleted = asyncio.Event()
+    finish_delete = asyncio.Event()
+
+    async def delete_pod(self: Any, name: str, namespace: str, grace_period_seconds: int) -> None:
+        deleted.set()
+        await finish_delete.wait()  # the API answers the delete only after the watch saw the pod gone
+
+    async def pod_gone_once_deleted(self: Any) -> AsyncIterator[Any]:
+        await deleted.wait()
+        finish_delete.set()
+        yield TriggerEvent({"status": "error", "message": 'pods "train-x" not found'})
+
+    monkeypatch.setattr(KubernetesPodTrigger, "run", pod_gone_once_deleted)
+    monkeypatch.setattr(AsyncKubernetesHook, "delete_pod", delete_pod)
+
+    async def events() -> list[Any]:
+        return [e async for e in trigger_for(url, rid).run()]
+
+    (event,) = asyncio.run(asyncio.wait_for(events(), timeout=30))
+    ledger.close()
+
+    assert event.payload["status"] == LEASE_LOST_STATUS and event.payload["reservation_id"] == rid
+    assert "it is released" in event.payload["why"]
