@@ -24,7 +24,7 @@ from hypothesis.stateful import (
 )
 
 from airflow_gpupool.exceptions import LeaseExpiredError
-from airflow_gpupool.ledger import Ledger, ReservationState
+from airflow_gpupool.ledger import Ledger
 from airflow_gpupool.resources import GangSpec, GpuRequest
 from tests.integration.ledger.test_ledger_properties import Database
 from tests.ledger_fixtures import FakeClock, node, require_postgres
