@@ -29,7 +29,7 @@ from airflow_gpupool.ledger.service import PassMemo, ServiceMemo
 from airflow_gpupool.ledger.store import LOGGER_NAME, LedgerStore, Tx
 from airflow_gpupool.ledger.take import grant_row
 from airflow_gpupool.placement.accounting import deallocate
-from airflow_gpupool.placement.gang import GangAssignment
+from airflow_gpupool.placement.gang import GangAssignment, hold_gang_nodes
 from airflow_gpupool.placement.policy import PlacementPolicy
 from airflow_gpupool.placement.pools import UNCONSTRAINED, PoolBindings
 from airflow_gpupool.placement.queue import QueueEntry, ServeOutcome, hold_node, serve
@@ -98,7 +98,7 @@ class WriteCycle:
         self._shapes: dict[str, GpuRequest] = {}
         self.queue = QueueCopy()
         # The hold the last pass logged: a hold is logged when it changes, not at every pass.
-        self._logged_hold: tuple[str, str] | None = None
+        self._logged_hold: tuple[str, tuple[str, ...]] | None = None
 
     def write(self, fn: Callable[[Tx], T]) -> T:
         """Run ``fn`` in one write transaction, after expiring the leases and requests that are due."""
@@ -276,9 +276,11 @@ class WriteCycle:
             entries.sort(key=lambda e: (-e.request.priority, e.seq, e.request_id))
         try_place = self._placer(tx, memo)
 
-        def hold(entry: QueueEntry, held: frozenset[str]) -> str | None:
+        def hold(entry: QueueEntry, held: frozenset[str]) -> str | tuple[str, ...] | None:
             current = list(tx.nodes.values())
             empty = self.store.cache.empty_snapshot(current).nodes
+            if entry.request.gang is not None:
+                return hold_gang_nodes(current, empty, entry.request, held, self.bindings)
             return hold_node(current, empty, entry.request, held, self.bindings)
 
         tx.elastic_added = False
@@ -305,12 +307,12 @@ class WriteCycle:
             tx.conn.execute(
                 sql.SET_OVERTAKES, [{"rid": rid, "overtake_count": n} for rid, n in counts.items()]
             )
-        for rid, node in outcome.holds.items():
-            if (rid, node) != self._logged_hold:
-                self._logged_hold = (rid, node)
+        for rid, nodes in outcome.holds.items():
+            if (rid, nodes) != self._logged_hold:
+                self._logged_hold = (rid, nodes)
                 log.info(
-                    "Queue holds node %s for %s: its overtake budget (%d) is spent",
-                    node,
+                    "Queue holds node(s) %s for %s: its overtake budget (%d) is spent",
+                    ", ".join(nodes),
                     rid,
                     self.max_overtakes,
                 )

@@ -18,7 +18,7 @@ from airflow_gpupool.ledger.cache import CapacityCache
 from airflow_gpupool.ledger.records import waiting_ahead
 from airflow_gpupool.ledger.store import LedgerStore, Tx
 from airflow_gpupool.placement.explain import explain, pools_note
-from airflow_gpupool.placement.gang import members_that_fit, place_gang
+from airflow_gpupool.placement.gang import hold_gang_nodes, members_that_fit, place_gang
 from airflow_gpupool.placement.policy import PlacementPolicy
 from airflow_gpupool.placement.pools import PoolBindings
 from airflow_gpupool.placement.queue import hold_node
@@ -65,6 +65,9 @@ def held_nodes(ctx: WaitContext, tx: Tx, row: Row[Any]) -> dict[str, str]:
         current = list(tx.nodes.values())
         empty = ctx.cache.empty_snapshot(current).nodes
         request = ctx.store.request_of(waiting)
+        if request.gang is not None:
+            nodes = hold_gang_nodes(current, empty, request, frozenset(), ctx.bindings) or ()
+            return dict.fromkeys(nodes, waiting.id)
         node = hold_node(current, empty, request, frozenset(), ctx.bindings)
         return {node: waiting.id} if node is not None else {}
     return {}

@@ -24,7 +24,7 @@ from airflow_gpupool.placement.snapshot import ClusterSnapshot, NodeState
 from airflow_gpupool.placement.verdict import Assignment, NoFit, NoFitReason
 from airflow_gpupool.resources import GpuRequest
 
-__all__ = ["GangAssignment", "members_that_fit", "node_capacity", "place_gang"]
+__all__ = ["GangAssignment", "hold_gang_nodes", "members_that_fit", "node_capacity", "place_gang"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,3 +178,40 @@ def _assign(
             members.append(verdict)
             current[name] = allocate(node, member, verdict)
     return GangAssignment(tuple(members))
+
+
+def hold_gang_nodes(
+    current: Sequence[NodeState],
+    empty: Sequence[NodeState],
+    request: GpuRequest,
+    held: frozenset[str],
+    bindings: PoolBindings = UNCONSTRAINED,
+) -> tuple[str, ...] | None:
+    """Return the nodes to hold for a starving gang: enough to take its minimum once emptied, the closest first.
+
+    The gang's counterpart of :func:`~airflow_gpupool.placement.queue.hold_node`: a node
+    comes first when it lacks fewest members now of what it could take emptied, then when
+    it takes most. None when the nodes not held cannot take the minimum even emptied.
+
+    :param current: the nodes as they are
+    :param empty: the same nodes, in the same order, with nothing granted
+    """
+    assert request.gang is not None
+    count, member = request.gang.min_members, request.member
+    ranked: list[tuple[int, int, int, str]] = []
+    for position, (node, blank) in enumerate(zip(current, empty, strict=True)):
+        if node.name in held:
+            continue
+        could = node_capacity(blank, member, count, bindings)[0]
+        if could:
+            now = node_capacity(node, member, could, bindings)[0]
+            ranked.append((could - now, -could, position, node.name))
+    ranked.sort()
+    chosen: list[str] = []
+    total = 0
+    for _, minus_could, _, name in ranked:
+        chosen.append(name)
+        total -= minus_could
+        if total >= count:
+            return tuple(chosen)
+    return None

@@ -228,3 +228,24 @@ def test_bad_gangs_are_refused_and_nothing_is_written(ledger: Ledger) -> None:
         ledger.gang(single.id)
     assert ledger.get_or_none("too-big") is None and ledger.queue_positions() == {}
     assert ledger.check_invariants() == []
+
+
+def test_a_starving_gang_holds_every_node_it_needs(make_ledger: Callable[..., Ledger]) -> None:
+    ledger = make_ledger(max_overtakes=1)
+    ledger.upsert_nodes([node("n1", gpus=2), node("n2", gpus=2)])
+    for rid in ("s1", "s2", "s3", "s4"):
+        ledger.reserve(GpuRequest(gpus=1), "single", reservation_id=rid)
+    ledger.reserve(gang_of(4), "trainer", reservation_id="g")
+    ledger.reserve(GpuRequest(gpus=1), "single", reservation_id="w1")
+    ledger.release("s1")  # w1 backfills past the gang: its budget is spent
+    assert ledger.get("w1").state is GRANTED
+
+    ledger.reserve(GpuRequest(gpus=1), "single", reservation_id="w2")
+    ledger.release("s3")  # n2 frees a GPU, but the gang holds n2 as well as n1
+    assert ledger.get("w2").state is WAITING
+    assert "n1" in ledger.explain("w2") and "n2" in ledger.explain("w2")
+    for rid in ("s2", "s4", "w1"):
+        ledger.release(rid)
+    assert per_node(ledger.gang("g")) == {"n1": 2, "n2": 2}
+    assert ledger.get("w2").state is WAITING
+    assert ledger.check_invariants() == []

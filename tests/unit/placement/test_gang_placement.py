@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import pytest
 
 from airflow_gpupool.placement import ClusterSnapshot, GpuState, NodeState, NoFit, get_policy
-from airflow_gpupool.placement.gang import GangAssignment, members_that_fit, place_gang
+from airflow_gpupool.placement.gang import GangAssignment, hold_gang_nodes, members_that_fit, place_gang
 from airflow_gpupool.placement.pools import PoolBinding, PoolBindings
 from airflow_gpupool.resources import GangSpec, GpuKind, GpuRequest
 
@@ -137,3 +137,17 @@ def test_a_pool_whose_binding_cannot_express_the_member_takes_none() -> None:
     verdict = place_gang(nodes, request, 4, get_policy("bestfit"), wholes_only)
     assert isinstance(verdict, GangAssignment)
     assert {a.node for a in verdict.members} == {"a", "b"}
+
+
+def test_a_starving_gang_holds_the_closest_nodes_that_take_its_minimum() -> None:
+    current = [
+        node("busy", 0, gpus=4),
+        node("half", 2, gpus=4),
+        node("small", 1, gpus=1),
+        node("near", 3, gpus=4),
+    ]
+    empty = [node(n.name, len(n.gpus), gpus=len(n.gpus)) for n in current]
+    request = gang(6)
+    assert hold_gang_nodes(current, empty, request, frozenset()) == ("small", "near", "half")
+    assert hold_gang_nodes(current, empty, request, frozenset({"near"})) == ("small", "half", "busy")
+    assert hold_gang_nodes(current, empty, request, frozenset({"near", "half"})) is None
