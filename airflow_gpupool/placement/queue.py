@@ -42,14 +42,15 @@ class ServeOutcome:
 
     :param granted: requests to grant, in the order they were placed
     :param overtakes: new overtake counts of the requests that stayed blocked (changed ones only)
-    :param holds: the node held for the first blocked request whose overtake budget is spent
+    :param holds: the nodes held for the first blocked request whose overtake budget is spent
+        (one node, or the nodes a gang needs)
     :param barrier: a request whose budget is spent but that no node can be held for; the
         pass stopped there
     """
 
     granted: list[tuple[QueueEntry, Assignment]] = field(default_factory=list)
     overtakes: dict[str, int] = field(default_factory=dict)
-    holds: dict[str, str] = field(default_factory=dict)
+    holds: dict[str, tuple[str, ...]] = field(default_factory=dict)
     barrier: str | None = None
 
 
@@ -62,7 +63,7 @@ def serve(
     entries: Iterable[QueueEntry],
     try_place: Callable[[QueueEntry, frozenset[str]], Assignment | None],
     max_overtakes: int,
-    hold: Callable[[QueueEntry, frozenset[str]], str | None],
+    hold: Callable[[QueueEntry, frozenset[str]], str | tuple[str, ...] | None],
 ) -> ServeOutcome:
     """Run one pass of the queue rule.
 
@@ -71,7 +72,8 @@ def serve(
         given, and returns its assignment, or None when it does not fit now; it must apply a
         successful placement before returning
     :param max_overtakes: overtakes a blocked request tolerates before it holds a node
-    :param hold: picks the node to hold for a blocked request (not one already held), or None
+    :param hold: picks the node to hold for a blocked request (not one already held), the
+        nodes for a gang, or None
     """
     outcome = ServeOutcome()
     # A blocked request's overtakes are its count when blocked plus the grants since, so
@@ -102,7 +104,7 @@ def _take_holds(
     blocked: list[tuple[QueueEntry, int]],
     grants: int,
     max_overtakes: int,
-    hold: Callable[[QueueEntry, frozenset[str]], str | None],
+    hold: Callable[[QueueEntry, frozenset[str]], str | tuple[str, ...] | None],
     held: frozenset[str],
 ) -> tuple[int | None, frozenset[str]]:
     """Give the first blocked request whose budget is spent a held node; return the new ``top``.
@@ -116,12 +118,13 @@ def _take_holds(
         if base + grants < max_overtakes:
             top = base if top is None else max(top, base)
             continue
-        node = hold(entry, held)
-        if node is None:
+        picked = hold(entry, held)
+        if not picked:
             outcome.barrier = entry.request_id
             return top, held
-        outcome.holds[entry.request_id] = node
-        held = held | {node}
+        nodes = (picked,) if isinstance(picked, str) else picked
+        outcome.holds[entry.request_id] = nodes
+        held = held | set(nodes)
     return top, held
 
 

@@ -1,6 +1,6 @@
 """Incremental queue service grants what a full pass grants: random queues, inventories and changes.
 
-Two real SQLite ledgers replay the same random operations: one serves the queue
+Two real SQLite ledgers replay the same random operations (gangs among them): one serves the queue
 incrementally (the default), one tries every waiting request on every pass. After every
 operation both must hold exactly the same reservations in the same states, on the same
 nodes, GPUs and slices. The incremental side is driven through two ledger objects (two
@@ -19,22 +19,26 @@ from hypothesis import strategies as st
 
 from airflow_gpupool.exceptions import GpuPoolError
 from airflow_gpupool.ledger import Ledger
-from airflow_gpupool.resources import GpuRequest, WorkloadClass
+from airflow_gpupool.resources import GangSpec, GpuRequest, WorkloadClass
 from tests.ledger_fixtures import FakeClock, node
 
+_GANGS = st.builds(lambda size, least: GangSpec(size, min(size, least)), st.integers(2, 3), st.integers(1, 3))
 _REQUESTS = st.builds(
-    lambda gpus, milli, cls, priority, cpu: GpuRequest(
+    lambda gpus, milli, cls, priority, cpu, gang: GpuRequest(
         gpus=gpus if milli is None else 0,
         gpu_milli=milli,
         workload_class=cls,
         priority=priority,
         cpu_milli=cpu,
+        gang=gang,
     ),
     gpus=st.integers(0, 2),
     milli=st.none() | st.sampled_from([250, 500, 750]),
     cls=st.sampled_from(list(WorkloadClass)),
     priority=st.integers(0, 2),
     cpu=st.sampled_from([1000, 8000, 24000]),
+    # Gangs too (and their elastic growth): one entry each, placed whole or not at all.
+    gang=st.none() | st.none() | st.none() | _GANGS,
 )
 _RESERVE = st.tuples(st.just("reserve"), _REQUESTS, st.sampled_from([30.0, 300.0]), st.booleans())
 _OPS = st.lists(

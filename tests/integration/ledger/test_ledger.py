@@ -77,7 +77,7 @@ def test_failure_inside_the_transaction_leaves_ledger_unchanged(
         raise RuntimeError("worker died mid-grant")
 
     # The grant's SQL has run when the in-memory copy is updated; the crash must undo it.
-    monkeypatch.setattr("airflow_gpupool.ledger.cycle.allocate", crash)
+    monkeypatch.setattr("airflow_gpupool.ledger.take.allocate", crash)
     with pytest.raises(RuntimeError):
         ledger.reserve(GpuRequest(gpus=2), "b")
     monkeypatch.undo()

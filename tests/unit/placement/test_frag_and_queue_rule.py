@@ -142,7 +142,7 @@ def test_spent_budget_holds_one_node_and_backfill_goes_on_elsewhere():
 
     out = serve([big, *smalls], place, max_overtakes=2, hold=lambda entry, held: "a")
 
-    assert out.holds == {"big": "a"}
+    assert out.holds == {"big": ("a",)}
     assert out.barrier is None
     assert [(e.request_id, a.node) for e, a in out.granted] == [("s0", "b")], (
         "backfill only off the held node"
