@@ -14,6 +14,8 @@ On top of kmock 0.8 this serves what clients such as ``KubernetesPodOperator`` r
   answers for ``kubectl get`` (:mod:`~airflow_gpupool.testing.tables`);
 * resource.k8s.io/v1 ``resourceclaims`` (Dynamic Resource Allocation), stored as sent; a claim a
   pod owns (``ownerReferences``) is deleted with the pod, as Kubernetes' garbage collector does;
+* batch/v1 ``jobs``, run by a Job controller (:mod:`~airflow_gpupool.testing.jobs`): pods made from
+  the template, status, deletion with ``propagationPolicy``;
 * coordination.k8s.io/v1 ``leases`` (leader election): ``PUT`` replaces, refused with 409 Conflict
   when the ``resourceVersion`` sent is not the stored one;
 * a log of every request (:class:`RecordedRequest`).
@@ -37,7 +39,8 @@ from kmock._internal.dicts import patch_dict  # the merge kmock applies: the obj
 
 from airflow_gpupool.testing import gates
 from airflow_gpupool.testing.discovery import SERVED, discovery_document, kmock_resources, not_found
-from airflow_gpupool.testing.kinds import LEASES, NAMESPACES, NODES, PODS, RESOURCE_CLAIMS
+from airflow_gpupool.testing.jobs import JobController, prepare_new_job, propagation_policy
+from airflow_gpupool.testing.kinds import JOBS, LEASES, NAMESPACES, NODES, PODS, RESOURCE_CLAIMS
 from airflow_gpupool.testing.kubelet import SimulatedKubelet
 from airflow_gpupool.testing.selectors import parse_field_selector, parse_label_selector
 from airflow_gpupool.testing.storage import StoredObjects
@@ -103,6 +106,7 @@ class KubernetesApiEmulator(StoredObjects):
         super().__init__()
         self.recorded: list[RecordedRequest] = []
         self.kubelet = SimulatedKubelet(self, default_duration_seconds=default_duration_seconds)
+        self.jobs = JobController(self)
         for key, info in kmock_resources().items():
             self.resources[key] = cast("Any", info)  # kmock takes the plain dict
         self.objects[NAMESPACES, None, "default"] = self._stamp(
@@ -180,11 +184,50 @@ class KubernetesApiEmulator(StoredObjects):
             return aiohttp.web.json_response(await self._serve_replace(request))
         if (read := self._serve_read(request)) is not None:
             return read
+        deleted_job = self._deleted_job(request)
         self._before_write(request)
         response = await super()._handle(request)
         if response.status < 300:
             await self._after_success(request)
+            if deleted_job is not None:
+                await self.jobs.deleted(deleted_job, propagation_policy(request))
         return response
+
+    def _deleted_job(self, request: Any) -> dict[str, Any] | None:
+        """Return the Job a request deletes, read before kmock forgets it; ``None`` for other requests.
+
+        :param request: kmock's parsed request
+        """
+        if request.resource != JOBS or request.action != action.DELETE or not request.name:
+            return None
+        return self.get_object(JOBS, request.namespace, request.name)
+
+    # -- what controllers do as the API server does it -------------------------------------------
+
+    def pod_bus(self) -> Any:
+        """Return the watch bus of pods (kmock's), for controllers that react to pod changes."""
+        return self._buses[PODS]
+
+    async def create_pod(self, pod: dict[str, Any]) -> dict[str, Any]:
+        """Create a pod as a ``POST`` does: stamped, defaulted and started by the kubelet.
+
+        :param pod: the pod, with its name and namespace
+        """
+        self._stamp(pod)
+        self.kubelet.prepare_new_pod(pod)
+        created = await self.put_object(PODS, pod)
+        self.kubelet.start(pod["metadata"].get("namespace"), pod["metadata"]["name"])
+        return created
+
+    async def remove_pod(self, namespace: str | None, name: str) -> None:
+        """Delete a pod as a ``DELETE`` does: its containers stop and what it owns goes with it.
+
+        :param namespace: its namespace
+        :param name: its name
+        """
+        if await self.delete_object(PODS, namespace, name) is not None:
+            await self.kubelet.stopped(namespace, name)
+            await self.collect_garbage(RESOURCE_CLAIMS, PODS)
 
     def _serve_read(self, request: Any) -> aiohttp.web.StreamResponse | None:
         """Serve a list, or a get or delete of a missing object; ``None`` for what kmock serves.
@@ -220,6 +263,8 @@ class KubernetesApiEmulator(StoredObjects):
             self._stamp(request.data, request.namespace)
             if request.resource == PODS:
                 self.kubelet.prepare_new_pod(request.data)
+            elif request.resource == JOBS:
+                prepare_new_job(request.data)
         elif request.action == action.UPDATE and request.resource == PODS and request.subresource is None:
             self._check_pod_update(request)  # scheduling gates: testing/gates.py
         if request.action == action.UPDATE and isinstance(request.data, dict) and request.name:
@@ -243,6 +288,11 @@ class KubernetesApiEmulator(StoredObjects):
         """
         if request.resource == PODS:
             await self._after_pod_change(request)
+        elif request.resource == JOBS and request.name is None and request.action == action.CREATE:
+            meta = request.data["metadata"]
+            await self.jobs.created(meta.get("namespace") or request.namespace, meta["name"])
+        elif request.resource == JOBS and request.action == action.UPDATE and request.name:
+            await self.jobs.updated(request.namespace, request.name)
         elif request.resource == NODES and request.action != action.FETCH:
             self.kubelet.notify()
 
