@@ -68,6 +68,7 @@ __all__ = [
     "GpuFaultError",
     "GpuPoolError",
     "ImagePullError",
+    "InvalidGangError",
     "InvalidInventoryError",
     "InvalidRequestError",
     "LeaseExpiredError",
@@ -110,6 +111,10 @@ class InvalidRequestError(GpuPoolError, ValueError):
         self.value = value
         self.expected = expected
         super().__init__(f"invalid {field}={value!r}: expected {expected}")
+
+
+class InvalidGangError(InvalidRequestError):
+    """A gang reservation's spec (members, min_members, topology keys) or id is malformed."""
 
 
 class InvalidInventoryError(InvalidRequestError):

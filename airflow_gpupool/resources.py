@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
-from airflow_gpupool.exceptions import InvalidInventoryError, InvalidRequestError
+from airflow_gpupool.exceptions import InvalidGangError, InvalidInventoryError, InvalidRequestError
 
 MILLI_PER_GPU = 1000
 MAX_CPU_MILLI = 10_000_000  # 10,000 cores: anything above is a unit mistake
@@ -21,6 +21,7 @@ MAX_MEMORY_MIB = 64 * 1024 * 1024  # 64 TiB
 MAX_GPUS_PER_REQUEST = 64
 MAX_GPU_MEMORY_MIB = 1024 * 1024  # 1 TiB on one GPU
 MAX_ABS_PRIORITY = 1_000_000
+MAX_GANG_MEMBERS = 512
 
 _LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
@@ -85,11 +86,13 @@ MIG_PROFILES: dict[str, MigProfile] = {
 }
 
 
-def _check_int(name: str, value: Any, low: int, high: int) -> int:
+def _check_int(
+    name: str, value: Any, low: int, high: int, error: type[InvalidRequestError] = InvalidRequestError
+) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidRequestError(name, value, f"an integer in [{low}, {high}]")
+        raise error(name, value, f"an integer in [{low}, {high}]")
     if not low <= value <= high:
-        raise InvalidRequestError(name, value, f"an integer in [{low}, {high}]")
+        raise error(name, value, f"an integer in [{low}, {high}]")
     return value
 
 
@@ -118,6 +121,69 @@ def normalize_labels(
     return tuple(sorted(dict(pairs).items()))
 
 
+@dataclass(frozen=True)
+class GangSpec:
+    """A gang: members of one shape granted all or nothing, across nodes.
+
+    :param members: the most members (``gang_max``); a fixed gang has ``members == min_members``
+    :param min_members: granted all or nothing at this many; an elastic gang (fewer than
+        ``members``) grows towards ``members`` as capacity frees
+    :param topology_keys: node label keys (zone, rack, NVLink domain) whose shared values
+        placement prefers for the members, after the fewest nodes
+    """
+
+    members: int
+    min_members: int
+    topology_keys: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        _check_int("gang members", self.members, 1, MAX_GANG_MEMBERS, InvalidGangError)
+        _check_int("gang min_members", self.min_members, 1, self.members, InvalidGangError)
+        keys = self.topology_keys
+        if isinstance(keys, str) or not isinstance(keys, Iterable):
+            raise InvalidGangError("gang topology_keys", keys, "a list of node label keys")
+        keys = tuple(keys)
+        for key in keys:
+            if not isinstance(key, str) or not _LABEL_KEY.match(key) or len(key) > 316:
+                raise InvalidGangError(
+                    "gang topology_keys", key, "Kubernetes label keys such as 'topology.kubernetes.io/zone'"
+                )
+        if len(set(keys)) != len(keys):
+            raise InvalidGangError("gang topology_keys", list(keys), "each key once")
+        object.__setattr__(self, "topology_keys", keys)
+
+    @property
+    def elastic(self) -> bool:
+        """Whether the gang may hold more than its minimum."""
+        return self.members > self.min_members
+
+    def describe(self) -> str:
+        """Return ``gang of 3`` or, for an elastic gang, ``gang of 2-4``."""
+        if self.elastic:
+            return f"gang of {self.min_members}-{self.members}"
+        return f"gang of {self.members}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return primitive values only."""
+        return {
+            "members": self.members,
+            "min_members": self.min_members,
+            "topology_keys": list(self.topology_keys),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> GangSpec:
+        """Rebuild a spec from :meth:`to_dict` output; unknown keys are an error."""
+        if not isinstance(data, Mapping):
+            raise InvalidGangError("gang", data, "a mapping with members, min_members and topology_keys")
+        unknown = set(data) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise InvalidGangError("gang", sorted(unknown), f"keys among {sorted(cls.__dataclass_fields__)}")
+        values = dict(data)
+        values.setdefault("min_members", values.get("members"))
+        return cls(**values)
+
+
 @dataclass(frozen=True, kw_only=True)
 class GpuRequest:
     """What one task asks for.
@@ -141,6 +207,8 @@ class GpuRequest:
     :param priority: higher is served first
     :param team: the team that pays for it
     :param preemptible: whether higher-priority work may take its slice back
+    :param gang: None for one slice; else a gang of members, each of this request's shape,
+        granted all or nothing (:class:`GangSpec`)
     """
 
     cpu_milli: int = 1000
@@ -156,6 +224,7 @@ class GpuRequest:
     priority: int = 0
     team: str = "default"
     preemptible: bool = False
+    gang: GangSpec | None = None
 
     def __post_init__(self) -> None:
         _check_int("cpu_milli", self.cpu_milli, 0, MAX_CPU_MILLI)
@@ -169,6 +238,8 @@ class GpuRequest:
         if not isinstance(self.preemptible, bool):
             raise InvalidRequestError("preemptible", self.preemptible, "True or False")
         _check_name("team", self.team)
+        if self.gang is not None and not isinstance(self.gang, GangSpec):
+            object.__setattr__(self, "gang", GangSpec.from_dict(self.gang))
 
     def _check_gpu_part(self) -> None:
         if self.gpu_milli is not None:
@@ -249,11 +320,17 @@ class GpuRequest:
             part += f" ({self.gpu_memory_mib} MiB GPU memory)"
         if self.gpu_models:
             part += f" on {'|'.join(sorted(self.gpu_models))}"
-        return f"{part}, {self.cpu_milli}m CPU, {self.memory_mib} MiB"
+        shape = f"{part}, {self.cpu_milli}m CPU, {self.memory_mib} MiB"
+        return shape if self.gang is None else f"{self.gang.describe()} × {shape}"
+
+    @property
+    def member(self) -> GpuRequest:
+        """The shape of one member of a gang (this request without its gang); the request itself otherwise."""
+        return self if self.gang is None else replace(self, gang=None)
 
     def to_dict(self) -> dict[str, Any]:
         """Return primitive values only, for JSON columns, XCom and trigger serialization."""
-        return {
+        out: dict[str, Any] = {
             "cpu_milli": self.cpu_milli,
             "memory_mib": self.memory_mib,
             "gpus": self.gpus,
@@ -268,6 +345,10 @@ class GpuRequest:
             "preemptible": self.preemptible,
             "prefer_node_labels": dict(self.prefer_node_labels),
         }
+        # Only gangs carry the key: the texts of other requests stay as they were stored.
+        if self.gang is not None:
+            out["gang"] = self.gang.to_dict()
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> GpuRequest:
@@ -284,6 +365,8 @@ class GpuRequest:
             and not isinstance(values["gpu_models"], str)
         ):
             values["gpu_models"] = frozenset(values["gpu_models"])
+        if values.get("gang") is not None:
+            values["gang"] = GangSpec.from_dict(values["gang"])
         return cls(**values)
 
 

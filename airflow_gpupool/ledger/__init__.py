@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from airflow_gpupool.ledger.ledger import InventoryChange, Ledger
 from airflow_gpupool.ledger.models import (
+    Gang,
     Grant,
     LedgerSnapshot,
     NodeRecord,
@@ -14,6 +15,7 @@ from airflow_gpupool.ledger.models import (
 )
 
 __all__ = [
+    "Gang",
     "Grant",
     "InventoryChange",
     "Ledger",

@@ -116,6 +116,23 @@ def _v7(op: Operations, conn: Connection) -> None:
         pg_functions.reinstall(conn)
 
 
+# The columns and index v8 adds (gangs), taken from the table so the two never disagree.
+_V8_COLUMNS = ("gang_id", "gang_index")
+_V8_INDEX = "ix_gpupool_reservations_gang"
+
+
+def _v8(op: Operations, conn: Connection) -> None:
+    table = schema.reservations
+    present = {c["name"] for c in inspect(conn).get_columns(table.name)}
+    for name in _V8_COLUMNS:
+        if name not in present:
+            op.add_column(table.name, Column(name, table.c[name].type, nullable=True))
+    if _V8_INDEX not in {i["name"] for i in inspect(conn).get_indexes(table.name)}:
+        op.create_index(_V8_INDEX, table.name, ["gang_id"])
+    if conn.dialect.name == "postgresql":  # the concurrent release leaves gang members to the serialized path
+        pg_functions.reinstall(conn)
+
+
 def sql_literal(value: object) -> Any:
     """Return the server default that fills a migrated column on existing rows (a SQL literal)."""
     if isinstance(value, bool):
@@ -134,6 +151,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     ),
     Migration(6, "team quotas per resource flavor, with borrowing and lending limits", _v6),
     Migration(7, "node agent: heartbeats with reports, health with a source, verified GPU UUIDs", _v7),
+    Migration(8, "gang reservations: the gang and member index of each reservation", _v8),
 )
 LATEST = MIGRATIONS[-1].version
 

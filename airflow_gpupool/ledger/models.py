@@ -7,7 +7,7 @@ from enum import Enum
 from typing import Any
 
 from airflow_gpupool.placement.snapshot import ClusterSnapshot
-from airflow_gpupool.resources import GpuRequest
+from airflow_gpupool.resources import GangSpec, GpuRequest
 
 
 class ReservationState(str, Enum):
@@ -102,6 +102,9 @@ class Reservation:
     :param message: why it waits, or how it ended
     :param ended_at: when it was released, expired, timed out or withdrawn
     :param orphaned_at: when its lease expired with a pod bound (state ``orphaned``)
+    :param gang_id: the id of its gang's leader (the leader's own id on the leader); None
+        for a single reservation
+    :param gang_index: its index in the gang (0: the leader)
     """
 
     id: str
@@ -115,6 +118,8 @@ class Reservation:
     message: str = ""
     ended_at: float | None = None
     orphaned_at: float | None = None
+    gang_id: str | None = None
+    gang_index: int | None = None
 
     @property
     def waited_seconds(self) -> float:
@@ -135,7 +140,34 @@ class Reservation:
             "message": self.message,
             "ended_at": self.ended_at,
             "orphaned_at": self.orphaned_at,
+            "gang_id": self.gang_id,
+            "gang_index": self.gang_index,
         }
+
+
+@dataclass(frozen=True)
+class Gang:
+    """A gang reservation: its leader and every member row, by index.
+
+    :param leader_id: the leader's id, which reserving returned (member 0)
+    :param spec: the gang's members, minimum and topology keys
+    :param members: by ``gang_index``: granted, waiting (elastic growth) or ended; only the
+        leader exists while the gang waits
+    """
+
+    leader_id: str
+    spec: GangSpec
+    members: tuple[Reservation, ...]
+
+    @property
+    def granted(self) -> tuple[Reservation, ...]:
+        """The members that hold their slice now (granted or orphaned)."""
+        return tuple(m for m in self.members if m.state.holds)
+
+    @property
+    def state(self) -> ReservationState:
+        """The leader's state: the gang's."""
+        return self.members[0].state
 
 
 @dataclass(frozen=True)

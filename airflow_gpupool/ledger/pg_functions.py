@@ -151,8 +151,9 @@ BEGIN
         RETURN;
     END IF;
     SELECT * INTO v_res FROM gpupool_reservations WHERE id = p_id;
-    IF NOT FOUND OR v_res.state <> 'granted' THEN
-        outcome := 'serialize';  -- unknown, or already ended: the serialized path says which
+    -- Unknown, or already ended: the serialized path says which. A gang's members end together there.
+    IF NOT FOUND OR v_res.state <> 'granted' OR v_res.gang_id IS NOT NULL THEN
+        outcome := 'serialize';
         RETURN;
     END IF;
     -- Node first, like every writer; then the grant, which a concurrent release may have ended.

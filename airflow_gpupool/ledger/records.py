@@ -143,4 +143,6 @@ def reservation_of(conn: Connection, row: Row[Any], request: GpuRequest) -> Rese
         message=row.message or "",
         ended_at=row.ended_at,
         orphaned_at=row.orphaned_at,
+        gang_id=row.gang_id,
+        gang_index=row.gang_index,
     )

@@ -131,10 +131,15 @@ reservations = Table(
     Column("pod_uid", String(64), nullable=True),
     Column("bound_at", Float, nullable=True),
     Column("orphaned_at", Float, nullable=True),
+    # Gangs (schema v8): every member row carries its leader's id (the leader its own) and
+    # its index in the gang (the leader 0); None on single reservations.
+    Column("gang_id", String(64), nullable=True),
+    Column("gang_index", Integer, nullable=True),
 )
 Index("ix_gpupool_reservations_queue", reservations.c.state, reservations.c.priority, reservations.c.seq)
 Index("ix_gpupool_reservations_expiry", reservations.c.state, reservations.c.expires_at)
 Index("ix_gpupool_reservations_node", reservations.c.node, reservations.c.state)
+Index("ix_gpupool_reservations_gang", reservations.c.gang_id)
 
 # One row per failed task try (schema v2): how it failed, what it ran with, what the next try
 # must ask for, and whether a person was told. Keyed by the task instance (without the try),
