@@ -17,8 +17,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Row, delete, select
 
-from airflow_gpupool.exceptions import StaleCacheError
-from airflow_gpupool.ledger import schema
+from airflow_gpupool.ledger import gangs, schema
 from airflow_gpupool.ledger import statements as sql
 from airflow_gpupool.ledger.cache import CapacityCache, classes_from_counts
 from airflow_gpupool.ledger.equivalence import EquivalenceIndex
@@ -28,10 +27,12 @@ from airflow_gpupool.ledger.queue_copy import QueueCopy
 from airflow_gpupool.ledger.records import GRANTED, HOLDING, assignment_of, class_delta
 from airflow_gpupool.ledger.service import PassMemo, ServiceMemo
 from airflow_gpupool.ledger.store import LOGGER_NAME, LedgerStore, Tx
-from airflow_gpupool.placement.accounting import allocate, deallocate
+from airflow_gpupool.ledger.take import grant_row
+from airflow_gpupool.placement.accounting import deallocate
+from airflow_gpupool.placement.gang import GangAssignment
 from airflow_gpupool.placement.policy import PlacementPolicy
 from airflow_gpupool.placement.pools import UNCONSTRAINED, PoolBindings
-from airflow_gpupool.placement.queue import QueueEntry, hold_node, serve
+from airflow_gpupool.placement.queue import QueueEntry, ServeOutcome, hold_node, serve
 from airflow_gpupool.placement.snapshot import ClusterSnapshot, NodeState
 from airflow_gpupool.placement.verdict import Assignment, NoFit
 from airflow_gpupool.resources import GpuRequest
@@ -173,8 +174,14 @@ class WriteCycle:
         the pod finished or gone, or deletes it.
         """
         due = tx.conn.execute(sql.DUE, {"now": tx.now}).all()
+        gangs_done: set[str] = set()
         for row in due:
-            if row.state == GRANTED and row.pod_name is not None:
+            if row.gang_id is not None and row.state == GRANTED:
+                # A gang's lease is one: its first due member takes the whole gang with it.
+                if row.gang_id not in gangs_done:
+                    gangs_done.add(row.gang_id)
+                    gangs.expire_gang(self, tx, row.gang_id)
+            elif row.state == GRANTED and row.pod_name is not None:
                 self.orphan(tx, row)
             elif row.state == GRANTED:
                 log.warning("Lease of %s (holder %s) expired: returning its slice", row.id, row.holder)
@@ -274,9 +281,16 @@ class WriteCycle:
             empty = self.store.cache.empty_snapshot(current).nodes
             return hold_node(current, empty, entry.request, held, self.bindings)
 
+        tx.elastic_added = False
         outcome = serve(entries, try_place, self.max_overtakes, hold)
         if memo is not None:
             tx.served = memo.found()
+        self._record_pass(tx, entries, outcome)
+        if tx.elastic_added:  # an elastic gang was admitted: its growth may fit what is left now
+            self.serve(tx)
+
+    def _record_pass(self, tx: Tx, entries: list[QueueEntry], outcome: ServeOutcome) -> None:
+        """Store the overtake counts a pass changed, and log its holds and barrier."""
         counts = outcome.overtakes
         stored = {e.request_id: e.overtakes for e in entries}
         bound = self.max_overtakes
@@ -362,69 +376,22 @@ class WriteCycle:
         def try_place(entry: QueueEntry, held: frozenset[str]) -> Assignment | None:
             if memo is not None and memo.cannot_fit(entry, held):
                 return None
-            verdict = self.place(tx.nodes, entry.request, held)
-            if isinstance(verdict, NoFit):
+            request = entry.request
+            found: Assignment | GangAssignment | NoFit
+            if request.gang is not None:
+                found = gangs.place(tx, request, held, self.policy, self.bindings)
+            else:
+                found = self.place(tx.nodes, request, held)
+            if isinstance(found, NoFit):
                 if memo is not None:
                     memo.found_blocked(entry, held)
                 return None
-            _grant(tx, entry, verdict)
+            if isinstance(found, Assignment):
+                grant_row(tx, entry.request_id, request, found)
+                verdict = found
+            else:
+                verdict = gangs.admit(tx, self.store, entry.request_id, request, found)
             tx.spent_changed |= entry.overtakes >= self.max_overtakes
             return verdict
 
         return try_place
-
-
-def _grant(tx: Tx, entry: QueueEntry, assignment: Assignment) -> None:
-    """Record ``assignment`` as the grant of a waiting request, if the rows still have room for it.
-
-    :raises StaleCacheError: they have not: the capacity copy was wrong
-    """
-    request = entry.request
-    conn = tx.conn
-    d_train, d_infer = class_delta(request)
-    node = assignment.node
-    taken = conn.execute(
-        sql.TAKE_NODE,
-        {
-            "at_node": node,
-            "cpu": request.cpu_milli,
-            "mem": request.memory_mib,
-            "training": d_train,
-            "inference": d_infer,
-            "new_version": tx.version,
-        },
-    ).rowcount
-    if taken != 1:
-        raise StaleCacheError(node)
-    if assignment.mig_slice is not None:
-        taken_slice = {"at_node": node, "at_slice": assignment.mig_slice, "rid": entry.request_id}
-        if conn.execute(sql.TAKE_MIG, taken_slice).rowcount != 1:
-            raise StaleCacheError(node)
-    elif assignment.gpu_indices:
-        args: dict[str, Any] = {
-            "at_node": node,
-            "indices": list(assignment.gpu_indices),
-            "milli": assignment.milli_per_gpu,
-            "gmem": assignment.gpu_memory_mib,
-        }
-        if conn.execute(sql.TAKE_GPUS, args).rowcount != len(assignment.gpu_indices):
-            raise StaleCacheError(node)
-    granted = conn.execute(
-        sql.GRANT_ROW,
-        {
-            "rid": entry.request_id,
-            "now": tx.now,
-            "granted_node": node,
-            "indices_json": json.dumps(list(assignment.gpu_indices)),
-            "milli": assignment.milli_per_gpu,
-            "gmem": assignment.gpu_memory_mib,
-            "granted_slice": assignment.mig_slice,
-        },
-    ).rowcount
-    if granted != 1:
-        raise StaleCacheError(entry.request_id)
-    tx.nodes[node] = allocate(tx.nodes[node], request, assignment)
-    tx.granted.append(entry.request_id)
-    tx.settled.append(entry.request_id)
-    tx.assignments[entry.request_id] = assignment
-    tx.dirty = True

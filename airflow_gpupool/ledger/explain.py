@@ -18,6 +18,7 @@ from airflow_gpupool.ledger.cache import CapacityCache
 from airflow_gpupool.ledger.records import waiting_ahead
 from airflow_gpupool.ledger.store import LedgerStore, Tx
 from airflow_gpupool.placement.explain import explain, pools_note
+from airflow_gpupool.placement.gang import members_that_fit, place_gang
 from airflow_gpupool.placement.policy import PlacementPolicy
 from airflow_gpupool.placement.pools import PoolBindings
 from airflow_gpupool.placement.queue import hold_node
@@ -77,13 +78,37 @@ def _placeable(
     return ctx.policy.place(ClusterSnapshot(nodes), request)
 
 
+def _gang_blocked(
+    ctx: WaitContext, snapshot: ClusterSnapshot, request: GpuRequest, held: Mapping[str, str]
+) -> str | None:
+    """Say how many of a waiting gang's members fit now and what blocks the rest; None when it fits."""
+    assert request.gang is not None
+    bindings, count = ctx.bindings, request.gang.min_members
+    nodes = ClusterSnapshot(
+        tuple(n for n in snapshot.nodes if n.name not in held and bindings.allows(n.node_pool, request))
+    )
+    verdict = place_gang(nodes, request, count, ctx.policy, bindings)
+    if not isinstance(verdict, NoFit):
+        return None
+    fit = members_that_fit(nodes, request.member, count, bindings)
+    closest = "; ".join(verdict.summary(3)) or "the inventory is empty"
+    blocked = f"{fit} of the {count} members of {request.describe()} fit now; closest: {closest}"
+    if held:
+        blocked += f"; held for starving requests: {', '.join(sorted(held))}"
+    return blocked
+
+
 def blocked_message(ctx: WaitContext, tx: Tx, row: Row[Any], request: GpuRequest) -> str:
     """Say why the waiting reservation ``row`` waits: its place in the queue, or the closest nodes."""
     snapshot = tx.snapshot()
     held = held_nodes(ctx, tx, row)
-    verdict = _placeable(ctx, snapshot, request, held)
     waited = tx.now - row.created_at
     ahead = waiting_ahead(tx.conn, row)
+    if request.gang is not None:
+        gang = _gang_blocked(ctx, snapshot, request, held)
+        blocked = gang or f"its members fit now but {ahead} earlier request(s) hold the queue"
+        return f"waited {waited:.0f}s with {ahead} request(s) ahead; {blocked}"
+    verdict = _placeable(ctx, snapshot, request, held)
     if isinstance(verdict, NoFit):
         reasons = explain(snapshot, request, ctx.bindings, held)
         closest = "; ".join(reasons.summary(3)) or "the inventory is empty"

@@ -20,8 +20,13 @@ from dataclasses import dataclass
 from sqlalchemy import insert, select, update
 
 from airflow_gpupool import settings
-from airflow_gpupool.exceptions import InvalidRequestError, LeaseExpiredError, NoCapacityError
-from airflow_gpupool.ledger import records, schema
+from airflow_gpupool.exceptions import (
+    InvalidGangError,
+    InvalidRequestError,
+    LeaseExpiredError,
+    NoCapacityError,
+)
+from airflow_gpupool.ledger import gangs, records, schema
 from airflow_gpupool.ledger import statements as sql
 from airflow_gpupool.ledger.cache import classes_from_counts
 from airflow_gpupool.ledger.concurrent import ConcurrentPath
@@ -31,6 +36,7 @@ from airflow_gpupool.ledger.records import GRANTED, HOLDING, ORPHANED, WAITING
 from airflow_gpupool.ledger.store import LOGGER_NAME, LedgerStore, Tx
 from airflow_gpupool.placement.accounting import allocate, deallocate
 from airflow_gpupool.placement.fit import choices
+from airflow_gpupool.placement.gang import place_gang
 from airflow_gpupool.placement.verdict import Assignment, NoFit, NoFitReason
 from airflow_gpupool.resources import GpuRequest
 from airflow_gpupool.validate import positive_seconds
@@ -87,6 +93,9 @@ class ReserveArgs:
         rid = reservation_id or uuid.uuid4().hex
         if not isinstance(rid, str) or not 0 < len(rid) <= 64:
             raise InvalidRequestError("reservation_id", rid, "a string of 1 to 64 characters")
+        longest = gangs.leader_id_limit(request)
+        if len(rid) > longest:  # its members' ids are the leader's and ".<index>"
+            raise InvalidGangError("reservation_id", rid, f"a gang's id of 1 to {longest} characters")
         return cls(request, holder, rid, seconds, wait, reservation_id is not None)
 
 
@@ -240,12 +249,14 @@ class LedgerGrants:
                     deadline=tx.now + args.timeout,
                     ttl=args.ttl,
                     overtakes=0,
+                    gang_id=rid if request.gang is not None else None,
+                    gang_index=0 if request.gang is not None else None,
                 )
             )
             self._store.requests.put(rid, request)
             tx.dirty = True
             self._cycle.serve(tx)
-            if rid in tx.assignments:
+            if rid in tx.assignments and request.gang is None:
                 assignment = tx.assignments[rid]
                 node_pool = tx.nodes[assignment.node].node_pool
                 return _granted(args, tx.now, _new_grant(self._store, assignment, args, node_pool, tx.now))
@@ -257,6 +268,12 @@ class LedgerGrants:
 
     def _refuse_if_never_fits(self, tx: Tx, request: GpuRequest) -> None:
         empty = self._store.cache.empty_snapshot(tx.nodes.values())
+        if request.gang is not None:
+            cycle = self._cycle
+            gang = place_gang(empty, request, request.gang.min_members, cycle.policy, cycle.bindings)
+            if isinstance(gang, NoFit):
+                raise NoCapacityError(request, gang.reasons)
+            return
         reasons = []
         for node in empty.nodes:
             verdict = choices(node, request, self._cycle.bindings)
@@ -286,6 +303,9 @@ class LedgerGrants:
             if row.state not in HOLDING:
                 raise LeaseExpiredError(reservation_id, row.state)
             seconds = _seconds("ttl", ttl, lambda: float(row.ttl))
+            if row.gang_id is not None:  # a gang's lease is one: every holding member renews
+                gangs.renew_members(tx, row, tx.now + seconds, holder)
+                return self._store.reservation(tx.conn, records.row_by_id(tx.conn, reservation_id))
             values: dict[str, object] = {"expires_at": tx.now + seconds}
             if row.state == ORPHANED:
                 log.info("Orphaned grant %s renewed by its holder: granted again", reservation_id)
@@ -312,7 +332,16 @@ class LedgerGrants:
                 return ReleaseResult(
                     reservation_id, False, state, f"nothing to release: reservation {state.value} at {when}"
                 )
-            if state.holds:
+            if row.gang_id is not None and row.gang_index == 0:  # the leader: the whole gang ends
+                gangs.end_gang(
+                    self._cycle,
+                    tx,
+                    row.gang_id,
+                    ReservationState.RELEASED,
+                    ReservationState.CANCELLED,
+                    reason,
+                )
+            elif state.holds:
                 self._cycle.end_grant(tx, row, ReservationState.RELEASED, reason)
             else:
                 self._cycle.end_waiting(tx, row, ReservationState.CANCELLED, reason)

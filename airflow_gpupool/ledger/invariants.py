@@ -92,7 +92,61 @@ def find_violations(conn: Connection, request_of: Callable[[Row[Any]], GpuReques
         out += _node_violations(node, node_use[name])
     for key, gpu in gpus.items():
         out += _gpu_violations(gpu, *gpu_use[key])
-    return out + _mig_violations(migs, slice_holders)
+    return out + _mig_violations(migs, slice_holders) + gang_violations(conn, request_of)
+
+
+#: Ends the pool itself decides (expiry, timeout): never of one member while others of its gang hold.
+_POOL_ENDS = frozenset({"expired", "timed_out"})
+
+
+def gang_violations(conn: Connection, request_of: Callable[[Row[Any]], GpuRequest]) -> list[str]:
+    """Return what breaks a gang's rules: all or nothing, one grant transaction, never cut below its minimum.
+
+    The first ``min_members`` members were granted together (one ``granted_at``), none exists
+    while the leader waits, no member waits once the gang ended, and while any member holds
+    either ``min_members`` hold or the holder released some (the pool never shrinks a gang).
+    """
+    r = schema.reservations.c
+    rows = conn.execute(
+        select(schema.reservations).where(r.gang_id.is_not(None)).order_by(r.gang_id, r.gang_index)
+    ).all()
+    gangs: dict[str, list[Row[Any]]] = defaultdict(list)
+    for row in rows:
+        gangs[row.gang_id].append(row)
+    out: list[str] = []
+    for gang_id, members in gangs.items():
+        out += _one_gang(gang_id, members, request_of)
+    return out
+
+
+def _one_gang(
+    gang_id: str, members: list[Row[Any]], request_of: Callable[[Row[Any]], GpuRequest]
+) -> list[str]:
+    leader = members[0]
+    spec = request_of(leader).gang if leader.id == gang_id and leader.gang_index == 0 else None
+    if spec is None:
+        return [f"gang {gang_id}: no leader row with a gang request"]
+    where = f"gang {gang_id}"
+    if [m.gang_index for m in members] != list(range(len(members))) or len(members) > spec.members:
+        return [f"{where}: member indexes {[m.gang_index for m in members]} of at most {spec.members}"]
+    if leader.state == "waiting":
+        return [f"{where}: member {m.id} exists while its leader waits" for m in members[1:]]
+    out = []
+    core = members[: spec.min_members]
+    if leader.granted_at is not None:
+        if len(core) < spec.min_members:
+            out.append(f"{where}: granted with {len(core)} of its {spec.min_members} members")
+        elif len({m.granted_at for m in core}) != 1:
+            out.append(f"{where}: its first {spec.min_members} members were not granted in one transaction")
+    holding = [m for m in members if m.state in HOLDING_STATES]
+    states = {m.state for m in members}
+    if holding and len(holding) < spec.min_members and "released" not in states:
+        out.append(f"{where}: {len(holding)} members hold, fewer than its {spec.min_members}, none released")
+    if holding and states & _POOL_ENDS:
+        out.append(f"{where}: the pool ended members while {len(holding)} others hold")
+    if not holding and "waiting" in states:
+        out.append(f"{where}: a member waits to grow a gang that holds nothing")
+    return out
 
 
 def _mig_violations(

@@ -42,6 +42,7 @@ from airflow_gpupool.ledger.grants import ConcurrentGrants, LedgerGrants, PodBin
 from airflow_gpupool.ledger.health import HeartbeatCheck, HeartbeatResult, LedgerHealth
 from airflow_gpupool.ledger.inventory import InventoryChange, LedgerInventory
 from airflow_gpupool.ledger.models import (
+    Gang,
     LedgerSnapshot,
     ReapResult,
     ReleaseResult,
@@ -302,14 +303,19 @@ class Ledger:
 
         Idempotent by ``reservation_id``: reserving an id that exists returns its state.
 
+        A request with a ``gang`` waits as one entry and is granted its ``min_members`` all
+        or nothing (:mod:`~airflow_gpupool.ledger.gangs`); the reservation returned is its
+        leader's (member 0), and :meth:`gang` lists the members.
+
         :param holder: who holds it (task instance, host, process), for operators and the UI
         :param ttl: lease seconds (default ``[gpupool] lease_ttl_seconds``)
         :param timeout: seconds it may wait in the queue (default ``[gpupool] reservation_timeout_seconds``)
         :raises NoCapacityError: it can never fit any node of the inventory
-        :raises InvalidRequestError: bad arguments; nothing is written
+        :raises InvalidRequestError: bad arguments; nothing is written (:class:`InvalidGangError`
+            for a gang's id too long for its members' ids)
         """
         args = ReserveArgs.check(request, holder, ttl=ttl, timeout=timeout, reservation_id=reservation_id)
-        if self._concurrent is not None:
+        if self._concurrent is not None and request.gang is None:  # the concurrent path places singles
             granted = self._reserve_concurrently(args)
             if granted is not None:
                 return granted
@@ -330,6 +336,8 @@ class Ledger:
     def renew(self, reservation_id: str, ttl: float | None = None) -> Reservation:
         """Extend a grant's lease by ``ttl`` seconds from now (default: its own TTL).
 
+        A gang's lease is one: renewing any of its members renews every member that holds.
+
         :raises LeaseExpiredError: the grant already ended (expired, released)
         :raises UnknownReservationError: no such id
         """
@@ -339,7 +347,8 @@ class Ledger:
         """Take over a grant (orphaned or not) for ``holder`` and renew its lease.
 
         A retry that re-attaches to the pod of an earlier try (``durable=True``) adopts that
-        try's grant: same slice, one grant in the history, released once at the end.
+        try's grant: same slice, one grant in the history, released once at the end. Adopting
+        a gang's member adopts every member that holds.
 
         :raises LeaseExpiredError: the grant already ended
         :raises UnknownReservationError: no such id
@@ -349,6 +358,9 @@ class Ledger:
 
     def release(self, reservation_id: str, *, reason: str = "released by holder") -> ReleaseResult:
         """Give a grant back, or withdraw a waiting request. Idempotent.
+
+        Releasing a gang's leader ends every member and withdraws its growth; releasing
+        another member ends that member alone.
 
         A second release, or a release after the lease expired, changes nothing and says so.
 
@@ -408,6 +420,14 @@ class Ledger:
     def get_or_none(self, reservation_id: str) -> Reservation | None:
         """Return a reservation's current state, or None when there is no such id."""
         return self._views.get_or_none(reservation_id)
+
+    def gang(self, reservation_id: str) -> Gang:
+        """Return the gang of a leader or member id: its spec and every member by index.
+
+        :raises UnknownReservationError: no such id
+        :raises InvalidGangError: the reservation is not part of a gang
+        """
+        return self._views.gang(reservation_id)
 
     def queue_positions(self) -> dict[str, int]:
         """Return the position of every waiting request, by id (1: next in line).

@@ -120,7 +120,11 @@ def row_by_id(conn: Connection, reservation_id: str) -> Row[Any]:
 
 def waiting_ahead(conn: Connection, row: Row[Any]) -> int:
     """Return how many waiting requests the queue serves before the reservation ``row``."""
-    return int(conn.execute(sql.WAITING_AHEAD, {"priority": row.priority, "seq": row.seq}).scalar_one())
+    return int(
+        conn.execute(
+            sql.WAITING_AHEAD, {"priority": row.priority, "seq": row.seq, "rid": row.id}
+        ).scalar_one()
+    )
 
 
 def reservation_of(conn: Connection, row: Row[Any], request: GpuRequest) -> Reservation:

@@ -57,12 +57,14 @@ WAITING_SPENT_OF = WAITING.where(
 )
 WAITING_SPENT = WAITING.where(_r.overtakes >= bindparam("spent"))
 FIRST_SPENT = WAITING_SPENT.limit(1)
-# The queue serves higher priorities first, then the older request (lower ``seq``).
+# The queue serves higher priorities first, then the older request (lower ``seq``), then by id
+# (a gang's growth members share its ``seq``).
 WAITING_AHEAD = select(func.count()).where(
     _r.state == "waiting",
     or_(
         _r.priority > bindparam("priority"),
         and_(_r.priority == bindparam("priority"), _r.seq < bindparam("seq")),
+        and_(_r.priority == bindparam("priority"), _r.seq == bindparam("seq"), _r.id < bindparam("rid")),
     ),
 )
 SET_OVERTAKES = (

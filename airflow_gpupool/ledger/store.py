@@ -93,6 +93,8 @@ class Tx:
     spent_changed: bool = False
     # Requests this transaction queued.
     queue_inserted: set[str] = field(default_factory=set)
+    # Whether a gang admitted in this transaction queued members to grow by: the queue is served again.
+    elastic_added: bool = False
 
     def spent_rows_changed(self) -> bool:
         """Whether the spent waiting requests differ once this transaction commits."""

@@ -15,11 +15,11 @@ from sqlalchemy import Connection, select
 
 from airflow_gpupool.exceptions import UnknownReservationError
 from airflow_gpupool.labels import RESERVATION_LABEL
-from airflow_gpupool.ledger import records, schema
+from airflow_gpupool.ledger import gangs, records, schema
 from airflow_gpupool.ledger.cache import CapacityCache
 from airflow_gpupool.ledger.cycle import WriteCycle
 from airflow_gpupool.ledger.invariants import cluster_violations, find_violations
-from airflow_gpupool.ledger.models import LedgerSnapshot, NodeRecord, Reservation, ReservationState
+from airflow_gpupool.ledger.models import Gang, LedgerSnapshot, NodeRecord, Reservation, ReservationState
 from airflow_gpupool.ledger.records import HOLDING, WAITING
 from airflow_gpupool.ledger.store import LedgerStore, Tx
 from airflow_gpupool.placement.snapshot import ClusterSnapshot
@@ -45,10 +45,15 @@ class LedgerViews:
         except UnknownReservationError:
             return None
 
+    def gang(self, reservation_id: str) -> Gang:
+        """Return the gang of a leader or member id (see :func:`~airflow_gpupool.ledger.gangs.gang_of`)."""
+        store = self._store
+        return store.read(lambda conn: gangs.gang_of(conn, store, reservation_id))
+
     def queue_positions(self) -> dict[str, int]:
         """Return the position of every waiting request, by id (1: next in line): one read."""
         r = schema.reservations.c
-        query = select(r.id).where(r.state == WAITING).order_by(r.priority.desc(), r.seq)
+        query = select(r.id).where(r.state == WAITING).order_by(r.priority.desc(), r.seq, r.id)
         return self._store.read(lambda conn: {row.id: n for n, row in enumerate(conn.execute(query), 1)})
 
     def explain(self, reservation_id: str) -> str:
