@@ -36,6 +36,9 @@ BINDING_ANNOTATION = "gpupool.io/binding"
 #: Written by the gatekeeper when it admits a pod: the granted node and GPUs.
 NODE_ANNOTATION = "gpupool.io/node"
 GPUS_ANNOTATION = "gpupool.io/gpus"
+#: On a gang Job's pods (GpuJobOperator): the gang's leader reservation. The gatekeeper leaves them
+#: alone: the operator pins each one to its member's slice.
+GANG_ANNOTATION = "gpupool.io/gang"
 
 # -- Kubernetes ---------------------------------------------------------------------------------
 HOSTNAME_LABEL = "kubernetes.io/hostname"

@@ -42,6 +42,7 @@ from airflow_gpupool.hooks.options import (
 if TYPE_CHECKING:
     from airflow_gpupool.ledger import Ledger, ReapResult, ReleaseResult, Reservation
     from airflow_gpupool.ledger.attempts import TaskAttempt, TaskAttempts
+    from airflow_gpupool.ledger.models import Gang
     from airflow_gpupool.placement.snapshot import ClusterSnapshot
     from airflow_gpupool.resources import GpuRequest
 
@@ -162,6 +163,10 @@ class GpuPoolHook(BaseHook):
     def adopt(self, reservation_id: str, holder: str, ttl: float | None = None) -> Reservation:
         """Take over an earlier try's grant (the retry re-attached to its pod) and renew its lease."""
         return self.ledger.adopt(reservation_id, holder, ttl or self.options.lease_ttl_seconds)
+
+    def gang(self, reservation_id: str) -> Gang:
+        """Return the gang of a leader or member reservation: its spec and every member, by index."""
+        return self.ledger.gang(reservation_id)
 
     def bind_pod(
         self, reservation_id: str, *, namespace: str, name: str, uid: str | None = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -182,8 +183,10 @@ def test_missing_job_is_not_found(batch: Any) -> None:
 
 @pytest.mark.parametrize("dag_id", ["plain_job", "plain_job_deferrable"])
 def test_provider_job_operator_runs_an_indexed_job_to_completion(
-    k8s: KubernetesEmulatorServer, run_dag: Any, dag_id: str
+    k8s: KubernetesEmulatorServer, run_dag: Any, dag_id: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    conn = {"conn_type": "kubernetes", "extra": {"kube_config_path": k8s.kubeconfig_path}}
+    monkeypatch.setenv("AIRFLOW_CONN_KUBERNETES_EMULATOR", json.dumps(conn))
     run = run_dag(dag_id)
     assert run.state == "success"
     (job,) = k8s.jobs("default")

@@ -37,7 +37,15 @@ with _dag("plain_job") as plain_job:
 
 
 with _dag("plain_job_deferrable") as plain_job_deferrable:
-    KubernetesJobOperator(task_id="indexed", name="indexed-deferred", deferrable=True, **JOB)
+    # The provider's Job trigger ignores config_file (its async hook reads only the connection or
+    # the default kubeconfig): the emulator comes from a connection, set by the test.
+    KubernetesJobOperator(
+        task_id="indexed",
+        name="indexed-deferred",
+        deferrable=True,
+        kubernetes_conn_id="kubernetes_emulator",
+        **{**JOB, "config_file": None},
+    )
 
 
 with _dag("plain_job_failing") as plain_job_failing:

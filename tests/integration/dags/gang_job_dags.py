@@ -1,0 +1,57 @@
+"""DAGs for the GpuJobOperator tests: a gang of 3 pods as one Indexed Job on the emulator."""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime
+from typing import Any
+
+from airflow.sdk import DAG
+
+from airflow_gpupool.operators import GpuJobOperator
+
+KUBECONFIG = os.environ.get("GPUPOOL_TEST_KUBECONFIG", "/nonexistent/kubeconfig")
+
+GANG: dict[str, Any] = {
+    "members": 3,
+    "gpus": 1,
+    "gpu_models": ["NVIDIA-A100-SXM4-80GB"],
+    "namespace": "default",
+    "image": "registry.example/trainer:1",
+    "cmds": ["torchrun", "train.py"],
+    "config_file": KUBECONFIG,
+    "in_cluster": False,
+    "get_logs": True,
+    "job_poll_interval": 0.2,
+    "lease_ttl": 30,
+    "annotations": {"gpupool.emulator/duration-seconds": "0.5"},
+}
+
+
+def _dag(dag_id: str) -> DAG:
+    return DAG(dag_id, schedule=None, start_date=datetime(2026, 1, 1), catchup=False, tags=["gpupool-test"])
+
+
+with _dag("gang_job") as gang_job:
+    GpuJobOperator(task_id="train", name="train", **GANG)
+
+
+with _dag("gang_job_deferrable") as gang_job_deferrable:
+    GpuJobOperator(task_id="train", name="train", deferrable=True, **GANG)
+
+
+with _dag("gang_job_queued") as gang_job_queued:
+    # Waits (deferred) while the pool cannot hold the whole gang.
+    GpuJobOperator(task_id="train", name="train", deferrable=True, reservation_timeout=20, **GANG)
+
+
+with _dag("gang_job_too_busy") as gang_job_too_busy:
+    GpuJobOperator(task_id="train", name="train", deferrable=True, reservation_timeout=2, **GANG)
+
+
+with _dag("gang_job_failing") as gang_job_failing:
+    GpuJobOperator(
+        task_id="train",
+        name="train",
+        **{**GANG, "annotations": {"gpupool.emulator/exit-code": "1"}},
+    )
