@@ -208,3 +208,31 @@ def test_arguments_the_gang_decides_are_refused() -> None:
     request = op.gpu_request()
     assert request.gang is not None and (request.gang.members, request.gang.min_members) == (2, 2)
     assert (op.completion_mode, op.completions, op.parallelism, op.backoff_limit) == ("Indexed", 2, 2, 0)
+
+
+def test_on_kill_deletes_the_job_and_releases_the_gang(
+    gang_k8s: KubernetesEmulatorServer, gang_ledger: Ledger
+) -> None:
+    from kubernetes import client, config
+
+    batch = client.BatchV1Api(config.new_client_from_config(gang_k8s.kubeconfig_path))
+    gang_ledger.reserve(
+        GpuJobOperator(task_id="t", members=3, gpus=1, image="x").gpu_request(), "me", reservation_id="g"
+    )
+    body = {
+        "metadata": {"name": "job-killed", "namespace": "default"},
+        "spec": {
+            "template": {
+                "metadata": {"annotations": {"gpupool.emulator/duration-seconds": "30"}},
+                "spec": {"restartPolicy": "Never", "containers": [{"name": "base", "image": "x"}]},
+            }
+        },
+    }
+    created = batch.create_namespaced_job("default", body)
+    op = GpuJobOperator(
+        task_id="t", members=3, gpus=1, image="x", config_file=gang_k8s.kubeconfig_path, in_cluster=False
+    )
+    op._held_id, op.job = "g", created
+    op.on_kill()
+    assert gang_k8s.job("job-killed") is None and gang_k8s.pods("default") == []
+    assert [m.state for m in gang_ledger.gang("g").members] == [ReservationState.RELEASED] * 3
