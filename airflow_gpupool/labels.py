@@ -37,8 +37,9 @@ BINDING_ANNOTATION = "gpupool.io/binding"
 NODE_ANNOTATION = "gpupool.io/node"
 GPUS_ANNOTATION = "gpupool.io/gpus"
 #: On a gang Job's pods (GpuJobOperator): the gang's leader reservation. The gatekeeper leaves them
-#: alone: the operator pins each one to its member's slice.
-GANG_ANNOTATION = "gpupool.io/gang"
+#: alone: the operator pins each one to its member's slice. (``gpupool.io/gang`` and
+#: ``gpupool.io/gang-size`` are the gatekeeper's pod groups, issue 18 item 5: not this.)
+GANG_RESERVATION_ANNOTATION = "gpupool.io/gang-reservation"
 
 # -- Kubernetes ---------------------------------------------------------------------------------
 HOSTNAME_LABEL = "kubernetes.io/hostname"

@@ -27,7 +27,7 @@ from airflow_gpupool import settings
 from airflow_gpupool.binding import SliceFacts, binding_for
 from airflow_gpupool.exceptions import ConfigurationError, GpuPoolError, ReservationTimeoutError
 from airflow_gpupool.hooks.gpupool import GpuPoolHook
-from airflow_gpupool.labels import ANNOTATION_PREFIX, GANG_ANNOTATION
+from airflow_gpupool.labels import ANNOTATION_PREFIX, GANG_RESERVATION_ANNOTATION
 from airflow_gpupool.ledger.models import ReservationState
 from airflow_gpupool.operators.gang_pins import GangPodPinner
 from airflow_gpupool.operators.lease import LeaseRenewer
@@ -296,7 +296,7 @@ class GpuJobOperator(KubernetesJobOperator):
         self.annotations = {
             **(self.annotations or {}),
             f"{ANNOTATION_PREFIX}reservation-id": leader,
-            GANG_ANNOTATION: leader,
+            GANG_RESERVATION_ANNOTATION: leader,
         }
         job = super().build_job_request_obj(context)
         request = self.gpu_request()

@@ -19,7 +19,7 @@ from airflow_gpupool.binding import DRA_REQUEST, PodBinding
 from airflow_gpupool.checkpoints.manifest import RESUME_ENV
 from airflow_gpupool.labels import (
     ANNOTATION_PREFIX,
-    GANG_ANNOTATION,
+    GANG_RESERVATION_ANNOTATION,
     GPU_RESOURCE,
     GPUS_ANNOTATION,
     HOSTNAME_LABEL,
@@ -278,7 +278,7 @@ def gang_template(
     meta.annotations = {
         **(meta.annotations or {}),
         **binding.annotations,
-        GANG_ANNOTATION: leader_id,
+        GANG_RESERVATION_ANNOTATION: leader_id,
         f"{ANNOTATION_PREFIX}reservation-id": leader_id,
         f"{ANNOTATION_PREFIX}slice": request.describe(),
         f"{ANNOTATION_PREFIX}team": request.team,

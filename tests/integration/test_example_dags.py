@@ -159,7 +159,7 @@ def test_distributed_training_runs_a_gang_of_three_pinned_pods(
     assert str(dag_run.state) == "success", states(dag_run)
     (job,) = k8s.jobs("default")
     assert job["status"]["succeeded"] == 3
-    leader = job["spec"]["template"]["metadata"]["annotations"]["gpupool.io/gang"]
+    leader = job["spec"]["template"]["metadata"]["annotations"]["gpupool.io/gang-reservation"]
     gang = gpu_ledger.gang(leader)
     assert [m.state.value for m in gang.members] == ["released"] * 3
     pinned = [r for r in k8s.requests if r.method == "PATCH" and "/pods/" in r.path]

@@ -209,7 +209,7 @@ def test_a_gang_jobs_gated_pods_are_left_to_their_operator(
 def gang_member_pod(name: str) -> dict[str, Any]:
     """A pod as GpuJobOperator's Job creates it: gated, annotated with its gang, no request annotation."""
     return {
-        "metadata": {"name": name, "annotations": {"gpupool.io/gang": "gp-leader"}},
+        "metadata": {"name": name, "annotations": {"gpupool.io/gang-reservation": "gp-leader"}},
         "spec": {
             "schedulingGates": [{"name": SCHEDULING_GATE}],
             "containers": [

@@ -51,7 +51,7 @@ def the_job(k8s: KubernetesEmulatorServer) -> dict[str, Any]:
 
 
 def leader_of(job: dict[str, Any]) -> str:
-    return str(job["spec"]["template"]["metadata"]["annotations"]["gpupool.io/gang"])
+    return str(job["spec"]["template"]["metadata"]["annotations"]["gpupool.io/gang-reservation"])
 
 
 def job_pod_versions(k8s: KubernetesEmulatorServer, job: dict[str, Any]) -> dict[int, list[dict[str, Any]]]:
