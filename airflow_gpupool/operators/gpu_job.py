@@ -38,7 +38,7 @@ from airflow_gpupool.operators.waiting import wait_in_place
 from airflow_gpupool.resources import GangSpec, GpuRequest
 from airflow_gpupool.task_try import TaskTry
 from airflow_gpupool.triggers.job import LeasedJobTrigger
-from airflow_gpupool.triggers.lease import LEASE_LOST_STATUS
+from airflow_gpupool.triggers.lease import LEASE_LOST_STATUS, lost_from_event
 from airflow_gpupool.triggers.reservation import ReservationEventStatus, ReservationTrigger
 
 if TYPE_CHECKING:
@@ -227,7 +227,12 @@ class GpuJobOperator(KubernetesJobOperator):
         self.log.info("Gang %s granted: %s", rid, ", ".join(_where(m.grant) for m in self._gang.granted))
         ttl = self.lease_ttl or self.gpu_hook.options.lease_ttl_seconds
         renewer = LeaseRenewer(
-            self.gpu_hook, rid, ttl, self.log, lambda: None, on_lost=lambda lost: self._delete_job()
+            _GangLease(self.gpu_hook),
+            rid,
+            ttl,
+            self.log,
+            lambda: None,
+            on_lost=lambda lost: self._delete_job(),
         )
         renewer.start()
         try:
@@ -365,13 +370,19 @@ class GpuJobOperator(KubernetesJobOperator):
         """Finish the deferred Job like the parent, then release the gang."""
         rid = event.get("reservation_id") or TaskTry.from_context(context).reservation_id
         if event.get("status") == LEASE_LOST_STATUS:
-            self._release(rid, "lease lost")
-            raise GpuPoolError(
-                f"gang {rid} lost its lease while job {event.get('name')} ran: {event.get('why')}"
-            )
+            return self._run_then_release(rid, lambda: self._lease_lost(event), "job")
         return self._run_then_release(
             rid, lambda: super(GpuJobOperator, self).execute_complete(context, event, **kwargs), "job"
         )
+
+    def _lease_lost(self, event: dict[str, Any]) -> Any:
+        """LeasedJobTrigger lost the gang's lease (and deleted the Job): make sure it is gone, fail the try."""
+        from kubernetes.client import V1Job, V1ObjectMeta
+
+        self.job = V1Job(metadata=V1ObjectMeta(name=event["name"], namespace=event["namespace"]))
+        self._delete_job()
+        self.log.error("Job %s/%s deleted: the gang's lease was lost", event["namespace"], event["name"])
+        raise lost_from_event(event, None)
 
     def on_kill(self) -> None:
         """Delete the Job like the parent, then release the gang."""
@@ -380,6 +391,16 @@ class GpuJobOperator(KubernetesJobOperator):
         finally:
             if self._held_id:
                 self._release(self._held_id, "task killed")
+
+
+class _GangLease:
+    """What :class:`LeaseRenewer` renews: the whole gang, lost when any of its members ended."""
+
+    def __init__(self, hook: GpuPoolHook) -> None:
+        self._hook = hook
+
+    def renew(self, reservation_id: str, ttl: float | None = None) -> Gang:
+        return self._hook.renew_gang(reservation_id, ttl)
 
 
 def _where(grant: Grant | None) -> str:

@@ -228,6 +228,33 @@ class KubernetesEmulatorServer(BackgroundEmulatorServer):
 
         return self._call(wait(), timeout=timeout + 5)
 
+    def wait_for_pods(
+        self,
+        ready: Callable[[list[dict[str, Any]]], bool],
+        *,
+        namespace: str = "default",
+        timeout: float = 10,
+    ) -> list[dict[str, Any]]:
+        """Wait until a namespace's live pods satisfy ``ready`` and return them.
+
+        :param ready: a function of the live pods
+        :param namespace: the namespace
+        :param timeout: seconds
+        :raises TimeoutError: when they do not in time
+        """
+
+        def reached() -> list[dict[str, Any]] | None:
+            assert self.api is not None
+            pods = self.api.list_objects(PODS, namespace)
+            return pods if ready(pods) else None
+
+        async def wait() -> list[dict[str, Any]]:
+            assert self.api is not None
+            async with asyncio.timeout(timeout):
+                return await self.api.wait_until(PODS, reached)
+
+        return self._call(wait(), timeout=timeout + 5)
+
     # -- control -------------------------------------------------------------------------------
 
     def configure_pod(

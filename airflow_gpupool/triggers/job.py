@@ -24,7 +24,8 @@ __all__ = ["LeasedJobTrigger"]
 class LeasedJobTrigger(KubernetesJobTrigger):
     """Wait for a Job like :class:`KubernetesJobTrigger` and renew its gang's lease every ``ttl / 3``.
 
-    Renewing the leader renews every member. When the lease is lost (see
+    Renewing the leader renews every member; a member of the gang that ended (released by
+    someone else, expired) loses the lease too (:meth:`~airflow_gpupool.hooks.gpupool.GpuPoolHook.renew_gang`). When the lease is lost (see
     :class:`~airflow_gpupool.triggers.lease.LeaseWatch`) the Job is deleted with its pods, here,
     and the event has status ``lease_lost``; the operator releases the gang and fails the try.
 
@@ -92,7 +93,7 @@ class LeasedJobTrigger(KubernetesJobTrigger):
         try:
             while True:
                 try:
-                    await hook.arenew(self.reservation_id, self.lease_ttl)
+                    await hook.arenew_gang(self.reservation_id, self.lease_ttl)
                 except Exception as e:
                     lost = watch.failed(e)
                     if lost is not None:

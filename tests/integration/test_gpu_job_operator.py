@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -236,3 +237,65 @@ def test_on_kill_deletes_the_job_and_releases_the_gang(
     op.on_kill()
     assert gang_k8s.job("job-killed") is None and gang_k8s.pods("default") == []
     assert [m.state for m in gang_ledger.gang("g").members] == [ReservationState.RELEASED] * 3
+
+
+def release_a_member_once_running(
+    k8s: KubernetesEmulatorServer, ledger: Ledger, member: int
+) -> tuple[threading.Thread, dict[str, Any]]:
+    """Start a thread that releases one member of the gang, as someone else would, once every pod runs."""
+    seen: dict[str, Any] = {}
+
+    def all_running(pods: list[dict[str, Any]]) -> bool:
+        return len(pods) == 3 and all(p["status"].get("phase") == "Running" for p in pods)
+
+    def run() -> None:
+        pods = k8s.wait_for_pods(all_running, timeout=60)
+        leader = pods[0]["metadata"]["annotations"]["gpupool.io/gang-reservation"]
+        seen["leader"] = leader
+        seen["pods"] = sorted(p["metadata"]["name"] for p in pods)
+        victim = leader if member == 0 else f"{leader}.{member}"
+        seen["result"] = ledger.release(victim, reason="taken back by an operator")
+
+    thread = threading.Thread(target=run, name="release-member", daemon=True)
+    thread.start()
+    return thread, seen
+
+
+@pytest.mark.parametrize(
+    ("dag_id", "member"),
+    [
+        ("gang_job_lease_lost", 1),
+        ("gang_job_lease_lost_deferrable", 2),
+        ("gang_job_lease_lost_deferrable", 0),
+    ],
+)
+def test_a_lost_lease_deletes_the_job_and_fails_the_try(
+    gang_k8s: KubernetesEmulatorServer,
+    gang_ledger: Ledger,
+    run_dag: Callable[[str], Any],
+    capfd: pytest.CaptureFixture[str],
+    dag_id: str,
+    member: int,
+) -> None:
+    releaser, seen = release_a_member_once_running(gang_k8s, gang_ledger, member)
+    started = time.monotonic()
+    run = run_dag(dag_id)
+    took = time.monotonic() - started
+    releaser.join(timeout=5)
+
+    assert run.state == "failed"
+    assert seen["result"].released
+    assert took < 45  # the pods would have run 60 s: the Job was deleted at once
+    assert gang_k8s.jobs("default") == [] and gang_k8s.pods("default") == []
+    deletes = [r for r in gang_k8s.requests if r.method == "DELETE" and "/jobs/" in r.path]
+    assert deletes, "the Job was not deleted"
+    for name in seen["pods"]:
+        assert [p["status"].get("phase") for p in gang_k8s.pod_history(name)][-1] != "Succeeded"
+    leader = seen["leader"]
+    gang = gang_ledger.gang(leader)
+    assert all(not m.state.holds for m in gang.members)
+    assert "LeaseLostError" in gang.members[0].message or member == 0
+    out, err = capfd.readouterr()
+    assert f"LeaseLostError: the task failed: lease_lost (lease of {leader} lost: " in out + err
+    assert gang_ledger.snapshot().grants == ()
+    assert gang_ledger.check_invariants() == []

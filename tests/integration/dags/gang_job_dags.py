@@ -55,3 +55,14 @@ with _dag("gang_job_failing") as gang_job_failing:
         name="train",
         **{**GANG, "annotations": {"gpupool.emulator/exit-code": "1"}},
     )
+
+
+#: A Job that would run a minute, on a 3 s lease (renewed every second): a lost lease shows at once.
+LONG = {**GANG, "lease_ttl": 3, "annotations": {"gpupool.emulator/duration-seconds": "60"}}
+
+with _dag("gang_job_lease_lost") as gang_job_lease_lost:
+    GpuJobOperator(task_id="train", name="train", **LONG)
+
+
+with _dag("gang_job_lease_lost_deferrable") as gang_job_lease_lost_deferrable:
+    GpuJobOperator(task_id="train", name="train", deferrable=True, **LONG)
