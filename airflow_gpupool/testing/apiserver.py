@@ -6,7 +6,7 @@ On top of kmock 0.8 this serves what clients such as ``KubernetesPodOperator`` r
 * ``uid``, ``creationTimestamp``, ``resourceVersion`` (one global counter) and ``status`` on
   create, ``generateName``, a new ``resourceVersion`` on every change;
 * ``watch=true``, ``watch=True`` and ``watch=1`` as watches (JSON lines of ``{type, object}``),
-  ``timeoutSeconds`` and ``resourceVersion`` honoured;
+  ``timeoutSeconds`` and ``resourceVersion`` honoured (:mod:`~airflow_gpupool.testing.watches`);
 * ``GET pods/<name>/log`` as ``text/plain`` with ``container``, ``timestamps``, ``tailLines``,
   ``sinceSeconds``/``sinceTime``, ``limitBytes`` and ``follow`` (streams until the container ends);
 * core/v1 ``events`` and ``nodes``;
@@ -25,12 +25,10 @@ The object store itself (stamping, versions, watch buses) is :mod:`~airflow_gpup
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import dataclasses
-import json
 import time
-from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
 import aiohttp.web
@@ -42,13 +40,11 @@ from airflow_gpupool.testing.discovery import SERVED, discovery_document, kmock_
 from airflow_gpupool.testing.jobs import JobController, prepare_new_job, propagation_policy
 from airflow_gpupool.testing.kinds import JOBS, LEASES, NAMESPACES, NODES, PODS, RESOURCE_CLAIMS
 from airflow_gpupool.testing.kubelet import SimulatedKubelet
-from airflow_gpupool.testing.selectors import parse_field_selector, parse_label_selector
 from airflow_gpupool.testing.storage import StoredObjects
 from airflow_gpupool.testing.tables import table, wants_table
+from airflow_gpupool.testing.watches import is_watch, selected_by, serve_watch_stream
 
 _KINDS = {res.plural: res.kind for res in SERVED}
-_WATCH_VALUES = {"true", "1", "yes"}
-DEFAULT_WATCH_SECONDS = 1800.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,8 +172,8 @@ class KubernetesApiEmulator(StoredObjects):
             return aiohttp.web.json_response(doc, status=int(doc.get("code", 200)))
         if request.resource is None or request.resource.plural is None:
             return await super()._handle(request)
-        if str(request.params.get("watch", "")).lower() in _WATCH_VALUES and request.method.value == "GET":
-            return await self._serve_watch_stream(request)
+        if is_watch(request):
+            return await serve_watch_stream(self, request, self._buses[request.resource])
         if request.resource == PODS and request.subresource == "log":
             return await self._serve_pod_log(request)
         if request.resource == LEASES and request.method.value == "PUT" and request.name:
@@ -335,31 +331,12 @@ class KubernetesApiEmulator(StoredObjects):
         meta.update(name=request.name, namespace=request.namespace)
         return await self.put_object(request.resource, body)
 
-    def _selected(self, request: Any) -> Callable[[Mapping[str, Any]], bool]:
-        """Return a predicate for the objects a list or watch request selects.
-
-        :param request: kmock's parsed request
-        """
-        by_label = parse_label_selector(request.params.get("labelSelector"))
-        by_field = parse_field_selector(request.params.get("fieldSelector"))
-        namespace, name = request.namespace, request.name
-
-        def selected(obj: Mapping[str, Any]) -> bool:
-            meta = obj.get("metadata") or {}
-            if namespace is not None and meta.get("namespace") != namespace:
-                return False
-            if name is not None and meta.get("name") != name:
-                return False
-            return by_label(obj) and by_field(obj)
-
-        return selected
-
     def _serve_selected_list(self, request: Any) -> dict[str, Any]:
         """Return a ``<Kind>List`` honouring namespace and selectors.
 
         :param request: kmock's parsed request
         """
-        selected = self._selected(request)
+        selected = selected_by(request)
         items = [obj for obj in self.list_objects(request.resource, request.namespace) if selected(obj)]
         plural = request.resource.plural or ""
         group = request.resource.group
@@ -384,63 +361,6 @@ class KubernetesApiEmulator(StoredObjects):
             resource_version=str(self._resource_version),
             include_object=request.params.get("includeObject"),
         )
-
-    def _initial_watch_events(
-        self, request: Any, selected: Callable[[Mapping[str, Any]], bool]
-    ) -> list[dict[str, Any]]:
-        """Return the events a new watch starts with.
-
-        Without ``resourceVersion`` (or with ``0``) every selected object comes as ``ADDED``;
-        with one, only objects changed since then, as ``MODIFIED``.
-
-        :param request: kmock's parsed request
-        :param selected: the selection predicate
-        """
-        try:
-            since = int(request.params.get("resourceVersion") or 0)
-        except ValueError:
-            since = 0
-        objs = [obj for obj in self.list_objects(request.resource, request.namespace) if selected(obj)]
-        if since == 0:
-            return [{"type": "ADDED", "object": obj} for obj in objs]
-        return [
-            {"type": "MODIFIED", "object": obj}
-            for obj in objs
-            if int(obj["metadata"]["resourceVersion"]) > since
-        ]
-
-    async def _serve_watch_stream(self, request: Any) -> aiohttp.web.StreamResponse:
-        """Stream watch events as JSON lines until ``timeoutSeconds`` or the client leaves.
-
-        :param request: kmock's parsed request
-        """
-        selected = self._selected(request)
-        timeout = float(request.params.get("timeoutSeconds") or DEFAULT_WATCH_SECONDS)
-        bus = self._buses[request.resource]
-        marker = await bus.mark()
-        initial = self._initial_watch_events(request, selected)
-        response = aiohttp.web.StreamResponse(headers={"Content-Type": "application/json"})
-        await response.prepare(request._raw_request)
-        events = cast("AsyncGenerator[dict[str, Any], None]", bus.stream(since=marker))
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        try:
-            for event in initial:
-                await response.write(json.dumps(event).encode() + b"\n")
-            while (remaining := deadline - loop.time()) > 0:
-                try:
-                    event = await asyncio.wait_for(anext(events), remaining)
-                except TimeoutError:
-                    break
-                if selected(event.get("object") or {}):
-                    await response.write(json.dumps(event).encode() + b"\n")
-            await response.write_eof()
-        except (ConnectionError, RuntimeError):
-            pass  # the client went away
-        finally:
-            await events.aclose()
-            await bus.unmark(marker)
-        return response
 
     async def _serve_pod_log(self, request: Any) -> aiohttp.web.StreamResponse:
         """Serve a container log as text, following it while the container runs if asked.
