@@ -43,6 +43,9 @@ GANG_RESERVATION_ANNOTATION = "gpupool.io/gang-reservation"
 
 # -- Kubernetes ---------------------------------------------------------------------------------
 HOSTNAME_LABEL = "kubernetes.io/hostname"
+#: On a Job's pods (the Job controller's): the Job's name, and an Indexed Job's completion index.
+JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
+COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 #: Node-pool labels, first match wins: ours, then GKE, EKS, AKS and Karpenter.
 POOL_LABELS = (
     POOL_LABEL,

@@ -8,25 +8,28 @@ own :func:`~airflow_gpupool.controller.gatekeeper.admission_patch`: the member's
 ``nodeSelector``, the reservation id and GPUs as annotations (which the container reads through
 the downward API), the gate removed. A pod of another index than the gang has members, or a
 gang that does not hold all its members, is a :class:`~airflow_gpupool.exceptions.GpuPoolError`.
+
+A Job with ``backoffLimit > 0`` replaces a member's failed pod with a new gated pod of the same
+index: it is pinned to the same member (the member re-bound to it in the ledger) once the old
+pod ended, while the Job runs (:class:`ReplacementPinning` in the worker, LeasedJobTrigger when
+deferred).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from airflow_gpupool.controller.gang_pods import JOB_NAME_LABEL, pods_to_pin
 from airflow_gpupool.controller.gatekeeper import admission_patch
 from airflow_gpupool.exceptions import GpuPoolError
-from airflow_gpupool.labels import SCHEDULING_GATE
-from airflow_gpupool.operators.rendezvous import COMPLETION_INDEX_ANNOTATION
 
 if TYPE_CHECKING:
     from airflow_gpupool.ledger.models import Gang, Reservation
 
-__all__ = ["JOB_NAME_LABEL", "GangPodPinner"]
-
-JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
+__all__ = ["JOB_NAME_LABEL", "GangPodPinner", "ReplacementPinning"]
 
 
 class GangPodPinner:
@@ -91,20 +94,11 @@ class GangPodPinner:
         from kubernetes.client import ApiClient
 
         listed = self._api.list_namespaced_pod(namespace, label_selector=f"{JOB_NAME_LABEL}={job_name}")
+        pods: list[dict[str, Any]] = [ApiClient().sanitize_for_serialization(p) for p in listed.items]
         done = []
-        for item in listed.items:
-            pod: dict[str, Any] = ApiClient().sanitize_for_serialization(item)
-            if not _gated(pod) or pod["metadata"]["uid"] in self.pinned.values():
-                continue
-            index = _completion_index(pod)
-            member = self._members.get(index) if index is not None else None
-            if member is None or member.grant is None:
-                raise GpuPoolError(
-                    f"pod {pod['metadata']['name']} has completion index {index}; "
-                    f"the gang {self._gang.leader_id} has members {sorted(self._members)}"
-                )
+        for pod, member in pods_to_pin(pods, self._gang, self._members, self._log):
             self._pin(pod, member)
-            self.pinned[int(index)] = pod["metadata"]["uid"]  # type: ignore[arg-type]
+            self.pinned[int(member.gang_index or 0)] = pod["metadata"]["uid"]
             done.append(pod["metadata"]["name"])
         return done
 
@@ -125,13 +119,32 @@ class GangPodPinner:
         )
 
 
-def _gated(pod: dict[str, Any]) -> bool:
-    return any(g.get("name") == SCHEDULING_GATE for g in (pod.get("spec") or {}).get("schedulingGates") or [])
+class ReplacementPinning(threading.Thread):
+    """Pin the replacement pods of a running gang Job, every ``interval`` seconds, until stopped.
 
+    :param pinner: the Job's pinner (its first pods pinned)
+    :param namespace: the Job's namespace
+    :param job_name: the Job's name
+    :param interval: seconds between reads of the Job's pods
+    :param log: the task's log
+    """
 
-def _completion_index(pod: dict[str, Any]) -> int | None:
-    value = (pod["metadata"].get("annotations") or {}).get(COMPLETION_INDEX_ANNOTATION)
-    try:
-        return int(value) if value is not None else None
-    except ValueError:
-        return None
+    def __init__(
+        self, pinner: GangPodPinner, namespace: str, job_name: str, interval: float, log: Any
+    ) -> None:
+        super().__init__(name=f"gpupool-pins-{job_name}", daemon=True)
+        self._pinner, self._namespace, self._job = pinner, namespace, job_name
+        self._interval, self._log = interval, log
+        self._stopped = threading.Event()
+
+    def run(self) -> None:
+        """Pin what appeared, until stopped; a failed round is logged and tried again."""
+        while not self._stopped.wait(self._interval):
+            try:
+                self._pinner.pin_new(self._namespace, self._job)
+            except Exception:
+                self._log.exception("Pinning the replacement pods of job %s failed; will retry", self._job)
+
+    def stop(self) -> None:
+        """Stop (the Job ended, or the task leaves the worker)."""
+        self._stopped.set()

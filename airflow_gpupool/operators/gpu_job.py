@@ -24,12 +24,12 @@ from airflow.providers.cncf.kubernetes.triggers.job import KubernetesJobTrigger
 from airflow.sdk.exceptions import TaskDeferred
 
 from airflow_gpupool import settings
-from airflow_gpupool.binding import SliceFacts, binding_for
 from airflow_gpupool.exceptions import ConfigurationError, GpuPoolError, ReservationTimeoutError
 from airflow_gpupool.hooks.gpupool import GpuPoolHook
 from airflow_gpupool.labels import ANNOTATION_PREFIX, GANG_RESERVATION_ANNOTATION
 from airflow_gpupool.ledger.models import ReservationState
-from airflow_gpupool.operators.gang_pins import GangPodPinner
+from airflow_gpupool.operators.gang_grants import GangLease, describe_members, member_binding
+from airflow_gpupool.operators.gang_pins import GangPodPinner, ReplacementPinning
 from airflow_gpupool.operators.lease import LeaseRenewer
 from airflow_gpupool.operators.pod_spec import gang_template
 from airflow_gpupool.operators.rendezvous import DEFAULT_RENDEZVOUS_PORT, rendezvous_env
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from kubernetes.client import models as k8s
 
     from airflow_gpupool.binding import PodBinding
-    from airflow_gpupool.ledger.models import Gang, Grant
+    from airflow_gpupool.ledger.models import Gang
 
 __all__ = ["GpuJobOperator"]
 
@@ -87,6 +87,11 @@ class GpuJobOperator(KubernetesJobOperator):
     :param rendezvous_subdomain: the pods' subdomain, the name of a headless Service selecting
         ``batch.kubernetes.io/job-name=<job>`` (default: the Job's name)
     :param pin_timeout: seconds the Job controller may take to create every member's pod
+
+    ``backoff_limit`` defaults to 0: a failed member fails the Job and the try, whose retry
+    reserves a fresh gang. With ``backoff_limit > 0`` (trainers that take a rank back, such as
+    torchrun or Horovod elastic) the Job replaces a failed member's pod with a new one of the
+    same completion index, which is pinned to the same member once the old pod ended.
     """
 
     template_fields: Sequence[str] = (*KubernetesJobOperator.template_fields, *REQUEST_FIELDS)
@@ -127,7 +132,9 @@ class GpuJobOperator(KubernetesJobOperator):
                 )
             kwargs.pop(name, None)
         kwargs.setdefault("wait_until_job_complete", True)
-        kwargs.setdefault("backoff_limit", 0)  # a member's replacement pod would run outside the gang
+        # A failed member fails the Job, and the try: most collectives (static torchrun, NCCL) cannot
+        # take a rank back, and a retry takes a fresh gang. Elastic trainers may set backoff_limit.
+        kwargs.setdefault("backoff_limit", 0)
         super().__init__(**fixed, **kwargs)
         if not self.wait_until_job_complete:
             raise ConfigurationError(
@@ -150,6 +157,7 @@ class GpuJobOperator(KubernetesJobOperator):
         self.pin_timeout = pin_timeout
         self._gang: Gang | None = None
         self._held_id: str | None = None
+        self._replacements: ReplacementPinning | None = None
         check_seconds("reservation_timeout", reservation_timeout)
         check_seconds("lease_ttl", lease_ttl)
         check_seconds("pin_timeout", pin_timeout)
@@ -224,10 +232,10 @@ class GpuJobOperator(KubernetesJobOperator):
         except BaseException:
             self._release(rid, "the gang cannot be bound to the job's pods")
             raise
-        self.log.info("Gang %s granted: %s", rid, ", ".join(_where(m.grant) for m in self._gang.granted))
+        self.log.info("Gang %s granted: %s", rid, describe_members(self._gang))
         ttl = self.lease_ttl or self.gpu_hook.options.lease_ttl_seconds
         renewer = LeaseRenewer(
-            _GangLease(self.gpu_hook),
+            GangLease(self.gpu_hook),
             rid,
             ttl,
             self.log,
@@ -240,37 +248,19 @@ class GpuJobOperator(KubernetesJobOperator):
             return self._run_then_release(rid, lambda: renewer.guard(run), "job")
         finally:
             renewer.stop()
+            if self._replacements is not None:  # deferred: LeasedJobTrigger pins them from now on
+                self._replacements.stop()
 
     def _member_binding(self) -> PodBinding:
-        """Return the binding of the gang's slices; refuse one that differs per member (env is per Job)."""
+        """Return the binding of the gang's slices (one for every member: env is per Job)."""
         assert self._gang is not None
-        request, options = self.gpu_request(), self.gpu_hook.options
-        bound = []
-        for member in self._gang.granted:
-            grant = member.grant
-            assert grant is not None
-            name = self.binding or options.node_pool_bindings.get(grant.node_pool) or options.binding
-            facts = SliceFacts(
-                gpus=len(grant.gpu_indices) if grant.mig_slice is None else 0,
-                gpu_uuids=grant.gpu_uuids,
-                milli_per_gpu=grant.milli_per_gpu,
-                gpu_memory_mib=grant.gpu_memory_mib,
-                mig_profile=grant.mig_profile,
-                gpu_uuids_verified=grant.gpu_uuids_verified,
-                mig_slice=grant.mig_slice,
-            )
-            bound.append(
-                binding_for(request, name, f"task {self.task_id} on node pool {grant.node_pool}").bind(facts)
-            )
-        if any(
-            (b.limits, b.env, b.resource_claim) != (bound[0].limits, bound[0].env, bound[0].resource_claim)
-            for b in bound
-        ):
-            raise ConfigurationError(
-                f"task {self.task_id}: the gang's slices bind differently per member (device env or claims); "
-                "one Job template serves every member: use a binding the device plugin resolves, such as whole"
-            )
-        return bound[0]
+        options = self.gpu_hook.options
+        return member_binding(
+            self._gang,
+            self.gpu_request(),
+            lambda pool: self.binding or options.node_pool_bindings.get(pool) or options.binding,
+            self.task_id,
+        )
 
     def _release(self, rid: str, reason: str) -> None:
         result = self.gpu_hook.release(rid, reason)
@@ -333,6 +323,11 @@ class GpuJobOperator(KubernetesJobOperator):
         except BaseException:
             self._delete_job()
             raise
+        if self.backoff_limit:  # the Job replaces a failed member's pod: pin the new one to the member
+            self._replacements = ReplacementPinning(
+                pinner, job.metadata.namespace, job.metadata.name, self.job_poll_interval, self.log
+            )
+            self._replacements.start()
         return job
 
     def _delete_job(self) -> None:
@@ -363,6 +358,7 @@ class GpuJobOperator(KubernetesJobOperator):
                 reservation_id=self._held_id,
                 ledger_conn_id=self.ledger_conn_id,
                 lease_ttl=self.lease_ttl or self.gpu_hook.options.lease_ttl_seconds,
+                pin_replacements=bool(self.backoff_limit),
             )
         return super().defer(trigger=trigger, method_name=method_name, kwargs=kwargs, timeout=timeout)
 
@@ -391,19 +387,3 @@ class GpuJobOperator(KubernetesJobOperator):
         finally:
             if self._held_id:
                 self._release(self._held_id, "task killed")
-
-
-class _GangLease:
-    """What :class:`LeaseRenewer` renews: the whole gang, lost when any of its members ended."""
-
-    def __init__(self, hook: GpuPoolHook) -> None:
-        self._hook = hook
-
-    def renew(self, reservation_id: str, ttl: float | None = None) -> Gang:
-        return self._hook.renew_gang(reservation_id, ttl)
-
-
-def _where(grant: Grant | None) -> str:
-    if grant is None:
-        return "?"
-    return f"{grant.node}:{grant.mig_slice or ','.join(map(str, grant.gpu_indices))}"

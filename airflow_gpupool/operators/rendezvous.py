@@ -18,9 +18,10 @@ from __future__ import annotations
 
 from kubernetes.client import models as k8s
 
+from airflow_gpupool.labels import COMPLETION_INDEX_ANNOTATION
+
 __all__ = ["COMPLETION_INDEX_ANNOTATION", "DEFAULT_RENDEZVOUS_PORT", "gang_hosts", "rendezvous_env"]
 
-COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 DEFAULT_RENDEZVOUS_PORT = 29500
 
 

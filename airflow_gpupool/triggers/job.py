@@ -33,6 +33,8 @@ class LeasedJobTrigger(KubernetesJobTrigger):
     :param ledger_conn_id: the ``gpupool`` connection (None: ``[gpupool]`` configuration)
     :param ledger_url: overrides the connection's ledger URL
     :param lease_ttl: the lease length to renew to, in seconds
+    :param pin_replacements: pin the pods the Job creates to replace failed ones
+        (``backoffLimit > 0``), each to its member, every ``poll_interval``
     """
 
     def __init__(
@@ -42,6 +44,7 @@ class LeasedJobTrigger(KubernetesJobTrigger):
         ledger_conn_id: str | None = AsyncGpuPoolHook.default_conn_name,
         ledger_url: str | None = None,
         lease_ttl: float = 600.0,
+        pin_replacements: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
@@ -49,6 +52,7 @@ class LeasedJobTrigger(KubernetesJobTrigger):
         self.ledger_conn_id = ledger_conn_id
         self.ledger_url = ledger_url
         self.lease_ttl = lease_ttl
+        self.pin_replacements = pin_replacements
 
     @cached_property
     def hook(self) -> AsyncKubernetesHook:
@@ -83,6 +87,7 @@ class LeasedJobTrigger(KubernetesJobTrigger):
             ledger_conn_id=self.ledger_conn_id,
             ledger_url=self.ledger_url,
             lease_ttl=self.lease_ttl,
+            pin_replacements=self.pin_replacements,
         )
         return "airflow_gpupool.triggers.job.LeasedJobTrigger", kwargs
 
@@ -109,6 +114,49 @@ class LeasedJobTrigger(KubernetesJobTrigger):
         finally:
             await asyncio.to_thread(hook.close)
 
+    async def _pin_replacements(self) -> None:
+        """Pin the Job's replacement pods to their members, every ``poll_interval``, until cancelled."""
+        from kubernetes_asyncio import client as async_client
+
+        from airflow_gpupool.controller.gang_pods import JOB_NAME_LABEL, pods_to_pin
+        from airflow_gpupool.controller.gatekeeper import admission_patch
+
+        hook = AsyncGpuPoolHook(self.ledger_conn_id, ledger_url=self.ledger_url)
+        try:
+            await hook.aoptions()
+            gang = await asyncio.to_thread(hook.gang, self.reservation_id)
+            members = {int(m.gang_index or 0): m for m in gang.granted}
+            while True:
+                await asyncio.sleep(self.poll_interval)
+                try:
+                    async with self.hook.get_conn() as connection:
+                        core = async_client.CoreV1Api(connection)
+                        listed = await core.list_namespaced_pod(
+                            self.job_namespace, label_selector=f"{JOB_NAME_LABEL}={self.job_name}"
+                        )
+                        pods = [connection.sanitize_for_serialization(p) for p in listed.items]
+                        for pod, member in pods_to_pin(pods, gang, members, self.log):
+                            meta, grant = pod["metadata"], member.grant
+                            assert grant is not None
+                            await asyncio.to_thread(
+                                hook.bind_pod,
+                                member.id,
+                                namespace=meta["namespace"],
+                                name=meta["name"],
+                                uid=meta["uid"],
+                            )
+                            patch = admission_patch(pod, member.id, grant)
+                            await core.patch_namespaced_pod(meta["name"], meta["namespace"], patch)
+                            self.log.info(
+                                "Replacement pod %s pinned to gang member %s", meta["name"], member.id
+                            )
+                except Exception:
+                    self.log.exception(
+                        "Pinning the replacement pods of job %s failed; will retry", self.job_name
+                    )
+        finally:
+            await asyncio.to_thread(hook.close)
+
     async def _delete_job(self) -> None:
         """Delete the Job and its pods at once: they may no longer run on the gang's slices."""
         from kubernetes_asyncio import client as async_client
@@ -124,6 +172,7 @@ class LeasedJobTrigger(KubernetesJobTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Wait for the Job like the Job trigger, renewing the lease; a lost lease ends the wait first."""
         renewer = asyncio.create_task(self._renew_until_lost())
+        pins = asyncio.create_task(self._pin_replacements()) if self.pin_replacements else None
         events = super().run().__aiter__()
         following = asyncio.ensure_future(events.__anext__())
         try:
@@ -139,6 +188,8 @@ class LeasedJobTrigger(KubernetesJobTrigger):
                 payload = event.payload if isinstance(event.payload, dict) else {}
                 yield trigger_event({**payload, "reservation_id": self.reservation_id})
         finally:
-            renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await renewer
+            for task in (renewer, pins):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task

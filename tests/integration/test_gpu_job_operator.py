@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -299,3 +299,64 @@ def test_a_lost_lease_deletes_the_job_and_fails_the_try(
     assert f"LeaseLostError: the task failed: lease_lost (lease of {leader} lost: " in out + err
     assert gang_ledger.snapshot().grants == ()
     assert gang_ledger.check_invariants() == []
+
+
+def fail_first_pod_of_index(k8s: KubernetesEmulatorServer, index: int) -> dict[str, str]:
+    """Tell the kubelet to fail the first pod of one completion index, once; return that pod's uid, once seen."""
+    first: dict[str, str] = {}
+
+    def is_first(pod: Mapping[str, Any]) -> bool:
+        meta = pod.get("metadata") or {}
+        if (meta.get("annotations") or {}).get(INDEX) != str(index):
+            return False
+        return first.setdefault("uid", meta["uid"]) == meta["uid"]
+
+    k8s.configure_pod(predicate=is_first, exit_code=1)
+    return first
+
+
+def delete_job(k8s: KubernetesEmulatorServer, job: dict[str, Any]) -> None:
+    from kubernetes import client, config
+
+    batch = client.BatchV1Api(config.new_client_from_config(k8s.kubeconfig_path))
+    batch.delete_namespaced_job(job["metadata"]["name"], "default", propagation_policy="Foreground")
+
+
+@pytest.mark.parametrize("dag_id", ["gang_job_replaced", "gang_job_replaced_deferrable"])
+def test_a_replacement_pod_is_pinned_to_the_same_member(
+    gang_k8s: KubernetesEmulatorServer, gang_ledger: Ledger, run_dag: Callable[[str], Any], dag_id: str
+) -> None:
+    failed = fail_first_pod_of_index(gang_k8s, 1)
+    # A replacement left gated would keep the Job running for ever: end it, so the test fails instead.
+    watchdog = threading.Timer(30, lambda: [delete_job(gang_k8s, j) for j in gang_k8s.jobs("default")])
+    watchdog.start()
+    try:
+        run = run_dag(dag_id)
+    finally:
+        watchdog.cancel()
+        gang_k8s.clear_pod_rules()
+    assert run.state == "success"
+    job = the_job(gang_k8s)
+    assert (job["spec"]["backoffLimit"], job["status"]["failed"], job["status"]["succeeded"]) == (1, 1, 3)
+    patched = {
+        r.path.rsplit("/", 1)[1] for r in gang_k8s.requests if r.method == "PATCH" and "/pods/" in r.path
+    }
+    index_1 = [gang_k8s.pod_history(n) for n in patched]
+    index_1 = [h for h in index_1 if h[0]["metadata"]["annotations"].get(INDEX) == "1"]
+    assert len(index_1) == 2, "index 1 had its failed pod and its replacement, each pinned"
+    old = next(h for h in index_1 if h[0]["metadata"]["uid"] == failed["uid"])
+    history = next(h for h in index_1 if h[0]["metadata"]["uid"] != failed["uid"])
+    assert (old[-1]["status"]["phase"], history[-1]["status"]["phase"]) == ("Failed", "Succeeded")
+    member = gang_ledger.gang(leader_of(job)).members[1]
+    assert member.grant is not None
+    assert history[0]["spec"]["schedulingGates"] == [{"name": "gpupool.io/reservation"}]  # created gated
+    ended = [v for v in old if v["status"].get("phase") == "Failed"][0]["metadata"]["resourceVersion"]
+    pinned = [v for v in history if not v["spec"].get("schedulingGates")][0]["metadata"]["resourceVersion"]
+    assert int(pinned) > int(ended)  # the member was handed over only once its old pod ended
+    for version in (v for v in history if v["spec"].get("nodeName")):
+        assert version["spec"]["nodeName"] == member.grant.node
+        assert version["metadata"]["annotations"]["gpupool.io/reservation-id"] == member.id
+        assert version["metadata"]["annotations"]["gpupool.io/gpus"] == ",".join(
+            map(str, member.grant.gpu_indices)
+        )
+    assert_gang_released(gang_ledger, job)

@@ -66,3 +66,18 @@ with _dag("gang_job_lease_lost") as gang_job_lease_lost:
 
 with _dag("gang_job_lease_lost_deferrable") as gang_job_lease_lost_deferrable:
     GpuJobOperator(task_id="train", name="train", deferrable=True, **LONG)
+
+
+with _dag("gang_job_replaced") as gang_job_replaced:
+    # The Job may replace one failed pod: the replacement runs on the same member's slice.
+    GpuJobOperator(task_id="train", name="train", backoff_limit=1, **GANG)
+
+
+with _dag("gang_job_replaced_deferrable") as gang_job_replaced_deferrable:
+    GpuJobOperator(
+        task_id="train",
+        name="train",
+        backoff_limit=1,
+        deferrable=True,
+        **GANG,
+    )

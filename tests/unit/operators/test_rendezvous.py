@@ -53,5 +53,8 @@ def test_leased_job_trigger_serializes_the_job_triggers_arguments_and_the_lease(
         "ledger_conn_id": None,
         "ledger_url": None,
         "lease_ttl": 90.0,
+        "pin_replacements": False,
     }
     assert LeasedJobTrigger(**kwargs).serialize() == (classpath, kwargs)
+    pinning = LeasedJobTrigger(**{**kwargs, "pin_replacements": True})
+    assert pinning.serialize()[1]["pin_replacements"] is True
