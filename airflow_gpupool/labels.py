@@ -40,6 +40,8 @@ GPUS_ANNOTATION = "gpupool.io/gpus"
 #: alone: the operator pins each one to its member's slice. (``gpupool.io/gang`` and
 #: ``gpupool.io/gang-size`` are the gatekeeper's pod groups, issue 18 item 5: not this.)
 GANG_RESERVATION_ANNOTATION = "gpupool.io/gang-reservation"
+#: The same, as a label: reconcile finds a member's replacement pod, still gated, by it.
+GANG_RESERVATION_LABEL = "gpupool.io/gang-reservation"
 
 # -- Kubernetes ---------------------------------------------------------------------------------
 HOSTNAME_LABEL = "kubernetes.io/hostname"

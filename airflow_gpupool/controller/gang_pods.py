@@ -6,15 +6,23 @@ LeasedJobTrigger pins the replacements the Job creates for failed pods; both dec
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from airflow_gpupool.exceptions import GpuPoolError
-from airflow_gpupool.labels import COMPLETION_INDEX_ANNOTATION, JOB_NAME_LABEL, SCHEDULING_GATE
+from airflow_gpupool.labels import (
+    COMPLETION_INDEX_ANNOTATION,
+    GANG_RESERVATION_LABEL,
+    JOB_NAME_LABEL,
+    RESERVATION_LABEL,
+    SCHEDULING_GATE,
+)
+from airflow_gpupool.ledger.gangs import member_id
 
 if TYPE_CHECKING:
     from airflow_gpupool.ledger.models import Gang, Reservation
 
-__all__ = ["JOB_NAME_LABEL", "pods_to_pin"]
+__all__ = ["JOB_NAME_LABEL", "pods_to_pin", "replacements_by_member"]
 #: Pod phases after which a pod holds no slice any more.
 _ENDED = ("Succeeded", "Failed")
 
@@ -64,6 +72,24 @@ def pods_to_pin(
             continue
         chosen.append((pod, member))
     return chosen
+
+
+def replacements_by_member(pods: Iterable[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Return the gang Jobs' gated pods not pinned yet, by the id of the member each will take (pure).
+
+    Reconcile counts them as the member's pods: a member whose pod failed keeps its slice while
+    the Job's replacement for it waits to be pinned.
+
+    :param pods: pods labelled ``gpupool.io/gang-reservation``, as JSON
+    """
+    found: dict[str, list[dict[str, Any]]] = {}
+    for pod in pods:
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        leader, index = labels.get(GANG_RESERVATION_LABEL), _completion_index(pod)
+        if not leader or index is None or RESERVATION_LABEL in labels or not _gated(pod):
+            continue
+        found.setdefault(member_id(leader, index), []).append(pod)
+    return found
 
 
 def _gated(pod: dict[str, Any]) -> bool:

@@ -20,6 +20,7 @@ from airflow_gpupool.checkpoints.manifest import RESUME_ENV
 from airflow_gpupool.labels import (
     ANNOTATION_PREFIX,
     GANG_RESERVATION_ANNOTATION,
+    GANG_RESERVATION_LABEL,
     GPU_RESOURCE,
     GPUS_ANNOTATION,
     HOSTNAME_LABEL,
@@ -274,7 +275,11 @@ def gang_template(
     container.env = [e for e in container.env or [] if e.name not in names] + by_annotation + list(extra_env)
     gates = [g for g in spec.scheduling_gates or [] if g.name != SCHEDULING_GATE]
     spec.scheduling_gates = [*gates, k8s.V1PodSchedulingGate(name=SCHEDULING_GATE)]
-    meta.labels = {**(meta.labels or {}), WORKLOAD_CLASS_LABEL: request.workload_class.value}
+    meta.labels = {
+        **(meta.labels or {}),
+        WORKLOAD_CLASS_LABEL: request.workload_class.value,
+        GANG_RESERVATION_LABEL: leader_id,
+    }
     meta.annotations = {
         **(meta.annotations or {}),
         **binding.annotations,

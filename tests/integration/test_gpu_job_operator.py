@@ -133,6 +133,7 @@ def test_a_gang_of_three_runs_each_pod_pinned_to_its_member(
         env["GPUPOOL_NODE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.annotations['gpupool.io/node']"
     )
     assert job["spec"]["template"]["spec"]["subdomain"] == name
+    assert job["spec"]["template"]["metadata"]["labels"]["gpupool.io/gang-reservation"] == leader_of(job)
     limits = job["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
     assert limits["nvidia.com/gpu"] == "1"
 
@@ -360,3 +361,45 @@ def test_a_replacement_pod_is_pinned_to_the_same_member(
             map(str, member.grant.gpu_indices)
         )
     assert_gang_released(gang_ledger, job)
+
+
+def test_reconcile_keeps_a_member_whose_replacement_waits_gated(
+    gang_k8s: KubernetesEmulatorServer, gang_ledger: Ledger
+) -> None:
+    from airflow_gpupool.controller.reconcile import reconcile
+    from airflow_gpupool.inventory.sync import core_v1_api
+
+    core = core_v1_api(gang_k8s.kubeconfig_path)
+    request = GpuJobOperator(task_id="t", members=3, gpus=1, image="x").gpu_request()
+    gang_ledger.reserve(request, "me", reservation_id="gp-g")
+
+    def create(name: str, labels: dict[str, str], index: int, **annotations: str) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "metadata": {"name": name, "labels": labels, "annotations": {INDEX: str(index), **annotations}},
+            "spec": {"containers": [{"name": "base", "image": "x"}]},
+        }
+        if not labels.get("gpupool.io/reservation-id"):
+            body["spec"]["schedulingGates"] = [{"name": "gpupool.io/reservation"}]
+        created = core.create_namespaced_pod("default", body)
+        return {"uid": created.metadata.uid}
+
+    for index, member in enumerate(("gp-g", "gp-g.1", "gp-g.2")):
+        fails = index == 1  # member 1's pod fails at once; the others run on
+        created = create(
+            f"m{index}",
+            {"gpupool.io/reservation-id": member},
+            index,
+            **{
+                "gpupool.emulator/exit-code": "1" if fails else "0",
+                "gpupool.emulator/duration-seconds": "0.1" if fails else "60",
+            },
+        )
+        gang_ledger.bind(member, namespace="default", name=f"m{index}", uid=created["uid"])
+    gang_k8s.wait_for_pod("m1", ("Failed",))
+    create("m1-replacement", {"gpupool.io/gang-reservation": "gp-g"}, 1)
+
+    kept = reconcile(gang_ledger, core, grace_seconds=0)
+    assert "gp-g.1" in kept.kept and not kept.released
+    core.delete_namespaced_pod("m1-replacement", "default")
+    gone = reconcile(gang_ledger, core, grace_seconds=0)
+    assert [rid for rid, _ in gone.released] == ["gp-g.1"]  # without its replacement, its member is freed

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from airflow_gpupool.controller.gang_pods import pods_to_pin
+from airflow_gpupool.controller.gang_pods import pods_to_pin, replacements_by_member
 from airflow_gpupool.exceptions import GpuPoolError
 from airflow_gpupool.ledger.models import Gang, Grant, Reservation, ReservationState
 from airflow_gpupool.resources import GangSpec, GpuRequest
@@ -67,3 +67,21 @@ def test_two_gated_pods_of_one_index_never_share_the_member() -> None:
 def test_a_pod_outside_the_gang_is_an_error() -> None:
     with pytest.raises(GpuPoolError, match="completion index 2"):
         chosen([pod("a-2", 2, gated=True)])
+
+
+def test_reconcile_counts_a_gated_replacement_as_its_members_pod() -> None:
+    def labelled(p: dict[str, Any], **labels: str) -> dict[str, Any]:
+        p["metadata"]["labels"] = labels
+        return p
+
+    waiting = labelled(pod("new-1", 1, gated=True), **{"gpupool.io/gang-reservation": "gp-1"})
+    leader = labelled(pod("new-0", 0, gated=True), **{"gpupool.io/gang-reservation": "gp-1"})
+    pinned = labelled(
+        pod("old-2", 2, gated=False),
+        **{"gpupool.io/gang-reservation": "gp-1", "gpupool.io/reservation-id": "gp-1.2"},
+    )
+    found = replacements_by_member([waiting, leader, pinned, pod("plain", 1, gated=True)])
+    assert {k: [p["metadata"]["name"] for p in v] for k, v in found.items()} == {
+        "gp-1.1": ["new-1"],
+        "gp-1": ["new-0"],
+    }
