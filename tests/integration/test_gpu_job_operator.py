@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import threading
-import time
-from collections.abc import Callable, Iterator, Mapping
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -15,92 +12,20 @@ from airflow_gpupool.exceptions import ConfigurationError, InvalidGangError
 from airflow_gpupool.ledger import Ledger, ReservationState
 from airflow_gpupool.operators import GpuJobOperator
 from airflow_gpupool.resources import GpuRequest
-from airflow_gpupool.testing import KubernetesEmulatorServer, gpu_node
-from tests.integration.conftest import A100, cluster_nodes
-from tests.ledger_fixtures import node
+from airflow_gpupool.testing import KubernetesEmulatorServer
+from tests.integration import gang_jobs
+from tests.integration.gang_jobs import (
+    INDEX,
+    assert_gang_released,
+    assert_pinned_to_members,
+    leader_of,
+    open_gang_ledger,
+    the_job,
+)
 
-INDEX = "batch.kubernetes.io/job-completion-index"
-NODES = ("gpu-a", "gpu-b")
-
-
-@pytest.fixture
-def gang_k8s(emulator: KubernetesEmulatorServer) -> Iterator[KubernetesEmulatorServer]:
-    """The emulator with two A100 nodes of 2 GPUs each: a gang of 3 spans both."""
-    emulator.reset(nodes=[gpu_node(n, gpus=2, product=A100, memory_mib=81920, pool="a100") for n in NODES])
-    yield emulator
-    emulator.reset(nodes=cluster_nodes())
-
-
-def open_gang_ledger(url: str, monkeypatch: pytest.MonkeyPatch) -> Ledger:
-    ledger = Ledger.create(url)
-    ledger.upsert_nodes([node(n, gpus=2, model=A100, cpu=96000, mem=1048576, pool="a100") for n in NODES])
-    extra = {"ledger_url": url, "poll_interval_seconds": 0.2}
-    monkeypatch.setenv("AIRFLOW_CONN_GPUPOOL_DEFAULT", json.dumps({"conn_type": "gpupool", "extra": extra}))
-    return ledger
-
-
-@pytest.fixture
-def gang_ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Ledger]:
-    ledger = open_gang_ledger(f"sqlite:///{tmp_path}/ledger.db", monkeypatch)
-    yield ledger
-    ledger.close()
-
-
-def the_job(k8s: KubernetesEmulatorServer) -> dict[str, Any]:
-    (job,) = k8s.jobs("default")
-    return job
-
-
-def leader_of(job: dict[str, Any]) -> str:
-    return str(job["spec"]["template"]["metadata"]["annotations"]["gpupool.io/gang-reservation"])
-
-
-def job_pod_versions(k8s: KubernetesEmulatorServer, job: dict[str, Any]) -> dict[int, list[dict[str, Any]]]:
-    """Every stored version of each pod of the Job (the pods are deleted when the task ends), by index."""
-    names = {
-        p["metadata"]["name"]
-        for r in k8s.requests
-        if r.method == "PATCH" and r.path.startswith("/api/v1/namespaces/default/pods/")
-        for p in [{"metadata": {"name": r.path.rsplit("/", 1)[1]}}]
-    }
-    versions: dict[int, list[dict[str, Any]]] = {}
-    for name in names:
-        history = k8s.pod_history(name)
-        if (
-            history
-            and history[0]["metadata"]["labels"].get("batch.kubernetes.io/job-name")
-            == job["metadata"]["name"]
-        ):
-            versions[int(history[0]["metadata"]["annotations"][INDEX])] = history
-    return versions
-
-
-def assert_pinned_to_members(k8s: KubernetesEmulatorServer, ledger: Ledger, job: dict[str, Any]) -> None:
-    gang = ledger.gang(leader_of(job))
-    versions = job_pod_versions(k8s, job)
-    assert sorted(versions) == [0, 1, 2]
-    for member in gang.members:
-        assert member.grant is not None
-        history = versions[int(member.gang_index or 0)]
-        assert history[0]["spec"]["schedulingGates"] == [{"name": "gpupool.io/reservation"}]  # created gated
-        scheduled = [v for v in history if v["spec"].get("nodeName")]
-        assert scheduled, f"member {member.id}'s pod never ran"
-        for version in scheduled:  # never on a node while gated, always on its member's node
-            assert not version["spec"].get("schedulingGates")
-            assert version["spec"]["nodeName"] == member.grant.node
-            assert version["metadata"]["annotations"]["gpupool.io/reservation-id"] == member.id
-            assert version["metadata"]["annotations"]["gpupool.io/gpus"] == ",".join(
-                map(str, member.grant.gpu_indices)
-            )
-        assert scheduled[-1]["status"]["phase"] in ("Running", "Succeeded", "Failed")
-    assert sorted(m.grant.node for m in gang.members if m.grant) == ["gpu-a", "gpu-a", "gpu-b"]
-
-
-def assert_gang_released(ledger: Ledger, job: dict[str, Any]) -> None:
-    gang = ledger.gang(leader_of(job))
-    assert [m.state for m in gang.members] == [ReservationState.RELEASED] * 3
-    assert ledger.snapshot().grants == ()
-    assert ledger.check_invariants() == []
+# The shared fixtures, found by pytest under these names.
+gang_k8s = gang_jobs.gang_k8s
+gang_ledger = gang_jobs.gang_ledger
 
 
 @pytest.mark.parametrize("dag_id", ["gang_job", "gang_job_deferrable"])
@@ -238,168 +163,3 @@ def test_on_kill_deletes_the_job_and_releases_the_gang(
     op.on_kill()
     assert gang_k8s.job("job-killed") is None and gang_k8s.pods("default") == []
     assert [m.state for m in gang_ledger.gang("g").members] == [ReservationState.RELEASED] * 3
-
-
-def release_a_member_once_running(
-    k8s: KubernetesEmulatorServer, ledger: Ledger, member: int
-) -> tuple[threading.Thread, dict[str, Any]]:
-    """Start a thread that releases one member of the gang, as someone else would, once every pod runs."""
-    seen: dict[str, Any] = {}
-
-    def all_running(pods: list[dict[str, Any]]) -> bool:
-        return len(pods) == 3 and all(p["status"].get("phase") == "Running" for p in pods)
-
-    def run() -> None:
-        pods = k8s.wait_for_pods(all_running, timeout=60)
-        leader = pods[0]["metadata"]["annotations"]["gpupool.io/gang-reservation"]
-        seen["leader"] = leader
-        seen["pods"] = sorted(p["metadata"]["name"] for p in pods)
-        victim = leader if member == 0 else f"{leader}.{member}"
-        seen["result"] = ledger.release(victim, reason="taken back by an operator")
-
-    thread = threading.Thread(target=run, name="release-member", daemon=True)
-    thread.start()
-    return thread, seen
-
-
-@pytest.mark.parametrize(
-    ("dag_id", "member"),
-    [
-        ("gang_job_lease_lost", 1),
-        ("gang_job_lease_lost_deferrable", 2),
-        ("gang_job_lease_lost_deferrable", 0),
-    ],
-)
-def test_a_lost_lease_deletes_the_job_and_fails_the_try(
-    gang_k8s: KubernetesEmulatorServer,
-    gang_ledger: Ledger,
-    run_dag: Callable[[str], Any],
-    capfd: pytest.CaptureFixture[str],
-    dag_id: str,
-    member: int,
-) -> None:
-    releaser, seen = release_a_member_once_running(gang_k8s, gang_ledger, member)
-    started = time.monotonic()
-    run = run_dag(dag_id)
-    took = time.monotonic() - started
-    releaser.join(timeout=5)
-
-    assert run.state == "failed"
-    assert seen["result"].released
-    assert took < 45  # the pods would have run 60 s: the Job was deleted at once
-    assert gang_k8s.jobs("default") == [] and gang_k8s.pods("default") == []
-    deletes = [r for r in gang_k8s.requests if r.method == "DELETE" and "/jobs/" in r.path]
-    assert deletes, "the Job was not deleted"
-    for name in seen["pods"]:
-        assert [p["status"].get("phase") for p in gang_k8s.pod_history(name)][-1] != "Succeeded"
-    leader = seen["leader"]
-    gang = gang_ledger.gang(leader)
-    assert all(not m.state.holds for m in gang.members)
-    assert "LeaseLostError" in gang.members[0].message or member == 0
-    out, err = capfd.readouterr()
-    assert f"LeaseLostError: the task failed: lease_lost (lease of {leader} lost: " in out + err
-    assert gang_ledger.snapshot().grants == ()
-    assert gang_ledger.check_invariants() == []
-
-
-def fail_first_pod_of_index(k8s: KubernetesEmulatorServer, index: int) -> dict[str, str]:
-    """Tell the kubelet to fail the first pod of one completion index, once; return that pod's uid, once seen."""
-    first: dict[str, str] = {}
-
-    def is_first(pod: Mapping[str, Any]) -> bool:
-        meta = pod.get("metadata") or {}
-        if (meta.get("annotations") or {}).get(INDEX) != str(index):
-            return False
-        return first.setdefault("uid", meta["uid"]) == meta["uid"]
-
-    k8s.configure_pod(predicate=is_first, exit_code=1)
-    return first
-
-
-def delete_job(k8s: KubernetesEmulatorServer, job: dict[str, Any]) -> None:
-    from kubernetes import client, config
-
-    batch = client.BatchV1Api(config.new_client_from_config(k8s.kubeconfig_path))
-    batch.delete_namespaced_job(job["metadata"]["name"], "default", propagation_policy="Foreground")
-
-
-@pytest.mark.parametrize("dag_id", ["gang_job_replaced", "gang_job_replaced_deferrable"])
-def test_a_replacement_pod_is_pinned_to_the_same_member(
-    gang_k8s: KubernetesEmulatorServer, gang_ledger: Ledger, run_dag: Callable[[str], Any], dag_id: str
-) -> None:
-    failed = fail_first_pod_of_index(gang_k8s, 1)
-    # A replacement left gated would keep the Job running for ever: end it, so the test fails instead.
-    watchdog = threading.Timer(30, lambda: [delete_job(gang_k8s, j) for j in gang_k8s.jobs("default")])
-    watchdog.start()
-    try:
-        run = run_dag(dag_id)
-    finally:
-        watchdog.cancel()
-        gang_k8s.clear_pod_rules()
-    assert run.state == "success"
-    job = the_job(gang_k8s)
-    assert (job["spec"]["backoffLimit"], job["status"]["failed"], job["status"]["succeeded"]) == (1, 1, 3)
-    patched = {
-        r.path.rsplit("/", 1)[1] for r in gang_k8s.requests if r.method == "PATCH" and "/pods/" in r.path
-    }
-    index_1 = [gang_k8s.pod_history(n) for n in patched]
-    index_1 = [h for h in index_1 if h[0]["metadata"]["annotations"].get(INDEX) == "1"]
-    assert len(index_1) == 2, "index 1 had its failed pod and its replacement, each pinned"
-    old = next(h for h in index_1 if h[0]["metadata"]["uid"] == failed["uid"])
-    history = next(h for h in index_1 if h[0]["metadata"]["uid"] != failed["uid"])
-    assert (old[-1]["status"]["phase"], history[-1]["status"]["phase"]) == ("Failed", "Succeeded")
-    member = gang_ledger.gang(leader_of(job)).members[1]
-    assert member.grant is not None
-    assert history[0]["spec"]["schedulingGates"] == [{"name": "gpupool.io/reservation"}]  # created gated
-    ended = [v for v in old if v["status"].get("phase") == "Failed"][0]["metadata"]["resourceVersion"]
-    pinned = [v for v in history if not v["spec"].get("schedulingGates")][0]["metadata"]["resourceVersion"]
-    assert int(pinned) > int(ended)  # the member was handed over only once its old pod ended
-    for version in (v for v in history if v["spec"].get("nodeName")):
-        assert version["spec"]["nodeName"] == member.grant.node
-        assert version["metadata"]["annotations"]["gpupool.io/reservation-id"] == member.id
-        assert version["metadata"]["annotations"]["gpupool.io/gpus"] == ",".join(
-            map(str, member.grant.gpu_indices)
-        )
-    assert_gang_released(gang_ledger, job)
-
-
-def test_reconcile_keeps_a_member_whose_replacement_waits_gated(
-    gang_k8s: KubernetesEmulatorServer, gang_ledger: Ledger
-) -> None:
-    from airflow_gpupool.controller.reconcile import reconcile
-    from airflow_gpupool.inventory.sync import core_v1_api
-
-    core = core_v1_api(gang_k8s.kubeconfig_path)
-    request = GpuJobOperator(task_id="t", members=3, gpus=1, image="x").gpu_request()
-    gang_ledger.reserve(request, "me", reservation_id="gp-g")
-
-    def create(name: str, labels: dict[str, str], index: int, **annotations: str) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "metadata": {"name": name, "labels": labels, "annotations": {INDEX: str(index), **annotations}},
-            "spec": {"containers": [{"name": "base", "image": "x"}]},
-        }
-        if not labels.get("gpupool.io/reservation-id"):
-            body["spec"]["schedulingGates"] = [{"name": "gpupool.io/reservation"}]
-        created = core.create_namespaced_pod("default", body)
-        return {"uid": created.metadata.uid}
-
-    for index, member in enumerate(("gp-g", "gp-g.1", "gp-g.2")):
-        fails = index == 1  # member 1's pod fails at once; the others run on
-        created = create(
-            f"m{index}",
-            {"gpupool.io/reservation-id": member},
-            index,
-            **{
-                "gpupool.emulator/exit-code": "1" if fails else "0",
-                "gpupool.emulator/duration-seconds": "0.1" if fails else "60",
-            },
-        )
-        gang_ledger.bind(member, namespace="default", name=f"m{index}", uid=created["uid"])
-    gang_k8s.wait_for_pod("m1", ("Failed",))
-    create("m1-replacement", {"gpupool.io/gang-reservation": "gp-g"}, 1)
-
-    kept = reconcile(gang_ledger, core, grace_seconds=0)
-    assert "gp-g.1" in kept.kept and not kept.released
-    core.delete_namespaced_pod("m1-replacement", "default")
-    gone = reconcile(gang_ledger, core, grace_seconds=0)
-    assert [rid for rid, _ in gone.released] == ["gp-g.1"]  # without its replacement, its member is freed
