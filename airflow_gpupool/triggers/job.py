@@ -7,7 +7,7 @@ import contextlib
 import os
 from collections.abc import AsyncIterator
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook
@@ -17,6 +17,9 @@ from airflow.triggers.base import TriggerEvent
 from airflow_gpupool.hooks.gpupool import AsyncGpuPoolHook
 from airflow_gpupool.triggers.events import trigger_event
 from airflow_gpupool.triggers.lease import LeaseWatch, lease_lost_event
+
+if TYPE_CHECKING:
+    from airflow_gpupool.ledger.models import Gang
 
 __all__ = ["LeasedJobTrigger"]
 
@@ -122,13 +125,15 @@ class LeasedJobTrigger(KubernetesJobTrigger):
         from airflow_gpupool.controller.gatekeeper import admission_patch
 
         hook = AsyncGpuPoolHook(self.ledger_conn_id, ledger_url=self.ledger_url)
+        gang: Gang | None = None
         try:
-            await hook.aoptions()
-            gang = await asyncio.to_thread(hook.gang, self.reservation_id)
-            members = {int(m.gang_index or 0): m for m in gang.granted}
             while True:
                 await asyncio.sleep(self.poll_interval)
                 try:
+                    if gang is None:  # read once, retried like the rest while it fails
+                        await hook.aoptions()
+                        gang = await asyncio.to_thread(hook.gang, self.reservation_id)
+                    members = {int(m.gang_index or 0): m for m in gang.granted}
                     async with self.hook.get_conn() as connection:
                         core = async_client.CoreV1Api(connection)
                         listed = await core.list_namespaced_pod(
