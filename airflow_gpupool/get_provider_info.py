@@ -36,8 +36,15 @@ def get_provider_info() -> dict[str, Any]:
                 "python-modules": [
                     "airflow_gpupool.triggers.reservation",
                     "airflow_gpupool.triggers.pod",
+                    "airflow_gpupool.triggers.job",
                     "airflow_gpupool.triggers.checkpoint",
                 ],
+            }
+        ],
+        "operators": [
+            {
+                "integration-name": "GPU pool",
+                "python-modules": ["airflow_gpupool.operators.gpu_pod", "airflow_gpupool.operators.gpu_job"],
             }
         ],
         "sensors": [

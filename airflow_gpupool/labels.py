@@ -36,9 +36,18 @@ BINDING_ANNOTATION = "gpupool.io/binding"
 #: Written by the gatekeeper when it admits a pod: the granted node and GPUs.
 NODE_ANNOTATION = "gpupool.io/node"
 GPUS_ANNOTATION = "gpupool.io/gpus"
+#: On a gang Job's pods (GpuJobOperator): the gang's leader reservation. The gatekeeper leaves them
+#: alone: the operator pins each one to its member's slice. (``gpupool.io/gang`` and
+#: ``gpupool.io/gang-size`` are the gatekeeper's pod groups, issue 18 item 5: not this.)
+GANG_RESERVATION_ANNOTATION = "gpupool.io/gang-reservation"
+#: The same, as a label: reconcile finds a member's replacement pod, still gated, by it.
+GANG_RESERVATION_LABEL = "gpupool.io/gang-reservation"
 
 # -- Kubernetes ---------------------------------------------------------------------------------
 HOSTNAME_LABEL = "kubernetes.io/hostname"
+#: On a Job's pods (the Job controller's): the Job's name, and an Indexed Job's completion index.
+JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
+COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 #: Node-pool labels, first match wins: ours, then GKE, EKS, AKS and Karpenter.
 POOL_LABELS = (
     POOL_LABEL,

@@ -38,6 +38,7 @@ from airflow_gpupool.inventory.sync import list_objects
 from airflow_gpupool.labels import (
     ANNOTATION_PREFIX,
     BINDING_ANNOTATION,
+    GANG_RESERVATION_ANNOTATION,
     GPU_RESOURCE,
     GPUS_ANNOTATION,
     HOSTNAME_LABEL,
@@ -117,6 +118,8 @@ def _name(pod: Mapping[str, Any]) -> str:
 
 
 def _is_ours(pod: Mapping[str, Any]) -> bool:
+    if GANG_RESERVATION_ANNOTATION in (_meta(pod).get("annotations") or {}):
+        return False  # a gang Job's pod: GpuJobOperator holds the gang and pins it
     return any(g.get("name") == SCHEDULING_GATE for g in (pod.get("spec") or {}).get("schedulingGates") or [])
 
 

@@ -24,9 +24,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from airflow_gpupool import settings
+from airflow_gpupool.controller.gang_pods import replacements_by_member
 from airflow_gpupool.exceptions import InvalidRequestError
 from airflow_gpupool.inventory.sync import list_nodes, list_objects
-from airflow_gpupool.labels import RESERVATION_LABEL
+from airflow_gpupool.labels import GANG_RESERVATION_LABEL, RESERVATION_LABEL
 from airflow_gpupool.ledger.invariants import FINISHED_PHASES
 from airflow_gpupool.ledger.models import ReservationState
 from airflow_gpupool.task_try import RESERVATION_ID_PREFIX
@@ -269,7 +270,9 @@ def reconcile(
 
     Pods are found by their ``gpupool.io/reservation-id`` label, in all namespaces. A grant with a
     pod that is not finished is kept, whatever its other pods did (a retry's new pod beside the
-    failed one); an orphaned one only for ``orphan_grace_seconds``, then its pods are deleted.
+    failed one); an orphaned one only for ``orphan_grace_seconds``, then its pods are deleted. A
+    gang member's pods include the gated replacement its Job made for it (``gpupool.io/gang-reservation``
+    label and the completion index), not pinned yet.
 
     :param ledger: the ledger
     :param core_v1_api: a ``kubernetes.client.CoreV1Api``
@@ -293,6 +296,9 @@ def reconcile(
     snapshot = ledger.snapshot()
     cluster_nodes = None if all_nodes else {n["metadata"]["name"] for n in list_nodes(core_v1_api)}
     pods = _pods_by_reservation(core_v1_api, RESERVATION_LABEL)
+    gang_pods = list_objects(core_v1_api.list_pod_for_all_namespaces, label_selector=GANG_RESERVATION_LABEL)
+    for member, waiting in replacements_by_member(gang_pods).items():
+        pods.setdefault(member, []).extend(waiting)  # a failed member's replacement, not pinned yet
     run = _Reconcile(
         ledger, core_v1_api, snapshot.taken_at if now is None else now, grace, orphan_grace, pods
     )

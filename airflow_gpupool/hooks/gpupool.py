@@ -42,6 +42,7 @@ from airflow_gpupool.hooks.options import (
 if TYPE_CHECKING:
     from airflow_gpupool.ledger import Ledger, ReapResult, ReleaseResult, Reservation
     from airflow_gpupool.ledger.attempts import TaskAttempt, TaskAttempts
+    from airflow_gpupool.ledger.models import Gang
     from airflow_gpupool.placement.snapshot import ClusterSnapshot
     from airflow_gpupool.resources import GpuRequest
 
@@ -162,6 +163,28 @@ class GpuPoolHook(BaseHook):
     def adopt(self, reservation_id: str, holder: str, ttl: float | None = None) -> Reservation:
         """Take over an earlier try's grant (the retry re-attached to its pod) and renew its lease."""
         return self.ledger.adopt(reservation_id, holder, ttl or self.options.lease_ttl_seconds)
+
+    def gang(self, reservation_id: str) -> Gang:
+        """Return the gang of a leader or member reservation: its spec and every member, by index."""
+        return self.ledger.gang(reservation_id)
+
+    def renew_gang(self, reservation_id: str, ttl: float | None = None) -> Gang:
+        """Renew a gang's lease and return the gang; a member of its minimum that ended loses the lease.
+
+        Renewing the leader renews every member that holds, silently skipping one that ended
+        (released by someone else, expired): that member's slice may be someone else's now.
+
+        :raises LeaseExpiredError: the leader, or a member of the gang's minimum, holds nothing
+        :raises UnknownReservationError: no such id
+        """
+        from airflow_gpupool.exceptions import LeaseExpiredError
+
+        self.ledger.renew(reservation_id, ttl)
+        gang = self.ledger.gang(reservation_id)
+        for member in gang.members[: gang.spec.min_members]:
+            if not member.state.holds:
+                raise LeaseExpiredError(member.id, f"{member.state.value} ({member.message or 'no reason'})")
+        return gang
 
     def bind_pod(
         self, reservation_id: str, *, namespace: str, name: str, uid: str | None = None
@@ -290,6 +313,11 @@ class AsyncGpuPoolHook(GpuPoolHook):
         """Renew a lease without blocking the triggerer's loop."""
         await self.aoptions()
         return await asyncio.to_thread(self.ledger.renew, reservation_id, ttl)
+
+    async def arenew_gang(self, reservation_id: str, ttl: float | None = None) -> Gang:
+        """:meth:`renew_gang` without blocking the triggerer's loop."""
+        await self.aoptions()
+        return await asyncio.to_thread(self.renew_gang, reservation_id, ttl)
 
 
 def resolve_ledger_url(explicit: str | None = None) -> str:

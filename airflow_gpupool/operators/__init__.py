@@ -1,8 +1,9 @@
-"""Operators: GpuPodOperator and the slice bindings it uses."""
+"""Operators: GpuPodOperator, GpuJobOperator (a gang of pods as an Indexed Job) and the slice bindings they use."""
 
 from __future__ import annotations
 
 from airflow_gpupool.binding import BINDINGS, PodBinding, SliceBinding
+from airflow_gpupool.operators.gpu_job import GpuJobOperator
 from airflow_gpupool.operators.gpu_pod import GpuPodOperator
 
-__all__ = ["BINDINGS", "GpuPodOperator", "PodBinding", "SliceBinding"]
+__all__ = ["BINDINGS", "GpuJobOperator", "GpuPodOperator", "PodBinding", "SliceBinding"]

@@ -40,7 +40,7 @@ from airflow_gpupool.operators.unschedulable import UnschedulableFailFast  # kit
 from airflow_gpupool.operators.waiting import wait_in_place
 from airflow_gpupool.resources import GpuRequest
 from airflow_gpupool.task_try import TaskTry
-from airflow_gpupool.triggers.lease import LEASE_LOST_STATUS
+from airflow_gpupool.triggers.lease import LEASE_LOST_STATUS, lost_from_event
 from airflow_gpupool.triggers.pod import LeasedPodTrigger
 from airflow_gpupool.triggers.queue_life import describe_queue_life
 from airflow_gpupool.triggers.reservation import ReservationEventStatus, ReservationTrigger
@@ -422,7 +422,7 @@ class GpuPodOperator(UnschedulableFailFast, GpuPodTries):
     def _lease_lost(self, event: dict[str, Any]) -> Any:
         """LeasedPodTrigger lost the pod's lease: delete the pod, fail the try."""
         self._own_pod = (event["namespace"], event["name"])
-        lost = LeaseLostError.of(event["reservation_id"], event["why"], event["name"])
+        lost = lost_from_event(event, event["name"])
         self._delete_own_pod(lost)
         raise lost
 

@@ -9,7 +9,7 @@ has a uid, so Kubernetes deletes the claim with the pod.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kubernetes.client import models as k8s
@@ -19,9 +19,14 @@ from airflow_gpupool.binding import DRA_REQUEST, PodBinding
 from airflow_gpupool.checkpoints.manifest import RESUME_ENV
 from airflow_gpupool.labels import (
     ANNOTATION_PREFIX,
+    GANG_RESERVATION_ANNOTATION,
+    GANG_RESERVATION_LABEL,
     GPU_RESOURCE,
+    GPUS_ANNOTATION,
     HOSTNAME_LABEL,
+    NODE_ANNOTATION,
     RESERVATION_LABEL,
+    SCHEDULING_GATE,
     WORKLOAD_CLASS_LABEL,
 )
 
@@ -35,6 +40,7 @@ __all__ = [
     "RESOURCE_CLAIM_ANNOTATION",
     "add_shm",
     "cpu_only",
+    "gang_template",
     "grant_env",
     "own_resource_claim",
     "pin_pod",
@@ -213,6 +219,85 @@ def pin_pod(
             tolerations.append(GPU_TOLERATION)
         pod.spec.tolerations = tolerations
     return pod
+
+
+# -- a gang Job's pod template: one spec for every member --------------------------------------
+
+#: What each member's container reads of the slice its pod was pinned to, through the downward
+#: API: the annotations :func:`~airflow_gpupool.controller.gatekeeper.admission_patch` writes
+#: before it removes the gate (environment variables cannot change on a created pod).
+_MEMBER_ENV = {
+    "GPUPOOL_RESERVATION_ID": f"{ANNOTATION_PREFIX}reservation-id",
+    "GPUPOOL_NODE": NODE_ANNOTATION,
+    "GPUPOOL_GPU_INDICES": GPUS_ANNOTATION,
+}
+
+
+def gang_template(
+    template: k8s.V1PodTemplateSpec,
+    *,
+    leader_id: str,
+    request: GpuRequest,
+    binding: PodBinding,
+    container_name: str,
+    priority_class: str | None,
+    extra_env: Sequence[k8s.V1EnvVar] = (),
+) -> k8s.V1PodTemplateSpec:
+    """Return a gang Job's pod template made ready for pinning (changed in place).
+
+    Everything that must be in the pod from its creation is set here, the same for every member:
+    the slice's resources, the GPU toleration, the ``gpupool.io/reservation`` scheduling gate, the
+    gang's annotation and the environment (the member's own slice through the downward API).
+    What differs per member (node, GPUs, reservation id) is patched onto each gated pod.
+
+    :param template: the Job's pod template
+    :param leader_id: the gang's leader reservation
+    :param request: one member's request
+    :param binding: how a member's slice is bound (the same for every member)
+    :param container_name: the main container
+    :param priority_class: the workload class's priority class, if any
+    :param extra_env: more variables for the main container (the rendezvous)
+    """
+    spec, meta = template.spec, template.metadata
+    container = _container(template, container_name)
+    _set_resources(container, request, binding)
+    _set_env(container, {"GPUPOOL_GANG_ID": leader_id, **binding.env})
+    by_annotation = [
+        k8s.V1EnvVar(
+            name=name,
+            value_from=k8s.V1EnvVarSource(
+                field_ref=k8s.V1ObjectFieldSelector(field_path=f"metadata.annotations['{key}']")
+            ),
+        )
+        for name, key in _MEMBER_ENV.items()
+    ]
+    names = {e.name for e in [*by_annotation, *extra_env]}
+    container.env = [e for e in container.env or [] if e.name not in names] + by_annotation + list(extra_env)
+    gates = [g for g in spec.scheduling_gates or [] if g.name != SCHEDULING_GATE]
+    spec.scheduling_gates = [*gates, k8s.V1PodSchedulingGate(name=SCHEDULING_GATE)]
+    meta.labels = {
+        **(meta.labels or {}),
+        WORKLOAD_CLASS_LABEL: request.workload_class.value,
+        GANG_RESERVATION_LABEL: leader_id,
+    }
+    meta.annotations = {
+        **(meta.annotations or {}),
+        **binding.annotations,
+        GANG_RESERVATION_ANNOTATION: leader_id,
+        f"{ANNOTATION_PREFIX}reservation-id": leader_id,
+        f"{ANNOTATION_PREFIX}slice": request.describe(),
+        f"{ANNOTATION_PREFIX}team": request.team,
+    }
+    if binding.scheduler_name:
+        spec.scheduler_name = binding.scheduler_name
+    if priority_class and not spec.priority_class_name:
+        spec.priority_class_name = priority_class
+    if request.gpus or request.mig_profile:
+        tolerations = list(spec.tolerations or [])
+        if not any(t.key == GPU_TOLERATION.key for t in tolerations):
+            tolerations.append(GPU_TOLERATION)
+        spec.tolerations = tolerations
+    return template
 
 
 # -- the dra binding: a ResourceClaim per pod ---------------------------------------------------

@@ -6,7 +6,7 @@ On top of kmock 0.8 this serves what clients such as ``KubernetesPodOperator`` r
 * ``uid``, ``creationTimestamp``, ``resourceVersion`` (one global counter) and ``status`` on
   create, ``generateName``, a new ``resourceVersion`` on every change;
 * ``watch=true``, ``watch=True`` and ``watch=1`` as watches (JSON lines of ``{type, object}``),
-  ``timeoutSeconds`` and ``resourceVersion`` honoured;
+  ``timeoutSeconds`` and ``resourceVersion`` honoured (:mod:`~airflow_gpupool.testing.watches`);
 * ``GET pods/<name>/log`` as ``text/plain`` with ``container``, ``timestamps``, ``tailLines``,
   ``sinceSeconds``/``sinceTime``, ``limitBytes`` and ``follow`` (streams until the container ends);
 * core/v1 ``events`` and ``nodes``;
@@ -14,6 +14,8 @@ On top of kmock 0.8 this serves what clients such as ``KubernetesPodOperator`` r
   answers for ``kubectl get`` (:mod:`~airflow_gpupool.testing.tables`);
 * resource.k8s.io/v1 ``resourceclaims`` (Dynamic Resource Allocation), stored as sent; a claim a
   pod owns (``ownerReferences``) is deleted with the pod, as Kubernetes' garbage collector does;
+* batch/v1 ``jobs``, run by a Job controller (:mod:`~airflow_gpupool.testing.jobs`): pods made from
+  the template, status, deletion with ``propagationPolicy``;
 * coordination.k8s.io/v1 ``leases`` (leader election): ``PUT`` replaces, refused with 409 Conflict
   when the ``resourceVersion`` sent is not the stored one;
 * a log of every request (:class:`RecordedRequest`).
@@ -23,12 +25,10 @@ The object store itself (stamping, versions, watch buses) is :mod:`~airflow_gpup
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import dataclasses
-import json
 import time
-from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
 import aiohttp.web
@@ -37,15 +37,14 @@ from kmock._internal.dicts import patch_dict  # the merge kmock applies: the obj
 
 from airflow_gpupool.testing import gates
 from airflow_gpupool.testing.discovery import SERVED, discovery_document, kmock_resources, not_found
-from airflow_gpupool.testing.kinds import LEASES, NAMESPACES, NODES, PODS, RESOURCE_CLAIMS
+from airflow_gpupool.testing.jobs import JobController, prepare_new_job, propagation_policy
+from airflow_gpupool.testing.kinds import JOBS, LEASES, NAMESPACES, NODES, PODS, RESOURCE_CLAIMS
 from airflow_gpupool.testing.kubelet import SimulatedKubelet
-from airflow_gpupool.testing.selectors import parse_field_selector, parse_label_selector
 from airflow_gpupool.testing.storage import StoredObjects
 from airflow_gpupool.testing.tables import table, wants_table
+from airflow_gpupool.testing.watches import is_watch, selected_by, serve_watch_stream
 
 _KINDS = {res.plural: res.kind for res in SERVED}
-_WATCH_VALUES = {"true", "1", "yes"}
-DEFAULT_WATCH_SECONDS = 1800.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +102,7 @@ class KubernetesApiEmulator(StoredObjects):
         super().__init__()
         self.recorded: list[RecordedRequest] = []
         self.kubelet = SimulatedKubelet(self, default_duration_seconds=default_duration_seconds)
+        self.jobs = JobController(self)
         for key, info in kmock_resources().items():
             self.resources[key] = cast("Any", info)  # kmock takes the plain dict
         self.objects[NAMESPACES, None, "default"] = self._stamp(
@@ -172,19 +172,58 @@ class KubernetesApiEmulator(StoredObjects):
             return aiohttp.web.json_response(doc, status=int(doc.get("code", 200)))
         if request.resource is None or request.resource.plural is None:
             return await super()._handle(request)
-        if str(request.params.get("watch", "")).lower() in _WATCH_VALUES and request.method.value == "GET":
-            return await self._serve_watch_stream(request)
+        if is_watch(request):
+            return await serve_watch_stream(self, request, self._buses[request.resource])
         if request.resource == PODS and request.subresource == "log":
             return await self._serve_pod_log(request)
         if request.resource == LEASES and request.method.value == "PUT" and request.name:
             return aiohttp.web.json_response(await self._serve_replace(request))
         if (read := self._serve_read(request)) is not None:
             return read
+        deleted_job = self._deleted_job(request)
         self._before_write(request)
         response = await super()._handle(request)
         if response.status < 300:
             await self._after_success(request)
+            if deleted_job is not None:
+                await self.jobs.deleted(deleted_job, propagation_policy(request))
         return response
+
+    def _deleted_job(self, request: Any) -> dict[str, Any] | None:
+        """Return the Job a request deletes, read before kmock forgets it; ``None`` for other requests.
+
+        :param request: kmock's parsed request
+        """
+        if request.resource != JOBS or request.action != action.DELETE or not request.name:
+            return None
+        return self.get_object(JOBS, request.namespace, request.name)
+
+    # -- what controllers do as the API server does it -------------------------------------------
+
+    def pod_bus(self) -> Any:
+        """Return the watch bus of pods (kmock's), for controllers that react to pod changes."""
+        return self._buses[PODS]
+
+    async def create_pod(self, pod: dict[str, Any]) -> dict[str, Any]:
+        """Create a pod as a ``POST`` does: stamped, defaulted and started by the kubelet.
+
+        :param pod: the pod, with its name and namespace
+        """
+        self._stamp(pod)
+        self.kubelet.prepare_new_pod(pod)
+        created = await self.put_object(PODS, pod)
+        self.kubelet.start(pod["metadata"].get("namespace"), pod["metadata"]["name"])
+        return created
+
+    async def remove_pod(self, namespace: str | None, name: str) -> None:
+        """Delete a pod as a ``DELETE`` does: its containers stop and what it owns goes with it.
+
+        :param namespace: its namespace
+        :param name: its name
+        """
+        if await self.delete_object(PODS, namespace, name) is not None:
+            await self.kubelet.stopped(namespace, name)
+            await self.collect_garbage(RESOURCE_CLAIMS, PODS)
 
     def _serve_read(self, request: Any) -> aiohttp.web.StreamResponse | None:
         """Serve a list, or a get or delete of a missing object; ``None`` for what kmock serves.
@@ -220,6 +259,8 @@ class KubernetesApiEmulator(StoredObjects):
             self._stamp(request.data, request.namespace)
             if request.resource == PODS:
                 self.kubelet.prepare_new_pod(request.data)
+            elif request.resource == JOBS:
+                prepare_new_job(request.data)
         elif request.action == action.UPDATE and request.resource == PODS and request.subresource is None:
             self._check_pod_update(request)  # scheduling gates: testing/gates.py
         if request.action == action.UPDATE and isinstance(request.data, dict) and request.name:
@@ -243,6 +284,11 @@ class KubernetesApiEmulator(StoredObjects):
         """
         if request.resource == PODS:
             await self._after_pod_change(request)
+        elif request.resource == JOBS and request.name is None and request.action == action.CREATE:
+            meta = request.data["metadata"]
+            await self.jobs.created(meta.get("namespace") or request.namespace, meta["name"])
+        elif request.resource == JOBS and request.action == action.UPDATE and request.name:
+            await self.jobs.updated(request.namespace, request.name)
         elif request.resource == NODES and request.action != action.FETCH:
             self.kubelet.notify()
 
@@ -285,31 +331,12 @@ class KubernetesApiEmulator(StoredObjects):
         meta.update(name=request.name, namespace=request.namespace)
         return await self.put_object(request.resource, body)
 
-    def _selected(self, request: Any) -> Callable[[Mapping[str, Any]], bool]:
-        """Return a predicate for the objects a list or watch request selects.
-
-        :param request: kmock's parsed request
-        """
-        by_label = parse_label_selector(request.params.get("labelSelector"))
-        by_field = parse_field_selector(request.params.get("fieldSelector"))
-        namespace, name = request.namespace, request.name
-
-        def selected(obj: Mapping[str, Any]) -> bool:
-            meta = obj.get("metadata") or {}
-            if namespace is not None and meta.get("namespace") != namespace:
-                return False
-            if name is not None and meta.get("name") != name:
-                return False
-            return by_label(obj) and by_field(obj)
-
-        return selected
-
     def _serve_selected_list(self, request: Any) -> dict[str, Any]:
         """Return a ``<Kind>List`` honouring namespace and selectors.
 
         :param request: kmock's parsed request
         """
-        selected = self._selected(request)
+        selected = selected_by(request)
         items = [obj for obj in self.list_objects(request.resource, request.namespace) if selected(obj)]
         plural = request.resource.plural or ""
         group = request.resource.group
@@ -334,63 +361,6 @@ class KubernetesApiEmulator(StoredObjects):
             resource_version=str(self._resource_version),
             include_object=request.params.get("includeObject"),
         )
-
-    def _initial_watch_events(
-        self, request: Any, selected: Callable[[Mapping[str, Any]], bool]
-    ) -> list[dict[str, Any]]:
-        """Return the events a new watch starts with.
-
-        Without ``resourceVersion`` (or with ``0``) every selected object comes as ``ADDED``;
-        with one, only objects changed since then, as ``MODIFIED``.
-
-        :param request: kmock's parsed request
-        :param selected: the selection predicate
-        """
-        try:
-            since = int(request.params.get("resourceVersion") or 0)
-        except ValueError:
-            since = 0
-        objs = [obj for obj in self.list_objects(request.resource, request.namespace) if selected(obj)]
-        if since == 0:
-            return [{"type": "ADDED", "object": obj} for obj in objs]
-        return [
-            {"type": "MODIFIED", "object": obj}
-            for obj in objs
-            if int(obj["metadata"]["resourceVersion"]) > since
-        ]
-
-    async def _serve_watch_stream(self, request: Any) -> aiohttp.web.StreamResponse:
-        """Stream watch events as JSON lines until ``timeoutSeconds`` or the client leaves.
-
-        :param request: kmock's parsed request
-        """
-        selected = self._selected(request)
-        timeout = float(request.params.get("timeoutSeconds") or DEFAULT_WATCH_SECONDS)
-        bus = self._buses[request.resource]
-        marker = await bus.mark()
-        initial = self._initial_watch_events(request, selected)
-        response = aiohttp.web.StreamResponse(headers={"Content-Type": "application/json"})
-        await response.prepare(request._raw_request)
-        events = cast("AsyncGenerator[dict[str, Any], None]", bus.stream(since=marker))
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        try:
-            for event in initial:
-                await response.write(json.dumps(event).encode() + b"\n")
-            while (remaining := deadline - loop.time()) > 0:
-                try:
-                    event = await asyncio.wait_for(anext(events), remaining)
-                except TimeoutError:
-                    break
-                if selected(event.get("object") or {}):
-                    await response.write(json.dumps(event).encode() + b"\n")
-            await response.write_eof()
-        except (ConnectionError, RuntimeError):
-            pass  # the client went away
-        finally:
-            await events.aclose()
-            await bus.unmark(marker)
-        return response
 
     async def _serve_pod_log(self, request: Any) -> aiohttp.web.StreamResponse:
         """Serve a container log as text, following it while the container runs if asked.

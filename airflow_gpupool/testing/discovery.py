@@ -66,6 +66,7 @@ SERVED: tuple[ServedResource, ...] = (
     ServedResource("", "v1", "events", "Event", True, ("ev",)),
     ServedResource("", "v1", "nodes", "Node", False, ("no",), ("status",)),
     ServedResource("", "v1", "namespaces", "Namespace", False, ("ns",)),
+    ServedResource("batch", "v1", "jobs", "Job", True, (), ("status",)),
     ServedResource("coordination.k8s.io", "v1", "leases", "Lease", True),
     ServedResource("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", True, (), ("status",)),
 )

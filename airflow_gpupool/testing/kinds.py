@@ -8,6 +8,7 @@ PODS = resource(group="", version="v1", plural="pods")
 EVENTS = resource(group="", version="v1", plural="events")
 NODES = resource(group="", version="v1", plural="nodes")
 NAMESPACES = resource(group="", version="v1", plural="namespaces")
+JOBS = resource(group="batch", version="v1", plural="jobs")
 LEASES = resource(group="coordination.k8s.io", version="v1", plural="leases")
 #: Dynamic Resource Allocation (Kubernetes 1.34, GA): the claims a pod's ``spec.resourceClaims`` name.
 RESOURCE_CLAIMS = resource(group="resource.k8s.io", version="v1", plural="resourceclaims")

@@ -21,7 +21,8 @@ from typing import Any
 from airflow_gpupool.testing.apiserver import KubernetesApiEmulator, RecordedRequest
 from airflow_gpupool.testing.background_server import BackgroundEmulatorServer
 from airflow_gpupool.testing.behaviour import PodBehaviour, PodPredicate, PodRule
-from airflow_gpupool.testing.kinds import EVENTS, NODES, PODS
+from airflow_gpupool.testing.job_pods import is_finished
+from airflow_gpupool.testing.kinds import EVENTS, JOBS, NODES, PODS
 from airflow_gpupool.testing.kubeconfig import CONTEXT_NAME, kubeconfig, write_kubeconfig
 from airflow_gpupool.testing.nodes import gpu_node
 from airflow_gpupool.testing.pod_history import PodRecord
@@ -157,6 +158,42 @@ class KubernetesEmulatorServer(BackgroundEmulatorServer):
             if r.method == "POST" and r.path.endswith("/pods") and isinstance(r.body, dict)
         ]
 
+    def jobs(self, namespace: str | None = None) -> list[dict[str, Any]]:
+        """Return the live batch/v1 Jobs, oldest first.
+
+        :param namespace: only this namespace
+        """
+        return self._run_sync(lambda api: api.list_objects(JOBS, namespace))
+
+    def job(self, name: str, namespace: str = "default") -> dict[str, Any] | None:
+        """Return a live Job, or ``None``.
+
+        :param name: Job name
+        :param namespace: its namespace
+        """
+        return self._run_sync(lambda api: api.get_object(JOBS, namespace, name))
+
+    def wait_for_job(self, name: str, *, namespace: str = "default", timeout: float = 10) -> dict[str, Any]:
+        """Wait until a Job is ``Complete`` or ``Failed`` and return it.
+
+        :param name: Job name
+        :param namespace: its namespace
+        :param timeout: seconds
+        :raises TimeoutError: when it does not end in time
+        """
+
+        def ended() -> dict[str, Any] | None:
+            assert self.api is not None
+            job = self.api.get_object(JOBS, namespace, name)
+            return job if job is not None and is_finished(job) else None
+
+        async def wait() -> dict[str, Any]:
+            assert self.api is not None
+            async with asyncio.timeout(timeout):
+                return await self.api.wait_until(JOBS, ended)
+
+        return self._call(wait(), timeout=timeout + 5)
+
     def clear_requests(self) -> None:
         """Forget the request log."""
         self._run_sync(lambda api: api.recorded.clear())
@@ -185,6 +222,33 @@ class KubernetesEmulatorServer(BackgroundEmulatorServer):
             return pod if pod is not None and pod.get("status", {}).get("phase") in wanted else None
 
         async def wait() -> dict[str, Any]:
+            assert self.api is not None
+            async with asyncio.timeout(timeout):
+                return await self.api.wait_until(PODS, reached)
+
+        return self._call(wait(), timeout=timeout + 5)
+
+    def wait_for_pods(
+        self,
+        ready: Callable[[list[dict[str, Any]]], bool],
+        *,
+        namespace: str = "default",
+        timeout: float = 10,
+    ) -> list[dict[str, Any]]:
+        """Wait until a namespace's live pods satisfy ``ready`` and return them.
+
+        :param ready: a function of the live pods
+        :param namespace: the namespace
+        :param timeout: seconds
+        :raises TimeoutError: when they do not in time
+        """
+
+        def reached() -> list[dict[str, Any]] | None:
+            assert self.api is not None
+            pods = self.api.list_objects(PODS, namespace)
+            return pods if ready(pods) else None
+
+        async def wait() -> list[dict[str, Any]]:
             assert self.api is not None
             async with asyncio.timeout(timeout):
                 return await self.api.wait_until(PODS, reached)
@@ -324,7 +388,7 @@ class KubernetesEmulatorServer(BackgroundEmulatorServer):
         self.interrupt_pod(name, namespace, reason=FINISH_NOW, message="")
 
     def reset(self, nodes: Iterable[Mapping[str, Any]] | None = None) -> None:
-        """Delete every pod and event, restore the initial nodes, and clear rules and the request log.
+        """Delete every Job, pod and event, restore the initial nodes, and clear rules and the request log.
 
         :param nodes: Node objects that become the initial nodes (this reset's and the next ones')
         """
@@ -334,8 +398,9 @@ class KubernetesEmulatorServer(BackgroundEmulatorServer):
         async def reset() -> None:
             assert self.api is not None
             api = self.api
+            await api.jobs.shutdown()
             await api.kubelet.shutdown()
-            for res in (PODS, EVENTS, NODES):
+            for res in (JOBS, PODS, EVENTS, NODES):
                 for obj in api.list_objects(res):
                     await api.delete_object(res, obj["metadata"].get("namespace"), obj["metadata"]["name"])
             for node in self.initial_nodes:

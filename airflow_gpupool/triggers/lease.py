@@ -8,7 +8,7 @@ from typing import Any
 
 from airflow_gpupool.exceptions import LeaseExpiredError, LeaseLostError, UnknownReservationError
 
-__all__ = ["LEASE_LOST_STATUS", "LeaseWatch", "lease_lost_event"]
+__all__ = ["LEASE_LOST_STATUS", "LeaseWatch", "lease_lost_event", "lost_from_event"]
 
 #: The ``status`` of the event LeasedPodTrigger yields when the pod's lease is lost.
 LEASE_LOST_STATUS = "lease_lost"
@@ -61,11 +61,11 @@ class LeaseWatch:
 
 
 def lease_lost_event(lost: LeaseLostError, namespace: str, name: str) -> dict[str, Any]:
-    """Return the payload of LeasedPodTrigger's lease-lost event.
+    """Return the payload of the lease-lost event of LeasedPodTrigger (or LeasedJobTrigger).
 
     :param lost: the loss
-    :param namespace: the pod's namespace
-    :param name: the pod's name
+    :param namespace: the pod's (or Job's) namespace
+    :param name: the pod's (or Job's) name
     """
     return {
         "status": LEASE_LOST_STATUS,
@@ -75,3 +75,12 @@ def lease_lost_event(lost: LeaseLostError, namespace: str, name: str) -> dict[st
         "message": lost.classification.reason,
         "why": lost.why,
     }
+
+
+def lost_from_event(event: dict[str, Any], pod_name: str | None) -> LeaseLostError:
+    """Return the error a lease-lost event (:func:`lease_lost_event`) fails the try with.
+
+    :param event: the trigger's payload
+    :param pod_name: the pod that was deleted (None: a Job's pods)
+    """
+    return LeaseLostError.of(event["reservation_id"], event["why"], pod_name)

@@ -149,3 +149,30 @@ def test_gpu_retraining_runs_without_a_logical_date(
         == f"s3://datasets/recsys/{dag_run.run_after:%Y-%m-%d}"
     )
     assert_nothing_held(gpu_ledger)
+
+
+def test_distributed_training_runs_a_gang_of_three_pinned_pods(
+    run_dag, k8s: KubernetesEmulatorServer, gpu_ledger: Ledger
+) -> None:
+    dag_run = run_dag("distributed_training")
+
+    assert str(dag_run.state) == "success", states(dag_run)
+    (job,) = k8s.jobs("default")
+    assert job["status"]["succeeded"] == 3
+    leader = job["spec"]["template"]["metadata"]["annotations"]["gpupool.io/gang-reservation"]
+    gang = gpu_ledger.gang(leader)
+    assert [m.state.value for m in gang.members] == ["released"] * 3
+    pinned = [r for r in k8s.requests if r.method == "PATCH" and "/pods/" in r.path]
+    assert len(pinned) == 3  # one pin per member, each ungating its pod
+    for request in pinned:
+        ops = {op["path"]: op for op in request.body}
+        member = ops["/metadata/annotations"]["value"]["gpupool.io/reservation-id"]
+        assert member in {m.id for m in gang.members}
+        assert ops["/spec/schedulingGates"]["op"] == "remove"
+        assert ops["/spec/nodeSelector"]["value"]["kubernetes.io/hostname"] == "gpu-a100"
+    assert ti_of(dag_run, "report").xcom_pull(task_ids="report") == {
+        "job": job["metadata"]["name"],
+        "succeeded": 3,
+        "world_size": 3,
+    }
+    assert_nothing_held(gpu_ledger)

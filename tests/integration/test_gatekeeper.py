@@ -196,6 +196,29 @@ def test_pods_without_gpus_or_from_gpu_pod_operator_are_not_touched(
     assert synced.snapshot().queue == () and synced.snapshot().grants == ()
 
 
+def test_a_gang_jobs_gated_pods_are_left_to_their_operator(
+    synced: Ledger, k8s: KubernetesEmulatorServer, core: Any
+) -> None:
+    pod = gang_member_pod("gang-0")
+    core.create_namespaced_pod("default", pod)
+    result = gatekeep(synced, core)
+    assert (result.admitted, result.waiting, result.deleted) == ([], [], [])
+    assert k8s.pod("gang-0") is not None and synced.snapshot().queue == ()
+
+
+def gang_member_pod(name: str) -> dict[str, Any]:
+    """A pod as GpuJobOperator's Job creates it: gated, annotated with its gang, no request annotation."""
+    return {
+        "metadata": {"name": name, "annotations": {"gpupool.io/gang-reservation": "gp-leader"}},
+        "spec": {
+            "schedulingGates": [{"name": SCHEDULING_GATE}],
+            "containers": [
+                {"name": "base", "image": "train:1", "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+            ],
+        },
+    }
+
+
 def test_a_running_admitted_pod_keeps_its_grant_until_it_is_gone(
     synced: Ledger, k8s: KubernetesEmulatorServer, core: Any
 ) -> None:
