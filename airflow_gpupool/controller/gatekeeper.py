@@ -116,6 +116,21 @@ def _name(pod: Mapping[str, Any]) -> str:
     return f"{_meta(pod).get('namespace', 'default')}/{_meta(pod).get('name')}"
 
 
+def _namespace(pod: Mapping[str, Any]) -> str:
+    return str(_meta(pod).get("namespace", "default"))
+
+
+def _admission_order(pod: Mapping[str, Any]) -> tuple[int, str]:
+    """Sort key of gated pods: the highest priority first, then the oldest (ties keep list order)."""
+    try:
+        priority = int(
+            json.loads((_meta(pod).get("annotations") or {})[REQUEST_ANNOTATION]).get("priority", 0)
+        )
+    except (KeyError, TypeError, ValueError, AttributeError):  # refused later, with the reason
+        priority = 0
+    return -priority, str(_meta(pod).get("creationTimestamp") or "")
+
+
 def _is_ours(pod: Mapping[str, Any]) -> bool:
     return any(g.get("name") == SCHEDULING_GATE for g in (pod.get("spec") or {}).get("schedulingGates") or [])
 
@@ -205,6 +220,12 @@ def _event(pod: Mapping[str, Any], kind: str, reason: str, message: str) -> dict
     }
 
 
+@dataclass(frozen=True)
+class _Granted:
+    pod: Mapping[str, Any]
+    reservation: Reservation
+
+
 @dataclass
 class _Pass:
     ledger: Ledger
@@ -235,7 +256,11 @@ class _Pass:
                 raise
         self.result.deleted.append((_name(pod), message))
 
-    def gate(self, pod: Mapping[str, Any]) -> None:
+    def reservation_of(self, pod: Mapping[str, Any], known: Mapping[str, Reservation]) -> Reservation | None:
+        """Return a gated pod's reservation: the pass's snapshot's, or reserved now; None when refused.
+
+        A pod already queued or granted is not reserved again: its state is in the snapshot.
+        """
         annotations = dict(_meta(pod).get("annotations") or {})
         binding = annotations.get(BINDING_ANNOTATION, "")
         if binding.startswith(REFUSED) or not annotations.get(REQUEST_ANNOTATION):
@@ -244,25 +269,25 @@ class _Pass:
                 or "no gpupool.io/request annotation (not gated by the executor hook)"
             )
             self.refuse(pod, REASON_REFUSED, f"gpupool cannot admit this pod: {why}")
-            return
+            return None
         rid = gated_reservation_id(str(_meta(pod).get("uid")))
+        if rid in known:
+            return known[rid]
         try:
             request = GpuRequest.from_dict(json.loads(annotations[REQUEST_ANNOTATION]))
-            reservation = self.ledger.reserve(request, _holder(pod), timeout=self.timeout, reservation_id=rid)
+            return self.ledger.reserve(request, _holder(pod), timeout=self.timeout, reservation_id=rid)
         except NoCapacityError as e:
             self.refuse(pod, REASON_NO_CAPACITY, f"gpupool: the request can never fit this pool: {e}")
-            return
         except ValueError as e:  # a bad request (InvalidRequestError is one); an unreachable ledger is
             # not: it fails the step, retried at the next pass, and never deletes a pod
             self.refuse(pod, REASON_REFUSED, f"gpupool cannot admit this pod: {e}")
-            return
-        self.admit_or_wait(pod, reservation)
+        return None
 
-    def admit_or_wait(self, pod: Mapping[str, Any], reservation: Reservation) -> None:
+    def sort_out(self, pod: Mapping[str, Any], reservation: Reservation, granted: list[_Granted]) -> None:
+        """Count a waiting pod, refuse one whose reservation ended, or add a granted one to ``granted``."""
         if reservation.state is ReservationState.WAITING:
             self.result.waiting.append(_name(pod))
-            return
-        if reservation.grant is None or reservation.state.ended:
+        elif reservation.grant is None or reservation.state.ended:
             blocked = reservation.message or reservation.state.value
             self.refuse(
                 pod,
@@ -270,14 +295,37 @@ class _Pass:
                 f"gpupool: reservation {reservation.id} {reservation.state.value} after "
                 f"{reservation.waited_seconds:.0f}s in the queue; blocked by: {blocked}",
             )
+        else:
+            granted.append(_Granted(pod, reservation))
+
+    def admit(self, granted: list[_Granted]) -> None:
+        """Bind every granted pod in one ledger write, then pin and ungate each.
+
+        Bound before the pod is touched: a gatekeeper dying in between leaves a gated pod on a
+        held grant, which the next pass admits, never a pod on a freed slice.
+        """
+        if not granted:
             return
-        meta = _meta(pod)
-        namespace, name = str(meta.get("namespace", "default")), str(meta["name"])
-        self.ledger.bind(reservation.id, namespace=namespace, name=name, uid=str(meta.get("uid")))
-        self.api.patch_namespaced_pod(
-            name, namespace, admission_patch(pod, reservation.id, reservation.grant)
+        bound = self.ledger.bind_many(
+            {
+                g.reservation.id: (_namespace(g.pod), str(_meta(g.pod)["name"]), str(_meta(g.pod).get("uid")))
+                for g in granted
+            }
         )
+        for g in granted:
+            outcome = bound[g.reservation.id]
+            if isinstance(outcome, GpuPoolError):  # ended since the snapshot: the next pass refuses it
+                log.warning("Could not bind %s to pod %s: %s", g.reservation.id, _name(g.pod), outcome)
+                continue
+            self.ungate(g.pod, g.reservation)
+
+    def ungate(self, pod: Mapping[str, Any], reservation: Reservation) -> None:
+        """Pin a bound pod to its grant, remove our gate and say so in an Event."""
         grant = reservation.grant
+        assert grant is not None  # sorted out as granted
+        self.api.patch_namespaced_pod(
+            str(_meta(pod)["name"]), _namespace(pod), admission_patch(pod, reservation.id, grant)
+        )
         self.event(
             pod,
             "Normal",
@@ -327,6 +375,10 @@ def _ours(reservation: Reservation) -> bool:
 def gatekeep(ledger: Ledger, core_v1_api: Any, *, timeout: float | None = None) -> GateResult:
     """Admit, wait or refuse each gated pod; renew or release the grants of admitted pods.
 
+    One pod list and one ledger snapshot per pass. Only pods new to the ledger are reserved (one
+    transaction each, highest priority first, then oldest); the pods granted in the pass are
+    bound in one transaction.
+
     :param ledger: the ledger
     :param core_v1_api: a ``kubernetes.client.CoreV1Api``
     :param timeout: seconds a gated pod may wait in the queue (default
@@ -334,19 +386,24 @@ def gatekeep(ledger: Ledger, core_v1_api: Any, *, timeout: float | None = None) 
     """
     run = _Pass(ledger, core_v1_api, timeout)
     pods = list(list_objects(core_v1_api.list_pod_for_all_namespaces))
+    ledger.reap_if_due()  # waits past their timeout end here, since queued pods are not reserved again
     snapshot = ledger.snapshot()
     grants = {r.id: r for r in snapshot.grants}
-    now = snapshot.taken_at
-    gated_ids = set()
+    known = {**grants, **{r.id: r for r in snapshot.queue}}
+    gated = sorted((p for p in pods if _is_ours(p)), key=_admission_order)
+    granted: list[_Granted] = []
+    for pod in gated:
+        reservation = run.reservation_of(pod, known)
+        if reservation is not None:
+            run.sort_out(pod, reservation, granted)
+    run.admit(granted)
     for pod in pods:
-        if _is_ours(pod):
-            gated_ids.add(gated_reservation_id(str(_meta(pod).get("uid"))))
-            run.gate(pod)
-        elif _admitted_here(pod):
-            run.tend(pod, grants, now)
+        if not _is_ours(pod) and _admitted_here(pod):
+            run.tend(pod, grants, snapshot.taken_at)
     uids = {str(_meta(p).get("uid")) for p in pods}
     for reservation in snapshot.grants:
         run.release_if_gone(reservation, uids)
+    gated_ids = {gated_reservation_id(str(_meta(p).get("uid"))) for p in gated}
     for waiting in snapshot.queue:
         if _ours(waiting) and waiting.id not in gated_ids:
             if ledger.release(waiting.id, reason="gatekeeper: its gated pod went away").released:

@@ -75,10 +75,23 @@ class StoredObjects(KubernetesEmulator):
         :param res: the resource
         :param namespace: only this namespace; ``None`` for all
         """
-        found = []
-        for (key_res, key_ns, _), obj in list(self.objects.items()):
-            if key_res == res and not obj.deleted and (namespace is None or key_ns == namespace):
-                found.append(copy.deepcopy(obj.raw))
+        return [copy.deepcopy(obj) for obj in self.live_objects(res, namespace)]
+
+    def live_objects(self, res: resource, namespace: str | None = None) -> list[dict[str, Any]]:
+        """Return the stored live objects of a resource themselves, oldest first: read them, never change them.
+
+        For readers that finish before the loop runs anything else (the simulated scheduler, a
+        list answer serialized at once): copying every pod for each of them made the emulator's
+        cost grow with the square of the pods.
+
+        :param res: the resource
+        :param namespace: only this namespace; ``None`` for all
+        """
+        found = [
+            obj.raw
+            for (key_res, key_ns, _), obj in list(self.objects.items())
+            if key_res == res and not obj.deleted and (namespace is None or key_ns == namespace)
+        ]
         return sorted(found, key=lambda o: int(o["metadata"].get("resourceVersion", "0")))
 
     async def put_object(self, res: resource, obj: dict[str, Any]) -> dict[str, Any]:
