@@ -1,14 +1,18 @@
 """The gatekeeper: admits the pods the executor hook gated, through the same ledger queue as the rest.
 
-Each pass (:func:`gatekeep`) lists the pods still carrying the ``gpupool.io/reservation`` gate
-(:mod:`airflow_gpupool.executor_hook`) and, for each:
+Each pass (:func:`gatekeep`) lists the pods once, reads one ledger snapshot, takes the pods still
+carrying the ``gpupool.io/reservation`` gate (:mod:`airflow_gpupool.executor_hook`), highest
+priority first, then oldest, and for each:
 
-* reserves its request (idempotent: the reservation id is derived from the pod's uid, the holder
-  from its Airflow identity, host ``gatekeeper``), so it waits in the queue like any other request;
-  a gated pod holds no worker slot and no GPU, so nothing needs to defer;
-* once granted, binds the grant to the pod (by name and uid, before touching the pod: a
-  gatekeeper dying in between leaves an orphan that reconcile ends, never a pod on a freed
-  slice), then pins it with only what Kubernetes allows on a gated pod: a ``nodeSelector`` entry
+* reserves its request if the ledger does not know it yet (idempotent: the reservation id is
+  derived from the pod's uid, the holder from its Airflow identity, host ``gatekeeper``), so it
+  waits in the queue like any other request; a pod already queued or granted is read from the
+  snapshot, not reserved again (the pass's one ``reap_if_due`` ends the waits past their timeout).
+  A gated pod holds no worker slot and no GPU, so nothing needs to defer;
+* once granted, binds the grant to the pod (by name and uid, all the pass's grants in one ledger
+  write, before touching the pods: a gatekeeper dying in between leaves a gated pod on a held
+  grant, admitted by the next pass, never a pod on a freed slice), then pins it with only what
+  Kubernetes allows on a gated pod (one patch and one Event per pod): a ``nodeSelector`` entry
   for the granted node, the GPU toleration, the ``gpupool.io/reservation-id`` label (reconcile
   finds the grant's pod by it and frees the grant when the pod ends), annotations with the grant,
   and the gate removed (other gates stay);
@@ -26,22 +30,17 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from airflow_gpupool import settings
+from airflow_gpupool.controller.admission import admission_patch, gatekeeper_event
 from airflow_gpupool.exceptions import GpuPoolError, NoCapacityError
 from airflow_gpupool.executor_hook import GATEKEEPER_HOST, REFUSED, identity_from_annotations
 from airflow_gpupool.inventory.sync import list_objects
 from airflow_gpupool.labels import (
-    ANNOTATION_PREFIX,
     BINDING_ANNOTATION,
-    GPU_RESOURCE,
-    GPUS_ANNOTATION,
-    HOSTNAME_LABEL,
-    NODE_ANNOTATION,
     REQUEST_ANNOTATION,
     RESERVATION_LABEL,
     SCHEDULING_GATE,
@@ -53,7 +52,7 @@ from airflow_gpupool.task_try import RESERVATION_ID_PREFIX
 
 if TYPE_CHECKING:
     from airflow_gpupool.ledger import Ledger
-    from airflow_gpupool.ledger.models import Grant, Reservation
+    from airflow_gpupool.ledger.models import Reservation
 
 __all__ = [
     "GATEKEEPER_HOST",
@@ -69,8 +68,6 @@ REASON_ADMITTED = "GpuPoolAdmitted"
 REASON_REFUSED = "GpuPoolBindingRefused"
 REASON_TIMED_OUT = "GpuPoolReservationTimedOut"
 REASON_NO_CAPACITY = "GpuPoolNoCapacity"
-_SOURCE = "gpupool-gatekeeper"
-GPU_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
 
 
 @dataclass
@@ -148,78 +145,6 @@ def _holder(pod: Mapping[str, Any]) -> str:
     return f"pod:{_name(pod)}@{GATEKEEPER_HOST}"
 
 
-def admission_patch(pod: Mapping[str, Any], reservation_id: str, grant: Grant) -> list[dict[str, Any]]:
-    """Return the JSON patch that pins a gated pod to its grant and removes our gate (pure).
-
-    Only what Kubernetes allows on a gated pod: labels and annotations, a ``nodeSelector`` entry,
-    an added toleration, gates removed. JSON patch (not a merge patch) so the gate list is set
-    exactly, whichever merge strategy the server would apply.
-
-    :param pod: the gated pod
-    :param reservation_id: its reservation
-    :param grant: the grant
-    """
-    spec, meta = pod.get("spec") or {}, _meta(pod)
-    where = (
-        f"{grant.mig_slice} ({grant.mig_profile})"
-        if grant.mig_slice
-        else ",".join(map(str, grant.gpu_indices))
-    )
-    ops: list[dict[str, Any]] = []
-    labels = {**(meta.get("labels") or {}), RESERVATION_LABEL: reservation_id}
-    annotations = {
-        **(meta.get("annotations") or {}),
-        f"{ANNOTATION_PREFIX}reservation-id": reservation_id,
-        NODE_ANNOTATION: grant.node,
-        GPUS_ANNOTATION: where,
-    }
-    ops.append({"op": "add", "path": "/metadata/labels", "value": labels})
-    ops.append({"op": "add", "path": "/metadata/annotations", "value": annotations})
-    ops.append(
-        {
-            "op": "add",
-            "path": "/spec/nodeSelector",
-            "value": {**(spec.get("nodeSelector") or {}), HOSTNAME_LABEL: grant.node},
-        }
-    )
-    tolerations = list(spec.get("tolerations") or [])
-    if not any(t.get("key") == GPU_RESOURCE for t in tolerations):
-        ops.append({"op": "add", "path": "/spec/tolerations", "value": [*tolerations, GPU_TOLERATION]})
-    rest = [g for g in spec.get("schedulingGates") or [] if g.get("name") != SCHEDULING_GATE]
-    ops.append(
-        {"op": "replace", "path": "/spec/schedulingGates", "value": rest}
-        if rest
-        else {"op": "remove", "path": "/spec/schedulingGates"}
-    )
-    return ops
-
-
-def _event(pod: Mapping[str, Any], kind: str, reason: str, message: str) -> dict[str, Any]:
-    meta = _meta(pod)
-    now = time.time()
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
-    return {
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": {"name": f"{meta.get('name')}.gatekeeper-{int(now * 1e6):x}"},
-        "involvedObject": {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "namespace": meta.get("namespace", "default"),
-            "name": meta.get("name"),
-            "uid": meta.get("uid"),
-        },
-        "reason": reason,
-        "message": message,
-        "type": kind,
-        "source": {"component": _SOURCE},
-        "reportingComponent": _SOURCE,
-        "firstTimestamp": stamp,
-        "lastTimestamp": stamp,
-        "count": 1,
-    }
-
-
 @dataclass(frozen=True)
 class _Granted:
     pod: Mapping[str, Any]
@@ -238,7 +163,7 @@ class _Pass:
 
         try:
             self.api.create_namespaced_event(
-                _meta(pod).get("namespace", "default"), _event(pod, kind, reason, message)
+                _meta(pod).get("namespace", "default"), gatekeeper_event(pod, kind, reason, message)
             )
         except ApiException as e:  # the event explains; the action matters
             log.warning("Could not record an event on pod %s: %s", _name(pod), e.reason)
