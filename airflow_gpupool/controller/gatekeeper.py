@@ -20,6 +20,10 @@ priority first, then oldest, and for each:
   timed out: an Event on the pod naming what blocked it, then the pod is deleted, so its task
   fails with that reason.
 
+Gated pods of a pod group (``gpupool.io/gang``) are reserved as one gang and admitted together, at
+the turn of the group's first pod (:mod:`~airflow_gpupool.controller.pod_groups`); a gang's leader
+is released only once no pod of its group lives (releasing it ends the gang).
+
 Admitted pods hold a lease like any grant: each pass renews the grants of the live ones that are
 past half their TTL, and releases those whose pod finished or is gone at once (reconcile would,
 at its next interval). A waiting request whose pod went away is withdrawn.
@@ -30,12 +34,19 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from airflow_gpupool import settings
 from airflow_gpupool.controller.admission import admission_patch, gatekeeper_event
+from airflow_gpupool.controller.pod_groups import (
+    collect_groups,
+    gate_group,
+    group_key,
+    group_leader_id,
+    members_by_gang,
+)
 from airflow_gpupool.exceptions import GpuPoolError, NoCapacityError
 from airflow_gpupool.executor_hook import GATEKEEPER_HOST, REFUSED, identity_from_annotations
 from airflow_gpupool.inventory.sync import list_objects
@@ -152,6 +163,7 @@ def _holder(pod: Mapping[str, Any]) -> str:
 class _Granted:
     pod: Mapping[str, Any]
     reservation: Reservation
+    gang_id: str | None = None  # a pod group's: ungated with the rest of its group, or not at all
 
 
 @dataclass
@@ -160,6 +172,9 @@ class _Pass:
     api: Any
     timeout: float | None
     result: GateResult = field(default_factory=GateResult)
+    #: The gangs of pod groups with a live pod: their leader is not released (that ends the gang).
+    live_gangs: set[str] = field(default_factory=set)
+    renewed_gangs: set[str] = field(default_factory=set)
 
     def event(self, pod: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
         from kubernetes.client.exceptions import ApiException
@@ -170,6 +185,10 @@ class _Pass:
             )
         except ApiException as e:  # the event explains; the action matters
             log.warning("Could not record an event on pod %s: %s", _name(pod), e.reason)
+
+    def refuse_bad(self, pod: Mapping[str, Any], why: object) -> None:
+        """Refuse a pod whose request or group is bad."""
+        self.refuse(pod, REASON_REFUSED, f"gpupool cannot admit this pod: {why}")
 
     def refuse(self, pod: Mapping[str, Any], reason: str, message: str) -> None:
         """Leave an Event saying why, then delete the pod: its task fails with that reason."""
@@ -189,26 +208,33 @@ class _Pass:
 
         A pod already queued or granted is not reserved again: its state is in the snapshot.
         """
-        annotations = dict(_meta(pod).get("annotations") or {})
-        binding = annotations.get(BINDING_ANNOTATION, "")
-        if binding.startswith(REFUSED) or not annotations.get(REQUEST_ANNOTATION):
-            why = (
-                binding.partition(": ")[2]
-                or "no gpupool.io/request annotation (not gated by the executor hook)"
-            )
-            self.refuse(pod, REASON_REFUSED, f"gpupool cannot admit this pod: {why}")
+        why = _refusal(pod)
+        if why is not None:
+            self.refuse_bad(pod, why)
             return None
         rid = gated_reservation_id(str(_meta(pod).get("uid")))
         if rid in known:
             return known[rid]
+        text = str(_meta(pod)["annotations"][REQUEST_ANNOTATION])
+        return self.reserve(pod, [pod], lambda: GpuRequest.from_dict(json.loads(text)), rid)
+
+    def reserve(
+        self,
+        holder: Mapping[str, Any],
+        pods: Sequence[Mapping[str, Any]],
+        request: Callable[[], GpuRequest],
+        rid: str,
+    ) -> Reservation | None:
+        """Reserve ``request()`` held by ``holder``'s task; refuse ``pods`` when it is bad or can never fit."""
         try:
-            request = GpuRequest.from_dict(json.loads(annotations[REQUEST_ANNOTATION]))
-            return self.ledger.reserve(request, _holder(pod), timeout=self.timeout, reservation_id=rid)
+            return self.ledger.reserve(request(), _holder(holder), timeout=self.timeout, reservation_id=rid)
         except NoCapacityError as e:
-            self.refuse(pod, REASON_NO_CAPACITY, f"gpupool: the request can never fit this pool: {e}")
+            for pod in pods:
+                self.refuse(pod, REASON_NO_CAPACITY, f"gpupool: the request can never fit this pool: {e}")
         except ValueError as e:  # a bad request (InvalidRequestError is one); an unreachable ledger is
             # not: it fails the step, retried at the next pass, and never deletes a pod
-            self.refuse(pod, REASON_REFUSED, f"gpupool cannot admit this pod: {e}")
+            for pod in pods:
+                self.refuse_bad(pod, e)
         return None
 
     def sort_out(self, pod: Mapping[str, Any], reservation: Reservation, granted: list[_Granted]) -> None:
@@ -216,15 +242,19 @@ class _Pass:
         if reservation.state is ReservationState.WAITING:
             self.result.waiting.append(_name(pod))
         elif reservation.grant is None or reservation.state.ended:
-            blocked = reservation.message or reservation.state.value
-            self.refuse(
-                pod,
-                REASON_TIMED_OUT,
-                f"gpupool: reservation {reservation.id} {reservation.state.value} after "
-                f"{reservation.waited_seconds:.0f}s in the queue; blocked by: {blocked}",
-            )
+            self.refuse_ended(pod, reservation)
         else:
             granted.append(_Granted(pod, reservation))
+
+    def refuse_ended(self, pod: Mapping[str, Any], reservation: Reservation) -> None:
+        """Refuse a pod whose reservation ended before it was admitted (timed out, withdrawn)."""
+        blocked = reservation.message or reservation.state.value
+        self.refuse(
+            pod,
+            REASON_TIMED_OUT,
+            f"gpupool: reservation {reservation.id} {reservation.state.value} after "
+            f"{reservation.waited_seconds:.0f}s in the queue; blocked by: {blocked}",
+        )
 
     def admit(self, granted: list[_Granted]) -> None:
         """Bind every granted pod in one ledger write, then pin and ungate each.
@@ -240,12 +270,19 @@ class _Pass:
                 for g in granted
             }
         )
+        failed = {g.reservation.id for g in granted if isinstance(bound[g.reservation.id], GpuPoolError)}
+        broken = {g.gang_id for g in granted if g.reservation.id in failed}
         for g in granted:
-            outcome = bound[g.reservation.id]
-            if isinstance(outcome, GpuPoolError):  # ended since the snapshot: the next pass refuses it
-                log.warning("Could not bind %s to pod %s: %s", g.reservation.id, _name(g.pod), outcome)
-                continue
-            self.ungate(g.pod, g.reservation)
+            if g.reservation.id in failed:  # ended since the snapshot: the next pass refuses it
+                log.warning(
+                    "Could not bind %s to pod %s: %s", g.reservation.id, _name(g.pod), bound[g.reservation.id]
+                )
+            elif g.gang_id is not None and g.gang_id in broken:  # a group is ungated whole or not at all
+                log.warning(
+                    "Pod %s stays gated: a member of its gang %s could not be bound", _name(g.pod), g.gang_id
+                )
+            else:
+                self.ungate(g.pod, g.reservation)
 
     def ungate(self, pod: Mapping[str, Any], reservation: Reservation) -> None:
         """Pin a bound pod to its grant, remove our gate and say so in an Event."""
@@ -269,6 +306,8 @@ class _Pass:
         grant = reservation.grant
         if not _ours(reservation) or grant is None or grant.pod_uid is None or grant.pod_uid in uids:
             return
+        if self.keeps_leader(reservation):
+            return
         reason = f"gatekeeper: pod {grant.pod_namespace}/{grant.pod_name} gone"
         if self.ledger.release(reservation.id, reason=reason).released:
             self.result.released.append(reservation.id)
@@ -281,12 +320,16 @@ class _Pass:
             return
         phase = (pod.get("status") or {}).get("phase") or "Pending"
         if phase in FINISHED_PHASES:
+            if self.keeps_leader(reservation):
+                return
             if self.ledger.release(
                 reservation.id, reason=f"gatekeeper: pod {_name(pod)} finished ({phase})"
             ).released:
                 self.result.released.append(reservation.id)
             return
         ttl = settings.lease_ttl_seconds()
+        if reservation.gang_id is not None and reservation.gang_id in self.renewed_gangs:
+            return  # renewing one member renewed them all
         if reservation.grant.expires_at - now < ttl / 2 or reservation.state is ReservationState.ORPHANED:
             try:
                 self.ledger.renew(reservation.id, ttl)
@@ -294,6 +337,33 @@ class _Pass:
                 log.warning("Could not renew %s of pod %s: %s", reservation.id, _name(pod), e)
                 return
             self.result.renewed += 1
+            if reservation.gang_id is not None:
+                self.renewed_gangs.add(reservation.gang_id)
+
+    def withdraw_if_gone(self, waiting: Reservation, gated_ids: set[str]) -> None:
+        """Withdraw a waiting request of ours whose gated pod went away (a group's gang: all its pods)."""
+        if waiting.gang_id is not None:  # an elastic member's growth ends with its gang
+            gone = waiting.gang_index == 0 and waiting.gang_id not in self.live_gangs
+        else:
+            gone = waiting.id not in gated_ids
+        if _ours(waiting) and gone:
+            if self.ledger.release(waiting.id, reason="gatekeeper: its gated pod went away").released:
+                self.result.withdrawn.append(waiting.id)
+
+    def keeps_leader(self, reservation: Reservation) -> bool:
+        """Return whether a gang leader must stay: releasing it ends the gang, while a pod of its group lives."""
+        return reservation.gang_index == 0 and reservation.gang_id in self.live_gangs
+
+
+def _refusal(pod: Mapping[str, Any]) -> str | None:
+    """Return why the executor hook refused a gated pod, or None when it did not."""
+    annotations = _meta(pod).get("annotations") or {}
+    binding = str(annotations.get(BINDING_ANNOTATION, ""))
+    if binding.startswith(REFUSED) or not annotations.get(REQUEST_ANNOTATION):
+        return (
+            binding.partition(": ")[2] or "no gpupool.io/request annotation (not gated by the executor hook)"
+        )
+    return None
 
 
 def _ours(reservation: Reservation) -> bool:
@@ -319,21 +389,28 @@ def gatekeep(ledger: Ledger, core_v1_api: Any, *, timeout: float | None = None) 
     grants = {r.id: r for r in snapshot.grants}
     known = {**grants, **{r.id: r for r in snapshot.queue}}
     gated = sorted((p for p in pods if _is_ours(p)), key=_admission_order)
+    groups = collect_groups(pods)
+    run.live_gangs = {group_leader_id(g, known) for g in groups.values() if g.live}
+    members = members_by_gang(snapshot.grants)
     granted: list[_Granted] = []
+    seen: set[tuple[str, str]] = set()
     for pod in gated:
-        reservation = run.reservation_of(pod, known)
-        if reservation is not None:
-            run.sort_out(pod, reservation, granted)
+        key = group_key(pod)
+        if key is None or _refusal(pod) is not None:
+            reservation = run.reservation_of(pod, known)
+            if reservation is not None:
+                run.sort_out(pod, reservation, granted)
+        elif key not in seen:  # a group's turn comes with its first pod's
+            seen.add(key)
+            granted.extend(_Granted(p, m, m.gang_id) for p, m in gate_group(run, groups[key], known, members))
     run.admit(granted)
     for pod in pods:
-        if not _is_ours(pod) and _admitted_here(pod):
+        if not _is_ours(pod) and (_admitted_here(pod) or group_key(pod) is not None):
             run.tend(pod, grants, snapshot.taken_at)
     uids = {str(_meta(p).get("uid")) for p in pods}
     for reservation in snapshot.grants:
         run.release_if_gone(reservation, uids)
     gated_ids = {gated_reservation_id(str(_meta(p).get("uid"))) for p in gated}
     for waiting in snapshot.queue:
-        if _ours(waiting) and waiting.id not in gated_ids:
-            if ledger.release(waiting.id, reason="gatekeeper: its gated pod went away").released:
-                run.result.withdrawn.append(waiting.id)
+        run.withdraw_if_gone(waiting, gated_ids)
     return run.result
