@@ -17,7 +17,13 @@ from hypothesis import strategies as st
 from kubernetes.client import ApiClient
 from kubernetes.client import models as k8s_models
 
-from airflow_gpupool.controller.gatekeeper import REASON_ADMITTED, REASON_REFUSED, gatekeep
+from airflow_gpupool.controller.gatekeeper import (
+    REASON_ADMITTED,
+    REASON_NO_CAPACITY,
+    REASON_REFUSED,
+    REASON_TIMED_OUT,
+    gatekeep,
+)
 from airflow_gpupool.executor_hook import pod_mutation_hook
 from airflow_gpupool.inventory import sync_inventory
 from airflow_gpupool.inventory.sync import core_v1_api
@@ -25,6 +31,7 @@ from airflow_gpupool.labels import RESERVATION_LABEL, SCHEDULING_GATE
 from airflow_gpupool.ledger import Ledger, ReservationState
 from airflow_gpupool.resources import GpuRequest
 from airflow_gpupool.testing import KubernetesEmulatorServer, gpu_node
+from tests.ledger_fixtures import FakeClock
 
 ZONE = "topology.kubernetes.io/zone"
 NODES = ("gpu-0", "gpu-1", "gpu-2", "gpu-3")
@@ -254,7 +261,7 @@ _ACTIONS = st.lists(
 )
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(actions=_ACTIONS)
 def test_no_group_is_ever_partly_ungated(
     synced: Ledger, k8s: KubernetesEmulatorServer, core: Any, actions: list[tuple[Any, ...]]
@@ -324,3 +331,44 @@ def test_reconcile_keeps_a_gang_leader_whose_pod_finished_while_its_members_run(
     result = reconcile(synced, core)
     assert result.released == () and leader.id in result.kept
     assert len(synced.gang(leader.id).granted) == 2
+
+
+def test_a_gang_that_times_out_or_can_never_fit_refuses_every_gated_pod(
+    synced: Ledger, k8s: KubernetesEmulatorServer, core: Any, clock: FakeClock
+) -> None:
+    synced.reserve(GpuRequest(gpus=1), "someone-else", reservation_id="gp-blocker", ttl=3600)
+    for name in ("t-a", "t-b", "t-c"):
+        create_member(core, name, "t", 3)
+    for name in ("n-a", "n-b", "n-c", "n-d"):
+        create_member(core, name, "n", 4)  # 4 members, 3 GPUs in the pool
+    first = gatekeep(synced, core, timeout=5)
+    assert sorted(first.waiting) == ["default/t-a", "default/t-b", "default/t-c"]
+    assert sorted(pod for pod, _ in first.deleted) == [
+        "default/n-a",
+        "default/n-b",
+        "default/n-c",
+        "default/n-d",
+    ]
+    assert messages(k8s, "n-d", REASON_NO_CAPACITY)
+    clock.advance(10)
+    synced.reap()
+    second = gatekeep(synced, core, timeout=5)
+    assert sorted(pod for pod, _ in second.deleted) == ["default/t-a", "default/t-b", "default/t-c"]
+    for name in ("t-a", "t-b", "t-c"):
+        (message,) = messages(k8s, name, REASON_TIMED_OUT)
+        assert "timed_out" in message and k8s.pod(name) is None
+
+
+def test_a_running_groups_gang_is_renewed_once_per_pass_when_due(
+    synced: Ledger, k8s: KubernetesEmulatorServer, core: Any, clock: FakeClock
+) -> None:
+    for name in ("w-a", "w-b", "w-c"):
+        create_member(core, name, "w", 3)
+    assert len(gatekeep(synced, core).admitted) == 3
+    assert gatekeep(synced, core).renewed == 0  # not due yet
+    leader = next(r for r in synced.snapshot().grants if r.gang_index == 0)
+    assert leader.grant is not None
+    clock.advance((leader.grant.expires_at - clock()) * 0.75)
+    assert gatekeep(synced, core).renewed == 1  # one renewal renews every member
+    expiries = {r.grant.expires_at for r in synced.snapshot().grants if r.grant is not None}
+    assert len(expiries) == 1 and expiries.pop() > leader.grant.expires_at
