@@ -190,6 +190,7 @@ def gated_request(pod: Mapping[str, Any]) -> tuple[GpuRequest, str] | None:
         its own resources cannot carry (the binding is then refused)
     """
     from airflow_gpupool.exceptions import InvalidRequestError
+    from airflow_gpupool.pod_gang import pod_gang
     from airflow_gpupool.resources import GpuRequest
 
     annotations, labels = _meta(pod, "annotations"), _meta(pod, "labels")
@@ -216,6 +217,7 @@ def gated_request(pod: Mapping[str, Any]) -> tuple[GpuRequest, str] | None:
         values = _with_placement(_parse_annotation(asked), values)
     values = _with_placement(node_selection(pod), values)
     _refuse_dra(pod, annotations)
+    pod_gang(annotations)  # a malformed pod group refuses the pod, as a malformed request does
     request = GpuRequest.from_dict(values)
     return request, _binding(request, res)
 

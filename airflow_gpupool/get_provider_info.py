@@ -146,6 +146,13 @@ def get_provider_info() -> dict[str, Any]:
                     "binding": _option(
                         "Default slice binding: whole, mig, hami, kai or device.", "whole", example="hami"
                     ),
+                    "gang_topology_keys": _option(
+                        "Node label keys (comma-separated) whose shared values a gang's members prefer "
+                        "(zone, rack, NVLink domain), for pod groups without a gpupool.io/gang-topology "
+                        "annotation and GpuJobOperator without topology_keys.",
+                        "topology.kubernetes.io/zone",
+                        example="topology.kubernetes.io/zone,example.com/rack",
+                    ),
                     "node_pool_bindings": _option(
                         "Per node pool binding, as pool=strategy pairs separated by commas.",
                         "",

@@ -42,6 +42,13 @@ GPUS_ANNOTATION = "gpupool.io/gpus"
 GANG_RESERVATION_ANNOTATION = "gpupool.io/gang-reservation"
 #: The same, as a label: reconcile finds a member's replacement pod, still gated, by it.
 GANG_RESERVATION_LABEL = "gpupool.io/gang-reservation"
+#: On gated pods of a pod group (per namespace): the group's name, its size (the gang's most
+#: members), its elastic minimum (default: the size) and the node label keys its members should
+#: share (comma-separated; default ``[gpupool] gang_topology_keys``). Admitted together.
+GANG_ANNOTATION = "gpupool.io/gang"
+GANG_SIZE_ANNOTATION = "gpupool.io/gang-size"
+GANG_MIN_ANNOTATION = "gpupool.io/gang-min"
+GANG_TOPOLOGY_ANNOTATION = "gpupool.io/gang-topology"
 
 # -- Kubernetes ---------------------------------------------------------------------------------
 HOSTNAME_LABEL = "kubernetes.io/hostname"

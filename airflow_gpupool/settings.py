@@ -41,6 +41,7 @@ DEFAULTS: dict[str, str] = {
     "idle_in_transaction_timeout_seconds": "10",
     "ledger_retry_seconds": "60",
     "binding": "whole",
+    "gang_topology_keys": "topology.kubernetes.io/zone",
     "node_pool_bindings": "",
     "default_checkpoint_root": "",
     "workload_priority_classes": "training=gpupool-training,inference=gpupool-inference",
@@ -240,6 +241,11 @@ def lease_ttl_seconds() -> float:
 def reservation_timeout_seconds() -> float:
     """Return how long a request may wait in the queue by default."""
     return _positive("reservation_timeout_seconds")
+
+
+def gang_topology_keys() -> tuple[str, ...]:
+    """Return the node label keys a gang's members should share when it names none (may be empty)."""
+    return tuple(k.strip() for k in _get("gang_topology_keys").split(",") if k.strip())
 
 
 def orphan_grace_seconds() -> float:

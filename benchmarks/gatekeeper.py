@@ -8,7 +8,9 @@ the watch event that shows its gate removed. Numbers on a shared 2-core machine 
 
 With ``--queued N``, N gated pods are created first, then gatekeeper passes run back to back
 until no more are admitted: admitted pods per second over those passes (an idle pool of
-``--nodes`` 8-GPU nodes admits ``8 * nodes`` one-GPU pods; the rest stay queued).
+``--nodes`` 8-GPU nodes admits ``8 * nodes`` one-GPU pods; the rest stay queued), the time spent
+waiting on the emulator's answers apart from the gatekeeper's own (ledger and bookkeeping), and
+the last pass, which admits nothing while the rest wait (the steady state of a full pool).
 
 Usage: ``python benchmarks/gatekeeper.py [--pods 100] [--nodes 20] [--interval 0.05] [--queued 1000]``
 """
@@ -21,6 +23,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from kubernetes.client import ApiClient
 from kubernetes.client import models as k8s
@@ -62,23 +65,49 @@ def wait_ungated(server: KubernetesEmulatorServer, name: str, timeout: float = 3
     raise TimeoutError(name)
 
 
+class ApiTimer:
+    """Time spent waiting on the API server, summed over the calls of one ``CoreV1Api``."""
+
+    def __init__(self, core: Any) -> None:
+        self.seconds = 0.0
+        self.calls = 0
+        real = core.api_client.call_api
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return real(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - started
+                self.calls += 1
+
+        core.api_client.call_api = timed
+
+
 def throughput(server: KubernetesEmulatorServer, ledger: Ledger, queued: int) -> str:
     """Create ``queued`` gated pods, then run passes until none is admitted; return the line to print."""
     core = core_v1_api(server.kubeconfig_path)
     for i in range(queued):
         core.create_namespaced_pod("default", gated_pod(f"queued-{i:05d}"))
+    timer = ApiTimer(core)
     admitted, passes = 0, 0
     started = time.perf_counter()
     while True:
+        pass_started = time.perf_counter()
         result = gatekeep(ledger, core)
+        last_pass = time.perf_counter() - pass_started
         passes += 1
         if not result.admitted:
             break
         admitted += len(result.admitted)
     elapsed = time.perf_counter() - started
+    own = elapsed - timer.seconds
     return (
         f"queued={queued}: {admitted} admitted in {elapsed:.1f} s over {passes} passes "
-        f"({admitted / elapsed:.1f} pods/s), {len(result.waiting)} still waiting"
+        f"({admitted / elapsed:.1f} pods/s), {len(result.waiting)} still waiting; "
+        f"{timer.calls} API calls took {timer.seconds:.1f} s, the gatekeeper's own time "
+        f"{own:.1f} s ({own / max(admitted, 1) * 1000:.1f} ms per admission); "
+        f"a pass with {len(result.waiting)} waiting and none admitted: {last_pass * 1000:.0f} ms"
     )
 
 

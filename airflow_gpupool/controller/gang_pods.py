@@ -6,7 +6,7 @@ LeasedJobTrigger pins the replacements the Job creates for failed pods; both dec
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from airflow_gpupool.exceptions import GpuPoolError
@@ -22,7 +22,7 @@ from airflow_gpupool.ledger.gangs import member_id
 if TYPE_CHECKING:
     from airflow_gpupool.ledger.models import Gang, Reservation
 
-__all__ = ["JOB_NAME_LABEL", "pods_to_pin", "replacements_by_member"]
+__all__ = ["JOB_NAME_LABEL", "live_member_pod", "pods_to_pin", "replacements_by_member"]
 #: Pod phases after which a pod holds no slice any more.
 _ENDED = ("Succeeded", "Failed")
 
@@ -90,6 +90,29 @@ def replacements_by_member(pods: Iterable[dict[str, Any]]) -> dict[str, list[dic
             continue
         found.setdefault(member_id(leader, index), []).append(pod)
     return found
+
+
+def live_member_pod(
+    leader: Reservation, members: Iterable[Reservation], pods: Mapping[str, list[dict[str, Any]]]
+) -> str | None:
+    """Return a live pod of another holding member of ``leader``'s gang, or None (pure).
+
+    Releasing a gang's leader ends the whole gang: while another member's pod runs, the leader
+    is kept, whatever became of its own pod.
+
+    :param leader: a reservation (None is returned unless it is a gang's member 0)
+    :param members: holding reservations (those of other gangs are ignored)
+    :param pods: the pods of each reservation, by its id
+    """
+    if leader.gang_index != 0 or leader.gang_id is None:
+        return None
+    for member in members:
+        if member.gang_id != leader.gang_id or member.id == leader.id or not member.state.holds:
+            continue
+        for pod in pods.get(member.id, []):
+            if (pod.get("status") or {}).get("phase") not in _ENDED:
+                return f"{pod['metadata'].get('namespace', 'default')}/{pod['metadata']['name']}"
+    return None
 
 
 def _gated(pod: dict[str, Any]) -> bool:

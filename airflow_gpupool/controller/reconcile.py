@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from airflow_gpupool import settings
-from airflow_gpupool.controller.gang_pods import replacements_by_member
+from airflow_gpupool.controller.gang_pods import live_member_pod, replacements_by_member
 from airflow_gpupool.exceptions import InvalidRequestError
 from airflow_gpupool.inventory.sync import list_nodes, list_objects
 from airflow_gpupool.labels import GANG_RESERVATION_LABEL, RESERVATION_LABEL
@@ -210,6 +210,7 @@ class _Reconcile:
     grace_seconds: float
     orphan_grace_seconds: float
     pods: dict[str, list[dict[str, Any]]]
+    grants: tuple[Reservation, ...] = ()
     released: list[tuple[str, str]] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)
     orphans_kept: list[str] = field(default_factory=list)
@@ -222,6 +223,11 @@ class _Reconcile:
         reason = verdict(reservation, pods, self.now, self.grace_seconds)
         if reason is None and orphaned:
             reason = self._end_orphan(reservation, pods)
+        if reason is not None and (running := live_member_pod(reservation, self.grants, self.pods)):
+            log.info(
+                "Keeping gang leader %s (%s): its gang's pod %s still runs", reservation.id, reason, running
+            )
+            reason = None  # releasing the leader would end the whole gang
         if reason is None:
             (self.orphans_kept if orphaned else self.kept).append(reservation.id)
             return
@@ -300,7 +306,13 @@ def reconcile(
     for member, waiting in replacements_by_member(gang_pods).items():
         pods.setdefault(member, []).extend(waiting)  # a failed member's replacement, not pinned yet
     run = _Reconcile(
-        ledger, core_v1_api, snapshot.taken_at if now is None else now, grace, orphan_grace, pods
+        ledger,
+        core_v1_api,
+        snapshot.taken_at if now is None else now,
+        grace,
+        orphan_grace,
+        pods,
+        snapshot.grants,
     )
     ignored: list[str] = []
     for reservation in snapshot.grants:

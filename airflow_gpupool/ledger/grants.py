@@ -21,10 +21,12 @@ from sqlalchemy import insert, select, update
 
 from airflow_gpupool import settings
 from airflow_gpupool.exceptions import (
+    GpuPoolError,
     InvalidGangError,
     InvalidRequestError,
     LeaseExpiredError,
     NoCapacityError,
+    UnknownReservationError,
 )
 from airflow_gpupool.ledger import gangs, records, schema
 from airflow_gpupool.ledger import statements as sql
@@ -353,40 +355,67 @@ class LedgerGrants:
 
 def bind_pod(cycle: WriteCycle, store: LedgerStore, binding: PodBinding) -> Reservation:
     """Record the pod of a grant (see :meth:`~airflow_gpupool.ledger.Ledger.bind`)."""
-    rid = binding.reservation_id
 
     def run(tx: Tx) -> Reservation:
         tx.queue_tracked = True
-        row = records.row_by_id(tx.conn, rid)
-        if row.state not in HOLDING:
-            raise LeaseExpiredError(rid, row.state)
-        same_pod = (row.pod_namespace, row.pod_name) == (binding.namespace, binding.name)
-        if same_pod and (binding.uid is None or row.pod_uid == binding.uid):
-            return store.reservation(tx.conn, row)  # bound already; a name alone never drops a uid
-        if row.pod_name is not None and (not same_pod or row.pod_uid is not None):  # another pod, not its uid
-            log.warning(
-                "Grant %s was bound to pod %s/%s (uid %s); now bound to %s/%s (uid %s)",
-                rid,
-                row.pod_namespace,
-                row.pod_name,
-                row.pod_uid,
-                binding.namespace,
-                binding.name,
-                binding.uid,
-            )
-        tx.conn.execute(
-            sql.BIND_ROW,
-            {
-                "rid": rid,
-                "namespace": binding.namespace,
-                "name": binding.name,
-                "uid": binding.uid,
-                "now": tx.now,
-            },
-        )
-        return store.reservation(tx.conn, records.row_by_id(tx.conn, rid))
+        return _bind_in(tx, store, binding)
 
     return cycle.write(run)
+
+
+def bind_pods(
+    cycle: WriteCycle, store: LedgerStore, bindings: list[PodBinding]
+) -> dict[str, Reservation | GpuPoolError]:
+    """Record the pods of many grants in one transaction (see :meth:`~airflow_gpupool.ledger.Ledger.bind_many`)."""
+
+    def run(tx: Tx) -> dict[str, Reservation | GpuPoolError]:
+        tx.queue_tracked = True
+        bound: dict[str, Reservation | GpuPoolError] = {}
+        for binding in bindings:
+            try:
+                bound[binding.reservation_id] = _bind_in(tx, store, binding)
+            except (LeaseExpiredError, UnknownReservationError) as e:  # raised before it writes
+                bound[binding.reservation_id] = e
+        return bound
+
+    return cycle.write(run)
+
+
+def _bind_in(tx: Tx, store: LedgerStore, binding: PodBinding) -> Reservation:
+    """Bind one grant to its pod inside a write transaction.
+
+    :raises LeaseExpiredError: it holds nothing, before anything is written
+    :raises UnknownReservationError: no such id, before anything is written
+    """
+    rid = binding.reservation_id
+    row = records.row_by_id(tx.conn, rid)
+    if row.state not in HOLDING:
+        raise LeaseExpiredError(rid, row.state)
+    same_pod = (row.pod_namespace, row.pod_name) == (binding.namespace, binding.name)
+    if same_pod and (binding.uid is None or row.pod_uid == binding.uid):
+        return store.reservation(tx.conn, row)  # bound already; a name alone never drops a uid
+    if row.pod_name is not None and (not same_pod or row.pod_uid is not None):  # another pod, not its uid
+        log.warning(
+            "Grant %s was bound to pod %s/%s (uid %s); now bound to %s/%s (uid %s)",
+            rid,
+            row.pod_namespace,
+            row.pod_name,
+            row.pod_uid,
+            binding.namespace,
+            binding.name,
+            binding.uid,
+        )
+    tx.conn.execute(
+        sql.BIND_ROW,
+        {
+            "rid": rid,
+            "namespace": binding.namespace,
+            "name": binding.name,
+            "uid": binding.uid,
+            "now": tx.now,
+        },
+    )
+    return store.reservation(tx.conn, records.row_by_id(tx.conn, rid))
 
 
 @dataclass(frozen=True)

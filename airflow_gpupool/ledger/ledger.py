@@ -35,10 +35,18 @@ from sqlalchemy import Connection
 
 from airflow_gpupool import settings
 from airflow_gpupool.binding import check_binding_name
+from airflow_gpupool.exceptions import GpuPoolError
 from airflow_gpupool.ledger.agent_report import NodeReport
 from airflow_gpupool.ledger.cycle import WriteCycle
 from airflow_gpupool.ledger.engine import transient_retry
-from airflow_gpupool.ledger.grants import ConcurrentGrants, LedgerGrants, PodBinding, ReserveArgs, bind_pod
+from airflow_gpupool.ledger.grants import (
+    ConcurrentGrants,
+    LedgerGrants,
+    PodBinding,
+    ReserveArgs,
+    bind_pod,
+    bind_pods,
+)
 from airflow_gpupool.ledger.health import HeartbeatCheck, HeartbeatResult, LedgerHealth
 from airflow_gpupool.ledger.inventory import InventoryChange, LedgerInventory
 from airflow_gpupool.ledger.models import (
@@ -385,6 +393,21 @@ class Ledger:
         """
         binding = PodBinding(reservation_id, namespace, name, uid)
         return bind_pod(self._cycle, self._store, binding)
+
+    def bind_many(
+        self, pods: Mapping[str, tuple[str, str, str | None]]
+    ) -> dict[str, Reservation | GpuPoolError]:
+        """Record the pods of many grants in one transaction, as :meth:`bind` does for each.
+
+        What the gatekeeper calls for all the pods it admits in a pass: one write, however many.
+
+        :param pods: ``(namespace, name, uid)`` by reservation id
+        :return: by reservation id, the bound reservation, or the error :meth:`bind` would have
+            raised for it (``LeaseExpiredError``, ``UnknownReservationError``; nothing written for it)
+        :raises InvalidRequestError: an empty or too long namespace, name or uid; nothing is written
+        """
+        bindings = [PodBinding(rid, namespace, name, uid) for rid, (namespace, name, uid) in pods.items()]
+        return bind_pods(self._cycle, self._store, bindings)
 
     def reap(self) -> ReapResult:
         """Expire dead leases and overdue requests, then serve the queue.

@@ -22,8 +22,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from airflow_gpupool.controller.admission import admission_patch
 from airflow_gpupool.controller.gang_pods import JOB_NAME_LABEL, pods_to_pin
-from airflow_gpupool.controller.gatekeeper import admission_patch
 from airflow_gpupool.exceptions import GpuPoolError
 
 if TYPE_CHECKING:

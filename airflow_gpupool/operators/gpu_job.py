@@ -73,7 +73,7 @@ class GpuJobOperator(KubernetesJobOperator):
     :param node_labels: labels every member's node must carry
     :param prefer_node_labels: labels a member's node should carry
     :param topology_keys: node label keys (zone, rack, NVLink domain) whose shared values the
-        gang's placement prefers
+        gang's placement prefers (default ``[gpupool] gang_topology_keys``; ``()`` for none)
     :param workload_class: ``training`` (default), ``inference`` or ``batch``
     :param priority: queue priority of the gang, higher first
     :param team: the team the slices are accounted to
@@ -108,7 +108,7 @@ class GpuJobOperator(KubernetesJobOperator):
         gpu_models: Sequence[str] | str = (),
         node_labels: Mapping[str, str] | None = None,
         prefer_node_labels: Mapping[str, str] | None = None,
-        topology_keys: Sequence[str] = (),
+        topology_keys: Sequence[str] | None = None,
         workload_class: str = "training",
         priority: int | str = 0,
         team: str = "default",
@@ -123,7 +123,8 @@ class GpuJobOperator(KubernetesJobOperator):
         pin_timeout: float = 60.0,
         **kwargs: Any,
     ) -> None:
-        gang = GangSpec(members=members, min_members=members, topology_keys=tuple(topology_keys))
+        keys = settings.gang_topology_keys() if topology_keys is None else tuple(topology_keys)
+        gang = GangSpec(members=members, min_members=members, topology_keys=keys)
         fixed: dict[str, Any] = {"completion_mode": "Indexed", "completions": members, "parallelism": members}
         for name in _GANG_FIXED:
             if kwargs.get(name) not in (None, fixed[name]):

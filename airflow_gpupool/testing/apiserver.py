@@ -163,6 +163,32 @@ class KubernetesApiEmulator(StoredObjects):
         return aiohttp.web.json_response(doc)
 
     async def _handle(self, request: Any) -> aiohttp.web.StreamResponse:
+        """Serve one request, then drop it from kmock's own request log (:meth:`_forget`).
+
+        :param request: kmock's parsed request
+        """
+        try:
+            return await self._serve(request)
+        finally:
+            self._forget(request)
+
+    def _forget(self, request: Any) -> None:
+        """Drop a served request from kmock's request log; :attr:`recorded` keeps our own.
+
+        kmock matches each request against its reactions by walking every request it has
+        served, so each answer cost more than the last (about 0.1 s after a thousand requests,
+        growing without bound). Reactions that count or slice past requests (``[:1]``) are
+        therefore not supported; reactions such as ``api["get /x"] << 500`` still are.
+
+        :param request: kmock's parsed request
+        """
+        served = self._requests
+        for index in range(len(served) - 1, -1, -1):  # the newest first: in-flight requests are few
+            if served[index] is request:
+                del served[index]
+                return
+
+    async def _serve(self, request: Any) -> aiohttp.web.StreamResponse:
         """Serve one request, handling what kmock lacks before delegating to it.
 
         :param request: kmock's parsed request
@@ -337,7 +363,8 @@ class KubernetesApiEmulator(StoredObjects):
         :param request: kmock's parsed request
         """
         selected = selected_by(request)
-        items = [obj for obj in self.list_objects(request.resource, request.namespace) if selected(obj)]
+        live = self.live_objects(request.resource, request.namespace)  # serialized before the loop moves on
+        items = [obj for obj in live if selected(obj)]
         plural = request.resource.plural or ""
         group = request.resource.group
         return {

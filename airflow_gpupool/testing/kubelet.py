@@ -294,13 +294,13 @@ class SimulatedKubelet:
                     await self.api.update_object(PODS, namespace, name, gates.mark_gated)
                 await updated.wait()
                 continue
-            nodes = self.api.list_objects(NODES)
+            nodes = self.api.live_objects(NODES)  # read at once, never changed
             node_name: str | None = (pod.get("spec") or {}).get("nodeName")
             message = ""
             if not node_name and behaviour.never_schedule:
                 message = f"0/{len(nodes)} nodes are available: {len(nodes)} node(s) were excluded by the gpupool.emulator/never-schedule annotation."
             elif not node_name:
-                node_name, message = choose_node(pod, nodes, self.api.list_objects(PODS))
+                node_name, message = choose_node(pod, nodes, self.api.live_objects(PODS))
             if node_name:
                 address = _node_address(nodes, node_name)
                 await self.api.update_object(

@@ -35,6 +35,23 @@ class StoredObjects(KubernetesEmulator):
         super().__init__()
         self._resource_version = 0
 
+    def _KubernetesEmulator__get_objs(self, request: Any, strict: bool) -> list[Any]:
+        """Find the objects a request addresses: by key when it names one (kmock's own walks them all).
+
+        kmock looks every create, patch, read and delete up by comparing the request with each
+        stored object in turn: with thousands of pods and their events each answer took
+        milliseconds more. A resource compares and hashes by group, version and plural alike, so
+        the key finds exactly what the walk would. Overrides kmock 0.8's private look-up.
+
+        :param request: kmock's parsed request
+        :param strict: kmock's flag: a cluster-wide request (no namespace) matches only cluster objects
+        """
+        if request.name is not None and request.resource is not None and (strict or request.namespace):
+            key = (request.resource, request.namespace, request.name)
+            return [self.objects[key]] if key in self.objects else []
+        found_all: list[Any] = super()._KubernetesEmulator__get_objs(request, strict)  # type: ignore[misc]
+        return found_all
+
     def next_resource_version(self) -> str:
         """Return a new, larger resourceVersion."""
         self._resource_version += 1
@@ -75,10 +92,27 @@ class StoredObjects(KubernetesEmulator):
         :param res: the resource
         :param namespace: only this namespace; ``None`` for all
         """
-        found = []
-        for (key_res, key_ns, _), obj in list(self.objects.items()):
-            if key_res == res and not obj.deleted and (namespace is None or key_ns == namespace):
-                found.append(copy.deepcopy(obj.raw))
+        return [copy.deepcopy(obj) for obj in self.live_objects(res, namespace)]
+
+    def live_objects(self, res: resource, namespace: str | None = None) -> list[dict[str, Any]]:
+        """Return the stored live objects of a resource themselves, oldest first: read them, never change them.
+
+        For readers that finish before the loop runs anything else (the simulated scheduler, a
+        list answer serialized at once): copying every pod for each of them made the emulator's
+        cost grow with the square of the pods.
+
+        :param res: the resource
+        :param namespace: only this namespace; ``None`` for all
+        """
+        found = [
+            obj.raw
+            for (key_res, key_ns, _), obj in list(self.objects.items())
+            # the plural first: a plain string compare rules out the other kinds (events) cheaply
+            if key_res.plural == res.plural
+            and key_res == res
+            and (namespace is None or key_ns == namespace)
+            and not obj.deleted
+        ]
         return sorted(found, key=lambda o: int(o["metadata"].get("resourceVersion", "0")))
 
     async def put_object(self, res: resource, obj: dict[str, Any]) -> dict[str, Any]:

@@ -121,8 +121,8 @@ class LeasedJobTrigger(KubernetesJobTrigger):
         """Pin the Job's replacement pods to their members, every ``poll_interval``, until cancelled."""
         from kubernetes_asyncio import client as async_client
 
+        from airflow_gpupool.controller.admission import admission_patch
         from airflow_gpupool.controller.gang_pods import JOB_NAME_LABEL, pods_to_pin
-        from airflow_gpupool.controller.gatekeeper import admission_patch
 
         hook = AsyncGpuPoolHook(self.ledger_conn_id, ledger_url=self.ledger_url)
         gang: Gang | None = None

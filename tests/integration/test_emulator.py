@@ -442,3 +442,28 @@ def test_resource_claims_are_stored_and_go_with_the_pod_that_owns_them(
 
     names = [c["metadata"]["name"] for c in claims.list_namespaced_custom_object(*where)["items"]]
     assert names == ["free"]  # the owned claim went with its pod; the unowned one stays
+
+
+def test_kmock_forgets_served_requests_while_ours_keeps_them_and_reactions_still_apply(
+    k8s: KubernetesEmulatorServer, core: Any
+) -> None:
+    # kmock walks its whole request log for every request: kept, 1,000 pods took minutes.
+    from kubernetes.client.exceptions import ApiException
+
+    k8s.clear_requests()
+    for _ in range(20):
+        core.list_namespaced_pod("default")
+    assert k8s._run_sync(lambda api: len(api._requests)) == 0
+    assert len(k8s.requests) == 20
+
+    def react(api: Any) -> None:
+        api["get /api/v1/namespaces/default/pods/broken"] << 503 << {"kind": "Status", "code": 503}
+
+    core.create_namespaced_pod(
+        "default", {"metadata": {"name": "broken"}, "spec": {"containers": [{"name": "c", "image": "x"}]}}
+    )
+    k8s._run_sync(react)
+    for _ in range(2):  # a reaction answers every time, not only while the log holds its request
+        with pytest.raises(ApiException) as raised:
+            core.read_namespaced_pod("broken", "default")
+        assert raised.value.status == 503

@@ -251,3 +251,53 @@ def test_an_unreachable_ledger_fails_the_pass_and_deletes_nothing(
     with pytest.raises(LedgerUnavailableError):
         gatekeep(synced, core)
     assert k8s.pod("patient") is not None
+
+
+@pytest.fixture
+def ledger_writes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Record each ledger write: a serialized write transaction or a concurrent-path attempt."""
+    from airflow_gpupool.ledger import store as store_module
+    from airflow_gpupool.ledger.concurrent import ConcurrentPath
+
+    writes: list[str] = []
+    real_write, real_connect = store_module.write_transaction, ConcurrentPath.connect
+
+    def write_transaction(*args: Any, **kwargs: Any) -> Any:
+        writes.append("write transaction")
+        return real_write(*args, **kwargs)
+
+    def connect(self: ConcurrentPath) -> Any:
+        writes.append("concurrent path")
+        return real_connect(self)
+
+    monkeypatch.setattr(store_module, "write_transaction", write_transaction)
+    monkeypatch.setattr(ConcurrentPath, "connect", connect)
+    return writes
+
+
+def test_a_batch_is_admitted_by_priority_with_one_write_per_new_pod_and_one_bind(
+    synced: Ledger, k8s: KubernetesEmulatorServer, core: Any, ledger_writes: list[str]
+) -> None:
+    # Created lowest priority first: list order alone would admit "p0" and "p5".
+    for name, priority in (("p0", 0), ("p5", 5), ("p1", 1), ("p9", 9)):
+        create_hooked_pod(core, name, {"nvidia.com/gpu": "1"}, **{"gpupool.io/priority": str(priority)})
+    ledger_writes.clear()
+
+    first = gatekeep(synced, core)
+
+    assert first.admitted == ["default/p9", "default/p5"]  # two GPUs: the two highest priorities
+    assert first.waiting == ["default/p1", "default/p0"]
+    # One reserve per new pod and one bind for both admitted pods; on PostgreSQL a reserve may
+    # first try the concurrent path (one attempt), and a grant there needs no serialized write.
+    if synced.dialect == "sqlite":
+        assert ledger_writes == ["write transaction"] * (4 + 1)
+    else:
+        assert ledger_writes.count("concurrent path") <= 4
+        assert ledger_writes.count("write transaction") <= 4 + 1
+    bound = {r.grant.pod_name for r in synced.snapshot().grants if r.grant is not None}
+    assert bound == {"p9", "p5"}
+
+    ledger_writes.clear()
+    second = gatekeep(synced, core)
+    assert (second.admitted, second.waiting) == ([], ["default/p1", "default/p0"])
+    assert ledger_writes == []  # queued pods are not reserved again

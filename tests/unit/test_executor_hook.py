@@ -425,3 +425,52 @@ def test_dra_is_refused_on_the_gated_path(p: dict[str, Any], named: str) -> None
     binding = decide(p).annotations[BINDING_ANNOTATION]
     assert binding.startswith(f"{REFUSED}: ") and named in binding
     assert "only on the GpuPodOperator path" in binding and "GpuPodOperator(binding='dra')" in binding
+
+
+def _grouped(**annotations: str) -> dict[str, Any]:
+    return pod(limits={"nvidia.com/gpu": 1}, annotations=annotations)
+
+
+GANG_REFUSED_CASES = [
+    pytest.param(
+        _grouped(**{"gpupool.io/gang": "g", "gpupool.io/gang-size": "x"}), "gang-size", id="size not int"
+    ),
+    pytest.param(_grouped(**{"gpupool.io/gang": "g"}), "gang-size", id="no size"),
+    pytest.param(_grouped(**{"gpupool.io/gang": "g", "gpupool.io/gang-size": "0"}), "gang-size", id="size 0"),
+    pytest.param(
+        _grouped(**{"gpupool.io/gang": "g", "gpupool.io/gang-size": "513"}), "gang-size", id="too big"
+    ),
+    pytest.param(
+        _grouped(**{"gpupool.io/gang": "g", "gpupool.io/gang-size": "2", "gpupool.io/gang-min": "3"}),
+        "gang-min",
+        id="min above size",
+    ),
+    pytest.param(
+        _grouped(
+            **{"gpupool.io/gang": "g", "gpupool.io/gang-size": "2", "gpupool.io/gang-topology": "bad key!"}
+        ),
+        "gang-topology",
+        id="bad topology key",
+    ),
+    pytest.param(
+        _grouped(**{"gpupool.io/gang": "no spaces", "gpupool.io/gang-size": "2"}),
+        "gpupool.io/gang",
+        id="bad name",
+    ),
+    pytest.param(_grouped(**{"gpupool.io/gang-size": "2"}), "gang-size", id="size without a group"),
+]
+
+
+@pytest.mark.parametrize(("p", "named"), GANG_REFUSED_CASES)
+def test_malformed_pod_groups_are_refused_with_the_reason(p: dict[str, Any], named: str) -> None:
+    decision = decide(p)
+    assert decision.gate is True
+    binding = decision.annotations[BINDING_ANNOTATION]
+    assert binding.startswith(f"{REFUSED}: ") and named in binding
+
+
+def test_a_well_formed_pod_group_is_gated_with_its_request() -> None:
+    annotations = {"gpupool.io/gang": "g", "gpupool.io/gang-size": "4", "gpupool.io/gang-min": "2"}
+    decision = decide(_grouped(**annotations))
+    assert decision.gate is True and decision.annotations[BINDING_ANNOTATION] == "whole"
+    assert json.loads(decision.annotations[REQUEST_ANNOTATION])["gpus"] == 1

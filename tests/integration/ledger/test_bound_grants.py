@@ -164,3 +164,43 @@ def test_a_v3_ledger_migrates_to_v4_and_keeps_its_rows(
     assert ledger.bind("gp-old", namespace="ml", name="p", uid="u").grant.pod_uid == "u"  # type: ignore[union-attr]
     assert ledger.check_invariants() == []
     ledger.close()
+
+
+def test_bind_many_binds_in_one_transaction_and_reports_what_it_could_not(
+    ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow_gpupool.ledger import store as store_module
+
+    ledger.upsert_nodes([node("n1", gpus=2)])
+    for rid in ("gp-1", "gp-2", "gp-ended"):
+        ledger.reserve(GpuRequest(gpus=1), "h", reservation_id=rid)
+    ledger.release("gp-ended")
+    transactions = []
+    real_write = store_module.write_transaction
+
+    def write_transaction(*args: object, **kwargs: object) -> object:
+        transactions.append(1)
+        return real_write(*args, **kwargs)
+
+    monkeypatch.setattr(store_module, "write_transaction", write_transaction)
+
+    bound = ledger.bind_many(
+        {
+            "gp-1": ("ml", "a", "uid-a"),
+            "gp-ended": ("ml", "b", "uid-b"),
+            "gp-missing": ("ml", "c", None),
+            "gp-2": ("ml", "d", "uid-d"),
+        }
+    )
+
+    assert len(transactions) == 1
+    assert isinstance(bound["gp-ended"], LeaseExpiredError)
+    assert isinstance(bound["gp-missing"], UnknownReservationError)
+    assert ledger.get("gp-ended").grant is None or ledger.get("gp-ended").grant.pod_name is None
+    for rid, (name, uid) in {"gp-1": ("a", "uid-a"), "gp-2": ("d", "uid-d")}.items():
+        result = bound[rid]
+        assert not isinstance(result, Exception) and result.grant is not None
+        stored = ledger.get(rid).grant
+        assert stored is not None and (stored.pod_name, stored.pod_uid) == (name, uid)
+    with pytest.raises(InvalidRequestError):
+        ledger.bind_many({"gp-1": ("", "a", None)})

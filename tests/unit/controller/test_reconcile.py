@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from airflow_gpupool.controller.gang_pods import live_member_pod
 from airflow_gpupool.controller.reconcile import ReconcileResult, verdict
 from airflow_gpupool.ledger.models import Grant, Reservation, ReservationState
 from airflow_gpupool.resources import GpuRequest
@@ -71,3 +72,26 @@ def test_result_summary_and_dict() -> None:
         "ignored": [],
         "orphans": {"kept": [], "released": [], "deleted": []},
     }
+
+
+def member(index: int, state: ReservationState = ReservationState.GRANTED) -> Reservation:
+    rid = "gp-g" if index == 0 else f"gp-g.{index}"
+    return replace(granted(), id=rid, state=state, gang_id="gp-g", gang_index=index)
+
+
+@pytest.mark.parametrize(
+    ("reservation", "pods", "kept_by"),
+    [
+        pytest.param(member(0), {"gp-g.1": [pod("w1", "Running")]}, "ml/w1", id="member-runs"),
+        pytest.param(member(0), {"gp-g.1": [pod("w1", "Pending")]}, "ml/w1", id="member-pending"),
+        pytest.param(member(0), {"gp-g.1": [pod("w1", "Succeeded")]}, None, id="members-finished"),
+        pytest.param(member(0), {}, None, id="members-have-no-pod"),
+        pytest.param(member(1), {"gp-g.2": [pod("w2", "Running")]}, None, id="not-the-leader"),
+        pytest.param(granted(), {"gp-g.1": [pod("w1", "Running")]}, None, id="not-a-gang"),
+    ],
+)
+def test_a_gang_leader_is_kept_while_another_members_pod_lives(
+    reservation: Reservation, pods: dict[str, list[dict[str, Any]]], kept_by: str | None
+) -> None:
+    members = (member(0), member(1), member(2), member(3, ReservationState.RELEASED))
+    assert live_member_pod(reservation, members, {**pods, "gp-g.3": [pod("w3", "Running")]}) == kept_by
