@@ -10,6 +10,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from airflow_gpupool.controller.events import pod_event
 from airflow_gpupool.labels import (
     ANNOTATION_PREFIX,
     GPU_RESOURCE,
@@ -98,26 +99,14 @@ def _pointer(key: str) -> str:
 
 
 def gatekeeper_event(pod: Mapping[str, Any], kind: str, reason: str, message: str) -> dict[str, Any]:
-    meta = pod.get("metadata") or {}
+    """Return the gatekeeper's Event about ``pod``, stamped now (see :func:`pod_event`)."""
     now = time.time()
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
-    return {
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": {"name": f"{meta.get('name')}.gatekeeper-{int(now * 1e6):x}"},
-        "involvedObject": {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "namespace": meta.get("namespace", "default"),
-            "name": meta.get("name"),
-            "uid": meta.get("uid"),
-        },
-        "reason": reason,
-        "message": message,
-        "type": kind,
-        "source": {"component": _SOURCE},
-        "reportingComponent": _SOURCE,
-        "firstTimestamp": stamp,
-        "lastTimestamp": stamp,
-        "count": 1,
-    }
+    return pod_event(
+        pod,
+        kind=kind,
+        reason=reason,
+        message=message,
+        component=_SOURCE,
+        now=now,
+        suffix=f"gatekeeper-{int(now * 1e6):x}",
+    )

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from airflow_gpupool import settings
+from airflow_gpupool.controller.events import pod_event
 from airflow_gpupool.controller.gang_pods import live_member_pod, replacements_by_member
 from airflow_gpupool.exceptions import InvalidRequestError
 from airflow_gpupool.inventory.sync import list_nodes, list_objects
@@ -155,28 +155,15 @@ def _pods_by_reservation(api: Any, selector: str) -> dict[str, list[dict[str, An
 
 
 def _event(pod: Mapping[str, Any], message: str, now: float) -> dict[str, Any]:
-    meta = pod.get("metadata") or {}
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
-    return {
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": {"name": f"{meta.get('name')}.gpupool-{int(now * 1000):x}"},
-        "involvedObject": {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "namespace": meta.get("namespace", "default"),
-            "name": meta.get("name"),
-            "uid": meta.get("uid"),
-        },
-        "reason": ORPHAN_EVENT_REASON,
-        "message": message,
-        "type": "Warning",
-        "source": {"component": _EVENT_SOURCE},
-        "reportingComponent": _EVENT_SOURCE,
-        "firstTimestamp": stamp,
-        "lastTimestamp": stamp,
-        "count": 1,
-    }
+    return pod_event(
+        pod,
+        kind="Warning",
+        reason=ORPHAN_EVENT_REASON,
+        message=message,
+        component=_EVENT_SOURCE,
+        now=now,
+        suffix=f"gpupool-{int(now * 1000):x}",
+    )
 
 
 def delete_orphan_pod(core_v1_api: Any, pod: Mapping[str, Any], message: str, now: float) -> None:

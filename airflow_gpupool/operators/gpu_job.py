@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from datetime import timedelta
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -34,12 +33,12 @@ from airflow_gpupool.operators.lease import LeaseRenewer
 from airflow_gpupool.operators.pod_spec import gang_template
 from airflow_gpupool.operators.rendezvous import DEFAULT_RENDEZVOUS_PORT, rendezvous_env
 from airflow_gpupool.operators.request import REQUEST_FIELDS, build_request, check_seconds, templated
-from airflow_gpupool.operators.waiting import wait_in_place
+from airflow_gpupool.operators.waiting import reservation_deferral, wait_in_place
 from airflow_gpupool.resources import GangSpec, GpuRequest
 from airflow_gpupool.task_try import TaskTry
 from airflow_gpupool.triggers.job import LeasedJobTrigger
 from airflow_gpupool.triggers.lease import LEASE_LOST_STATUS, lost_from_event
-from airflow_gpupool.triggers.reservation import ReservationEventStatus, ReservationTrigger
+from airflow_gpupool.triggers.reservation import ReservationEventStatus
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -202,11 +201,7 @@ class GpuJobOperator(KubernetesJobOperator):
         self.log.info("The gang does not fit now; %s", self.gpu_hook.explain(rid))
         if self.deferrable if self.reservation_deferrable is None else self.reservation_deferrable:
             self.defer(
-                trigger=ReservationTrigger(
-                    rid, self.ledger_conn_id, poll_interval=options.poll_interval_seconds
-                ),
-                method_name="execute_granted",
-                timeout=timedelta(seconds=timeout + 5 * options.poll_interval_seconds + 60),
+                **reservation_deferral(rid, self.ledger_conn_id, timeout, options.poll_interval_seconds)
             )
         try:
             wait_in_place(self.gpu_hook, rid, options.poll_interval_seconds, self.log)

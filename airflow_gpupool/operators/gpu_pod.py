@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from datetime import timedelta
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -37,13 +36,13 @@ from airflow_gpupool.operators.request import (
 )
 from airflow_gpupool.operators.tries import XCOM_DEVICE_KEY, GpuPodTries
 from airflow_gpupool.operators.unschedulable import UnschedulableFailFast  # kit (issue 15)
-from airflow_gpupool.operators.waiting import wait_in_place
+from airflow_gpupool.operators.waiting import reservation_deferral, wait_in_place
 from airflow_gpupool.resources import GpuRequest
 from airflow_gpupool.task_try import TaskTry
 from airflow_gpupool.triggers.lease import LEASE_LOST_STATUS, lost_from_event
 from airflow_gpupool.triggers.pod import LeasedPodTrigger
 from airflow_gpupool.triggers.queue_life import describe_queue_life
-from airflow_gpupool.triggers.reservation import ReservationEventStatus, ReservationTrigger
+from airflow_gpupool.triggers.reservation import ReservationEventStatus
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -248,11 +247,7 @@ class GpuPodOperator(UnschedulableFailFast, GpuPodTries):
         self.log.info("No GPU slice fits now; %s", self.gpu_hook.explain(rid))
         if self._defer_reservation():
             self.defer(
-                trigger=ReservationTrigger(
-                    rid, self.ledger_conn_id, poll_interval=options.poll_interval_seconds
-                ),
-                method_name="execute_granted",
-                timeout=timedelta(seconds=timeout + 5 * options.poll_interval_seconds + 60),
+                **reservation_deferral(rid, self.ledger_conn_id, timeout, options.poll_interval_seconds)
             )
         return self._run_granted(context, rid, self._wait_in_place(rid, options.poll_interval_seconds))
 

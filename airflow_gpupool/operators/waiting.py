@@ -1,4 +1,4 @@
-"""Waiting for a slice in place (not deferred): the worker reads its own reservation, nothing else.
+"""Waiting for a slice, deferred or in place (the worker reads its own reservation, nothing else).
 
 The twin of :class:`~airflow_gpupool.triggers.reservation.ReservationTrigger` for a task that
 keeps its worker slot: it reads its reservation every ``poll_interval`` seconds and serves no
@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import logging
 import time
+from datetime import timedelta
 from typing import Any
 
 from airflow_gpupool.exceptions import GpuPoolError, ReservationTimeoutError
 from airflow_gpupool.hooks.gpupool import GpuPoolHook
 from airflow_gpupool.ledger.models import Grant, ReservationState
 from airflow_gpupool.triggers.queue_life import QueueLife
+from airflow_gpupool.triggers.reservation import ReservationTrigger
 
-__all__ = ["wait_in_place"]
+__all__ = ["reservation_deferral", "wait_in_place"]
 
 # Why it waits is asked this often (an explanation places the request on the whole inventory).
 _EXPLAIN_EVERY_S = 30.0
@@ -51,3 +53,23 @@ def wait_in_place(
             reason or life.blocked,
         )
         time.sleep(max(0.0, min(poll_interval, reservation.deadline - time.time() + 0.05)))
+
+
+def reservation_deferral(
+    rid: str, ledger_conn_id: str | None, timeout: float, poll_interval: float
+) -> dict[str, Any]:
+    """Return the arguments of ``self.defer`` that wait for ``rid`` in ReservationTrigger.
+
+    The task resumes in ``execute_granted``; the deferral outlives the reservation's own timeout
+    by a few polls and a minute, so the trigger reports the timeout rather than Airflow.
+
+    :param rid: the waiting reservation (or gang leader)
+    :param ledger_conn_id: the ``gpupool`` connection (None: ``[gpupool]`` configuration)
+    :param timeout: the reservation's timeout, in seconds
+    :param poll_interval: seconds between the trigger's reads
+    """
+    return {
+        "trigger": ReservationTrigger(rid, ledger_conn_id, poll_interval=poll_interval),
+        "method_name": "execute_granted",
+        "timeout": timedelta(seconds=timeout + 5 * poll_interval + 60),
+    }

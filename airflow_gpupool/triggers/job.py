@@ -16,15 +16,17 @@ from airflow.triggers.base import TriggerEvent
 
 from airflow_gpupool.hooks.gpupool import AsyncGpuPoolHook
 from airflow_gpupool.triggers.events import trigger_event
-from airflow_gpupool.triggers.lease import LeaseWatch, lease_lost_event
+from airflow_gpupool.triggers.lease import lease_lost_event
+from airflow_gpupool.triggers.leased import LeasedTrigger, cancel_quietly
 
 if TYPE_CHECKING:
+    from airflow_gpupool.exceptions import LeaseLostError
     from airflow_gpupool.ledger.models import Gang
 
 __all__ = ["LeasedJobTrigger"]
 
 
-class LeasedJobTrigger(KubernetesJobTrigger):
+class LeasedJobTrigger(LeasedTrigger, KubernetesJobTrigger):
     """Wait for a Job like :class:`KubernetesJobTrigger` and renew its gang's lease every ``ttl / 3``.
 
     Renewing the leader renews every member; a member of the gang that ended (released by
@@ -40,21 +42,10 @@ class LeasedJobTrigger(KubernetesJobTrigger):
         (``backoffLimit > 0``), each to its member, every ``poll_interval``
     """
 
-    def __init__(
-        self,
-        *args: Any,
-        reservation_id: str,
-        ledger_conn_id: str | None = AsyncGpuPoolHook.default_conn_name,
-        ledger_url: str | None = None,
-        lease_ttl: float = 600.0,
-        pin_replacements: bool = False,
-        **kwargs: Any,
-    ) -> None:
+    classpath = "airflow_gpupool.triggers.job.LeasedJobTrigger"
+
+    def __init__(self, *args: Any, pin_replacements: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.reservation_id = reservation_id
-        self.ledger_conn_id = ledger_conn_id
-        self.ledger_url = ledger_url
-        self.lease_ttl = lease_ttl
         self.pin_replacements = pin_replacements
 
     @cached_property
@@ -76,46 +67,21 @@ class LeasedJobTrigger(KubernetesJobTrigger):
             cluster_context=self.cluster_context,
         )
 
-    @classmethod
-    def wrap(cls, trigger: KubernetesJobTrigger, **lease: Any) -> LeasedJobTrigger:
-        """Return a LeasedJobTrigger with ``trigger``'s arguments plus the lease's."""
-        _, kwargs = trigger.serialize()
-        return cls(**kwargs, **lease)
-
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        """Return the class path, the Job trigger's arguments and the lease's."""
-        _, kwargs = super().serialize()
-        kwargs.update(
-            reservation_id=self.reservation_id,
-            ledger_conn_id=self.ledger_conn_id,
-            ledger_url=self.ledger_url,
-            lease_ttl=self.lease_ttl,
-            pin_replacements=self.pin_replacements,
-        )
-        return "airflow_gpupool.triggers.job.LeasedJobTrigger", kwargs
+        """Return the class path, the Job trigger's arguments, the lease's and ``pin_replacements``."""
+        classpath, kwargs = super().serialize()
+        kwargs["pin_replacements"] = self.pin_replacements
+        return classpath, kwargs
 
-    async def _renew_until_lost(self) -> dict[str, Any]:
-        """Renew every ``ttl / 3``; delete the Job and return the lease-lost event once the lease is lost."""
-        hook = AsyncGpuPoolHook(self.ledger_conn_id, ledger_url=self.ledger_url)
-        watch = LeaseWatch(self.reservation_id, self.lease_ttl)
-        try:
-            while True:
-                try:
-                    await hook.arenew_gang(self.reservation_id, self.lease_ttl)
-                except Exception as e:
-                    lost = watch.failed(e)
-                    if lost is not None:
-                        self.log.error("%s; deleting job %s", lost.classification.reason, self.job_name)
-                        await self._delete_job()
-                        return lease_lost_event(lost, self.job_namespace, self.job_name)
-                    self.log.warning(
-                        "Renewing the lease of %s failed; will retry: %s", self.reservation_id, e
-                    )
-                else:
-                    watch.renewed()
-                await asyncio.sleep(watch.interval)
-        finally:
-            await asyncio.to_thread(hook.close)
+    async def _renew(self, hook: AsyncGpuPoolHook) -> None:
+        """Renew the whole gang through its leader."""
+        await hook.arenew_gang(self.reservation_id, self.lease_ttl)
+
+    async def _lease_lost(self, lost: LeaseLostError) -> dict[str, Any]:
+        """Delete the Job with its pods; return the lease-lost event."""
+        self.log.error("%s; deleting job %s", lost.classification.reason, self.job_name)
+        await self._delete_job()
+        return lease_lost_event(lost, self.job_namespace, self.job_name)
 
     async def _pin_replacements(self) -> None:
         """Pin the Job's replacement pods to their members, every ``poll_interval``, until cancelled."""
@@ -181,20 +147,14 @@ class LeasedJobTrigger(KubernetesJobTrigger):
         events = super().run().__aiter__()
         following = asyncio.ensure_future(events.__anext__())
         try:
-            await asyncio.wait({following, renewer}, return_when=asyncio.FIRST_COMPLETED)
-            if not following.done():
-                following.cancel()
-                with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
-                    await following
-                yield trigger_event(renewer.result())
+            lost = await self._lost_first(following, renewer)
+            if lost is not None:
+                yield trigger_event(lost)
                 return
             with contextlib.suppress(StopAsyncIteration):
                 event = following.result()
                 payload = event.payload if isinstance(event.payload, dict) else {}
                 yield trigger_event({**payload, "reservation_id": self.reservation_id})
         finally:
-            for task in (renewer, pins):
-                if task is not None:
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
+            await cancel_quietly(renewer)
+            await cancel_quietly(pins)

@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.providers.cncf.kubernetes.triggers.pod import KubernetesPodTrigger
 from airflow.triggers.base import TriggerEvent
 
 from airflow_gpupool.hooks.gpupool import AsyncGpuPoolHook
 from airflow_gpupool.triggers.events import trigger_event
-from airflow_gpupool.triggers.lease import LeaseWatch, lease_lost_event
+from airflow_gpupool.triggers.lease import lease_lost_event
+from airflow_gpupool.triggers.leased import LeasedTrigger, cancel_quietly
+
+if TYPE_CHECKING:
+    from airflow_gpupool.exceptions import LeaseLostError
 
 
-class LeasedPodTrigger(KubernetesPodTrigger):
+class LeasedPodTrigger(LeasedTrigger, KubernetesPodTrigger):
     """Watch a pod like :class:`KubernetesPodTrigger` and renew its grant's lease every ``ttl / 3``.
 
     When the lease is lost (see :class:`~airflow_gpupool.triggers.lease.LeaseWatch`) it yields
@@ -28,63 +31,23 @@ class LeasedPodTrigger(KubernetesPodTrigger):
     :param lease_ttl: the lease length to renew to, in seconds
     """
 
-    def __init__(
-        self,
-        *args: Any,
-        reservation_id: str,
-        ledger_conn_id: str | None = AsyncGpuPoolHook.default_conn_name,
-        ledger_url: str | None = None,
-        lease_ttl: float = 600.0,
-        **kwargs: Any,
-    ) -> None:
+    classpath = "airflow_gpupool.triggers.pod.LeasedPodTrigger"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.reservation_id = reservation_id
-        self.ledger_conn_id = ledger_conn_id
-        self.ledger_url = ledger_url
-        self.lease_ttl = lease_ttl
         #: Set once the lease is lost, before the pod is deleted: the pod watch may see that deletion first.
         self._lost_event: dict[str, Any] | None = None
 
-    @classmethod
-    def wrap(cls, trigger: KubernetesPodTrigger, **lease: Any) -> LeasedPodTrigger:
-        """Return a LeasedPodTrigger with ``trigger``'s arguments plus the lease's."""
-        _, kwargs = trigger.serialize()
-        return cls(**kwargs, **lease)
+    async def _renew(self, hook: AsyncGpuPoolHook) -> None:
+        """Renew the pod's grant."""
+        await hook.arenew(self.reservation_id, self.lease_ttl)
 
-    def serialize(self) -> tuple[str, dict[str, Any]]:
-        """Return the class path, the pod trigger's arguments and the lease's."""
-        _, kwargs = super().serialize()
-        kwargs.update(
-            reservation_id=self.reservation_id,
-            ledger_conn_id=self.ledger_conn_id,
-            ledger_url=self.ledger_url,
-            lease_ttl=self.lease_ttl,
-        )
-        return "airflow_gpupool.triggers.pod.LeasedPodTrigger", kwargs
-
-    async def _renew_until_lost(self) -> dict[str, Any]:
-        """Renew every ``ttl / 3``; return the lease-lost event once the lease is lost."""
-        hook = AsyncGpuPoolHook(self.ledger_conn_id, ledger_url=self.ledger_url)
-        watch = LeaseWatch(self.reservation_id, self.lease_ttl)
-        try:
-            while True:
-                try:
-                    await hook.arenew(self.reservation_id, self.lease_ttl)
-                except Exception as e:
-                    lost = watch.failed(e)
-                    if lost is not None:
-                        self._lost_event = lease_lost_event(lost, self.pod_namespace, self.pod_name)
-                        self.log.error("%s; deleting the pod %s", lost.classification.reason, self.pod_name)
-                        await self._delete_pod()
-                        return self._lost_event
-                    self.log.warning(
-                        "Renewing the lease of %s failed; will retry: %s", self.reservation_id, e
-                    )
-                else:
-                    watch.renewed()
-                await asyncio.sleep(watch.interval)
-        finally:
-            await asyncio.to_thread(hook.close)
+    async def _lease_lost(self, lost: LeaseLostError) -> dict[str, Any]:
+        """Delete the pod; return the lease-lost event (kept for a pod watch that sees the deletion first)."""
+        self._lost_event = lease_lost_event(lost, self.pod_namespace, self.pod_name)
+        self.log.error("%s; deleting the pod %s", lost.classification.reason, self.pod_name)
+        await self._delete_pod()
+        return self._lost_event
 
     async def _delete_pod(self) -> None:
         """Delete the pod at once, here: the task may wait a while for a worker slot to resume.
@@ -107,12 +70,9 @@ class LeasedPodTrigger(KubernetesPodTrigger):
         try:
             while True:
                 following = asyncio.ensure_future(events.__anext__())
-                await asyncio.wait({following, renewer}, return_when=asyncio.FIRST_COMPLETED)
-                if not following.done():
-                    following.cancel()
-                    with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
-                        await following
-                    yield trigger_event(renewer.result())
+                lost = await self._lost_first(following, renewer)
+                if lost is not None:
+                    yield trigger_event(lost)
                     return
                 try:
                     event = following.result()
@@ -130,6 +90,4 @@ class LeasedPodTrigger(KubernetesPodTrigger):
                     event = trigger_event({**event.payload, "reservation_id": self.reservation_id})
                 yield event
         finally:
-            renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await renewer
+            await cancel_quietly(renewer)

@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from airflow_gpupool.inventory import sync_inventory
+from airflow_gpupool.inventory.sync import core_v1_api
 from airflow_gpupool.ledger import Ledger
 from airflow_gpupool.testing import KubernetesEmulatorServer, gpu_node
 from tests.ledger_fixtures import node
@@ -78,6 +80,19 @@ def dagbag(airflow_db: None, emulator: KubernetesEmulatorServer) -> Any:
 def k8s(emulator: KubernetesEmulatorServer) -> KubernetesEmulatorServer:
     emulator.reset()
     return emulator
+
+
+@pytest.fixture(scope="module")
+def core(emulator: KubernetesEmulatorServer) -> Any:
+    """A CoreV1Api of the module's emulator."""
+    return core_v1_api(emulator.kubeconfig_path)
+
+
+@pytest.fixture
+def synced(ledger: Ledger, k8s: KubernetesEmulatorServer, core: Any) -> Ledger:
+    """The test's ledger, its inventory synced from the (reset) emulator."""
+    sync_inventory(ledger, core)
+    return ledger
 
 
 @pytest.fixture

@@ -12,8 +12,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kubernetes.client import ApiClient
-from kubernetes.client import models as k8s_models
 
 from airflow_gpupool.controller.gatekeeper import (
     REASON_ADMITTED,
@@ -23,13 +21,11 @@ from airflow_gpupool.controller.gatekeeper import (
     gatekeep,
 )
 from airflow_gpupool.controller.reconcile import reconcile
-from airflow_gpupool.executor_hook import pod_mutation_hook
-from airflow_gpupool.inventory import sync_inventory
-from airflow_gpupool.inventory.sync import core_v1_api
 from airflow_gpupool.labels import RESERVATION_LABEL, SCHEDULING_GATE
 from airflow_gpupool.ledger import Ledger, ReservationState
 from airflow_gpupool.resources import GpuRequest
 from airflow_gpupool.testing import KubernetesEmulatorServer, gpu_node
+from tests.integration.gatekeeper_fixtures import create_hooked_pod, messages, reasons
 from tests.ledger_fixtures import FakeClock
 
 H100 = "NVIDIA-H100-80GB-HBM3"
@@ -44,57 +40,6 @@ def emulator() -> Iterator[KubernetesEmulatorServer]:
     ]
     with KubernetesEmulatorServer(nodes=nodes, default_duration_seconds=0.2) as server:
         yield server
-
-
-@pytest.fixture
-def k8s(emulator: KubernetesEmulatorServer) -> KubernetesEmulatorServer:
-    emulator.reset()
-    return emulator
-
-
-@pytest.fixture(scope="module")
-def core(emulator: KubernetesEmulatorServer) -> Any:
-    return core_v1_api(emulator.kubeconfig_path)
-
-
-@pytest.fixture
-def synced(ledger: Ledger, k8s: KubernetesEmulatorServer, core: Any) -> Ledger:
-    sync_inventory(ledger, core)
-    return ledger
-
-
-def create_hooked_pod(core: Any, name: str, limits: dict[str, str], **annotations: str) -> dict[str, Any]:
-    """Build a pod as KubernetesPodOperator would (labels), run the hook on it, create it."""
-    pod = k8s_models.V1Pod(
-        api_version="v1",
-        kind="Pod",
-        metadata=k8s_models.V1ObjectMeta(
-            name=name,
-            labels={"dag_id": "legacy", "task_id": name, "run_id": "manual__1", "try_number": "1"},
-            annotations={"gpupool.emulator/duration-seconds": "0.3", **annotations},
-        ),
-        spec=k8s_models.V1PodSpec(
-            restart_policy="Never",
-            containers=[
-                k8s_models.V1Container(
-                    name="base", image="train:1", resources=k8s_models.V1ResourceRequirements(limits=limits)
-                )
-            ],
-        ),
-    )
-    pod_mutation_hook(pod)
-    created = core.create_namespaced_pod("default", ApiClient().sanitize_for_serialization(pod))
-    return dict(ApiClient().sanitize_for_serialization(created))
-
-
-def reasons(k8s: KubernetesEmulatorServer, name: str) -> list[str]:
-    return [e["reason"] for e in k8s.events() if e["involvedObject"]["name"] == name]
-
-
-def messages(k8s: KubernetesEmulatorServer, name: str, reason: str) -> list[str]:
-    return [
-        e["message"] for e in k8s.events() if e["involvedObject"]["name"] == name and e["reason"] == reason
-    ]
 
 
 def test_waits_while_full_then_runs_pinned_and_is_released(

@@ -25,12 +25,11 @@ from airflow_gpupool.controller.gatekeeper import (
     gatekeep,
 )
 from airflow_gpupool.executor_hook import pod_mutation_hook
-from airflow_gpupool.inventory import sync_inventory
-from airflow_gpupool.inventory.sync import core_v1_api
 from airflow_gpupool.labels import RESERVATION_LABEL, SCHEDULING_GATE
 from airflow_gpupool.ledger import Ledger, ReservationState
 from airflow_gpupool.resources import GpuRequest
 from airflow_gpupool.testing import KubernetesEmulatorServer, gpu_node
+from tests.integration.gatekeeper_fixtures import create_hooked_pod, messages
 from tests.ledger_fixtures import FakeClock
 
 ZONE = "topology.kubernetes.io/zone"
@@ -47,23 +46,6 @@ def emulator() -> Iterator[KubernetesEmulatorServer]:
         yield server
 
 
-@pytest.fixture
-def k8s(emulator: KubernetesEmulatorServer) -> KubernetesEmulatorServer:
-    emulator.reset()
-    return emulator
-
-
-@pytest.fixture(scope="module")
-def core(emulator: KubernetesEmulatorServer) -> Any:
-    return core_v1_api(emulator.kubeconfig_path)
-
-
-@pytest.fixture
-def synced(ledger: Ledger, k8s: KubernetesEmulatorServer, core: Any) -> Ledger:
-    sync_inventory(ledger, core)
-    return ledger
-
-
 def create_member(
     core: Any, name: str, gang: str, size: int, *, minimum: int | None = None, **annotations: str
 ) -> dict[str, Any]:
@@ -71,40 +53,15 @@ def create_member(
     group = {"gpupool.io/gang": gang, "gpupool.io/gang-size": str(size)}
     if minimum is not None:
         group["gpupool.io/gang-min"] = str(minimum)
-    pod = k8s_models.V1Pod(
-        api_version="v1",
-        kind="Pod",
-        metadata=k8s_models.V1ObjectMeta(
-            name=name,
-            labels={"dag_id": "train", "task_id": name, "run_id": "manual__1", "try_number": "1"},
-            annotations={"gpupool.emulator/duration-seconds": "120", **group, **annotations},
-        ),
-        spec=k8s_models.V1PodSpec(
-            restart_policy="Never",
-            containers=[
-                k8s_models.V1Container(
-                    name="base",
-                    image="train:1",
-                    resources=k8s_models.V1ResourceRequirements(limits={"nvidia.com/gpu": "1"}),
-                )
-            ],
-        ),
+    return create_hooked_pod(
+        core, name, {"nvidia.com/gpu": "1"}, dag_id="train", duration="120", **{**group, **annotations}
     )
-    pod_mutation_hook(pod)
-    created = core.create_namespaced_pod("default", ApiClient().sanitize_for_serialization(pod))
-    return dict(ApiClient().sanitize_for_serialization(created))
 
 
 def gated(k8s: KubernetesEmulatorServer, name: str) -> bool:
     pod = k8s.pod(name)
     assert pod is not None, name
     return any(g["name"] == SCHEDULING_GATE for g in pod["spec"].get("schedulingGates") or [])
-
-
-def messages(k8s: KubernetesEmulatorServer, name: str, reason: str) -> list[str]:
-    return [
-        e["message"] for e in k8s.events() if e["involvedObject"]["name"] == name and e["reason"] == reason
-    ]
 
 
 def test_a_group_waits_for_its_pods_then_is_admitted_whole_in_one_pass(

@@ -10,7 +10,6 @@ import pytest
 
 from airflow_gpupool.controller.reconcile import reconcile, reconcile_grant
 from airflow_gpupool.inventory import sync_inventory
-from airflow_gpupool.inventory.sync import core_v1_api
 from airflow_gpupool.labels import RESERVATION_LABEL
 from airflow_gpupool.ledger import Ledger
 from airflow_gpupool.resources import GpuRequest
@@ -40,17 +39,6 @@ def emulator() -> Iterator[KubernetesEmulatorServer]:
     ]
     with KubernetesEmulatorServer(nodes=nodes, default_duration_seconds=0.1) as server:
         yield server
-
-
-@pytest.fixture
-def k8s(emulator: KubernetesEmulatorServer) -> KubernetesEmulatorServer:
-    emulator.reset()
-    return emulator
-
-
-@pytest.fixture(scope="module")
-def core(emulator: KubernetesEmulatorServer) -> Any:
-    return core_v1_api(emulator.kubeconfig_path)
 
 
 def pinned(node_name: str, gpus: int = 1) -> GpuRequest:

@@ -15,8 +15,6 @@ import pytest
 
 from airflow_gpupool.controller.reconcile import ORPHAN_EVENT_REASON, reconcile, reconcile_grant
 from airflow_gpupool.exceptions import InvalidRequestError
-from airflow_gpupool.inventory import sync_inventory
-from airflow_gpupool.inventory.sync import core_v1_api
 from airflow_gpupool.labels import RESERVATION_LABEL
 from airflow_gpupool.ledger import Ledger, ReservationState
 from airflow_gpupool.resources import GpuRequest
@@ -32,23 +30,6 @@ def emulator() -> Iterator[KubernetesEmulatorServer]:
     nodes = [gpu_node("gpu-h100-0", gpus=8, product=H100, memory_mib=81559)]
     with KubernetesEmulatorServer(nodes=nodes, default_duration_seconds=0.1) as server:
         yield server
-
-
-@pytest.fixture
-def k8s(emulator: KubernetesEmulatorServer) -> KubernetesEmulatorServer:
-    emulator.reset()
-    return emulator
-
-
-@pytest.fixture(scope="module")
-def core(emulator: KubernetesEmulatorServer) -> Any:
-    return core_v1_api(emulator.kubeconfig_path)
-
-
-@pytest.fixture
-def synced(ledger: Ledger, k8s: KubernetesEmulatorServer, core: Any) -> Ledger:
-    sync_inventory(ledger, core)
-    return ledger
 
 
 def running_pod(k8s: KubernetesEmulatorServer, core: Any, name: str, reservation_id: str) -> str:

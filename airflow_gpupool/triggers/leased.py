@@ -1,0 +1,121 @@
+"""LeasedTrigger: what the leased pod and Job triggers share (lease arguments, renewal, the race).
+
+Each wraps a cncf.kubernetes trigger and renews a grant's lease beside it; they differ only in
+what they renew (one grant or a gang), what they delete when the lease is lost, and how they
+follow the wrapped trigger's events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import TYPE_CHECKING, Any, ClassVar, Self
+
+from airflow.triggers.base import BaseTrigger
+
+from airflow_gpupool.hooks.gpupool import AsyncGpuPoolHook
+from airflow_gpupool.triggers.lease import LeaseWatch
+
+if TYPE_CHECKING:
+    from airflow_gpupool.exceptions import LeaseLostError
+
+__all__ = ["LeasedTrigger", "cancel_quietly"]
+
+
+async def cancel_quietly(task: asyncio.Future[Any] | None) -> None:
+    """Cancel ``task`` (if any) and wait for it to end, ignoring its cancellation or exhaustion."""
+    if task is None:
+        return
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+        await task
+
+
+class LeasedTrigger(BaseTrigger):
+    """Mix the lease into a cncf.kubernetes trigger: put it first among the bases.
+
+    :param reservation_id: the grant (or the gang's leader) the workload runs on
+    :param ledger_conn_id: the ``gpupool`` connection (None: ``[gpupool]`` configuration)
+    :param ledger_url: overrides the connection's ledger URL
+    :param lease_ttl: the lease length to renew to, in seconds
+    """
+
+    #: The dotted path :meth:`serialize` stores: the triggerer imports the trigger from it.
+    classpath: ClassVar[str]
+
+    def __init__(
+        self,
+        *args: Any,
+        reservation_id: str,
+        ledger_conn_id: str | None = AsyncGpuPoolHook.default_conn_name,
+        ledger_url: str | None = None,
+        lease_ttl: float = 600.0,
+        **kwargs: Any,
+    ) -> None:
+        # super() here is the wrapped cncf.kubernetes trigger, next in the subclass's MRO, not BaseTrigger.
+        super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
+        self.reservation_id = reservation_id
+        self.ledger_conn_id = ledger_conn_id
+        self.ledger_url = ledger_url
+        self.lease_ttl = lease_ttl
+
+    @classmethod
+    def wrap(cls, trigger: BaseTrigger, **lease: Any) -> Self:
+        """Return this trigger with ``trigger``'s arguments plus the lease's."""
+        _, kwargs = trigger.serialize()
+        return cls(**kwargs, **lease)
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        """Return the class path, the wrapped trigger's arguments and the lease's."""
+        _, kwargs = super().serialize()  # type: ignore[safe-super]  # the wrapped trigger's
+        kwargs.update(
+            reservation_id=self.reservation_id,
+            ledger_conn_id=self.ledger_conn_id,
+            ledger_url=self.ledger_url,
+            lease_ttl=self.lease_ttl,
+        )
+        return self.classpath, kwargs
+
+    async def _renew(self, hook: AsyncGpuPoolHook) -> None:
+        """Renew the lease once (raises what the ledger raises)."""
+        raise NotImplementedError
+
+    async def _lease_lost(self, lost: LeaseLostError) -> dict[str, Any]:
+        """Delete the workload the lost lease no longer covers; return the lease-lost event."""
+        raise NotImplementedError
+
+    async def _renew_until_lost(self) -> dict[str, Any]:
+        """Renew every ``ttl / 3``; return :meth:`_lease_lost`'s event once the lease is lost."""
+        hook = AsyncGpuPoolHook(self.ledger_conn_id, ledger_url=self.ledger_url)
+        watch = LeaseWatch(self.reservation_id, self.lease_ttl)
+        try:
+            while True:
+                try:
+                    await self._renew(hook)
+                except Exception as e:
+                    lost = watch.failed(e)
+                    if lost is not None:
+                        return await self._lease_lost(lost)
+                    self.log.warning(
+                        "Renewing the lease of %s failed; will retry: %s", self.reservation_id, e
+                    )
+                else:
+                    watch.renewed()
+                await asyncio.sleep(watch.interval)
+        finally:
+            await asyncio.to_thread(hook.close)
+
+    @staticmethod
+    async def _lost_first(
+        following: asyncio.Future[Any], renewer: asyncio.Task[dict[str, Any]]
+    ) -> dict[str, Any] | None:
+        """Wait for the wrapped trigger's next event or the lost lease; return the lost lease's event if it came first.
+
+        :param following: the wrapped trigger's next event
+        :param renewer: :meth:`_renew_until_lost`, running
+        """
+        await asyncio.wait({following, renewer}, return_when=asyncio.FIRST_COMPLETED)
+        if following.done():
+            return None
+        await cancel_quietly(following)
+        return renewer.result()
