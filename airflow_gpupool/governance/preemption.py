@@ -20,6 +20,10 @@ team's nominal quota, a victim for a higher-priority preemptor reclaiming its ow
 Both teams are then within what they are entitled to, and the pool cannot place both: priority
 breaks the tie, where otherwise urgent work would wait for a training run to end.
 
+The headroom lent to preemptible work (:func:`~airflow_gpupool.governance.capacity.fits_headroom`
+with ``lendable``) is a loan too: a grant admitted on it (``on_headroom_loan``) is, whatever its
+team's quota, a victim for urgent work of higher priority, which the headroom is kept for.
+
 Teams without a quota (nominal 0) always borrow, so priority alone decides for them: the
 behaviour of a pool without quotas. Kueue's ``reclaimWithinCohort: Any`` and
 ``withinClusterQueue: LowerPriority`` are the settings this matches.
@@ -60,6 +64,7 @@ class VictimCandidate:
     :param team: its team (None: no team, which is one team of its own)
     :param blocks_by_class: it must leave the preemptor's node because their classes may not
         share a node, whatever the free capacity
+    :param on_headroom_loan: it was admitted on the headroom lent to preemptible work
     """
 
     reservation_id: str
@@ -71,6 +76,7 @@ class VictimCandidate:
     borrowed: bool = False
     team: str | None = None
     blocks_by_class: bool = False
+    on_headroom_loan: bool = False
 
 
 @dataclass(frozen=True)
@@ -80,6 +86,7 @@ class Preemptor:
     :param reclaims: its team is within its nominal quota (it may take back what others borrow)
     :param was_preempted: it is the retry of a preempted try (it does not preempt in turn)
     :param team: its team (None: no team)
+    :param urgent: it may use the headroom (urgent priority or the inference class)
     """
 
     priority: int
@@ -87,6 +94,7 @@ class Preemptor:
     reclaims: bool = False
     was_preempted: bool = False
     team: str | None = None
+    urgent: bool = False
 
 
 def lost_gpu_seconds(victim: VictimCandidate, now: float) -> float:
@@ -133,7 +141,8 @@ def choose_victims(
     for victim in eligible:
         if freed >= preemptor.milli:
             break
-        if still_borrowing is not None and victim.team != preemptor.team and victim.borrowed:
+        quota_victim = victim.borrowed and not (victim.on_headroom_loan and preemptor.urgent)
+        if still_borrowing is not None and victim.team != preemptor.team and quota_victim:
             if still_borrowing.get(victim.team, 0) <= 0:
                 continue  # its team is back within its nominal quota: it keeps the rest
             still_borrowing[victim.team] = still_borrowing.get(victim.team, 0) - victim.milli
@@ -148,7 +157,7 @@ def may_preempt(preemptor: Preemptor, victim: VictimCandidate, now: float, min_r
         return False
     if not victim.preemptible or now - victim.granted_at < min_runtime:
         return False
-    if victim.team == preemptor.team:
+    if victim.team == preemptor.team or (victim.on_headroom_loan and preemptor.urgent):
         return victim.priority < preemptor.priority
     if victim.borrowed:
         return victim.priority < preemptor.priority or preemptor.reclaims

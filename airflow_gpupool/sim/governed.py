@@ -100,6 +100,7 @@ class _Try:
     started_at: float | None = None
     node: int = -1
     releasing: bool = False
+    on_loan: bool = False  # admitted on the headroom lent to preemptible work
 
 
 class TeamsSim(QueueSim):
@@ -205,6 +206,13 @@ class TeamsSim(QueueSim):
         seconds = job.emergency_checkpoint_s
         return seconds is not None and seconds <= self.plan.grace_s
 
+    def _on_loan(self, job: Job, free: int) -> bool:
+        """Whether ``job``, taking its slice with ``free`` milli-GPU free, uses the lent headroom."""
+        if not self.policy.headroom or self.urgent(job) or not self._lends(job):
+            return False
+        milli = job.request.total_gpu_milli
+        return not fits_headroom(self.capacity, free, milli, self.plan.headroom, urgent=False)
+
     def _lends(self, job: Job) -> bool:
         return self.plan.headroom_lent and job.request.preemptible
 
@@ -258,6 +266,7 @@ class TeamsSim(QueueSim):
             self.blocked.add(k)
             return None
         self._take(self.where[verdict.node], r, verdict)
+        self.tries[k].on_loan = self._on_loan(self.tries[k].job, self._free)
         self._free -= r.total_gpu_milli
         return verdict
 
@@ -277,7 +286,15 @@ class TeamsSim(QueueSim):
         team = t.job.team
         borrowed = self.held_by[team] > self.nominal.get(team, 0)
         return VictimCandidate(
-            str(k), r.priority, r.preemptible, started, self.useful[k], checkpoint, borrowed, team
+            str(k),
+            r.priority,
+            r.preemptible,
+            started,
+            self.useful[k],
+            checkpoint,
+            borrowed,
+            team,
+            on_headroom_loan=t.on_loan,
         )
 
     def _borrowing(self, gone: tuple[int, ...] = ()) -> dict[str | None, int]:
@@ -301,7 +318,7 @@ class TeamsSim(QueueSim):
             for v in self.running
         ):
             return  # nobody it may preempt (a shortcut: choose_victims would say the same)
-        preemptor = Preemptor(r.priority, milli, reclaims, team=t.job.team)
+        preemptor = Preemptor(r.priority, milli, reclaims, team=t.job.team, urgent=self.urgent(t.job))
         best = self._cheapest_node(preemptor, t.job, now)
         if best is None:
             return
@@ -315,6 +332,9 @@ class TeamsSim(QueueSim):
             lendable=self._lends(t.job),
         ):
             return
+        t.on_loan = self._on_loan(
+            t.job, self.capacity - self.allocated_milli() + sum(self.useful[v] for v in victims)
+        )
         self.pending[k] = (set(victims), i)
         for v in victims:
             self._stop(v, now)

@@ -27,10 +27,20 @@ def grant(
     borrowed: bool = False,
     team: str | None = None,
     blocks_by_class: bool = False,
+    on_headroom_loan: bool = False,
 ) -> VictimCandidate:
     checkpoint_at = None if checkpoint_age is None else NOW - checkpoint_age
     return VictimCandidate(
-        rid, priority, preemptible, NOW - age, milli, checkpoint_at, borrowed, team, blocks_by_class
+        rid,
+        priority,
+        preemptible,
+        NOW - age,
+        milli,
+        checkpoint_at,
+        borrowed,
+        team,
+        blocks_by_class,
+        on_headroom_loan,
     )
 
 
@@ -233,3 +243,38 @@ def test_kueue_order_takes_borrowers_then_lowest_priority_then_newest_blind_to_c
     assert chosen is not None and [v.reservation_id for v in chosen] == ["lowest-priority", "stale-newest"]
     # Ours picks the freshest checkpoint for the same request.
     assert victims(Preemptor(priority=10, milli=1000), without_borrower) == ["fresh-checkpoint"]
+
+
+@pytest.mark.parametrize(
+    ("victim", "preemptor", "expected"),
+    [
+        pytest.param(
+            grant("v", priority=LOW, team="a", on_headroom_loan=True),
+            Preemptor(HIGH, 1000, team="b", urgent=True),
+            True,
+            id="on-loan-within-nominal-urgent-higher-priority",
+        ),
+        pytest.param(
+            grant("v", priority=LOW, team="a", on_headroom_loan=True),
+            Preemptor(HIGH, 1000, team="b"),
+            False,
+            id="on-loan-within-nominal-not-urgent",
+        ),
+        pytest.param(
+            grant("v", priority=HIGH, team="a", on_headroom_loan=True),
+            Preemptor(HIGH, 1000, team="b", urgent=True),
+            False,
+            id="on-loan-same-priority-urgent",
+        ),
+        pytest.param(
+            grant("v", priority=LOW, team="a", on_headroom_loan=True, preemptible=False),
+            Preemptor(HIGH, 1000, team="b", urgent=True),
+            False,
+            id="on-loan-not-preemptible",
+        ),
+    ],
+)
+def test_urgent_work_takes_back_the_lent_headroom(
+    victim: VictimCandidate, preemptor: Preemptor, expected: bool
+) -> None:
+    assert may_preempt(preemptor, victim, NOW, 300) is expected
