@@ -17,6 +17,10 @@ module only keeps time. Policies compared (:data:`POLICIES`):
 - ``airflow-pool``: an Airflow pool (whole-GPU slots, priority then FIFO, no quotas, no bound on
   overtakes, spreading placement).
 
+Who may preempt whom is the rule of :func:`~airflow_gpupool.governance.preemption.may_preempt`
+(Kueue's for a cohort: priority within a team; across teams only grants whose team borrows, or
+that block the preemptor's node by class); a preemptor that would borrow is admitted by quota as
+Kueue checks it, once its victims are gone.
 A preempted try queues again at its own priority with the work left after its newest checkpoint
 and does not preempt in turn. ``lost_gpu_s`` counts GPU-seconds of work thrown away (computed
 since the checkpoint a retry resumes from); ``grace_gpu_s`` those a victim held while writing
@@ -96,6 +100,7 @@ class _Try:
     started_at: float | None = None
     node: int = -1
     releasing: bool = False
+    on_loan: bool = False  # admitted on the headroom lent to preemptible work
 
 
 class TeamsSim(QueueSim):
@@ -201,6 +206,13 @@ class TeamsSim(QueueSim):
         seconds = job.emergency_checkpoint_s
         return seconds is not None and seconds <= self.plan.grace_s
 
+    def _on_loan(self, job: Job, free: int) -> bool:
+        """Whether ``job``, taking its slice with ``free`` milli-GPU free, uses the lent headroom."""
+        if not self.policy.headroom or self.urgent(job) or not self._lends(job):
+            return False
+        milli = job.request.total_gpu_milli
+        return not fits_headroom(self.capacity, free, milli, self.plan.headroom, urgent=False)
+
     def _lends(self, job: Job) -> bool:
         return self.plan.headroom_lent and job.request.preemptible
 
@@ -254,6 +266,7 @@ class TeamsSim(QueueSim):
             self.blocked.add(k)
             return None
         self._take(self.where[verdict.node], r, verdict)
+        self.tries[k].on_loan = self._on_loan(self.tries[k].job, self._free)
         self._free -= r.total_gpu_milli
         return verdict
 
@@ -273,8 +286,23 @@ class TeamsSim(QueueSim):
         team = t.job.team
         borrowed = self.held_by[team] > self.nominal.get(team, 0)
         return VictimCandidate(
-            str(k), r.priority, r.preemptible, started, self.useful[k], checkpoint, borrowed
+            str(k),
+            r.priority,
+            r.preemptible,
+            started,
+            self.useful[k],
+            checkpoint,
+            borrowed,
+            team,
+            on_headroom_loan=t.on_loan,
         )
+
+    def _borrowing(self, gone: tuple[int, ...] = ()) -> dict[str | None, int]:
+        """Return per team the milli-GPU held beyond its nominal quota, once ``gone`` have ended."""
+        held = dict(self.held_by)
+        for k in gone:
+            held[self.tries[k].job.team] -= self.useful[k]
+        return {team: milli - self.nominal.get(team, 0) for team, milli in held.items()}
 
     def _preempt_for(self, k: int, now: float) -> None:
         t = self.tries[k]
@@ -282,27 +310,16 @@ class TeamsSim(QueueSim):
         milli = r.total_gpu_milli
         if t.was_preempted or k in self.pending:
             return
-        if (
-            self.policy.quotas
-            and not QuotaState(self.plan.quotas, self._used())
-            .admit(t.job.team, [self.plan.flavor], milli)
-            .admitted
-        ):
-            return
+        if not self._quota_admits(t.job, others_at_nominal=True):
+            return  # not even if every other team gave back what it borrows
         reclaims = self.held_by[t.job.team] + milli <= self.nominal.get(t.job.team, 0)
         if not reclaims and not any(
             self.tries[v].job.request.preemptible and self.tries[v].job.request.priority < r.priority
             for v in self.running
         ):
             return  # nobody it may preempt (a shortcut: choose_victims would say the same)
-        preemptor = Preemptor(r.priority, milli, reclaims)
-        best: tuple[float, int, tuple[int, ...]] | None = None
-        for i in range(len(self.nodes)):
-            if isinstance(choices(self.empty[i], r), NoFitReason):
-                continue
-            found = self._victims_on(i, preemptor, r, now)
-            if found is not None and (best is None or found[0] < best[0]):
-                best = (found[0], i, found[1])
+        preemptor = Preemptor(r.priority, milli, reclaims, team=t.job.team, urgent=self.urgent(t.job))
+        best = self._cheapest_node(preemptor, t.job, now)
         if best is None:
             return
         _, i, victims = best
@@ -315,9 +332,47 @@ class TeamsSim(QueueSim):
             lendable=self._lends(t.job),
         ):
             return
+        t.on_loan = self._on_loan(
+            t.job, self.capacity - self.allocated_milli() + sum(self.useful[v] for v in victims)
+        )
         self.pending[k] = (set(victims), i)
         for v in victims:
             self._stop(v, now)
+
+    def _cheapest_node(
+        self, preemptor: Preemptor, job: Job, now: float
+    ) -> tuple[float, int, tuple[int, ...]] | None:
+        """Return (cost, node, victims) of the node where preempting for ``job`` loses least, or None."""
+        r = job.request
+        best: tuple[float, int, tuple[int, ...]] | None = None
+        for i in range(len(self.nodes)):
+            if isinstance(choices(self.empty[i], r), NoFitReason):
+                continue
+            found = self._victims_on(i, preemptor, r, now)
+            if found is None or not self._quota_admits(job, gone=found[1]):
+                continue  # none there, or they do not free the cohort quota it would borrow
+            if best is None or found[0] < best[0]:
+                best = (found[0], i, found[1])
+        return best
+
+    def _quota_admits(self, job: Job, gone: tuple[int, ...] = (), *, others_at_nominal: bool = False) -> bool:
+        """Whether ``job``'s quota admits it once ``gone`` have ended (Kueue checks a preemptor so).
+
+        :param others_at_nominal: count every other team at most at its nominal quota (an upper
+            bound on what preempting borrowers can give back)
+        """
+        if not self.policy.quotas:
+            return True
+        held = {team: milli for team, milli in self.held_by.items()}
+        for v in gone:
+            held[self.tries[v].job.team] -= self.useful[v]
+        if others_at_nominal:
+            held = {t: m if t == job.team else min(m, self.nominal.get(t, 0)) for t, m in held.items()}
+        used = {(team, self.plan.flavor): milli for team, milli in held.items()}
+        verdict = QuotaState(self.plan.quotas, used).admit(
+            job.team, [self.plan.flavor], job.request.total_gpu_milli
+        )
+        return verdict.admitted
 
     def _victims_on(
         self, i: int, preemptor: Preemptor, request: Any, now: float
@@ -334,6 +389,8 @@ class TeamsSim(QueueSim):
         candidates = {k: self._candidate(k, now) for k in on_node}
         conflicting = EXCLUSIVE_CLASSES.get(request.workload_class.value)
         forced = [k for k in on_node if self.tries[k].job.request.workload_class.value == conflicting]
+        for k in forced:
+            candidates[k] = replace(candidates[k], blocks_by_class=True)
         if forced:
             taken = choose_victims(
                 replace(preemptor, milli=sum(self.useful[k] for k in forced)),
@@ -342,6 +399,7 @@ class TeamsSim(QueueSim):
                 now=now,
                 min_runtime_seconds=min_runtime,
                 order=order,
+                borrowing_milli=self._borrowing(),
             )
             if taken is None or len(taken) != len(forced):
                 return None  # one of them may not be preempted: the node cannot take the request
@@ -352,6 +410,7 @@ class TeamsSim(QueueSim):
             now=now,
             min_runtime_seconds=min_runtime,
             order=order,
+            borrowing_milli=self._borrowing(tuple(forced)),
         )
         if chosen is None:
             return None

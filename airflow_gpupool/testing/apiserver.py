@@ -85,6 +85,25 @@ class KubernetesConflict(KubernetesError):
         super().__init__(status=409, reason="Conflict", message=message, details={})
 
 
+def grace_period(request: Any, pod: Mapping[str, Any]) -> float:
+    """Return a pod delete's grace period, as the API server reads it.
+
+    ``gracePeriodSeconds`` from the query, else from the body (``DeleteOptions``), else the pod's
+    ``spec.terminationGracePeriodSeconds`` (30 by default).
+
+    :param request: kmock's parsed request
+    :param pod: the pod being deleted
+    """
+    body = request.data if request.body and isinstance(request.data, dict) else {}
+    for value in (dict(request.params).get("gracePeriodSeconds"), body.get("gracePeriodSeconds")):
+        if value is not None:
+            try:
+                return float(value)
+            except (TypeError, ValueError):
+                return 0.0
+    return float((pod.get("spec") or {}).get("terminationGracePeriodSeconds", 30))
+
+
 class KubernetesApiEmulator(StoredObjects):
     """An in-memory Kubernetes API server with a simulated kubelet and scheduler.
 
@@ -207,6 +226,7 @@ class KubernetesApiEmulator(StoredObjects):
         if (read := self._serve_read(request)) is not None:
             return read
         deleted_job = self._deleted_job(request)
+        await self._before_pod_delete(request)
         self._before_write(request)
         response = await super()._handle(request)
         if response.status < 300:
@@ -214,6 +234,21 @@ class KubernetesApiEmulator(StoredObjects):
             if deleted_job is not None:
                 await self.jobs.deleted(deleted_job, propagation_policy(request))
         return response
+
+    async def _before_pod_delete(self, request: Any) -> None:
+        """Let a pod deleted gracefully that opted in write its emergency checkpoint and end first.
+
+        The delete answers once the pod has ended (a real API server answers at once and removes
+        the pod later); a client watching sees the pod terminating, then ``Failed``, then gone.
+
+        :param request: kmock's parsed request
+        """
+        if request.resource != PODS or request.action != action.DELETE or not request.name:
+            return
+        pod = self.get_object(PODS, request.namespace, request.name)
+        if pod is not None and request.subresource is None:
+            grace = grace_period(request, pod)
+            await self.kubelet.terminate_gracefully(request.namespace, request.name, grace)
 
     def _deleted_job(self, request: Any) -> dict[str, Any] | None:
         """Return the Job a request deletes, read before kmock forgets it; ``None`` for other requests.

@@ -25,6 +25,10 @@ Annotations (all optional, values are strings as Kubernetes requires):
     the step the training reaches (``step-000001`` ... ``step-00000N``), then ``COMPLETE``
 ``gpupool.emulator/fail-after-step``
     crash (exit code 1) right after writing this step, unless the run resumed from it or later
+``gpupool.emulator/checkpoint-on-sigterm``
+    ``"true"``: the training handles SIGTERM (as ``GPUPOOL_EMULATOR_CHECKPOINT_ON_SIGTERM=1`` in
+    its container's env also says): deleted with a grace period while running, it writes one more
+    checkpoint step (an emergency checkpoint) within the grace and exits with code 143
 ``gpupool.emulator/schedule-delay-seconds`` / ``gpupool.emulator/start-delay-seconds``
     time spent unscheduled and then in ``ContainerCreating`` (defaults 0.05 s each)
 
@@ -59,6 +63,7 @@ class PodBehaviour:
     :param checkpoint_dir: local path, ``file://`` URL or fsspec URL for checkpoints
     :param checkpoint_steps: the last step to write
     :param fail_after_step: crash after writing this step
+    :param checkpoint_on_sigterm: write an emergency checkpoint when deleted with a grace period
     :param schedule_delay_seconds: time before the pod is scheduled
     :param start_delay_seconds: time between scheduling and running
     """
@@ -74,6 +79,7 @@ class PodBehaviour:
     checkpoint_dir: str | None = None
     checkpoint_steps: int | None = None
     fail_after_step: int | None = None
+    checkpoint_on_sigterm: bool | None = None
     schedule_delay_seconds: float | None = None
     start_delay_seconds: float | None = None
 
@@ -130,6 +136,7 @@ _PARSERS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "checkpoint-dir": ("checkpoint_dir", str),
     "checkpoint-steps": ("checkpoint_steps", int),
     "fail-after-step": ("fail_after_step", int),
+    "checkpoint-on-sigterm": ("checkpoint_on_sigterm", _flag),
     "schedule-delay-seconds": ("schedule_delay_seconds", float),
     "start-delay-seconds": ("start_delay_seconds", float),
 }

@@ -7,6 +7,10 @@ Layout under the checkpoint directory::
     ...
     COMPLETE                    # written when the training finished successfully
 
+An emergency checkpoint (written on SIGTERM, ``gpupool.emulator/checkpoint-on-sigterm``) has
+``"emergency": true`` in its manifest: information for tests and people; readers of the contract
+(:mod:`airflow_gpupool.checkpoints.manifest`) ignore it, it is a checkpoint like any other.
+
 A step directory without ``manifest.json`` is incomplete and must be ignored by readers. The
 directory is a local path, a ``file://`` URL, or any other URL fsspec writes (``s3://`` with the
 ``AWS_*`` variables, as a training container on a shared object store would).
@@ -27,6 +31,8 @@ DATA_NAME = "model.bin"
 COMPLETE_MARKER = "COMPLETE"
 RESUME_ENV = "GPUPOOL_RESUME_FROM"
 CHECKPOINT_DIR_ENV = "GPUPOOL_CHECKPOINT_DIR"
+#: In a container's env, ``1`` opts the simulated training in to a checkpoint on SIGTERM.
+CHECKPOINT_ON_SIGTERM_ENV = "GPUPOOL_EMULATOR_CHECKPOINT_ON_SIGTERM"
 
 _TRAILING_NUMBER = re.compile(r"(\d+)/*$")
 
@@ -84,23 +90,28 @@ def loss_at(step: int) -> float:
     return round(2.5 / (1 + step) + 0.05, 6)
 
 
-def _step_files(step: int, now: datetime.datetime | None) -> tuple[bytes, str]:
+def _step_files(step: int, now: datetime.datetime | None, emergency: bool = False) -> tuple[bytes, str]:
     """Return a step's data file and manifest."""
     when = now or datetime.datetime.now(tz=datetime.UTC)
-    manifest = {"step": step, "time": when.isoformat(), "metrics": {"loss": loss_at(step)}}
+    manifest: dict[str, object] = {"step": step, "time": when.isoformat(), "metrics": {"loss": loss_at(step)}}
+    if emergency:
+        manifest["emergency"] = True
     return f"weights-after-step-{step}\n".encode() * 4, json.dumps(manifest, sort_keys=True)
 
 
-def write_step(root: Path, step: int, *, now: datetime.datetime | None = None) -> Path:
+def write_step(
+    root: Path, step: int, *, now: datetime.datetime | None = None, emergency: bool = False
+) -> Path:
     """Write one checkpoint step: its data file first, its manifest last (atomically).
 
     :param root: the checkpoint directory
     :param step: the step number
     :param now: the time recorded in the manifest
+    :param emergency: mark it written on SIGTERM
     """
     step_dir = root / STEP_DIR_FORMAT.format(step)
     step_dir.mkdir(parents=True, exist_ok=True)
-    data, manifest = _step_files(step, now)
+    data, manifest = _step_files(step, now, emergency)
     (step_dir / DATA_NAME).write_bytes(data)
     partial = step_dir / f".{MANIFEST_NAME}.partial"
     partial.write_text(manifest)
@@ -108,7 +119,9 @@ def write_step(root: Path, step: int, *, now: datetime.datetime | None = None) -
     return step_dir
 
 
-def write_step_url(url: str, step: int, *, now: datetime.datetime | None = None) -> str:
+def write_step_url(
+    url: str, step: int, *, now: datetime.datetime | None = None, emergency: bool = False
+) -> str:
     """Write one checkpoint step through fsspec: data first, manifest last; return its URL.
 
     An object store's PUT is atomic, so the manifest needs no rename to appear whole.
@@ -116,27 +129,29 @@ def write_step_url(url: str, step: int, *, now: datetime.datetime | None = None)
     :param url: the checkpoint location (``s3://bucket/run``)
     :param step: the step number
     :param now: the time recorded in the manifest
+    :param emergency: mark it written on SIGTERM
     """
     from fsspec.core import url_to_fs
 
     fs, root = url_to_fs(url)
     step_dir = f"{str(root).rstrip('/')}/{STEP_DIR_FORMAT.format(step)}"
-    data, manifest = _step_files(step, now)
+    data, manifest = _step_files(step, now, emergency)
     fs.pipe_file(f"{step_dir}/{DATA_NAME}", data)
     fs.pipe_file(f"{step_dir}/{MANIFEST_NAME}", manifest.encode())
     return f"{url.rstrip('/')}/{STEP_DIR_FORMAT.format(step)}"
 
 
-def save_step(root: Path | str, step: int) -> None:
+def save_step(root: Path | str, step: int, *, emergency: bool = False) -> None:
     """Write one step where :func:`plan_root` said: a local directory or a URL.
 
     :param root: a local Path or an fsspec URL
     :param step: the step number
+    :param emergency: mark it written on SIGTERM
     """
     if isinstance(root, Path):
-        write_step(root, step)
+        write_step(root, step, emergency=emergency)
     else:
-        write_step_url(root, step)
+        write_step_url(root, step, emergency=emergency)
 
 
 def save_complete(root: Path | str, last_step: int) -> None:

@@ -36,9 +36,22 @@ from airflow_gpupool.testing.kinds import EVENTS, NODES, PODS
 from airflow_gpupool.testing.logs import LogBook
 from airflow_gpupool.testing.pod_events import pod_event
 from airflow_gpupool.testing.pod_history import PodHistory
-from airflow_gpupool.testing.pod_status import Outcome, bind, mark_running, mark_unschedulable, terminate
+from airflow_gpupool.testing.pod_status import (
+    Outcome,
+    bind,
+    mark_running,
+    mark_terminating,
+    mark_unschedulable,
+    terminate,
+)
 from airflow_gpupool.testing.scheduling import choose_node
-from airflow_gpupool.testing.workload import CheckpointPlan, PodWorkload, checkpoint_plan
+from airflow_gpupool.testing.workload import (
+    SIGTERM,
+    CheckpointPlan,
+    PodWorkload,
+    checkpoint_plan,
+    checkpoints_on_sigterm,
+)
 
 if TYPE_CHECKING:
     from airflow_gpupool.testing.apiserver import KubernetesApiEmulator
@@ -153,6 +166,37 @@ class SimulatedKubelet:
             involved = {"metadata": {"name": name, "namespace": namespace, "uid": uid}}
             await self.event(involved, "Normal", "Killing", "Stopping container", "kubelet", node)
         self.notify()
+
+    async def terminate_gracefully(self, namespace: str | None, name: str, grace_seconds: float) -> bool:
+        """Send SIGTERM to a running pod that checkpoints on it, and wait (at most the grace) for its end.
+
+        A graceful delete (``gracePeriodSeconds`` > 0) of a pod that opted in
+        (:func:`~airflow_gpupool.testing.workload.checkpoints_on_sigterm`): the pod is marked
+        terminating (``deletionTimestamp``), its training writes an emergency checkpoint and exits
+        143 (``Failed``); the caller then completes the deletion. Any other pod is left alone.
+
+        :param namespace: its namespace
+        :param name: its name
+        :param grace_seconds: the delete's grace period
+        :return: whether the pod was terminated this way
+        """
+        pod = self.api.get_object(PODS, namespace, name)
+        uid = self._uids.get((namespace, name))
+        if pod is None or uid is None or uid not in self._running or grace_seconds <= 0:
+            return False
+        try:
+            opted_in = checkpoints_on_sigterm(pod, self.behaviour_for(pod))
+        except ValueError:
+            return False  # an unreadable annotation: the lifecycle already reported it
+        task = self._tasks.get(uid)
+        if not opted_in or task is None:
+            return False
+        await self.api.update_object(
+            PODS, namespace, name, functools.partial(mark_terminating, grace_seconds=grace_seconds)
+        )
+        self.interrupt(uid, Interruption(SIGTERM, "SIGTERM: the pod is being deleted"))
+        await asyncio.wait({task}, timeout=grace_seconds)  # past the grace: SIGKILL (the delete goes on)
+        return True
 
     def notify(self) -> None:
         """Tell unschedulable pods that the cluster changed (a node or free capacity)."""

@@ -157,6 +157,17 @@ def mark_running(pod: dict[str, Any], pod_ip: str) -> None:
     set_container_statuses(pod, lambda c: {"running": {"startedAt": started}}, ready=True)
 
 
+def mark_terminating(pod: dict[str, Any], grace_seconds: float) -> None:
+    """Mark a pod being deleted gracefully, as the API server does before its kubelet stops it.
+
+    :param pod: the pod, changed in place
+    :param grace_seconds: the delete's grace period
+    """
+    meta = pod["metadata"]
+    meta["deletionTimestamp"] = now_timestamp()
+    meta["deletionGracePeriodSeconds"] = int(grace_seconds)
+
+
 def terminate(pod: dict[str, Any], outcome: Outcome) -> None:
     """Record a pod's end.
 

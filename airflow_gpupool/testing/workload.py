@@ -4,7 +4,9 @@
 ``GPUPOOL_RESUME_FROM``, crashing after ``fail-after-step``); :class:`PodWorkload` spreads them
 over the run time, stops early when the pod is interrupted and returns the pod's
 :class:`~airflow_gpupool.testing.pod_status.Outcome` (a crash, an OOM kill, an exit code or
-success with the ``COMPLETE`` marker).
+success with the ``COMPLETE`` marker). A pod deleted with a grace period that opted in
+(:func:`checkpoints_on_sigterm`) gets :data:`SIGTERM`: it writes its next step as an emergency
+checkpoint and exits with code 143, as a training container that handles SIGTERM does.
 """
 
 from __future__ import annotations
@@ -23,6 +25,12 @@ if TYPE_CHECKING:
 
     from airflow_gpupool.testing.behaviour import PodBehaviour
     from airflow_gpupool.testing.logs import LogBook
+
+
+#: The interruption a graceful delete sends an opted-in pod (:meth:`SimulatedKubelet.terminate_gracefully`).
+SIGTERM = "SIGTERM"
+#: A container's exit code after SIGTERM (128 + 15).
+SIGTERM_EXIT_CODE = 143
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +77,18 @@ def checkpoint_plan(pod: dict[str, Any], behaviour: PodBehaviour) -> CheckpointP
     if crash is not None and crash <= resumed:
         crash = None  # the crash happened in an earlier run; the resumed one goes past it
     return CheckpointPlan(checkpoints.plan_root(location), resumed + 1, behaviour.checkpoint_steps, crash)
+
+
+def checkpoints_on_sigterm(pod: dict[str, Any], behaviour: PodBehaviour) -> bool:
+    """Return whether a pod's training writes a checkpoint on SIGTERM (it opted in).
+
+    :param pod: the pod (its first container's env may set ``GPUPOOL_EMULATOR_CHECKPOINT_ON_SIGTERM=1``)
+    :param behaviour: its behaviour (``gpupool.emulator/checkpoint-on-sigterm``)
+    """
+    if behaviour.checkpoint_on_sigterm is not None:
+        return behaviour.checkpoint_on_sigterm
+    value = _container_env(pod, checkpoints.CHECKPOINT_ON_SIGTERM_ENV) or ""
+    return value.strip().lower() in {"1", "true", "yes", "on"}
 
 
 class PodWorkload:
@@ -144,6 +164,8 @@ class PodWorkload:
         interval = self.duration / (len(steps) + 1)
         for step in steps:
             if (interruption := await self.pause(interval)) is not None:
+                if interruption.reason == SIGTERM:
+                    return self._sigterm(plan, step)
                 return None if interruption.reason == FINISH_NOW else interrupted(interruption, self.node)
             assert plan is not None
             checkpoints.save_step(plan.root, step)
@@ -156,8 +178,27 @@ class PodWorkload:
                 )
                 return Outcome("Failed", 1, "Error")
         if (interruption := await self.pause(interval)) is not None and interruption.reason != FINISH_NOW:
-            return interrupted(interruption, self.node)
+            return (
+                self._sigterm(None, 0)
+                if interruption.reason == SIGTERM
+                else interrupted(interruption, self.node)
+            )
         return None
+
+    def _sigterm(self, plan: CheckpointPlan | None, step: int) -> Outcome:
+        """Write ``step`` as an emergency checkpoint (none when every step is written) and exit 143.
+
+        :param plan: the checkpoints, if any
+        :param step: the next step the training would have written
+        """
+        self.log("gpupool emulator: received SIGTERM")
+        if plan is not None:
+            checkpoints.save_step(plan.root, step, emergency=True)
+            self.log(
+                f"step {step}/{plan.last}: emergency checkpoint {checkpoints.STEP_DIR_FORMAT.format(step)} saved on SIGTERM"
+            )
+        events = (("Normal", "Killing", "Stopping container", "kubelet"),)
+        return Outcome("Failed", SIGTERM_EXIT_CODE, "Error", events=events)
 
     def _completion(self, plan: CheckpointPlan | None) -> Outcome:
         """Return the outcome of a run that was not interrupted.
