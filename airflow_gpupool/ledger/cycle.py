@@ -274,10 +274,10 @@ class WriteCycle:
     def serve(self, tx: Tx) -> None:
         """Grant what the queue can grant now, in its order (see :func:`~airflow_gpupool.placement.queue.serve`)."""
         # Under quotas every pass is a full one: a release elsewhere may admit a request here.
-        quota = self.governance(tx) if governed(tx.quota_version) else None
-        if quota is not None:
+        under_quotas = governed(tx.quota_version)
+        if under_quotas:
             self._service.forget()
-        incremental = self.incremental and quota is None
+        incremental = self.incremental and not under_quotas
         memo = self._service.begin(tx.nodes, tx.served, self._service_owner()) if incremental else None
         rows = self._waiting(tx, memo) if memo is not None else tx.conn.execute(sql.WAITING).all()
         if not rows:
@@ -285,6 +285,7 @@ class WriteCycle:
         entries = [QueueEntry(row.id, self.store.request_of(row), row.seq, row.overtakes) for row in rows]
         if memo is not None:
             entries.sort(key=lambda e: (-e.request.priority, e.seq, e.request_id))
+        quota = self.governance(tx) if under_quotas else None  # read only when something waits
         if quota is not None:
             entries = quota.order([e for e in entries if not quota.refused_everywhere(e.request)])
         try_place = self._placer(tx, memo, quota)
