@@ -50,6 +50,8 @@ class Stamp:
         means nothing changed
     :param spent_version: the version of the last write that changed the spent waiting
         requests (None: none stamped yet), see :mod:`~airflow_gpupool.ledger.queue_copy`
+    :param quota_version: the version of the last quota change; None or 0: no quota stored
+        (see :mod:`~airflow_gpupool.ledger.admission`)
     """
 
     generation: int
@@ -57,6 +59,7 @@ class Stamp:
     version: int
     counter: bool
     spent_version: int | None = None
+    quota_version: int | None = None
 
     @property
     def watermark_after_commit(self) -> int:
@@ -70,6 +73,7 @@ _PG_CHANGES = """
 SELECT
     (SELECT value FROM gpupool_meta WHERE key = 'inventory_generation') AS generation,
     (SELECT value FROM gpupool_meta WHERE key = 'spent_queue_version') AS spent_version,
+    (SELECT value FROM gpupool_meta WHERE key = 'quota_version') AS quota_version,
     pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS watermark,
     {version} AS version,
     (SELECT json_agg(n ORDER BY n.name) FROM gpupool_nodes n WHERE n.version >= :since) AS nodes,
@@ -93,6 +97,8 @@ class CapacityCache:
     def __init__(self) -> None:
         self.watermark = _EVERYTHING
         self.generation = -1
+        #: The stamp's quota version at the last refresh (None or 0: no quota stored).
+        self.quota_version: int | None = None
         self.refreshed_at = -math.inf
         # Names of the nodes whose state changed since the last take_changes(); None: unknown.
         self.changed: set[str] | None = None
@@ -137,6 +143,7 @@ class CapacityCache:
             self.invalidate()  # nodes came or went: read them all
             stamp = self._read(conn, writing, _EVERYTHING)
         self.watermark, self.generation = stamp.watermark, stamp.generation
+        self.quota_version = stamp.quota_version
         self.refreshed_at = time.monotonic()
         return stamp
 
@@ -164,7 +171,9 @@ class CapacityCache:
         if conn.dialect.name == "postgresql":
             row = conn.execute(_PG_WRITE if writing else _PG_READ, {"since": since}).one()
             self._apply(row.nodes or [], row.gpus or [], row.migs or [])
-            return Stamp(row.generation, row.watermark, row.version, False, row.spent_version)
+            return Stamp(
+                row.generation, row.watermark, row.version, False, row.spent_version, row.quota_version
+            )
         meta = dict(
             conn.execute(sql.READ_META).all()
         )  # rows are tuples (Result.tuples() is deprecated in 2.1)
@@ -175,6 +184,7 @@ class CapacityCache:
             version if writing else 0,
             True,
             meta.get(sql.SPENT_VERSION_KEY),
+            meta.get("quota_version"),
         )
         if since != version:  # on a counter, an unchanged watermark means nothing changed
             self._apply(*self._select(conn, None if since == _EVERYTHING else since))

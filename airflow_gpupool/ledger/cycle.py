@@ -19,6 +19,7 @@ from sqlalchemy import Connection, Row, delete, select
 
 from airflow_gpupool.ledger import gangs, schema
 from airflow_gpupool.ledger import statements as sql
+from airflow_gpupool.ledger.admission import Governance, PlanCache, governed
 from airflow_gpupool.ledger.cache import CapacityCache, classes_from_counts
 from airflow_gpupool.ledger.equivalence import EquivalenceIndex
 from airflow_gpupool.ledger.explain import WaitContext, blocked_message
@@ -95,6 +96,7 @@ class WriteCycle:
         self.incremental = incremental
         self._equivalence = EquivalenceIndex()
         self._service = ServiceMemo()
+        self._plans = PlanCache()
         self._shapes: dict[str, GpuRequest] = {}
         self.queue = QueueCopy()
         # The hold the last pass logged: a hold is logged when it changes, not at every pass.
@@ -161,10 +163,14 @@ class WriteCycle:
 
         :param cache: a loaded capacity copy (default: the store's)
         """
-        ctx = WaitContext(
-            self.store, cache or self.store.cache, self.policy, self.bindings, self.max_overtakes
-        )
-        return blocked_message(ctx, tx, row, self.store.request_of(row))
+        cache = cache or self.store.cache
+        ctx = WaitContext(self.store, cache, self.policy, self.bindings, self.max_overtakes)
+        request, version = self.store.request_of(row), tx.quota_version or cache.quota_version
+        refusal = None
+        if governed(version):
+            plan = self._plans.plan(tx.conn, version or 0)
+            refusal = Governance.read(tx.conn, self.store, plan, tx.nodes).refusal(request)
+        return blocked_message(ctx, tx, row, request, refusal)
 
     def expire_due(self, tx: Tx) -> None:
         """End the leases and waits that are overdue at ``tx.now``, then serve the queue if any were.
@@ -267,14 +273,22 @@ class WriteCycle:
 
     def serve(self, tx: Tx) -> None:
         """Grant what the queue can grant now, in its order (see :func:`~airflow_gpupool.placement.queue.serve`)."""
-        memo = self._service.begin(tx.nodes, tx.served, self._service_owner()) if self.incremental else None
+        # Under quotas every pass is a full one: a release elsewhere may admit a request here.
+        under_quotas = governed(tx.quota_version)
+        if under_quotas:
+            self._service.forget()
+        incremental = self.incremental and not under_quotas
+        memo = self._service.begin(tx.nodes, tx.served, self._service_owner()) if incremental else None
         rows = self._waiting(tx, memo) if memo is not None else tx.conn.execute(sql.WAITING).all()
         if not rows:
             return
         entries = [QueueEntry(row.id, self.store.request_of(row), row.seq, row.overtakes) for row in rows]
         if memo is not None:
             entries.sort(key=lambda e: (-e.request.priority, e.seq, e.request_id))
-        try_place = self._placer(tx, memo)
+        quota = self.governance(tx) if under_quotas else None  # read only when something waits
+        if quota is not None:
+            entries = quota.order([e for e in entries if not quota.refused_everywhere(e.request)])
+        try_place = self._placer(tx, memo, quota)
 
         def hold(entry: QueueEntry, held: frozenset[str]) -> str | tuple[str, ...] | None:
             current = list(tx.nodes.values())
@@ -370,24 +384,35 @@ class WriteCycle:
                 self._shapes.pop(next(iter(self._shapes)))
         return request
 
+    def governance(self, tx: Tx) -> Governance:
+        """Return the quotas and usage a pass under quotas works with (see :mod:`~airflow_gpupool.ledger.admission`)."""
+        assert tx.quota_version
+        return Governance.read(tx.conn, self.store, self._plans.plan(tx.conn, tx.quota_version), tx.nodes)
+
     def _placer(
-        self, tx: Tx, memo: PassMemo | None
+        self, tx: Tx, memo: PassMemo | None, quota: Governance | None = None
     ) -> Callable[[QueueEntry, frozenset[str]], Assignment | None]:
-        """Return the ``try_place`` of one pass: grant the entry if it fits, else None."""
+        """Return the ``try_place`` of one pass: grant the entry if it fits (and its quota admits it), else None."""
 
         def try_place(entry: QueueEntry, held: frozenset[str]) -> Assignment | None:
             if memo is not None and memo.cannot_fit(entry, held):
                 return None
             request = entry.request
+            avoid = held | quota.refused(request, tx.nodes.values()) if quota is not None else held
             found: Assignment | GangAssignment | NoFit
             if request.gang is not None:
-                found = gangs.place(tx, request, held, self.policy, self.bindings)
+                found = gangs.place(tx, request, avoid, self.policy, self.bindings)
+                if quota is not None and isinstance(found, GangAssignment):
+                    found = found if quota.admits_gang(request, found) else NoFit(())
             else:
-                found = self.place(tx.nodes, request, held)
+                found = self.place(tx.nodes, request, avoid)
             if isinstance(found, NoFit):
                 if memo is not None:
                     memo.found_blocked(entry, held)
                 return None
+            if quota is not None:
+                for one in found.members if isinstance(found, GangAssignment) else (found,):
+                    quota.record(request.member, one, tx.nodes[one.node])
             if isinstance(found, Assignment):
                 grant_row(tx, entry.request_id, request, found)
                 verdict = found

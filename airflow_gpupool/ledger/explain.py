@@ -101,12 +101,19 @@ def _gang_blocked(
     return blocked
 
 
-def blocked_message(ctx: WaitContext, tx: Tx, row: Row[Any], request: GpuRequest) -> str:
-    """Say why the waiting reservation ``row`` waits: its place in the queue, or the closest nodes."""
-    snapshot = tx.snapshot()
-    held = held_nodes(ctx, tx, row)
+def blocked_message(
+    ctx: WaitContext, tx: Tx, row: Row[Any], request: GpuRequest, quota_refusal: str | None = None
+) -> str:
+    """Say why the waiting reservation ``row`` waits: its team's quota, its place in the queue, or the closest nodes.
+
+    :param quota_refusal: why its team's quota refuses it on every node (None: it does not)
+    """
     waited = tx.now - row.created_at
     ahead = waiting_ahead(tx.conn, row)
+    if quota_refusal:
+        return f"waited {waited:.0f}s with {ahead} request(s) ahead; {quota_refusal}"
+    snapshot = tx.snapshot()
+    held = held_nodes(ctx, tx, row)
     if request.gang is not None:
         gang = _gang_blocked(ctx, snapshot, request, held)
         blocked = gang or f"its members fit now but {ahead} earlier request(s) hold the queue"

@@ -30,6 +30,7 @@ from airflow_gpupool.exceptions import (
 )
 from airflow_gpupool.ledger import gangs, records, schema
 from airflow_gpupool.ledger import statements as sql
+from airflow_gpupool.ledger.admission import governed
 from airflow_gpupool.ledger.cache import classes_from_counts
 from airflow_gpupool.ledger.concurrent import ConcurrentPath
 from airflow_gpupool.ledger.cycle import WriteCycle
@@ -162,6 +163,11 @@ class ConcurrentGrants:
                 if not refreshed and not cache.fresh(_CACHE_FRESH_FOR_S):
                     cache.refresh(conn)
                     refreshed = True
+                if governed(cache.quota_version):
+                    # Under quotas the serialized path admits and orders. A copy older than the
+                    # last quota change has an older inventory generation: its take answers
+                    # ``serialize`` (applying quotas moves the generation).
+                    return None
                 verdict = self._cycle.place(cache.nodes, args.request, skipped, cache.take_changes())
                 if isinstance(verdict, NoFit):
                     if refreshed or skipped:

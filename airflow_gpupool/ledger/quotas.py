@@ -18,6 +18,8 @@ from sqlalchemy import delete, insert, select
 from airflow_gpupool.exceptions import QuotaFileError
 from airflow_gpupool.governance.quotas import Flavor, QuotaPlan, TeamQuota, gpu_milli_of_mig
 from airflow_gpupool.ledger import schema
+from airflow_gpupool.ledger import statements as sql
+from airflow_gpupool.ledger.admission import QUOTA_VERSION_KEY, read_quotas
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection
@@ -26,7 +28,7 @@ if TYPE_CHECKING:
     from airflow_gpupool.ledger.models import Grant, Reservation
     from airflow_gpupool.ledger.store import Tx
 
-__all__ = ["AppliedQuotas", "LedgerQuotas", "grant_milli"]
+__all__ = ["QUOTA_VERSION_KEY", "AppliedQuotas", "LedgerQuotas", "grant_milli", "read_quotas"]
 
 
 @dataclass(frozen=True)
@@ -66,7 +68,7 @@ class LedgerQuotas:
 
         def run(tx: Tx) -> AppliedQuotas:
             self._check_flavors(tx.conn, plan)
-            before = {_key(q): q for q in _read(tx.conn)}
+            before = {_key(q): q for q in read_quotas(tx.conn)}
             after = {_key(q): q for q in plan.quotas}
             applied = AppliedQuotas(
                 tuple(sorted(after.keys() - before.keys())),
@@ -76,14 +78,16 @@ class LedgerQuotas:
             if dry_run or not (applied.added or applied.changed or applied.removed):
                 return applied
             tx.conn.execute(delete(schema.quotas))
-            tx.conn.execute(insert(schema.quotas), [_row(q, tx.now) for q in plan.quotas])
+            if plan.quotas:
+                tx.conn.execute(insert(schema.quotas), [_row(q, tx.now) for q in plan.quotas])
+            _stamp_quota_version(tx, tx.version if plan.quotas else 0)
             return applied
 
         return self.ledger.write(run)
 
     def list(self) -> QuotaPlan:
         """Return the stored quotas."""
-        return QuotaPlan(tuple(self.ledger.read(_read)))
+        return QuotaPlan(tuple(self.ledger.read(read_quotas)))
 
     def usage(self, grants: tuple[Reservation, ...] | None = None) -> dict[tuple[str, Flavor], int]:
         """Return the milli-GPU held per (team, flavor), for the flavors of each grant's pool and model.
@@ -114,6 +118,21 @@ class LedgerQuotas:
                 )
 
 
+def _stamp_quota_version(tx: Tx, version: int) -> None:
+    """Stamp the quotas' version (0: none stored), so the queue service knows at no extra read.
+
+    The inventory generation moves too: a concurrent grant placed before the change then
+    answers ``serialize`` instead of bypassing admission.
+    """
+    values = {"meta_key": QUOTA_VERSION_KEY, "meta_value": version}
+    if tx.quota_version is None:  # under the write lock: nobody adds the key meanwhile
+        tx.conn.execute(insert(schema.ledger_meta).values(key=QUOTA_VERSION_KEY, value=version))
+    else:
+        tx.conn.execute(sql.BUMP_META, values)
+    tx.quota_version = version
+    tx.dirty = tx.inventory_changed = True
+
+
 def _key(quota: TeamQuota) -> str:
     return f"{quota.team} {quota.flavor}"
 
@@ -128,19 +147,3 @@ def _row(quota: TeamQuota, now: float) -> dict[str, Any]:
         "lending_limit_milli": quota.lending_limit_milli,
         "updated_at": now,
     }
-
-
-def _read(conn: Connection) -> list[TeamQuota]:
-    q = schema.quotas.c
-    rows = conn.execute(select(schema.quotas).order_by(q.team, q.flavor))
-    return [
-        TeamQuota(
-            row.team,
-            Flavor.parse(row.flavor),
-            row.nominal_milli,
-            row.cohort,
-            row.borrowing_limit_milli,
-            row.lending_limit_milli,
-        )
-        for row in rows
-    ]

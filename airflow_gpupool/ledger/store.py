@@ -95,6 +95,8 @@ class Tx:
     queue_inserted: set[str] = field(default_factory=set)
     # Whether a gang admitted in this transaction queued members to grow by: the queue is served again.
     elastic_added: bool = False
+    # The quotas' version as this transaction began (None or 0: no quota stored, see ledger.admission).
+    quota_version: int | None = None
 
     def spent_rows_changed(self) -> bool:
         """Whether the spent waiting requests differ once this transaction commits."""
@@ -289,6 +291,7 @@ class LedgerStore:
                 stamp = self.cache.refresh(conn, writing=True)
                 tx = Tx(conn, self._tx_now(conn), stamp.version, dict(self.cache.nodes))
                 tx.spent_version = stamp.spent_version
+                tx.quota_version = stamp.quota_version
                 result = fn(tx)
                 if tx.spent_rows_changed():
                     self._stamp_spent(conn, tx.version, stamp.spent_version is None)

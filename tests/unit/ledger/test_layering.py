@@ -18,7 +18,7 @@ LAYERS = [
     {"migrations", "cache", "queue_copy"},
     {"records"},
     {"store"},
-    {"explain", "take"},
+    {"explain", "take", "admission"},
     {"gangs"},
     {"cycle"},
     {"heartbeats"},
