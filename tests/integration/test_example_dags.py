@@ -164,15 +164,27 @@ def test_distributed_training_runs_a_gang_of_three_pinned_pods(
     assert [m.state.value for m in gang.members] == ["released"] * 3
     pinned = [r for r in k8s.requests if r.method == "PATCH" and "/pods/" in r.path]
     assert len(pinned) == 3  # one pin per member, each ungating its pod
+    members = set()
     for request in pinned:
         ops = {op["path"]: op for op in request.body}
-        member = ops["/metadata/annotations"]["value"]["gpupool.io/reservation-id"]
-        assert member in {m.id for m in gang.members}
+        # The template names the leader: its own pod's pin does not write that key again.
+        members.add(patched_key(ops, "/metadata/annotations", "gpupool.io/reservation-id", leader))
         assert ops["/spec/schedulingGates"]["op"] == "remove"
-        assert ops["/spec/nodeSelector"]["value"]["kubernetes.io/hostname"] == "gpu-a100"
+        assert patched_key(ops, "/spec/nodeSelector", "kubernetes.io/hostname") == "gpu-a100"
+    assert members == {m.id for m in gang.members}
     assert ti_of(dag_run, "report").xcom_pull(task_ids="report") == {
         "job": job["metadata"]["name"],
         "succeeded": 3,
         "world_size": 3,
     }
     assert_nothing_held(gpu_ledger)
+
+
+def patched_key(ops: dict[str, Any], path: str, key: str, unchanged: Any = None) -> Any:
+    """Return the value a JSON patch sets for ``key`` under ``path`` (the whole map added, or the one
+    key), or ``unchanged`` when it leaves the key alone."""
+    whole = ops.get(path)
+    if whole is not None:
+        return whole["value"][key]
+    one = ops.get(f"{path}/{key.replace('~', '~0').replace('/', '~1')}")
+    return unchanged if one is None else one["value"]
