@@ -84,11 +84,11 @@ def watch_until_deleted(core: Any, name: str, root: Path) -> tuple[list[tuple[st
 
     def follow() -> None:
         w = watch.Watch()
-        ready.set()
         stream = w.stream(
             core.list_namespaced_pod, "default", field_selector=f"metadata.name={name}", timeout_seconds=20
         )
         for event in stream:
+            ready.set()  # the watch is open (its first event is the running pod): the delete may come
             pod = event["object"]
             statuses = pod.status.container_statuses or []
             terminated = statuses[0].state.terminated if statuses else None
@@ -99,7 +99,7 @@ def watch_until_deleted(core: Any, name: str, root: Path) -> tuple[list[tuple[st
 
     thread = threading.Thread(target=follow, daemon=True)
     thread.start()
-    ready.wait()
+    assert ready.wait(timeout=20), "the watch saw nothing of the pod"
     return seen, thread
 
 
