@@ -44,7 +44,7 @@ from airflow_gpupool.resources import GpuRequest
 __all__ = ["QUOTA_VERSION_KEY", "Governance", "PlanCache", "governed", "read_quotas"]
 
 #: The meta row stamped with the version of the last quota change (0 or absent: no quota stored).
-QUOTA_VERSION_KEY = "quota_version"
+QUOTA_VERSION_KEY = schema.QUOTA_VERSION_KEY
 
 _MILLI_PER_GPU = 1000
 

@@ -133,6 +133,30 @@ def _v8(op: Operations, conn: Connection) -> None:
         pg_functions.reinstall(conn)
 
 
+def _v9(op: Operations, conn: Connection) -> None:
+    """Stamp ``quota_version`` where quotas were applied before the queue applied them (v6-v8).
+
+    Without the stamp the queue would not govern those quotas until the next ``gpupool quota
+    apply``. The inventory generation moves too, as a quota apply moves it, so a capacity copy
+    read before the migration sends its next concurrent grant to the serialized path.
+    """
+    del op
+    if conn.execute(select(schema.quotas.c.team).limit(1)).first() is None:
+        return
+    meta = schema.ledger_meta
+    values = {str(k): int(v) for k, v in conn.execute(select(meta.c.key, meta.c.value)).all()}
+    if values.get(schema.QUOTA_VERSION_KEY):
+        return
+    stamp = max(values.get("version", 0), 1)
+    if schema.QUOTA_VERSION_KEY in values:
+        conn.execute(update(meta).where(meta.c.key == schema.QUOTA_VERSION_KEY).values(value=stamp))
+    else:
+        conn.execute(insert(meta).values(key=schema.QUOTA_VERSION_KEY, value=stamp))
+    if "inventory_generation" in values:
+        generation = values["inventory_generation"] + 1
+        conn.execute(update(meta).where(meta.c.key == "inventory_generation").values(value=generation))
+
+
 def sql_literal(value: object) -> Any:
     """Return the server default that fills a migrated column on existing rows (a SQL literal)."""
     if isinstance(value, bool):
@@ -152,6 +176,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(6, "team quotas per resource flavor, with borrowing and lending limits", _v6),
     Migration(7, "node agent: heartbeats with reports, health with a source, verified GPU UUIDs", _v7),
     Migration(8, "gang reservations: the gang and member index of each reservation", _v8),
+    Migration(9, "quotas applied before the queue governed them are stamped, so it governs them", _v9),
 )
 LATEST = MIGRATIONS[-1].version
 

@@ -40,6 +40,8 @@ ledger_meta = Table(
     Column("key", String(64), primary_key=True),
     Column("value", BigInteger, nullable=False),
 )
+#: The meta key stamped with the write version that stored the quotas (0 or absent: none stored).
+QUOTA_VERSION_KEY = "quota_version"
 
 nodes = Table(
     "gpupool_nodes",

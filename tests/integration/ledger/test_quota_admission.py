@@ -11,10 +11,11 @@ from contextlib import contextmanager
 
 import pytest
 import yaml
-from sqlalchemy import event
+from sqlalchemy import create_engine, delete, event, select
 
 from airflow_gpupool.governance.quotas import parse_quota_file
-from airflow_gpupool.ledger import Ledger, ReservationState
+from airflow_gpupool.ledger import Ledger, ReservationState, schema
+from airflow_gpupool.ledger.engine import normalize_url
 from airflow_gpupool.ledger.quotas import LedgerQuotas
 from airflow_gpupool.resources import GangSpec, GpuRequest
 from tests.ledger_fixtures import node
@@ -167,3 +168,39 @@ def test_without_quotas_nothing_about_them_is_read(pool: Ledger) -> None:
     with quota_reads(pool) as seen:
         assert take(pool, "vision", 1, "v3") is GRANTED
     assert seen  # the check above can fail: with quotas they are read
+
+
+def test_quotas_applied_before_schema_v9_are_governed_once_migrated(pool: Ledger, ledger_url: str) -> None:
+    apply(pool, team_file(("vision", None, 3, None, None)))
+    pool.close()
+    # A v8 ledger's quotas: the rows without the quota_version stamp the queue reads.
+    engine = create_engine(normalize_url(ledger_url))
+    with engine.begin() as conn:
+        conn.execute(delete(schema.ledger_meta).where(schema.ledger_meta.c.key == schema.QUOTA_VERSION_KEY))
+        conn.execute(delete(schema.schema_version).where(schema.schema_version.c.version == 9))
+    ledger = Ledger(ledger_url)
+    assert ledger.migrate() == [9]
+    with engine.connect() as conn:
+        stamp = conn.execute(
+            select(schema.ledger_meta.c.value).where(schema.ledger_meta.c.key == schema.QUOTA_VERSION_KEY)
+        ).scalar_one()
+    engine.dispose()
+    assert stamp > 0
+    assert take(ledger, "vision", 3, "v1") is GRANTED
+    assert take(ledger, "vision", 1, "v2") is WAITING  # governed at once, no new `quota apply`
+    ledger.close()
+
+
+def test_schema_v9_stamps_nothing_without_quotas(pool: Ledger, ledger_url: str) -> None:
+    pool.close()
+    engine = create_engine(normalize_url(ledger_url))
+    with engine.begin() as conn:
+        conn.execute(delete(schema.schema_version).where(schema.schema_version.c.version == 9))
+    ledger = Ledger(ledger_url)
+    assert ledger.migrate() == [9]
+    with engine.connect() as conn:
+        keys = set(conn.execute(select(schema.ledger_meta.c.key)).scalars())
+    engine.dispose()
+    assert schema.QUOTA_VERSION_KEY not in keys
+    assert take(ledger, "vision", 5, "v1") is GRANTED
+    ledger.close()
