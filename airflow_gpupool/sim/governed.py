@@ -52,38 +52,14 @@ from airflow_gpupool.placement.policy import get_policy
 from airflow_gpupool.placement.queue import QueueEntry, serve
 from airflow_gpupool.placement.snapshot import ClusterSnapshot, NodeState
 from airflow_gpupool.placement.verdict import Assignment, NoFitReason
-from airflow_gpupool.sim.queue import MAX_OVERTAKES, QueueSim, whole_slots
+from airflow_gpupool.sim.governance_policies import POLICIES, GovernancePolicy
+from airflow_gpupool.sim.queue import QueueSim, whole_slots
 from airflow_gpupool.sim.replay import quick
 from airflow_gpupool.sim.teams import Job, TeamsPlan
 
 __all__ = ["POLICIES", "GovernancePolicy", "TeamsSim"]
 
 
-@dataclass(frozen=True)
-class GovernancePolicy:
-    """Which rules a compared policy applies."""
-
-    name: str
-    quotas: bool
-    fair_order: bool
-    headroom: bool
-    preemption: VictimOrder | None
-    grace: bool
-    min_runtime: bool
-    whole_slots: bool = False
-    placement: str = "gpupool"
-    max_overtakes: int = MAX_OVERTAKES
-
-
-POLICIES = {
-    p.name: p
-    for p in (
-        GovernancePolicy("gpupool", True, True, True, VictimOrder.LEAST_WORK_LOST, True, True),
-        GovernancePolicy("kueue-like", True, False, False, VictimOrder.KUEUE, False, False),
-        GovernancePolicy("no-preemption", True, True, True, None, False, True),
-        GovernancePolicy("airflow-pool", False, False, False, None, False, False, True, "spread", 10**9),
-    )
-}
 #: Waiting requests considered for preemption per pass, in serving order.
 PREEMPTION_LOOKAHEAD = 8
 FINISH, RELEASE, ARRIVE = 0, 1, 2  # event kinds, in the order they are handled at one instant
