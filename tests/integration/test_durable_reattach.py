@@ -128,13 +128,16 @@ def run_retry(
     """Run the retry in a new process, as a new worker would; return its state, try number and run id.
 
     The pods run until told: once the retry's pod (the re-attached one, or its own) runs on a
-    grant the retry holds, the emulator ends it, so no timing decides what the test sees.
+    grant the retry holds and the retry follows its log, the emulator ends it, so no timing
+    decides what the test sees. (The grant passes to the retry before the parent re-attaches:
+    a pod ended in between is one the parent deletes and creates anew.)
     """
     from airflow.models.taskinstance import TaskInstance
     from airflow.utils.session import create_session
     from sqlalchemy import select
 
     # The same logical date and run_after: the same DAG run, whose failed try is cleared and retried.
+    started = time.time()
     process = subprocess.Popen(
         run_command(dag_id, logical_date),
         stdout=subprocess.PIPE,
@@ -148,8 +151,17 @@ def run_retry(
                 grant = ledger.get(pod["metadata"]["labels"]["gpupool.io/reservation-id"])
                 bound = grant.grant is not None and grant.grant.pod_uid == pod["metadata"]["uid"]
                 if pod["status"].get("phase") == "Running" and bound and "/try-2@" in grant.holder:
-                    return str(pod["metadata"]["name"])
+                    name = str(pod["metadata"]["name"])
+                    if followed_since(name, started):
+                        return name
             return None
+
+        def followed_since(name: str, since: float) -> bool:
+            """Whether the retry reads the pod's log: the parent has re-attached to it (or made it)."""
+            log_path = f"/pods/{name}/log"
+            return any(
+                r.method == "GET" and r.path.endswith(log_path) and r.time >= since for r in k8s.requests
+            )
 
         k8s.finish_pod(_wait("the retry's pod to run on its grant", retry_pod, 240, process))
         output_bytes, _ = process.communicate(timeout=300)
