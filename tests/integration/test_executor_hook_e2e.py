@@ -4,7 +4,8 @@ The hook is installed as a deployment would: an ``airflow_local_settings.py`` wi
 one-line import, loaded by Airflow's own ``import_local_settings``. Under ``dag.test()`` the pod is
 created gated, waits while the pool is full, and runs pinned once the gatekeeper (here in a thread,
 as inside ``gpupool controller run``) admits it; SQLite and PostgreSQL ledgers. A KubernetesExecutor
-worker pod built by the executor's own pod generator from a ``pod_override`` is gated the same way.
+worker pod built by the executor's own pod generator from a ``pod_override`` is gated the same way,
+admitted by the gatekeeper, recorded with its task try and shown on the GPU pool page.
 """
 
 from __future__ import annotations
@@ -132,7 +133,8 @@ def test_plain_kpo_waits_gated_then_runs_pinned(
     assert pool.snapshot().grants == ()
 
 
-def test_kubernetes_executor_pod_override_is_gated(local_settings: None) -> None:
+def executor_worker_pod() -> Any:
+    """A KubernetesExecutor worker pod as the executor builds it: its pod generator, a GPU ``pod_override``."""
     from airflow.providers.cncf.kubernetes.pod_generator import PodGenerator
     from kubernetes.client import models as k8s
 
@@ -145,7 +147,7 @@ def test_kubernetes_executor_pod_override_is_gated(local_settings: None) -> None
             ]
         )
     )
-    pod = PodGenerator.construct_pod(
+    return PodGenerator.construct_pod(
         dag_id="etl",
         task_id="embed",
         pod_id="etl-embed-1",
@@ -161,11 +163,51 @@ def test_kubernetes_executor_pod_override_is_gated(local_settings: None) -> None
         map_index=2,
         with_mutation_hook=True,
     )
+
+
+def test_kubernetes_executor_pod_override_is_gated(local_settings: None) -> None:
+    pod = executor_worker_pod()
     assert [g.name for g in pod.spec.scheduling_gates] == [SCHEDULING_GATE]
     annotations = pod.metadata.annotations
     assert json.loads(annotations[REQUEST_ANNOTATION])["gpus"] == 2
     assert annotations["gpupool.io/run-id"] == "scheduled__2026-12-01T00:00:00+00:00"  # the raw id
     assert (annotations["gpupool.io/try-number"], annotations["gpupool.io/map-index"]) == ("3", "2")
+
+
+def test_kubernetes_executor_worker_pod_is_admitted_recorded_and_shown(
+    k8s: KubernetesEmulatorServer, pool: Ledger, local_settings: None
+) -> None:
+    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+    from airflow.api_fastapi.core_api.security import get_user
+    from fastapi.testclient import TestClient
+    from kubernetes.client import ApiClient
+
+    from airflow_gpupool.plugins.app import create_app
+
+    core = core_v1_api(k8s.kubeconfig_path)
+    pod = core.create_namespaced_pod("default", ApiClient().sanitize_for_serialization(executor_worker_pod()))
+    name = pod.metadata.name
+    (created,) = [p for p in k8s.created_pods() if p["metadata"]["name"] == name]
+    assert created["spec"]["schedulingGates"] == [{"name": SCHEDULING_GATE}]
+
+    outcome = gatekeep(pool, core)
+
+    assert outcome.admitted == [f"default/{name}"], outcome.summary()
+    admitted = k8s.pod(name)
+    assert admitted is not None
+    assert not admitted["spec"].get("schedulingGates")
+    rid = admitted["metadata"]["labels"][RESERVATION_LABEL]
+    reservation = pool.get(rid)
+    assert reservation.state is ReservationState.GRANTED
+    assert reservation.holder == "etl/embed/scheduled__2026-12-01T00:00:00+00:00/map-2/try-3@gatekeeper"
+    assert reservation.grant is not None and len(reservation.grant.gpu_indices) == 2
+    assert admitted["spec"]["nodeSelector"] == {"kubernetes.io/hostname": reservation.grant.node}
+    # The GPU pool page names the task try the executor's pod runs.
+    app = create_app(lambda: pool)
+    app.dependency_overrides[get_user] = lambda: SimpleAuthManagerUser(username="viewer", role="viewer")
+    page = TestClient(app).get("/")
+    assert page.status_code == 200
+    assert "etl / embed [2] · try 3" in page.text
 
 
 def test_plain_kpo_with_a_node_selector_is_granted_only_where_it_can_run(
