@@ -1,0 +1,221 @@
+"""Random requests of teams with quotas, releases, renewals and lease expiry: the quota invariants hold.
+
+A hypothesis state machine on SQLite and PostgreSQL. Three teams share pool ``a100`` in one
+cohort (one with a borrowing limit, one with a lending limit), a fourth team has a quota of its
+own and no cohort, a fifth has none; pool ``t4`` is governed by nobody. They reserve singles,
+fractions and gangs (fixed and elastic), release, renew, advance the clock and reap. After every
+step, on every governed flavor (the pool and the GPU model each grant draws on, as
+:meth:`LedgerQuotas.usage` counts them):
+
+- no team holds more than its nominal quota plus its borrowing limit (a team in no cohort: its
+  nominal);
+- no lender lends beyond its lending limit: what the cohort's members borrow (held above their
+  nominal) is at most what its members that do not borrow could lend (the nominal of each, or its
+  lending limit when lower). A member's lending floor (nominal less lending limit) is never lent.
+
+Quotas do not move while the machine runs and nothing preempts, so a state the admission rule
+allowed stays allowed: a violation is a grant the ledger should have refused. The ledger's own
+invariants (:meth:`Ledger.check_invariants`) hold too.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from airflow_gpupool.exceptions import LeaseExpiredError
+from airflow_gpupool.governance.quotas import Flavor, QuotaPlan, TeamQuota, parse_quota_file
+from airflow_gpupool.ledger import Ledger
+from airflow_gpupool.ledger.quotas import LedgerQuotas
+from airflow_gpupool.resources import GangSpec, GpuRequest
+from tests.integration.ledger.test_ledger_properties import Database
+from tests.ledger_fixtures import FakeClock, node, require_postgres
+
+NODES = (
+    node("a1", gpus=4, pool="a100"),
+    node("a2", gpus=4, pool="a100"),
+    node("a3", gpus=2, pool="a100"),
+    node("t1", gpus=4, pool="t4", labels={"tier": "t4"}),
+)
+QUOTAS = """
+teams:
+  - name: vision
+    cohort: lab
+    quotas:
+      - {flavor: {pool: a100}, nominal: 3, borrowing_limit: 2}
+  - name: nlp
+    cohort: lab
+    quotas:
+      - {flavor: {pool: a100}, nominal: 4, lending_limit: 1}
+  - name: speech
+    cohort: lab
+    quotas:
+      - {flavor: {pool: a100}, nominal: 1.5}
+  - name: ads
+    quotas:
+      - {flavor: {pool: a100}, nominal: 1}
+"""
+TEAMS = ("vision", "nlp", "speech", "ads", "misc")  # misc: no quota, not governed
+SHAPES = ({"gpus": 1}, {"gpu_milli": 500}, {"gpus": 2}, {"gpus": 3})
+WHERE = ((), (("tier", "t4"),))  # anywhere, or on the ungoverned pool only
+singles = st.builds(
+    lambda shape, team, priority: GpuRequest(**shape, team=team, priority=priority),
+    st.sampled_from(SHAPES),
+    st.sampled_from(TEAMS),
+    st.sampled_from([0, 0, 1]),
+)
+gangs = st.builds(
+    lambda shape, team, size, minimum: GpuRequest(
+        **shape, team=team, gang=GangSpec(size, min(minimum, size))
+    ),
+    st.sampled_from(SHAPES[:2]),
+    st.sampled_from(TEAMS),
+    st.integers(2, 3),
+    st.integers(1, 3),
+)
+
+
+def violations(plan: QuotaPlan, used: dict[tuple[str, Flavor], int]) -> list[str]:
+    """Say which quota invariant the usage breaks, per team and cohort (empty: none)."""
+    found = []
+    by_cohort: dict[tuple[str, Flavor], list[TeamQuota]] = defaultdict(list)
+    for quota in plan.quotas:
+        held = used.get((quota.team, quota.flavor), 0)
+        ceiling = quota.nominal_milli
+        if quota.cohort is not None:
+            by_cohort[(quota.cohort, quota.flavor)].append(quota)
+            ceiling = None if quota.borrowing_limit_milli is None else ceiling + quota.borrowing_limit_milli
+        if ceiling is not None and held > ceiling:
+            found.append(f"team {quota.team} holds {held}m of {quota.flavor}, above {ceiling}m")
+    for (cohort, flavor), members in by_cohort.items():
+        borrowed = {q.team: max(0, used.get((q.team, flavor), 0) - q.nominal_milli) for q in members}
+        lendable = sum(
+            q.nominal_milli if q.lending_limit_milli is None else min(q.nominal_milli, q.lending_limit_milli)
+            for q in members
+            if not borrowed[q.team]
+        )
+        if sum(borrowed.values()) > lendable:
+            found.append(
+                f"cohort {cohort} borrows {borrowed} of {flavor}; its lenders lend {lendable}m at most"
+            )
+    return found
+
+
+class QuotaMachine(RuleBasedStateMachine):
+    """Teams under quotas; after each call, no team above its ceiling and no lender past its limit."""
+
+    database: Database
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.clock = FakeClock()
+        self.ledger = Ledger.create(
+            self.database.new_url(), clock=self.clock, policy="bestfit", max_overtakes=2
+        )
+        self.quotas = LedgerQuotas(self.ledger)
+        self.plan = parse_quota_file(yaml.safe_load(QUOTAS))
+        self.ids: list[str] = []
+
+    def teardown(self) -> None:
+        self.ledger.close()
+        self.database.drop()
+
+    @initialize()
+    def load_inventory_and_quotas(self) -> None:
+        self.ledger.upsert_nodes(NODES)
+        self.quotas.apply(self.plan)
+
+    def _reserve(self, request: GpuRequest, ttl: int, timeout: int) -> None:
+        rid = f"r{len(self.ids) + 1:04d}"
+        self.ledger.reserve(request, request.team, ttl=ttl, timeout=timeout, reservation_id=rid)
+        self.ids.append(rid)
+
+    @rule(
+        request=singles,
+        where=st.sampled_from(WHERE),
+        ttl=st.sampled_from([30, 600]),
+        timeout=st.sampled_from([60, 900]),
+    )
+    def reserve_single(
+        self, request: GpuRequest, where: tuple[tuple[str, str], ...], ttl: int, timeout: int
+    ) -> None:
+        self._reserve(replace(request, node_labels=where), ttl, timeout)
+
+    @rule(request=gangs, ttl=st.sampled_from([30, 600]), timeout=st.sampled_from([60, 900]))
+    def reserve_gang(self, request: GpuRequest, ttl: int, timeout: int) -> None:
+        self._reserve(request, ttl, timeout)
+
+    @precondition(lambda self: self.ids)
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        self.ledger.release(data.draw(st.sampled_from(self.ids), label="release"))
+
+    @precondition(lambda self: self.ids)
+    @rule(data=st.data(), ttl=st.sampled_from([None, 45]))
+    def renew(self, data: st.DataObject, ttl: int | None) -> None:
+        try:
+            self.ledger.renew(data.draw(st.sampled_from(self.ids), label="renew"), ttl=ttl)
+        except LeaseExpiredError:
+            pass
+
+    @rule(seconds=st.sampled_from([10, 31, 46, 61, 601]))
+    def advance_and_reap(self, seconds: int) -> None:
+        self.clock.advance(seconds)
+        self.ledger.reap()
+
+    @invariant()
+    def quotas_hold(self) -> None:
+        assert self.ledger.check_invariants() == []
+        assert violations(self.plan, self.quotas.usage()) == []
+
+
+def test_the_checks_see_a_team_above_its_ceiling_and_a_cohort_lending_past_its_limits() -> None:
+    plan = parse_quota_file(yaml.safe_load(QUOTAS))
+    a100 = next(q.flavor for q in plan.quotas)
+    assert (
+        violations(plan, {("vision", a100): 5000, ("nlp", a100): 1000}) == []
+    )  # 2 borrowed of nlp's 1 + speech's 1.5
+    assert violations(plan, {("vision", a100): 5500}) == ["team vision holds 5500m of pool:a100, above 5000m"]
+    assert violations(plan, {("ads", a100): 1500}) == ["team ads holds 1500m of pool:a100, above 1000m"]
+    # vision borrows 2 and speech 0.5: only nlp lends, 1 at most (its floor of 3 stays its own).
+    (found,) = violations(plan, {("vision", a100): 5000, ("speech", a100): 2000})
+    assert found.startswith("cohort lab borrows") and found.endswith("its lenders lend 1000m at most")
+
+
+@pytest.mark.parametrize(
+    ("backend", "examples"),
+    [
+        pytest.param("sqlite", 50, id="sqlite"),
+        pytest.param("postgresql", 20, id="postgresql", marks=pytest.mark.postgres),
+    ],
+)
+def test_no_team_exceeds_its_quota_and_no_lender_lends_past_its_limit(
+    backend: str, examples: int, tmp_path: Path
+) -> None:
+    if backend == "postgresql":
+        require_postgres()
+    machine = type(f"QuotaMachine_{backend}", (QuotaMachine,), {"database": Database(backend, tmp_path)})
+    run_state_machine_as_test(
+        machine,
+        settings=settings(
+            max_examples=examples,
+            stateful_step_count=30,
+            deadline=None,
+            database=None,
+            suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+        ),
+    )
