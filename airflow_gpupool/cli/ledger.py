@@ -11,7 +11,10 @@ from airflow_gpupool.argtypes import integer, key_value, non_empty, number
 from airflow_gpupool.cli.common import open_ledger, print_json, table, url_arg
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from airflow_gpupool.ledger.models import LedgerSnapshot, Reservation
+    from airflow_gpupool.ledger.usage import QuotaUse
 
 __all__ = [
     "cmd_ledger_init",
@@ -45,8 +48,12 @@ def _gpu_cell(gpu: dict[str, Any]) -> str:
     return f"{gpu['idx']}:{gpu['free_milli'] / 1000:.2f}"
 
 
-def format_status(snapshot: LedgerSnapshot) -> str:
-    """Render a ledger snapshot as the tables `gpupool status` prints."""
+def format_status(snapshot: LedgerSnapshot, quotas: Sequence[QuotaUse] = ()) -> str:
+    """Render a ledger snapshot as the tables `gpupool status` prints.
+
+    :param snapshot: the ledger's snapshot
+    :param quotas: the stored quotas beside their teams' use (no table when none is stored)
+    """
     out = []
     free_migs = {n.name: sum(len(g.mig_free) for g in n.gpus) for n in snapshot.cluster.nodes}
     rows = [
@@ -108,16 +115,32 @@ def format_status(snapshot: LedgerSnapshot) -> str:
     out.append(
         table(["POS", "ID", "HOLDER", "PRIO", "ASKS", "WAITING"], queue_rows) if queue_rows else "  empty"
     )
+    if quotas:
+        out.append(f"\nQuotas ({len(quotas)}), in GPUs")
+        out.append(
+            table(["TEAM", "FLAVOR", "NOMINAL", "HELD", "BORROWED", "LENT", "UNUSED"], _quota_rows(quotas))
+        )
     return "\n".join(out)
 
 
+def _quota_rows(quotas: Sequence[QuotaUse]) -> list[list[str]]:
+    return [
+        [u.team, u.flavor, *(f"{v:g}" for v in (u.nominal, u.held, u.borrowed, u.lent, u.unused))]
+        for u in quotas
+    ]
+
+
 def cmd_status(args: argparse.Namespace) -> int:
-    """Print nodes, GPUs, free capacity, grants and the queue."""
-    snapshot = open_ledger(args).snapshot()
+    """Print nodes, GPUs, free capacity, grants, the queue and the quotas' use."""
+    from airflow_gpupool.ledger.usage import quota_uses
+
+    ledger = open_ledger(args)
+    snapshot = ledger.snapshot()
+    quotas = quota_uses(ledger, snapshot)
     if args.json:
-        print_json(snapshot.to_dict())
+        print_json({**snapshot.to_dict(), "quotas": [u.to_dict() for u in quotas]})
     else:
-        print(format_status(snapshot))
+        print(format_status(snapshot, quotas))
     return 0
 
 

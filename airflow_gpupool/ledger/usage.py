@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from airflow_gpupool.ledger.ledger import Ledger
     from airflow_gpupool.ledger.models import LedgerSnapshot
 
-__all__ = ["RANGES", "QuotaUse", "UsageReport", "usage_report"]
+__all__ = ["RANGES", "QuotaUse", "UsageReport", "quota_uses", "usage_report"]
 
 #: The ranges the page offers, by name, in hours.
 RANGES = {"1h": 1.0, "24h": 24.0, "7d": 168.0}
@@ -200,16 +200,29 @@ def usage_report(ledger: Ledger, snapshot: LedgerSnapshot, hours: float) -> Usag
     pool_gpus: dict[str, int] = defaultdict(int)
     for node in snapshot.nodes:
         pool_gpus[node.node_pool] += len(node.gpus)
+    return UsageReport(
+        since, until, used, dict(pool_gpus), quota_uses(ledger, snapshot), _team_utilization(snapshot)
+    )
+
+
+def quota_uses(ledger: Ledger, snapshot: LedgerSnapshot) -> tuple[QuotaUse, ...]:
+    """Return each stored quota beside what its team holds, borrows and lends of its flavor now.
+
+    Empty when no quota is stored. The page, ``gpupool status`` and the metrics all read this.
+
+    :param ledger: the ledger (its quotas are read)
+    :param snapshot: a snapshot of it: the live grants
+    """
     quotas = LedgerQuotas(ledger)
-    held = quotas.usage(snapshot.grants)
     plan = quotas.list().quotas
+    if not plan:
+        return ()
+    held = quotas.usage(snapshot.grants)
     uses = [
         QuotaUse(q.team, str(q.flavor), q.nominal_milli / 1000, held.get((q.team, q.flavor), 0) / 1000)
         for q in plan
     ]
-    return UsageReport(
-        since, until, used, dict(pool_gpus), _with_lent(plan, uses), _team_utilization(snapshot)
-    )
+    return _with_lent(plan, uses)
 
 
 def _with_lent(plan: tuple[TeamQuota, ...], uses: list[QuotaUse]) -> tuple[QuotaUse, ...]:

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
-from airflow_gpupool.metrics.collector import METRIC_NAMES, GpuPoolCollector, ledger_metrics
+from airflow_gpupool.metrics.collector import (
+    METRIC_NAMES,
+    QUOTA_METRIC_NAMES,
+    GpuPoolCollector,
+    ledger_metrics,
+    quota_metrics,
+)
 
-__all__ = ["METRIC_NAMES", "GpuPoolCollector", "ledger_metrics"]
+__all__ = ["METRIC_NAMES", "QUOTA_METRIC_NAMES", "GpuPoolCollector", "ledger_metrics", "quota_metrics"]

@@ -19,6 +19,9 @@ gauges (now)
 ``gpupool_node_heartbeat_age_seconds{node}``                    nodes that have sent a heartbeat
 ``gpupool_node_health{node,health}``                            1 for the node's current health
 ``gpupool_ledger_up``                                           1 when the ledger answered the scrape
+``gpupool_quota_{nominal,held,borrowed,lent}_gpus{team,flavor}`` per stored quota (absent without
+                                                                quotas): nominal, held now, held above
+                                                                nominal, lent to the cohort
 counters and histogram (since the ledger was created)
 ``gpupool_reservation_wait_seconds{outcome}``                   histogram: how long a request waited, observed
                                                                 at its grant (``granted``) or timeout (``timed_out``)
@@ -39,7 +42,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow_gpupool.metrics.agent import agent_metrics
@@ -51,6 +54,7 @@ if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
     from airflow_gpupool.ledger import Ledger, LedgerSnapshot
+    from airflow_gpupool.ledger.usage import QuotaUse
     from airflow_gpupool.metrics.stats import LedgerTotals
 
 log = logging.getLogger(__name__)
@@ -76,6 +80,14 @@ METRIC_NAMES = (
     "gpupool_node_heartbeat_age_seconds",
     "gpupool_node_health",
     "gpupool_ledger_up",
+)
+
+#: Present only where quotas are stored (``gpupool quota apply``).
+QUOTA_METRIC_NAMES = (
+    "gpupool_quota_nominal_gpus",
+    "gpupool_quota_held_gpus",
+    "gpupool_quota_borrowed_gpus",
+    "gpupool_quota_lent_gpus",
 )
 
 # Shapes that score fragmentation when nothing is granted or waiting: a whole GPU, a half, a quarter.
@@ -268,6 +280,41 @@ def ledger_metrics(snapshot: LedgerSnapshot, totals: LedgerTotals) -> list[Metri
     ]
 
 
+def quota_metrics(uses: Sequence[QuotaUse]) -> list[Metric]:
+    """Return the quota gauges, one series per stored quota (no family at all without quotas).
+
+    :param uses: each quota beside its team's use now (:func:`~airflow_gpupool.ledger.usage.quota_uses`)
+    """
+    from prometheus_client.core import GaugeMetricFamily
+
+    if not uses:
+        return []
+    labels = ["team", "flavor"]
+    families = [
+        (
+            GaugeMetricFamily("gpupool_quota_nominal_gpus", "The team's nominal quota", labels=labels),
+            "nominal",
+        ),
+        (GaugeMetricFamily("gpupool_quota_held_gpus", "GPUs the team holds now", labels=labels), "held"),
+        (
+            GaugeMetricFamily(
+                "gpupool_quota_borrowed_gpus", "GPUs the team holds above its nominal quota", labels=labels
+            ),
+            "borrowed",
+        ),
+        (
+            GaugeMetricFamily(
+                "gpupool_quota_lent_gpus", "The team's share of what its cohort borrows", labels=labels
+            ),
+            "lent",
+        ),
+    ]
+    for use in uses:
+        for family, field in families:
+            family.add_metric([use.team, use.flavor], getattr(use, field))
+    return [family for family, _ in families]
+
+
 def _value(item: Any) -> str:
     return str(getattr(item, "value", item))
 
@@ -292,6 +339,7 @@ class GpuPoolCollector:
         """Read one snapshot and yield every metric family."""
         from prometheus_client.core import GaugeMetricFamily
 
+        from airflow_gpupool.ledger.usage import quota_uses
         from airflow_gpupool.metrics.stats import ledger_totals
 
         up = GaugeMetricFamily("gpupool_ledger_up", "1 when the ledger answered this scrape")
@@ -301,6 +349,7 @@ class GpuPoolCollector:
             url = ledger.url
             snapshot = ledger.snapshot()
             families = ledger_metrics(snapshot, ledger_totals(ledger.url))
+            families += quota_metrics(quota_uses(ledger, snapshot))
         except Exception as e:  # any failure to read means "down" for this scrape
             # The cause goes to the log, its text scrubbed of the URL's password; no traceback,
             # whose frames' messages could quote it.

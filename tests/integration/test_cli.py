@@ -328,3 +328,47 @@ def test_console_script_is_installed() -> None:
     assert done.stdout.startswith("usage: gpupool ")
     for command in ("ledger", "inventory", "status", "reserve", "release", "reap", "bench"):
         assert command in done.stdout
+
+
+def test_status_shows_each_quota_beside_its_teams_use(
+    loaded: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = run(capsys, "status", "--json", "--url", loaded)
+    assert (code, json_out(out)["quotas"]) == (0, [])  # none stored: no table, an empty list
+    assert "Quotas" not in run(capsys, "status", "--url", loaded)[1]
+    quotas = tmp_path / "quotas.yaml"
+    quotas.write_text(
+        "teams:\n"
+        "  - {name: vision, cohort: lab, quotas: [{flavor: {pool: default}, nominal: 1}]}\n"
+        "  - {name: nlp, cohort: lab, quotas: [{flavor: {pool: default}, nominal: 2}]}\n"
+    )
+    assert run(capsys, "quota", "apply", str(quotas), "--url", loaded)[0] == 0
+    run(capsys, "reserve", "--gpus", "2", "--team", "vision", "--holder", "v", "--id", "v1", "--url", loaded)
+
+    code, out, _ = run(capsys, "status", "--url", loaded)
+
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[lines.index("Quotas (2), in GPUs") + 1].split() == [
+        "TEAM",
+        "FLAVOR",
+        "NOMINAL",
+        "HELD",
+        "BORROWED",
+        "LENT",
+        "UNUSED",
+    ]
+    rows = [line.split() for line in lines[lines.index("Quotas (2), in GPUs") + 2 :]]
+    assert ["nlp", "pool:default", "2", "0", "0", "1", "2"] in rows
+    assert ["vision", "pool:default", "1", "2", "1", "0", "0"] in rows
+    data = json_out(run(capsys, "status", "--json", "--url", loaded)[1])
+    vision = next(q for q in data["quotas"] if q["team"] == "vision")
+    assert vision == {
+        "team": "vision",
+        "flavor": "pool:default",
+        "nominal": 1.0,
+        "held": 2.0,
+        "borrowed": 1.0,
+        "unused": 0.0,
+        "lent": 0.0,
+    }

@@ -184,3 +184,36 @@ def test_the_wait_histogram_is_cumulative_and_observed_at_grant(tmp_path: Path) 
         clock.advance(3600)
         assert scrape(ledger)[("gpupool_reservation_wait_seconds_sum", (("outcome", "granted"),))] == 45
         assert scrape(ledger)[("gpupool_grants_total", ())] == 2
+
+
+def test_quota_gauges_show_each_teams_nominal_held_borrowed_and_lent(tmp_path: Path) -> None:
+    import yaml
+
+    from airflow_gpupool.governance.quotas import parse_quota_file
+    from airflow_gpupool.ledger.quotas import LedgerQuotas
+    from airflow_gpupool.metrics import QUOTA_METRIC_NAMES
+
+    quotas = """
+teams:
+  - {name: vision, cohort: lab, quotas: [{flavor: {pool: a100}, nominal: 2}]}
+  - {name: nlp, cohort: lab, quotas: [{flavor: {pool: a100}, nominal: 4, lending_limit: 3}]}
+"""
+    with Ledger.create(f"sqlite:///{tmp_path}/quotas.db") as ledger:
+        ledger.upsert_nodes([node("a1", gpus=8, pool="a100")])
+        assert not {name for name, _ in scrape(ledger)} & set(QUOTA_METRIC_NAMES)  # no quota: no series
+        LedgerQuotas(ledger).apply(parse_quota_file(yaml.safe_load(quotas)))
+        ledger.reserve(GpuRequest(gpus=3, team="vision"), "v", reservation_id="v1")  # 1 borrowed
+        ledger.reserve(GpuRequest(gpu_milli=500, team="nlp"), "n", reservation_id="n1")
+        samples = scrape(ledger)
+    quota = {k: v for k, v in samples.items() if k[0] in QUOTA_METRIC_NAMES}
+    vision, nlp = (("flavor", "pool:a100"), ("team", "vision")), (("flavor", "pool:a100"), ("team", "nlp"))
+    assert quota == {
+        ("gpupool_quota_nominal_gpus", vision): 2,
+        ("gpupool_quota_held_gpus", vision): 3,
+        ("gpupool_quota_borrowed_gpus", vision): 1,
+        ("gpupool_quota_lent_gpus", vision): 0,
+        ("gpupool_quota_nominal_gpus", nlp): 4,
+        ("gpupool_quota_held_gpus", nlp): 0.5,
+        ("gpupool_quota_borrowed_gpus", nlp): 0,
+        ("gpupool_quota_lent_gpus", nlp): 1,  # the cohort borrows 1, all of it nlp's
+    }
