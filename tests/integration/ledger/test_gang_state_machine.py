@@ -12,7 +12,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -20,14 +19,13 @@ from hypothesis.stateful import (
     invariant,
     precondition,
     rule,
-    run_state_machine_as_test,
 )
 
 from airflow_gpupool.exceptions import LeaseExpiredError
 from airflow_gpupool.ledger import Ledger
 from airflow_gpupool.resources import GangSpec, GpuRequest
-from tests.integration.ledger.test_ledger_properties import Database
-from tests.ledger_fixtures import FakeClock, node, require_postgres
+from tests.integration.ledger.test_ledger_properties import Database, run_ledger_machine
+from tests.ledger_fixtures import FakeClock, node
 
 ZONE = "topology.kubernetes.io/zone"
 NODES = (
@@ -162,16 +160,4 @@ class GangMachine(RuleBasedStateMachine):
     ],
 )
 def test_gangs_never_hold_part_of_their_minimum(backend: str, examples: int, tmp_path: Path) -> None:
-    if backend == "postgresql":
-        require_postgres()
-    machine = type(f"GangMachine_{backend}", (GangMachine,), {"database": Database(backend, tmp_path)})
-    run_state_machine_as_test(
-        machine,
-        settings=settings(
-            max_examples=examples,
-            stateful_step_count=25,
-            deadline=None,
-            database=None,
-            suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-        ),
-    )
+    run_ledger_machine(GangMachine, backend, tmp_path, examples=examples)

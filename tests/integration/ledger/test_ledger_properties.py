@@ -135,6 +135,31 @@ class Database:
         engine.dispose()
 
 
+def run_ledger_machine(
+    machine: type[RuleBasedStateMachine], backend: str, tmp_path: Path, *, examples: int, steps: int = 25
+) -> None:
+    """Run a ledger state machine, each example on a fresh database of ``backend``.
+
+    :param machine: a state machine whose ``database`` attribute this sets
+    :param backend: ``sqlite`` or ``postgresql`` (required in CI)
+    :param examples: how many random sequences
+    :param steps: how many calls each at most
+    """
+    if backend == "postgresql":
+        require_postgres()
+    bound = type(f"{machine.__name__}_{backend}", (machine,), {"database": Database(backend, tmp_path)})
+    run_state_machine_as_test(
+        bound,
+        settings=settings(
+            max_examples=examples,
+            stateful_step_count=steps,
+            deadline=None,
+            database=None,
+            suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+        ),
+    )
+
+
 class LedgerMachine(RuleBasedStateMachine):
     """Random ledger calls; after each, the ledger's invariants and its queue/grant views hold."""
 
@@ -337,16 +362,4 @@ class LedgerMachine(RuleBasedStateMachine):
 def test_random_operation_sequences_keep_the_ledger_consistent(
     backend: str, examples: int, tmp_path: Path
 ) -> None:
-    if backend == "postgresql":
-        require_postgres()
-    machine = type(f"LedgerMachine_{backend}", (LedgerMachine,), {"database": Database(backend, tmp_path)})
-    run_state_machine_as_test(
-        machine,
-        settings=settings(
-            max_examples=examples,
-            stateful_step_count=25,
-            deadline=None,
-            database=None,
-            suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-        ),
-    )
+    run_ledger_machine(LedgerMachine, backend, tmp_path, examples=examples)

@@ -26,7 +26,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -34,7 +33,6 @@ from hypothesis.stateful import (
     invariant,
     precondition,
     rule,
-    run_state_machine_as_test,
 )
 
 from airflow_gpupool.exceptions import LeaseExpiredError
@@ -42,8 +40,8 @@ from airflow_gpupool.governance.quotas import Flavor, QuotaPlan, TeamQuota, pars
 from airflow_gpupool.ledger import Ledger
 from airflow_gpupool.ledger.quotas import LedgerQuotas
 from airflow_gpupool.resources import GangSpec, GpuRequest
-from tests.integration.ledger.test_ledger_properties import Database
-from tests.ledger_fixtures import FakeClock, node, require_postgres
+from tests.integration.ledger.test_ledger_properties import Database, run_ledger_machine
+from tests.ledger_fixtures import FakeClock, node
 
 NODES = (
     node("a1", gpus=4, pool="a100"),
@@ -206,16 +204,4 @@ def test_the_checks_see_a_team_above_its_ceiling_and_a_cohort_lending_past_its_l
 def test_no_team_exceeds_its_quota_and_no_lender_lends_past_its_limit(
     backend: str, examples: int, tmp_path: Path
 ) -> None:
-    if backend == "postgresql":
-        require_postgres()
-    machine = type(f"QuotaMachine_{backend}", (QuotaMachine,), {"database": Database(backend, tmp_path)})
-    run_state_machine_as_test(
-        machine,
-        settings=settings(
-            max_examples=examples,
-            stateful_step_count=30,
-            deadline=None,
-            database=None,
-            suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-        ),
-    )
+    run_ledger_machine(QuotaMachine, backend, tmp_path, examples=examples, steps=30)
