@@ -222,6 +222,26 @@ def get_provider_info() -> dict[str, Any]:
                         "30",
                         "float",
                     ),
+                    # On-demand and spot capacity (issue 16).
+                    "spot_node_pools": _option(
+                        "Node pools (comma-separated) whose nodes are spot capacity, besides the nodes "
+                        "Karpenter, GKE or EKS label as spot and those labelled gpupool.io/capacity-type=spot.",
+                        "",
+                        example="a100-spot,t4-spot",
+                    ),
+                    "spot_price_ratio": _option(
+                        "Spot's price over on-demand's (above 0, at most 1); empty: unknown, so no request "
+                        "prefers spot by default. Checkpointed, preemptible training prefers spot below 0.6 "
+                        "for an expected run under an hour, below 0.4 for longer.",
+                        "",
+                        "float",
+                        example="0.35",
+                    ),
+                    "urgent_priority": _option(
+                        "Priority at and above which work is urgent: by default it never runs on spot.",
+                        "100",
+                        "integer",
+                    ),
                 },
             }
         },

@@ -15,6 +15,10 @@ RESERVATION_LABEL = "gpupool.io/reservation-id"
 WORKLOAD_CLASS_LABEL = "gpupool.io/workload-class"
 #: On a node: the node pool it belongs to (read before the cloud providers' own pool labels).
 POOL_LABEL = "gpupool.io/pool"
+#: ``spot`` or ``on-demand``: stamped by the ledger on every node it keeps (from the cloud's own
+#: labels, ``[gpupool] spot_node_pools``, or this label set on the node), so a request's
+#: ``capacity`` is a node label like any other.
+CAPACITY_TYPE_LABEL = "gpupool.io/capacity-type"
 
 # -- the executor hook and the gatekeeper (pods that GpuPodOperator did not build) ------------------
 #: The scheduling gate the executor hook puts on a GPU pod; the gatekeeper removes it once granted.

@@ -58,6 +58,10 @@ DEFAULTS: dict[str, str] = {
     "leak_action": "report",
     # The GPU pool page's history (issue 15).
     "history_retention_days": "30",
+    # On-demand and spot capacity (issue 16).
+    "spot_node_pools": "",
+    "spot_price_ratio": "",
+    "urgent_priority": "100",
 }
 
 
@@ -385,3 +389,33 @@ def leak_action() -> str:
 def history_retention_seconds() -> float:
     """``[gpupool] history_retention_days`` in seconds: how long ended reservations are kept (default 30 days)."""
     return _positive("history_retention_days") * 86400
+
+
+def spot_node_pools() -> frozenset[str]:
+    """Return the node pools whose nodes are spot capacity, besides those the cloud's labels say."""
+    return frozenset(p.strip() for p in _get("spot_node_pools").split(",") if p.strip())
+
+
+def spot_price_ratio() -> float | None:
+    """Return spot's price over on-demand's (0 to 1), or None when unknown (no preference for spot)."""
+    raw = _get("spot_price_ratio").strip()
+    if not raw:
+        return None
+    try:
+        ratio = float(raw)
+    except ValueError:
+        ratio = math.nan
+    if not 0 < ratio <= 1:
+        raise ConfigurationError(
+            f"[{SECTION}] spot_price_ratio: {raw!r} is not a number above 0 and at most 1"
+        )
+    return ratio
+
+
+def urgent_priority() -> int:
+    """Return the priority at and above which work is urgent (never on spot unless it asks)."""
+    raw = _get("urgent_priority")
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigurationError(f"[{SECTION}] urgent_priority: {raw!r} is not an integer") from None

@@ -19,10 +19,13 @@ else may use either.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
+from dataclasses import replace
 from enum import Enum
 
 from airflow_gpupool.exceptions import InvalidRequestError
+from airflow_gpupool.labels import CAPACITY_TYPE_LABEL
+from airflow_gpupool.resources import NodeInventory
 
 __all__ = [
     "Capacity",
@@ -31,6 +34,7 @@ __all__ = [
     "default_capacity",
     "fits_headroom",
     "is_urgent",
+    "with_capacity_type",
 ]
 
 #: Below this price ratio (spot over on-demand), a run of under an hour prefers spot.
@@ -66,14 +70,43 @@ class Capacity(str, Enum):
             raise InvalidRequestError("capacity", value, "one of on-demand, spot, any") from None
 
 
-def capacity_type(labels: Mapping[str, str]) -> CapacityType:
-    """Return whether a node is spot, from the labels Karpenter, GKE and EKS put on it (default on-demand)."""
+def capacity_type(
+    labels: Mapping[str, str], *, node_pool: str | None = None, spot_pools: Collection[str] = ()
+) -> CapacityType:
+    """Return whether a node is spot (default on-demand).
+
+    Its own ``gpupool.io/capacity-type`` label wins; then a node pool configured as spot; then
+    the labels Karpenter, GKE and EKS put on it.
+
+    :param labels: the node's labels
+    :param node_pool: the node's pool
+    :param spot_pools: node pools configured as spot (``[gpupool] spot_node_pools``)
+    """
+    own = labels.get(CAPACITY_TYPE_LABEL, "").lower()
+    if own in (CapacityType.SPOT.value, CapacityType.ON_DEMAND.value):
+        return CapacityType(own)
+    if node_pool is not None and node_pool in spot_pools:
+        return CapacityType.SPOT
     karpenter = labels.get("karpenter.sh/capacity-type", "").lower()
     gke = labels.get("cloud.google.com/gke-spot", "").lower()
     eks = labels.get("eks.amazonaws.com/capacityType", "").upper()
     if karpenter == "spot" or gke == "true" or eks == "SPOT":
         return CapacityType.SPOT
     return CapacityType.ON_DEMAND
+
+
+def with_capacity_type(node: NodeInventory, spot_pools: Collection[str] = ()) -> NodeInventory:
+    """Return the node with its ``gpupool.io/capacity-type`` label set (what :func:`capacity_type` says).
+
+    :param node: a node as inventory sync or a static file describes it
+    :param spot_pools: node pools configured as spot
+    """
+    labels = dict(node.labels)
+    kind = capacity_type(labels, node_pool=node.node_pool, spot_pools=spot_pools).value
+    if labels.get(CAPACITY_TYPE_LABEL) == kind:
+        return node
+    labels[CAPACITY_TYPE_LABEL] = kind
+    return replace(node, labels=tuple(sorted(labels.items())))
 
 
 def is_urgent(priority: int, workload_class: str, urgent_priority: int) -> bool:

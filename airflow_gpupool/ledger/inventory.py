@@ -3,7 +3,9 @@
 A node's capacity columns are kept consistent with the grants it holds: an upsert
 recomputes what is free from the live grants, and refuses a change that would take away
 a GPU or MIG slice a grant holds (drain the node first). Added capacity serves the queue
-in the same transaction.
+in the same transaction. Every node is kept with its ``gpupool.io/capacity-type`` label (spot
+or on-demand, :func:`~airflow_gpupool.governance.capacity.with_capacity_type`), so a request
+for one or the other is a node label like any other.
 """
 
 from __future__ import annotations
@@ -17,11 +19,13 @@ from typing import Any
 from sqlalchemy import Connection, Row, delete, insert, select, update
 
 from airflow_gpupool.exceptions import InvalidInventoryError
+from airflow_gpupool.governance.capacity import with_capacity_type
 from airflow_gpupool.ledger import schema
 from airflow_gpupool.ledger.cycle import Held, WriteCycle, delete_node, held_on_node
 from airflow_gpupool.ledger.health import outranks
 from airflow_gpupool.ledger.store import LOGGER_NAME, LedgerStore, Tx
 from airflow_gpupool.resources import MILLI_PER_GPU, NodeHealth, NodeInventory, WorkloadClass
+from airflow_gpupool.settings import spot_node_pools
 
 log = logging.getLogger(LOGGER_NAME)
 
@@ -49,6 +53,8 @@ class LedgerInventory:
         for node in nodes:
             if not isinstance(node, NodeInventory):
                 raise InvalidInventoryError("node", node, "a NodeInventory")
+        spot_pools = spot_node_pools()
+        nodes = [with_capacity_type(node, spot_pools) for node in nodes]
         if len(set(names)) != len(names):
             raise InvalidInventoryError(
                 "nodes", sorted(n for n in names if names.count(n) > 1), "unique node names"

@@ -20,6 +20,7 @@ from airflow_gpupool.exceptions import (
 )
 from airflow_gpupool.hooks.gpupool import GpuPoolHook
 from airflow_gpupool.ledger.models import Grant, ReservationState
+from airflow_gpupool.operators.capacity import check_capacity, with_capacity
 from airflow_gpupool.operators.escalation import EscalationPolicy
 from airflow_gpupool.operators.lease import LeaseRenewer, delete_pod
 from airflow_gpupool.operators.links import GpuReservationLink  # kit (issue 15)
@@ -93,6 +94,10 @@ class GpuPodOperator(UnschedulableFailFast, GpuPodTries):
         the ladder chooses it (a GPU fault by default; see :mod:`airflow_gpupool.operators.escalation`)
     :param shm_size: a memory-backed ``/dev/shm`` of this size (``8Gi``), counted in the request's
         memory; data loaders with several workers need one
+    :param capacity: ``on-demand``, ``spot`` or ``any``; None: the default rule (urgent work on
+        on-demand, checkpointed preemptible training prefers cheap spot; see
+        :mod:`airflow_gpupool.operators.capacity`)
+    :param expected_duration: seconds a run is expected to take, for the default rule (None: long)
     """
 
     template_fields: Sequence[str] = (
@@ -131,6 +136,8 @@ class GpuPodOperator(UnschedulableFailFast, GpuPodTries):
         log_tail_lines: int = 50,
         shm_size: str | None = None,
         cpu_fallback: bool = False,
+        capacity: str | None = None,
+        expected_duration: float | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -158,6 +165,8 @@ class GpuPodOperator(UnschedulableFailFast, GpuPodTries):
         self.log_tail_lines = log_tail_lines
         self.shm_size = shm_size
         self.cpu_fallback = cpu_fallback
+        self.capacity = check_capacity(capacity)
+        self.expected_duration = expected_duration
         self._cpu_fallback_active = False
         self._grant: Grant | None = None
         self._held_id: str | None = None
@@ -170,6 +179,7 @@ class GpuPodOperator(UnschedulableFailFast, GpuPodTries):
         check_log_tail_lines(log_tail_lines)
         check_seconds("reservation_timeout", reservation_timeout)
         check_seconds("lease_ttl", lease_ttl)
+        check_seconds("expected_duration", expected_duration)
         # Parse-time validation, no I/O: fail the DAG import, not the run, on a bad request. A
         # templated field (container_resources included, a KPO template field) is checked once
         # rendered, when the request is built in execute.
@@ -186,13 +196,19 @@ class GpuPodOperator(UnschedulableFailFast, GpuPodTries):
         return self._request_override or self.declared_request()
 
     def declared_request(self) -> GpuRequest:
-        """Return the task's request, built from its (rendered) arguments."""
-        return build_request(
+        """Return the task's request, built from its (rendered) arguments, its capacity a node label."""
+        request = build_request(
             {name: getattr(self, name) for name in REQUEST_FIELDS},
             workload_class=self.workload_class,
             preemptible=self.preemptible,
             container_resources=self.container_resources,
             shm_size=self.shm_size,
+        )
+        return with_capacity(
+            request,
+            self.capacity,
+            checkpointed=self.checkpoint_dir is not None,
+            expected_seconds=self.expected_duration,
         )
 
     @cached_property

@@ -122,3 +122,36 @@ def test_headroom_is_kept_for_urgent_work() -> None:
     assert Capacity.of("spot") is Capacity.SPOT
     with pytest.raises(InvalidRequestError, match="capacity"):
         Capacity.of("cheap")
+
+
+@pytest.mark.parametrize(
+    ("labels", "pool", "expected"),
+    [
+        pytest.param(
+            {"gpupool.io/capacity-type": "on-demand", "karpenter.sh/capacity-type": "spot"},
+            "p",
+            CapacityType.ON_DEMAND,
+            id="own-label-wins",
+        ),
+        pytest.param({"gpupool.io/capacity-type": "spot"}, "p", CapacityType.SPOT, id="own-label-spot"),
+        pytest.param({}, "a100-spot", CapacityType.SPOT, id="configured-pool"),
+        pytest.param({}, "a100", CapacityType.ON_DEMAND, id="other-pool"),
+    ],
+)
+def test_capacity_type_from_the_nodes_own_label_and_configured_pools(
+    labels: dict[str, str], pool: str, expected: CapacityType
+) -> None:
+    assert capacity_type(labels, node_pool=pool, spot_pools={"a100-spot"}) is expected
+
+
+def test_with_capacity_type_stamps_the_label_once() -> None:
+    from airflow_gpupool.governance.capacity import with_capacity_type
+    from tests.ledger_fixtures import node
+
+    spot = with_capacity_type(node("s", gpus=1, labels={"cloud.google.com/gke-spot": "true"}))
+    assert dict(spot.labels) == {"cloud.google.com/gke-spot": "true", "gpupool.io/capacity-type": "spot"}
+    assert with_capacity_type(spot) is spot
+    assert dict(with_capacity_type(node("o", gpus=1)).labels) == {"gpupool.io/capacity-type": "on-demand"}
+    assert dict(with_capacity_type(node("p", gpus=1, pool="cheap"), {"cheap"}).labels) == {
+        "gpupool.io/capacity-type": "spot"
+    }
