@@ -37,6 +37,8 @@ from airflow_gpupool.plugins import URL_PREFIX
 from airflow_gpupool.plugins.history import PageView
 
 if TYPE_CHECKING:
+    from sqlalchemy import Connection
+
     from airflow_gpupool.ledger import Ledger, LedgerSnapshot
 
 _STATIC = Path(__file__).parent / "static"
@@ -192,7 +194,8 @@ class _State:
 
 
 class _CachedLedger:
-    """What the metrics collector reads of a ledger (its URL and a snapshot), served from the cache."""
+    """What the metrics collector reads of a ledger: its URL and a snapshot, served from the cache,
+    and the stored quotas (a small table), read through."""
 
     def __init__(self, state: _State) -> None:
         self._state = state
@@ -203,6 +206,9 @@ class _CachedLedger:
 
     def snapshot(self) -> LedgerSnapshot:
         return self._state.reading().snapshot
+
+    def read(self, fn: Callable[[Connection], T]) -> T:
+        return self._state.ledger().read(fn)
 
 
 def _ui_base(root_path: str) -> str:
