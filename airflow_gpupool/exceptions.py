@@ -28,7 +28,8 @@ keeps working::
     ├── NoGpuError                         the node agent: no NVIDIA driver, GPU or NVML permission on this node
     └── PodFailureError                    GpuPodOperator: a try failed; one subclass per FailureClass
         ├── OutOfMemoryError               OOMKilled, or CUDA out of memory in the log tail
-        ├── PreemptedError                 evicted or preempted
+        ├── PreemptedError                 preempted by the scheduler for higher-priority work
+        ├── EvictedError                   evicted: drained, spot capacity taken back, node pressure
         ├── NodeLostError                  the node became unreachable or disappeared
         ├── ImagePullError                 the image could not be pulled
         ├── DeadlineExceededError          ``activeDeadlineSeconds`` passed
@@ -83,6 +84,7 @@ __all__ = [
     "OutOfMemoryError",
     "PodFailureError",
     "PreemptedError",
+    "EvictedError",
     "ReservationTimeoutError",
     "SimulationError",
     "StaleCacheError",
@@ -316,6 +318,7 @@ class FailureClass(str, Enum):
 
     OUT_OF_MEMORY = "out_of_memory"
     PREEMPTED = "preempted"
+    EVICTED = "evicted"
     NODE_LOST = "node_lost"
     IMAGE_PULL = "image_pull"
     DEADLINE_EXCEEDED = "deadline_exceeded"
@@ -377,9 +380,15 @@ class OutOfMemoryError(PodFailureError):
 
 
 class PreemptedError(PodFailureError):
-    """The pod was evicted or preempted."""
+    """The pod was preempted (the scheduler made room for higher-priority work)."""
 
     failure_class = FailureClass.PREEMPTED
+
+
+class EvictedError(PodFailureError):
+    """The pod was evicted: its node drained (a spot node taken back, an upgrade) or under pressure."""
+
+    failure_class = FailureClass.EVICTED
 
 
 class NodeLostError(PodFailureError):

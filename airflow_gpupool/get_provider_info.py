@@ -242,6 +242,12 @@ def get_provider_info() -> dict[str, Any]:
                         "100",
                         "integer",
                     ),
+                    "evictions_before_on_demand": _option(
+                        "After this many evicted tries of one task run (a spot node taken back, a drain), "
+                        "its next tries run on on-demand capacity only; 0: never.",
+                        "2",
+                        "integer",
+                    ),
                 },
             }
         },

@@ -62,6 +62,7 @@ DEFAULTS: dict[str, str] = {
     "spot_node_pools": "",
     "spot_price_ratio": "",
     "urgent_priority": "100",
+    "evictions_before_on_demand": "2",
 }
 
 
@@ -419,3 +420,17 @@ def urgent_priority() -> int:
         return int(raw)
     except ValueError:
         raise ConfigurationError(f"[{SECTION}] urgent_priority: {raw!r} is not an integer") from None
+
+
+def evictions_before_on_demand() -> int:
+    """Return after how many evictions a task run's next try runs on on-demand capacity only (0: never)."""
+    raw = _get("evictions_before_on_demand")
+    try:
+        count = int(raw)
+    except ValueError:
+        count = -1
+    if count < 0:
+        raise ConfigurationError(
+            f"[{SECTION}] evictions_before_on_demand: {raw!r} is not a whole number of at least 0"
+        )
+    return count

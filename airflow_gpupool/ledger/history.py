@@ -319,7 +319,8 @@ def _tally(
     counts["grants"] = int(
         conn.execute(select(func.count()).where(reservations, r.granted_at.is_not(None))).scalar_one()
     )
-    preempted = and_(attempts, a.failure_class == FailureClass.PREEMPTED.value)
+    taken = (FailureClass.PREEMPTED.value, FailureClass.EVICTED.value)
+    preempted = and_(attempts, a.failure_class.in_(taken))
     counts["preemptions"] = int(conn.execute(select(func.count()).where(preempted)).scalar_one())
     counts.update(
         _histogram(

@@ -50,6 +50,7 @@ class Remedy(str, Enum):
 
 DEFAULT_REMEDIES: dict[FailureClass, Remedy] = {
     FailureClass.PREEMPTED: Remedy.RETRY,
+    FailureClass.EVICTED: Remedy.RETRY,
     FailureClass.NODE_LOST: Remedy.RETRY,
     FailureClass.LEASE_LOST: Remedy.RETRY,
     FailureClass.OUT_OF_MEMORY: Remedy.RETRY_LARGER,

@@ -19,6 +19,7 @@ from airflow_gpupool.exceptions import (
     ApplicationError,
     Classification,
     DeadlineExceededError,
+    EvictedError,
     FailureClass,
     GpuFaultError,
     ImagePullError,
@@ -34,12 +35,14 @@ from airflow_gpupool.exceptions import (
 __all__ = [
     "CUDA_OOM",
     "DEADLINE_REASONS",
+    "EVICTION_REASONS",
     "IMAGE_PULL_REASONS",
     "NODE_LOST_REASONS",
     "PREEMPTION_REASONS",
     "ApplicationError",
     "Classification",
     "DeadlineExceededError",
+    "EvictedError",
     "FailureClass",
     "GPU_FAULT",
     "HOST_OOM_REASON",
@@ -66,17 +69,12 @@ log = logging.getLogger(__name__)
 FAILURE_ATTRIBUTE = "gpupool_failure"
 
 
-#: Pod (``status.reason``), condition and event reasons of a pod that was taken away.
-PREEMPTION_REASONS = frozenset(
-    {
-        "Evicted",
-        "Preempted",
-        "Preempting",
-        "PreemptionByScheduler",
-        "EvictionByEvictionAPI",
-        "TerminationByKubelet",
-    }
-)
+#: Pod (``status.reason``), condition and event reasons of a pod the scheduler took away for other work.
+PREEMPTION_REASONS = frozenset({"Preempted", "Preempting", "PreemptionByScheduler"})
+#: ... and of a pod evicted from its node: drained through the Eviction API (Karpenter and the
+#: cloud's spot interruption handlers drain a node about to go), or by its kubelet (node
+#: pressure, graceful node shutdown).
+EVICTION_REASONS = frozenset({"Evicted", "EvictionByEvictionAPI", "TerminationByKubelet"})
 NODE_LOST_REASONS = frozenset({"NodeLost", "NodeNotReady", "NodeShutdown", "DeletionByPodGC"})
 IMAGE_PULL_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"})
 DEADLINE_REASONS = frozenset({"DeadlineExceeded"})
@@ -164,6 +162,7 @@ def _classify(
         return found(FailureClass.OUT_OF_MEMORY, HOST_OOM_REASON)
     for cls, known in (
         (FailureClass.PREEMPTED, PREEMPTION_REASONS),
+        (FailureClass.EVICTED, EVICTION_REASONS),
         (FailureClass.NODE_LOST, NODE_LOST_REASONS),
         (FailureClass.DEADLINE_EXCEEDED, DEADLINE_REASONS),
     ):
@@ -208,6 +207,7 @@ _ERRORS: dict[FailureClass, type[PodFailureError]] = {
     for cls in (
         OutOfMemoryError,
         PreemptedError,
+        EvictedError,
         NodeLostError,
         ImagePullError,
         DeadlineExceededError,

@@ -16,7 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
+from airflow_gpupool import settings
 from airflow_gpupool.exceptions import LeaseLostError
+from airflow_gpupool.governance.capacity import Capacity
+from airflow_gpupool.operators.capacity import with_capacity
 from airflow_gpupool.operators.escalation import Decision, EscalationPolicy, Remedy, decide, describe_policy
 from airflow_gpupool.operators.failures import (
     FAILURE_ATTRIBUTE,
@@ -102,6 +105,32 @@ class FailureLadder:
             return None
         self._log.info("An earlier try ran out of memory; this try asks for %s", larger[-1].describe())
         return larger[-1]
+
+    def after_evictions(self, task: TaskTry, request: GpuRequest) -> GpuRequest:
+        """Return the request on on-demand capacity only once this task run was evicted often enough.
+
+        ``[gpupool] evictions_before_on_demand`` evicted tries (default 2; 0: never) and the rest
+        of the run's tries keep off spot: a node pool that keeps taking its nodes back costs more
+        in lost work than on-demand does.
+
+        :param task: the try about to run
+        :param request: the request it would make
+        """
+        limit = settings.evictions_before_on_demand()
+        if task.try_number <= 1 or limit == 0:
+            return request
+        history = self._hook.attempt_history(task.task_key)
+        evicted = [a.try_number for a in history if a.failure_class == FailureClass.EVICTED.value]
+        if len(evicted) < limit:
+            return request
+        self._log.warning(
+            "Tries %s of this task run were evicted (%d, [gpupool] evictions_before_on_demand is %d); "
+            "this try runs on on-demand capacity only",
+            ", ".join(map(str, evicted)),
+            len(evicted),
+            limit,
+        )
+        return with_capacity(request, Capacity.ON_DEMAND, checkpointed=False, expected_seconds=None)
 
     def cpu_fallback_chosen(self, task: TaskTry) -> bool:
         """Return whether an earlier try of this task run was failed over to the CPU fallback.

@@ -69,11 +69,18 @@ class GpuPodTries(KubernetesPodOperator):
         )
 
     def _load_ladder_choice(self, context: Context) -> bool:
-        """Take what earlier tries' failures chose: a larger request; return whether it is the CPU fallback."""
+        """Take what earlier tries' failures chose (a larger request, on-demand capacity after evictions).
+
+        Return whether they chose the CPU fallback.
+        """
         task = TaskTry.from_context(context)
         larger = self.failure_ladder.escalated_request(task)
         if larger is not None:
             self._request_override = larger
+        request = self.gpu_request()
+        moved = self.failure_ladder.after_evictions(task, request)
+        if moved != request:
+            self._request_override = moved
         return self.cpu_fallback and self.failure_ladder.cpu_fallback_chosen(task)
 
     def _timed_out(self, context: Context, rid: str, error: ReservationTimeoutError) -> Any:

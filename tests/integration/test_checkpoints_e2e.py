@@ -101,10 +101,40 @@ def test_evicted_pod_retries_and_resumes(run_dag, k8s: KubernetesEmulatorServer,
     assert str(ti_of(dag_run).state) == "success"
     first, retry = k8s.created_pods()
     (attempt,) = TaskAttempts(gpu_ledger).history(f"ckpt_preempted/train/{dag_run.run_id}/map--1")
-    assert (attempt.failure_class, attempt.remedy, attempt.next_request) == ("preempted", "retry", None)
+    assert (attempt.failure_class, attempt.remedy, attempt.next_request) == ("evicted", "retry", None)
     assert attempt.checkpoint_step is not None and attempt.checkpoint_step >= 1
     assert env_of(retry)["GPUPOOL_RESUME_FROM"].endswith(f"step-{attempt.checkpoint_step:06d}")
     assert (checkpoint_dir(dag_run) / "COMPLETE").exists()
+    assert_nothing_held(gpu_ledger)
+
+
+def test_after_two_evictions_the_next_try_runs_on_on_demand_capacity_only(
+    run_dag, k8s: KubernetesEmulatorServer, gpu_ledger: Ledger
+) -> None:
+    from airflow_gpupool.labels import CAPACITY_TYPE_LABEL
+    from airflow_gpupool.task_try import TaskTry
+
+    k8s.configure_pod(predicate=lambda pod: pod["metadata"]["labels"]["try_number"] in {"1", "2"}, evict=True)
+
+    dag_run = run_dag("ckpt_evicted_twice")
+
+    assert str(ti_of(dag_run).state) == "success"
+    attempts = TaskAttempts(gpu_ledger).history(f"ckpt_evicted_twice/train/{dag_run.run_id}/map--1")
+    assert [(a.try_number, a.failure_class) for a in attempts] == [(1, "evicted"), (2, "evicted")]
+    requests = {
+        n: gpu_ledger.get(
+            TaskTry("ckpt_evicted_twice", "train", dag_run.run_id, -1, n).reservation_id
+        ).request
+        for n in (1, 2, 3)
+    }
+    assert [dict(requests[n].node_labels).get(CAPACITY_TYPE_LABEL) for n in (1, 2, 3)] == [
+        None,
+        None,
+        "on-demand",
+    ]
+    # Each retry resumed from the newest checkpoint the evicted try left.
+    *_, third = k8s.created_pods()
+    assert "GPUPOOL_RESUME_FROM" in env_of(third)
     assert_nothing_held(gpu_ledger)
 
 

@@ -96,6 +96,9 @@ image_pull = training_dag("ckpt_image_pull", gpus=1, retries=2, annotations=emul
 preempted = training_dag(
     "ckpt_preempted", gpus=1, retries=1, annotations=emulate(checkpoint_steps="4", duration_seconds="1")
 )
+evicted_twice = training_dag(
+    "ckpt_evicted_twice", gpus=1, retries=2, annotations=emulate(checkpoint_steps="4", duration_seconds="1")
+)
 exhausted = training_dag(
     "ckpt_exhausted",
     gpus=1,

@@ -217,3 +217,20 @@ teams:
         ("gpupool_quota_borrowed_gpus", nlp): 0,
         ("gpupool_quota_lent_gpus", nlp): 1,  # the cohort borrows 1, all of it nlp's
     }
+
+
+def test_preemptions_count_preempted_and_evicted_tries(tmp_path: Path) -> None:
+    from airflow_gpupool.exceptions import FailureClass
+    from airflow_gpupool.ledger.attempts import TaskAttempt, TaskAttempts
+
+    with Ledger.create(f"sqlite:///{tmp_path}/tries.db") as ledger:
+        attempts = TaskAttempts(ledger)
+        for n, failure in enumerate(
+            [FailureClass.PREEMPTED, FailureClass.EVICTED, FailureClass.OUT_OF_MEMORY], 1
+        ):
+            attempts.record(
+                TaskAttempt(
+                    "d/t/r/map--1", n, f"gp-{n}", failure.value, "retry", GpuRequest(gpus=1), "failed"
+                )
+            )
+        assert scrape(ledger)[("gpupool_preemptions_total", ())] == 2

@@ -59,8 +59,24 @@ CASES = [
         pod(reason="Evicted", terminated={"exitCode": 137}),
         [{"reason": "Evicted"}],
         "",
-        FailureClass.PREEMPTED,
+        FailureClass.EVICTED,
         137,
+    ),
+    (
+        "drained-through-the-eviction-api",  # Karpenter's or a spot interruption handler's drain
+        {
+            **pod(terminated={"exitCode": 143}),
+            "status": {
+                **pod()["status"],
+                "conditions": [
+                    {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}
+                ],
+            },
+        },
+        [],
+        "",
+        FailureClass.EVICTED,
+        None,
     ),
     (
         "preempted-condition",

@@ -249,3 +249,46 @@ def test_host_memory_out_of_memory_never_falls_back_to_the_cpu(hook: GpuPoolHook
 
     assert report(raised).remedy == "retry_larger" and not report(raised).retry
     assert isinstance(raised, AirflowFailException)
+
+
+EVICTED = (Classification(FailureClass.EVICTED, "EvictionByEvictionAPI", 143, "train-abc"), "")
+ON_DEMAND = ("gpupool.io/capacity-type", "on-demand")
+
+
+@pytest.mark.parametrize(
+    ("limit", "evictions", "on_demand"),
+    [
+        pytest.param("2", 2, True, id="two-evictions-of-two"),
+        pytest.param("2", 1, False, id="one-eviction-of-two"),
+        pytest.param("1", 1, True, id="one-of-one"),
+        pytest.param("0", 3, False, id="never"),
+    ],
+)
+def test_after_enough_evictions_the_run_keeps_to_on_demand_capacity(
+    hook: GpuPoolHook, monkeypatch: pytest.MonkeyPatch, limit: str, evictions: int, on_demand: bool
+) -> None:
+    monkeypatch.setenv("AIRFLOW__GPUPOOL__EVICTIONS_BEFORE_ON_DEMAND", limit)
+    ladder = FailureLadder(hook, EscalationPolicy(), log=LOG)
+    for n in range(1, evictions + 1):
+        raised = ladder.failed({}, try_of(n, retries_left=True, observed=EVICTED), RuntimeError("pod failed"))
+        assert report(raised).failure_class is FailureClass.EVICTED and report(raised).retry
+    # An application error in between is not an eviction.
+    ladder.failed({}, try_of(evictions + 1, retries_left=True, observed=APP), RuntimeError("pod failed"))
+    spot = GpuRequest(gpus=1, node_labels=(("gpupool.io/capacity-type", "spot"),))
+
+    moved = ladder.after_evictions(TaskTry("retrain", "train", "manual__1", -1, evictions + 2), spot)
+
+    assert moved.node_labels == ((ON_DEMAND,) if on_demand else spot.node_labels)
+    assert ladder.after_evictions(TaskTry("retrain", "train", "manual__1", -1, 1), spot) is spot
+
+
+def test_a_bad_eviction_limit_is_a_configuration_error(
+    hook: GpuPoolHook, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow_gpupool.exceptions import ConfigurationError
+
+    monkeypatch.setenv("AIRFLOW__GPUPOOL__EVICTIONS_BEFORE_ON_DEMAND", "-1")
+    with pytest.raises(ConfigurationError, match="evictions_before_on_demand"):
+        FailureLadder(hook, EscalationPolicy(), log=LOG).after_evictions(
+            TaskTry("retrain", "train", "manual__1", -1, 2), QUARTER
+        )
