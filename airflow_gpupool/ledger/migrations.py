@@ -8,6 +8,7 @@ both SQLite (batch mode) and PostgreSQL.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -20,8 +21,11 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Column, Connection, Engine, insert, inspect, select, text, update
 
 from airflow_gpupool.exceptions import LedgerSchemaError
+from airflow_gpupool.governance.capacity import capacity_type
+from airflow_gpupool.labels import CAPACITY_TYPE_LABEL
 from airflow_gpupool.ledger import pg_functions, schema
 from airflow_gpupool.redact import redact_url
+from airflow_gpupool.settings import spot_node_pools
 
 log = logging.getLogger(__name__)
 
@@ -157,6 +161,34 @@ def _v9(op: Operations, conn: Connection) -> None:
         conn.execute(update(meta).where(meta.c.key == "inventory_generation").values(value=generation))
 
 
+def _v10(op: Operations, conn: Connection) -> None:
+    """Label every stored node ``gpupool.io/capacity-type``, as an inventory upsert now does.
+
+    Without it a request for on-demand capacity (urgent work's by default) would fit no node of a
+    ledger whose inventory is never synced again (a static one). Read from the node's own labels
+    and ``[gpupool] spot_node_pools``; the inventory generation moves so capacity copies reload.
+    """
+    del op
+    nodes = schema.nodes
+    spot_pools = spot_node_pools()
+    changed = 0
+    for name, pool, raw in conn.execute(select(nodes.c.name, nodes.c.node_pool, nodes.c.labels)).all():
+        labels = json.loads(raw or "{}")
+        if CAPACITY_TYPE_LABEL in labels:
+            continue
+        labels[CAPACITY_TYPE_LABEL] = capacity_type(labels, node_pool=pool, spot_pools=spot_pools).value
+        conn.execute(
+            update(nodes).where(nodes.c.name == name).values(labels=json.dumps(labels, sort_keys=True))
+        )
+        changed += 1
+    meta = schema.ledger_meta
+    generation = conn.execute(select(meta.c.value).where(meta.c.key == "inventory_generation")).scalar()
+    if changed and generation is not None:
+        conn.execute(
+            update(meta).where(meta.c.key == "inventory_generation").values(value=int(generation) + 1)
+        )
+
+
 def sql_literal(value: object) -> Any:
     """Return the server default that fills a migrated column on existing rows (a SQL literal)."""
     if isinstance(value, bool):
@@ -177,6 +209,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(7, "node agent: heartbeats with reports, health with a source, verified GPU UUIDs", _v7),
     Migration(8, "gang reservations: the gang and member index of each reservation", _v8),
     Migration(9, "quotas applied before the queue governed them are stamped, so it governs them", _v9),
+    Migration(10, "every node labelled gpupool.io/capacity-type: spot or on-demand", _v10),
 )
 LATEST = MIGRATIONS[-1].version
 

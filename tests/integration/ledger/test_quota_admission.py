@@ -14,7 +14,7 @@ import yaml
 from sqlalchemy import create_engine, delete, event, select
 
 from airflow_gpupool.governance.quotas import parse_quota_file
-from airflow_gpupool.ledger import Ledger, ReservationState, schema
+from airflow_gpupool.ledger import Ledger, ReservationState, migrations, schema
 from airflow_gpupool.ledger.engine import normalize_url
 from airflow_gpupool.ledger.quotas import LedgerQuotas
 from airflow_gpupool.resources import GangSpec, GpuRequest
@@ -177,9 +177,9 @@ def test_quotas_applied_before_schema_v9_are_governed_once_migrated(pool: Ledger
     engine = create_engine(normalize_url(ledger_url))
     with engine.begin() as conn:
         conn.execute(delete(schema.ledger_meta).where(schema.ledger_meta.c.key == schema.QUOTA_VERSION_KEY))
-        conn.execute(delete(schema.schema_version).where(schema.schema_version.c.version == 9))
+        conn.execute(delete(schema.schema_version).where(schema.schema_version.c.version >= 9))
     ledger = Ledger(ledger_url)
-    assert ledger.migrate() == [9]
+    assert ledger.migrate() == list(range(9, migrations.LATEST + 1))
     with engine.connect() as conn:
         stamp = conn.execute(
             select(schema.ledger_meta.c.value).where(schema.ledger_meta.c.key == schema.QUOTA_VERSION_KEY)
@@ -195,9 +195,9 @@ def test_schema_v9_stamps_nothing_without_quotas(pool: Ledger, ledger_url: str) 
     pool.close()
     engine = create_engine(normalize_url(ledger_url))
     with engine.begin() as conn:
-        conn.execute(delete(schema.schema_version).where(schema.schema_version.c.version == 9))
+        conn.execute(delete(schema.schema_version).where(schema.schema_version.c.version >= 9))
     ledger = Ledger(ledger_url)
-    assert ledger.migrate() == [9]
+    assert ledger.migrate() == list(range(9, migrations.LATEST + 1))
     with engine.connect() as conn:
         keys = set(conn.execute(select(schema.ledger_meta.c.key)).scalars())
     engine.dispose()
