@@ -165,7 +165,8 @@ class GpuPodOperator(UnschedulableFailFast, GpuPodTries):
         self.log_tail_lines = log_tail_lines
         self.shm_size = shm_size
         self.cpu_fallback = cpu_fallback
-        self.capacity = check_capacity(capacity)
+        self.capacity = capacity
+        check_capacity(capacity)
         self.expected_duration = expected_duration
         self._cpu_fallback_active = False
         self._grant: Grant | None = None
@@ -206,7 +207,7 @@ class GpuPodOperator(UnschedulableFailFast, GpuPodTries):
         )
         return with_capacity(
             request,
-            self.capacity,
+            check_capacity(self.capacity),
             checkpointed=self.checkpoint_dir is not None,
             expected_seconds=self.expected_duration,
         )
