@@ -194,8 +194,7 @@ class _State:
 
 
 class _CachedLedger:
-    """What the metrics collector reads of a ledger: its URL and a snapshot, served from the cache,
-    and the stored quotas (a small table), read through."""
+    """What the metrics collector reads of a ledger: URL and snapshot from the cache, quotas read through."""
 
     def __init__(self, state: _State) -> None:
         self._state = state
