@@ -256,6 +256,12 @@ class GpuPoolHook(BaseHook):
         """Store a failed try (idempotent per task key and try)."""
         return self._attempts.record(attempt)
 
+    def typical_run_seconds(self, dag_id: str, task_id: str) -> tuple[float, int] | None:
+        """Return the median seconds of a task's recent successful runs and their count (None: none yet)."""
+        from airflow_gpupool.ledger.history import LedgerHistory
+
+        return LedgerHistory(self.ledger).typical_run_seconds(dag_id, task_id)
+
     def attempt_history(self, task_key: str) -> list[TaskAttempt]:
         """Return the failed tries of a task instance (:attr:`TaskTry.task_key`), oldest first."""
         return self._attempts.history(task_key)

@@ -13,6 +13,7 @@ metrics is first added to carried-over totals in ``gpupool_meta``, so counters r
 from __future__ import annotations
 
 import json
+import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -234,6 +235,38 @@ class LedgerHistory:
             return {"team": teams, "pool": pools, "dag_id": sorted(dags)}
 
         return self.ledger.read(run)
+
+    def typical_run_seconds(self, dag_id: str, task_id: str, *, runs: int = 5) -> tuple[float, int] | None:
+        """Return the median seconds a task's recent successful runs held their slice, and how many there were.
+
+        A successful run is a reservation of the task's that was released with no failed try
+        recorded against it; the newest ``runs`` count. None when the task has none yet.
+
+        :param dag_id: the task's DAG
+        :param task_id: the task
+        :param runs: how many of the newest successful runs to take
+        """
+        prefix = f"{dag_id}/{task_id}/"
+        r = schema.reservations.c
+        query = (
+            select(r.id, r.granted_at, r.ended_at)
+            .where(
+                r.holder.startswith(prefix, autoescape=True),
+                r.state == ReservationState.RELEASED.value,
+                r.granted_at.is_not(None),
+                r.ended_at.is_not(None),
+            )
+            .order_by(r.seq.desc())
+            .limit(runs * 4)  # some of the newest may have failed
+        )
+
+        def run(conn: Connection) -> list[float]:
+            rows = conn.execute(query).all()
+            failed = _failures(conn, [row.id for row in rows])
+            return [row.ended_at - row.granted_at for row in rows if row.id not in failed][:runs]
+
+        held = self.ledger.read(run)
+        return (float(statistics.median(held)), len(held)) if held else None
 
     def held_by(self, task: TaskTry) -> str | None:
         """Return the id of the newest reservation that try ``task`` holds or held, or None.

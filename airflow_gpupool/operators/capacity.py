@@ -10,19 +10,33 @@ The ledger keeps every node with a ``gpupool.io/capacity-type`` label (``spot`` 
   must land on on-demand; checkpointed, preemptible training *prefers* spot (a soft label: it
   still runs on on-demand when no spot node fits) when ``[gpupool] spot_price_ratio`` is under
   0.6 for an expected run under an hour, under 0.4 for longer; everything else may use either.
+  The expected run is the task's ``expected_duration``, else the median of its recent
+  successful runs in the ledger (read only when the price makes the length matter), else long.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_gpupool import settings
-from airflow_gpupool.governance.capacity import Capacity, default_capacity, is_urgent
+from airflow_gpupool.governance.capacity import (
+    LONG_RUN_RATIO,
+    SHORT_RUN_RATIO,
+    Capacity,
+    default_capacity,
+    is_urgent,
+)
 from airflow_gpupool.labels import CAPACITY_TYPE_LABEL
 from airflow_gpupool.resources import GpuRequest
 
-__all__ = ["check_capacity", "resolve_capacity", "with_capacity"]
+if TYPE_CHECKING:
+    from airflow.sdk.types import Logger
+
+    from airflow_gpupool.hooks.gpupool import GpuPoolHook
+    from airflow_gpupool.task_try import TaskTry
+
+__all__ = ["check_capacity", "duration_matters", "resolve_capacity", "typical_run", "with_capacity"]
 
 
 def check_capacity(value: Any) -> Capacity | None:
@@ -31,6 +45,44 @@ def check_capacity(value: Any) -> Capacity | None:
     :raises InvalidRequestError: not one of on-demand, spot, any
     """
     return None if value is None else Capacity.of(value)
+
+
+def duration_matters(request: GpuRequest, capacity: Capacity | None, *, checkpointed: bool) -> bool:
+    """Whether the default rule's choice depends on how long a run is expected to take.
+
+    Only for checkpointed, preemptible training that is not urgent, with a spot price between
+    the two ratios: cheaper, it prefers spot whatever the length; dearer, it never does.
+
+    :param request: the task's request
+    :param capacity: the task's ``capacity`` argument (not None: the rule does not apply)
+    :param checkpointed: whether the task writes checkpoints
+    """
+    if capacity is not None or not (checkpointed and request.preemptible):
+        return False
+    if request.workload_class.value != "training" or CAPACITY_TYPE_LABEL in dict(request.node_labels):
+        return False
+    if is_urgent(request.priority, request.workload_class.value, settings.urgent_priority()):
+        return False
+    ratio = settings.spot_price_ratio()
+    return ratio is not None and LONG_RUN_RATIO <= ratio < SHORT_RUN_RATIO
+
+
+def typical_run(hook: GpuPoolHook, task: TaskTry, log: Logger) -> float | None:
+    """Return the median seconds of the task's recent successful runs in the ledger (None: none yet).
+
+    :param hook: the ledger hook
+    :param task: the try about to reserve
+    :param log: the task's log, told what the rule takes
+    """
+    typical = hook.typical_run_seconds(task.dag_id, task.task_id)
+    if typical is None:
+        log.info("No successful run of this task in the ledger yet: the spot rule takes its run as long")
+        return None
+    seconds, runs = typical
+    log.info(
+        "This task's last %d successful runs took a median %.0f s: the spot rule takes that", runs, seconds
+    )
+    return seconds
 
 
 def resolve_capacity(

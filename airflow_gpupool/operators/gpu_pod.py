@@ -20,7 +20,7 @@ from airflow_gpupool.exceptions import (
 )
 from airflow_gpupool.hooks.gpupool import GpuPoolHook
 from airflow_gpupool.ledger.models import Grant, ReservationState
-from airflow_gpupool.operators.capacity import check_capacity, with_capacity
+from airflow_gpupool.operators.capacity import check_capacity, duration_matters, typical_run, with_capacity
 from airflow_gpupool.operators.escalation import EscalationPolicy
 from airflow_gpupool.operators.lease import LeaseRenewer, delete_pod
 from airflow_gpupool.operators.links import GpuReservationLink  # kit (issue 15)
@@ -168,6 +168,7 @@ class GpuPodOperator(UnschedulableFailFast, GpuPodTries):
         self.capacity = capacity
         check_capacity(capacity)
         self.expected_duration = expected_duration
+        self._typical_seconds: float | None = None  # the task's recent successful runs (execute only)
         self._cpu_fallback_active = False
         self._grant: Grant | None = None
         self._held_id: str | None = None
@@ -205,11 +206,12 @@ class GpuPodOperator(UnschedulableFailFast, GpuPodTries):
             container_resources=self.container_resources,
             shm_size=self.shm_size,
         )
+        expected = self.expected_duration if self.expected_duration is not None else self._typical_seconds
         return with_capacity(
             request,
             check_capacity(self.capacity),
             checkpointed=self.checkpoint_dir is not None,
-            expected_seconds=self.expected_duration,
+            expected_seconds=expected,
         )
 
     @cached_property
@@ -240,9 +242,10 @@ class GpuPodOperator(UnschedulableFailFast, GpuPodTries):
             return self._timed_out(context, rid, e)
 
     def _reserve_and_run(self, context: Context) -> Any:
+        task = TaskTry.from_context(context)
+        self._learn_typical_run(task)
         request = self.gpu_request()
         options = self.gpu_hook.options
-        task = TaskTry.from_context(context)
         if task.try_number > 1:
             earlier = EarlierTries(self.gpu_hook, self.client, self.namespace or "default", self.log)
             ttl = self.lease_ttl or options.lease_ttl_seconds
@@ -267,6 +270,13 @@ class GpuPodOperator(UnschedulableFailFast, GpuPodTries):
                 **reservation_deferral(rid, self.ledger_conn_id, timeout, options.poll_interval_seconds)
             )
         return self._run_granted(context, rid, self._wait_in_place(rid, options.poll_interval_seconds))
+
+    def _learn_typical_run(self, task: TaskTry) -> None:
+        """Take how long this task's recent successful runs took, where the spot rule needs it."""
+        if self.expected_duration is None and self._request_override is None:
+            capacity, checkpointed = check_capacity(self.capacity), self.checkpoint_dir is not None
+            if duration_matters(self.declared_request(), capacity, checkpointed=checkpointed):
+                self._typical_seconds = typical_run(self.gpu_hook, task, self.log)
 
     def _defer_reservation(self) -> bool:
         return self.deferrable if self.reservation_deferrable is None else self.reservation_deferrable

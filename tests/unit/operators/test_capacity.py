@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from airflow_gpupool.exceptions import ConfigurationError, InvalidRequestError
@@ -98,3 +100,53 @@ def test_a_bad_spot_price_ratio_is_a_configuration_error(ratio: str, monkeypatch
     monkeypatch.setenv("AIRFLOW__GPUPOOL__SPOT_PRICE_RATIO", ratio)
     with pytest.raises(ConfigurationError, match="spot_price_ratio"):
         with_capacity(TRAINING, None, checkpointed=True, expected_seconds=60)
+
+
+@pytest.mark.parametrize(
+    ("ratio", "kwargs", "matters"),
+    [
+        pytest.param("0.5", {}, True, id="between-the-ratios"),
+        pytest.param("0.3", {}, False, id="cheap-spot-whatever-the-length"),
+        pytest.param("0.7", {}, False, id="dear-spot-whatever-the-length"),
+        pytest.param("", {}, False, id="price-unknown"),
+        pytest.param("0.5", {"priority": 100}, False, id="urgent"),
+        pytest.param("0.5", {"preemptible": False}, False, id="not-preemptible"),
+    ],
+)
+def test_the_length_of_a_run_matters_only_between_the_two_ratios(
+    ratio: str, kwargs: dict[str, object], matters: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow_gpupool.operators.capacity import duration_matters
+
+    monkeypatch.setenv("AIRFLOW__GPUPOOL__SPOT_PRICE_RATIO", ratio)
+    request = GpuRequest(**{"gpus": 1, "workload_class": "training", "preemptible": True, **kwargs})  # type: ignore[arg-type]
+    assert duration_matters(request, None, checkpointed=True) is matters
+    assert duration_matters(request, Capacity.ANY, checkpointed=True) is False  # the task chose
+
+
+def test_without_expected_duration_the_task_takes_its_recent_successful_runs(
+    tmp_path: Path, spot_ratio: None
+) -> None:
+    from airflow_gpupool.hooks import GpuPoolHook
+    from airflow_gpupool.ledger import Ledger
+    from airflow_gpupool.task_try import TaskTry
+    from tests.ledger_fixtures import node
+
+    url = f"sqlite:///{tmp_path}/ledger.db"
+    with Ledger.create(url) as ledger:
+        ledger.upsert_nodes([node("n1", gpus=1)])
+    op = GpuPodOperator(
+        task_id="fit", image="i", gpus=1, workload_class="training", preemptible=True, checkpoint_dir="/ckpt"
+    )
+    op.__dict__["gpu_hook"] = GpuPoolHook(None, ledger_url=url)  # the connection's ledger
+    this = TaskTry("retrain", "fit", "manual__2", -1, 1, "w")
+
+    op._learn_typical_run(this)
+    assert op.gpu_request().prefer_node_labels == ()  # no run yet: taken as long, 0.5 is too dear for that
+
+    earlier = TaskTry("retrain", "fit", "manual__1", -1, 1, "w")
+    op.gpu_hook.reserve(GpuRequest(gpus=1), earlier.holder, reservation_id=earlier.reservation_id)
+    op.gpu_hook.release(earlier.reservation_id, "pod succeeded")
+    op._learn_typical_run(this)
+    assert op.gpu_request().prefer_node_labels == (SPOT,)  # a short run: 0.5 is cheap enough
+    op.gpu_hook.close()
