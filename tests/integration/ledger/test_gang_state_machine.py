@@ -14,18 +14,15 @@ from pathlib import Path
 import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import (
-    RuleBasedStateMachine,
     initialize,
     invariant,
     precondition,
     rule,
 )
 
-from airflow_gpupool.exceptions import LeaseExpiredError
-from airflow_gpupool.ledger import Ledger
 from airflow_gpupool.resources import GangSpec, GpuRequest
-from tests.integration.ledger.test_ledger_properties import Database, run_ledger_machine
-from tests.ledger_fixtures import FakeClock, node
+from tests.integration.ledger.test_ledger_properties import ReservingMachine, run_ledger_machine
+from tests.ledger_fixtures import node
 
 ZONE = "topology.kubernetes.io/zone"
 NODES = (
@@ -52,51 +49,29 @@ gangs = st.builds(
 )
 
 
-class GangMachine(RuleBasedStateMachine):
+class GangMachine(ReservingMachine):
     """Gangs beside singles; after each call, no gang holds fewer than its minimum by the pool's doing."""
-
-    database: Database
 
     def __init__(self) -> None:
         super().__init__()
-        self.clock = FakeClock()
-        self.ledger = Ledger.create(
-            self.database.new_url(), clock=self.clock, policy="bestfit", max_overtakes=2
-        )
-        self.ids: list[str] = []
         self.gangs: dict[str, GangSpec] = {}
         # Gangs whose members the test released one by one: those may hold fewer than their minimum.
         self.shrunk: set[str] = set()
-
-    def teardown(self) -> None:
-        self.ledger.close()
-        self.database.drop()
 
     @initialize()
     def load_inventory(self) -> None:
         self.ledger.upsert_nodes(NODES)
 
-    def _reserve(self, request: GpuRequest, ttl: int, timeout: int) -> None:
-        rid = f"r{len(self.ids) + 1:04d}"
-        # Every shape fits the empty inventory (a gang's minimum included): nothing is refused.
-        reservation = self.ledger.reserve(request, "h", ttl=ttl, timeout=timeout, reservation_id=rid)
-        self.ids.append(rid)
-        if request.gang is not None:
-            self.gangs[rid] = request.gang
-            assert (reservation.gang_id, reservation.gang_index) == (rid, 0)
-
     @rule(request=singles, ttl=st.sampled_from([30, 600]), timeout=st.sampled_from([60, 900]))
     def reserve_single(self, request: GpuRequest, ttl: int, timeout: int) -> None:
-        self._reserve(request, ttl, timeout)
+        self._reserve(request, "h", ttl, timeout)  # every shape fits the empty inventory: none refused
 
     @rule(request=gangs, ttl=st.sampled_from([30, 600]), timeout=st.sampled_from([60, 900]))
     def reserve_gang(self, request: GpuRequest, ttl: int, timeout: int) -> None:
-        self._reserve(request, ttl, timeout)
-
-    @precondition(lambda self: self.ids)
-    @rule(data=st.data())
-    def release(self, data: st.DataObject) -> None:
-        self.ledger.release(data.draw(st.sampled_from(self.ids), label="release"))
+        reservation = self._reserve(request, "h", ttl, timeout)  # a gang's minimum fits too
+        assert request.gang is not None
+        self.gangs[reservation.id] = request.gang
+        assert (reservation.gang_id, reservation.gang_index) == (reservation.id, 0)
 
     @precondition(lambda self: self.gangs)
     @rule(data=st.data())
@@ -108,15 +83,6 @@ class GangMachine(RuleBasedStateMachine):
             if self.ledger.release(member.id).released:
                 self.shrunk.add(leader)
 
-    @precondition(lambda self: self.ids)
-    @rule(data=st.data(), ttl=st.sampled_from([None, 45]))
-    def renew(self, data: st.DataObject, ttl: int | None) -> None:
-        rid = data.draw(st.sampled_from(self.ids), label="renew")
-        try:
-            self.ledger.renew(rid, ttl=ttl)
-        except LeaseExpiredError:
-            pass
-
     @precondition(lambda self: self.gangs)
     @rule(data=st.data())
     def bind_member(self, data: st.DataObject) -> None:
@@ -125,11 +91,6 @@ class GangMachine(RuleBasedStateMachine):
         if holding:
             member = data.draw(st.sampled_from(holding), label="bind")
             self.ledger.bind(member.id, namespace="ml", name=f"pod-{member.id}", uid=f"uid-{member.id}")
-
-    @rule(seconds=st.sampled_from([10, 31, 46, 61, 601]))
-    def advance_and_reap(self, seconds: int) -> None:
-        self.clock.advance(seconds)
-        self.ledger.reap()
 
     @invariant()
     def no_gang_holds_part_of_its_minimum(self) -> None:

@@ -28,7 +28,7 @@ from sqlalchemy import create_engine, select
 from sqlalchemy.engine import make_url
 
 from airflow_gpupool.exceptions import InvalidInventoryError, LeaseExpiredError, NoCapacityError
-from airflow_gpupool.ledger import Ledger, ReservationState
+from airflow_gpupool.ledger import Ledger, Reservation, ReservationState
 from airflow_gpupool.ledger import schema as ledger_schema
 from airflow_gpupool.ledger.engine import normalize_url
 from airflow_gpupool.resources import GpuKind, GpuRequest, NodeHealth, NodeInventory
@@ -158,6 +158,51 @@ def run_ledger_machine(
             suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
         ),
     )
+
+
+class ReservingMachine(RuleBasedStateMachine):
+    """A ledger on a fake clock whose reservations are released, renewed and reaped at random.
+
+    Subclasses reserve (through :meth:`_reserve`) and state their invariants.
+    """
+
+    database: Database
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.clock = FakeClock()
+        self.ledger = Ledger.create(
+            self.database.new_url(), clock=self.clock, policy="bestfit", max_overtakes=2
+        )
+        self.ids: list[str] = []
+
+    def teardown(self) -> None:
+        self.ledger.close()
+        self.database.drop()
+
+    def _reserve(self, request: GpuRequest, holder: str, ttl: int, timeout: int) -> Reservation:
+        rid = f"r{len(self.ids) + 1:04d}"
+        reservation = self.ledger.reserve(request, holder, ttl=ttl, timeout=timeout, reservation_id=rid)
+        self.ids.append(rid)
+        return reservation
+
+    @precondition(lambda self: self.ids)
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        self.ledger.release(data.draw(st.sampled_from(self.ids), label="release"))
+
+    @precondition(lambda self: self.ids)
+    @rule(data=st.data(), ttl=st.sampled_from([None, 45]))
+    def renew(self, data: st.DataObject, ttl: int | None) -> None:
+        try:
+            self.ledger.renew(data.draw(st.sampled_from(self.ids), label="renew"), ttl=ttl)
+        except LeaseExpiredError:
+            pass
+
+    @rule(seconds=st.sampled_from([10, 31, 46, 61, 601]))
+    def advance_and_reap(self, seconds: int) -> None:
+        self.clock.advance(seconds)
+        self.ledger.reap()
 
 
 class LedgerMachine(RuleBasedStateMachine):

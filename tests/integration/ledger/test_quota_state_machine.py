@@ -28,20 +28,16 @@ import pytest
 import yaml
 from hypothesis import strategies as st
 from hypothesis.stateful import (
-    RuleBasedStateMachine,
     initialize,
     invariant,
-    precondition,
     rule,
 )
 
-from airflow_gpupool.exceptions import LeaseExpiredError
 from airflow_gpupool.governance.quotas import Flavor, QuotaPlan, TeamQuota, parse_quota_file
-from airflow_gpupool.ledger import Ledger
 from airflow_gpupool.ledger.quotas import LedgerQuotas
 from airflow_gpupool.resources import GangSpec, GpuRequest
-from tests.integration.ledger.test_ledger_properties import Database, run_ledger_machine
-from tests.ledger_fixtures import FakeClock, node
+from tests.integration.ledger.test_ledger_properties import ReservingMachine, run_ledger_machine
+from tests.ledger_fixtures import node
 
 NODES = (
     node("a1", gpus=4, pool="a100"),
@@ -113,34 +109,18 @@ def violations(plan: QuotaPlan, used: dict[tuple[str, Flavor], int]) -> list[str
     return found
 
 
-class QuotaMachine(RuleBasedStateMachine):
+class QuotaMachine(ReservingMachine):
     """Teams under quotas; after each call, no team above its ceiling and no lender past its limit."""
-
-    database: Database
 
     def __init__(self) -> None:
         super().__init__()
-        self.clock = FakeClock()
-        self.ledger = Ledger.create(
-            self.database.new_url(), clock=self.clock, policy="bestfit", max_overtakes=2
-        )
         self.quotas = LedgerQuotas(self.ledger)
         self.plan = parse_quota_file(yaml.safe_load(QUOTAS))
-        self.ids: list[str] = []
-
-    def teardown(self) -> None:
-        self.ledger.close()
-        self.database.drop()
 
     @initialize()
     def load_inventory_and_quotas(self) -> None:
         self.ledger.upsert_nodes(NODES)
         self.quotas.apply(self.plan)
-
-    def _reserve(self, request: GpuRequest, ttl: int, timeout: int) -> None:
-        rid = f"r{len(self.ids) + 1:04d}"
-        self.ledger.reserve(request, request.team, ttl=ttl, timeout=timeout, reservation_id=rid)
-        self.ids.append(rid)
 
     @rule(
         request=singles,
@@ -151,29 +131,11 @@ class QuotaMachine(RuleBasedStateMachine):
     def reserve_single(
         self, request: GpuRequest, where: tuple[tuple[str, str], ...], ttl: int, timeout: int
     ) -> None:
-        self._reserve(replace(request, node_labels=where), ttl, timeout)
+        self._reserve(replace(request, node_labels=where), request.team, ttl, timeout)
 
     @rule(request=gangs, ttl=st.sampled_from([30, 600]), timeout=st.sampled_from([60, 900]))
     def reserve_gang(self, request: GpuRequest, ttl: int, timeout: int) -> None:
-        self._reserve(request, ttl, timeout)
-
-    @precondition(lambda self: self.ids)
-    @rule(data=st.data())
-    def release(self, data: st.DataObject) -> None:
-        self.ledger.release(data.draw(st.sampled_from(self.ids), label="release"))
-
-    @precondition(lambda self: self.ids)
-    @rule(data=st.data(), ttl=st.sampled_from([None, 45]))
-    def renew(self, data: st.DataObject, ttl: int | None) -> None:
-        try:
-            self.ledger.renew(data.draw(st.sampled_from(self.ids), label="renew"), ttl=ttl)
-        except LeaseExpiredError:
-            pass
-
-    @rule(seconds=st.sampled_from([10, 31, 46, 61, 601]))
-    def advance_and_reap(self, seconds: int) -> None:
-        self.clock.advance(seconds)
-        self.ledger.reap()
+        self._reserve(request, request.team, ttl, timeout)
 
     @invariant()
     def quotas_hold(self) -> None:
