@@ -20,13 +20,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from airflow_gpupool import settings
-from airflow_gpupool.governance.capacity import (
-    LONG_RUN_RATIO,
-    SHORT_RUN_RATIO,
-    Capacity,
-    default_capacity,
-    is_urgent,
-)
+from airflow_gpupool.governance.capacity import Capacity, default_capacity, is_urgent
 from airflow_gpupool.labels import CAPACITY_TYPE_LABEL
 from airflow_gpupool.resources import GpuRequest
 
@@ -50,21 +44,19 @@ def check_capacity(value: Any) -> Capacity | None:
 def duration_matters(request: GpuRequest, capacity: Capacity | None, *, checkpointed: bool) -> bool:
     """Whether the default rule's choice depends on how long a run is expected to take.
 
-    Only for checkpointed, preemptible training that is not urgent, with a spot price between
-    the two ratios: cheaper, it prefers spot whatever the length; dearer, it never does.
+    It does when the rule chooses differently for a short run and a long one (checkpointed,
+    preemptible training with a spot price between the two ratios); only then is the length
+    worth a ledger read.
 
     :param request: the task's request
     :param capacity: the task's ``capacity`` argument (not None: the rule does not apply)
     :param checkpointed: whether the task writes checkpoints
     """
-    if capacity is not None or not (checkpointed and request.preemptible):
+    if capacity is not None or CAPACITY_TYPE_LABEL in dict(request.node_labels):
         return False
-    if request.workload_class.value != "training" or CAPACITY_TYPE_LABEL in dict(request.node_labels):
-        return False
-    if is_urgent(request.priority, request.workload_class.value, settings.urgent_priority()):
-        return False
-    ratio = settings.spot_price_ratio()
-    return ratio is not None and LONG_RUN_RATIO <= ratio < SHORT_RUN_RATIO
+    short = resolve_capacity(request, None, checkpointed=checkpointed, expected_seconds=0)
+    long = resolve_capacity(request, None, checkpointed=checkpointed, expected_seconds=None)
+    return short != long
 
 
 def typical_run(hook: GpuPoolHook, task: TaskTry, log: Logger) -> float | None:
