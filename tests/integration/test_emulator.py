@@ -339,15 +339,24 @@ def test_pending_pod_scheduled_when_gpus_free(k8s: KubernetesEmulatorServer, cor
         }
         return pod
 
-    core.create_namespaced_pod("default", eight_gpus("big-1", "0.6"))
+    def refused() -> list[dict[str, Any]]:
+        return [e for e in k8s.events(involved_name="big-2") if e["reason"] == "FailedScheduling"]
+
+    # big-1 holds the node's 8 GPUs until told: big-2 is refused while it runs, whatever the load.
+    core.create_namespaced_pod("default", eight_gpus("big-1", "60"))
     k8s.wait_for_pod("big-1", {"Running"})
     core.create_namespaced_pod("default", eight_gpus("big-2", "0.1"))
+    deadline = time.monotonic() + 10
+    while not refused() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    failed = refused()
+    assert failed and "Insufficient nvidia.com/gpu" in failed[0]["message"]
+    assert k8s.pod("big-2")["status"]["phase"] == "Pending"  # type: ignore[index]
+    k8s.finish_pod("big-1")
     k8s.wait_for_pod("big-2", {"Succeeded"})
     first, second = final_state(k8s, "big-1"), final_state(k8s, "big-2")
     assert second["spec"]["nodeName"] == "gpu-h100-0"
     assert second["status"]["startTime"] >= first["status"]["conditions"][0]["lastTransitionTime"]
-    failed = [e for e in k8s.events(involved_name="big-2") if e["reason"] == "FailedScheduling"]
-    assert failed and "Insufficient nvidia.com/gpu" in failed[0]["message"]
 
 
 @pytest.mark.parametrize(
