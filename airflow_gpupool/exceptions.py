@@ -19,6 +19,7 @@ keeps working::
     ├── ReservationTimeoutError            the operator: a queued request waited past its timeout
     ├── UnknownReservationError (KeyError) the ledger: no request or grant has this id
     ├── LeaseExpiredError                  the ledger: a grant expired or was released before renewal
+    │   └── GrantPreemptedError            the grant is a preemption victim: its pod must end by a deadline
     ├── LedgerSchemaError                  the ledger database is missing or at another schema version
     ├── LedgerBusyError                    the ledger: the write lock was not free within ``lock_timeout_seconds``
     ├── LedgerUnavailableError             the ledger: the database stayed unreachable past the retry budget
@@ -190,6 +191,29 @@ class LeaseExpiredError(GpuPoolError):
         self.grant_id = grant_id
         self.state = state
         super().__init__(f"grant {grant_id} can no longer be renewed: it is {state}")
+
+
+class GrantPreemptedError(LeaseExpiredError):
+    """The grant was chosen as a preemption victim: its pod must end within ``seconds_left``.
+
+    Its holder ends the pod with a termination grace of ``seconds_left`` (SIGTERM first, so the
+    training can write an emergency checkpoint) and then releases the grant.
+
+    :param deadline: the ledger time by which the pod must have ended
+    :param seconds_left: what is left of the grace when the renewal was refused
+    :param preempted_by: the waiting request the slice passes to
+    """
+
+    def __init__(self, grant_id: str, deadline: float, seconds_left: float, preempted_by: str | None) -> None:
+        self.deadline = deadline
+        self.seconds_left = max(0.0, seconds_left)
+        self.preempted_by = preempted_by
+        self.grant_id, self.state = grant_id, "preempting"
+        GpuPoolError.__init__(
+            self,
+            f"grant {grant_id} is preempted for {preempted_by or 'higher-priority work'}: its pod "
+            f"must end within {self.seconds_left:.0f} s (it may write a checkpoint on SIGTERM)",
+        )
 
 
 class LedgerSchemaError(GpuPoolError):

@@ -22,6 +22,7 @@ MAX_GPUS_PER_REQUEST = 64
 MAX_GPU_MEMORY_MIB = 1024 * 1024  # 1 TiB on one GPU
 MAX_ABS_PRIORITY = 1_000_000
 MAX_GANG_MEMBERS = 512
+MAX_GRACE_SECONDS = 86_400  # a day: a preemption victim needs minutes to checkpoint, not days
 
 _LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
@@ -207,6 +208,10 @@ class GpuRequest:
     :param priority: higher is served first
     :param team: the team that pays for it
     :param preemptible: whether higher-priority work may take its slice back
+    :param preemption_grace_seconds: as a preemption victim, how long its pod has to write an
+        emergency checkpoint and end (None: ``[gpupool] preemption_grace_seconds``)
+    :param preempts: whether it may preempt others; False for the retry of a preempted try, so
+        preemption never cascades
     :param gang: None for one slice; else a gang of members, each of this request's shape,
         granted all or nothing (:class:`GangSpec`)
     """
@@ -225,6 +230,8 @@ class GpuRequest:
     team: str = "default"
     preemptible: bool = False
     gang: GangSpec | None = None
+    preemption_grace_seconds: float | None = None
+    preempts: bool = True
 
     def __post_init__(self) -> None:
         _check_int("cpu_milli", self.cpu_milli, 0, MAX_CPU_MILLI)
@@ -237,6 +244,21 @@ class GpuRequest:
         self._normalize_constraints()
         if not isinstance(self.preemptible, bool):
             raise InvalidRequestError("preemptible", self.preemptible, "True or False")
+        if not isinstance(self.preempts, bool):
+            raise InvalidRequestError("preempts", self.preempts, "True or False")
+        if self.preemption_grace_seconds is not None:
+            grace = self.preemption_grace_seconds
+            if (
+                isinstance(grace, bool)
+                or not isinstance(grace, int | float)
+                or not 0 < grace <= MAX_GRACE_SECONDS
+            ):
+                raise InvalidRequestError(
+                    "preemption_grace_seconds",
+                    grace,
+                    f"a number of seconds in (0, {MAX_GRACE_SECONDS}], or None",
+                )
+            object.__setattr__(self, "preemption_grace_seconds", float(grace))
         _check_name("team", self.team)
         if self.gang is not None and not isinstance(self.gang, GangSpec):
             object.__setattr__(self, "gang", GangSpec.from_dict(self.gang))
@@ -348,6 +370,11 @@ class GpuRequest:
         # Only gangs carry the key: the texts of other requests stay as they were stored.
         if self.gang is not None:
             out["gang"] = self.gang.to_dict()
+        # The same for the preemption keys: only where they differ from the defaults.
+        if self.preemption_grace_seconds is not None:
+            out["preemption_grace_seconds"] = self.preemption_grace_seconds
+        if not self.preempts:
+            out["preempts"] = False
         return out
 
     @classmethod

@@ -8,6 +8,7 @@ rule: ``AIRFLOW__GPUPOOL__LEDGER_URL`` sets ``[gpupool] ledger_url``.
 from __future__ import annotations
 
 import configparser
+import contextlib
 import functools
 import math
 import os
@@ -63,6 +64,9 @@ DEFAULTS: dict[str, str] = {
     "spot_price_ratio": "",
     "urgent_priority": "100",
     "evictions_before_on_demand": "2",
+    # Preemption with a checkpoint grace (issue 16).
+    "preemption_grace_seconds": "120",
+    "min_runtime_seconds": "60",
 }
 
 
@@ -420,6 +424,19 @@ def urgent_priority() -> int:
         return int(raw)
     except ValueError:
         raise ConfigurationError(f"[{SECTION}] urgent_priority: {raw!r} is not an integer") from None
+
+
+def preemption_grace_seconds() -> float:
+    """Return how long a preemption victim's pod has to checkpoint and end (a request may ask for another)."""
+    return _positive("preemption_grace_seconds")
+
+
+def min_runtime_seconds() -> float:
+    """Return how long a grant runs before it may be preempted (0: at once)."""
+    with contextlib.suppress(ValueError):
+        if float(_get("min_runtime_seconds")) == 0:
+            return 0.0
+    return _positive("min_runtime_seconds")
 
 
 def evictions_before_on_demand() -> int:

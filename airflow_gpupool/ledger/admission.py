@@ -177,6 +177,45 @@ class Governance:
                 notes.append(self._at_quota(state, request.team, flavor))
         return "; ".join(dict.fromkeys(notes)) or f"team {request.team}'s quota admits it on no node"
 
+    # -- preemption ----------------------------------------------------------------------------
+
+    def borrowing(self, team: str, node: NodeState) -> bool:
+        """Whether ``team`` holds more than its nominal quota of a flavor of ``node`` (no quota: always)."""
+        nominal = self._nominal(team)
+        flavors = [f for f in _node_flavors(node) if (team, f) in nominal]
+        if not flavors:
+            return True
+        return any(self.used.get((team, f), 0) > nominal[(team, f)] for f in flavors)
+
+    def within_nominal(self, request: GpuRequest, node: NodeState) -> bool:
+        """Whether ``request`` on ``node`` keeps its team within its nominal quota (it reclaims)."""
+        nominal = self._nominal(request.team)
+        flavors = [f for f in _node_flavors(node) if (request.team, f) in nominal]
+        milli = self._milli(request, node)
+        return bool(flavors) and all(
+            self.used.get((request.team, f), 0) + milli <= nominal[(request.team, f)] for f in flavors
+        )
+
+    def admits(self, request: GpuRequest, node: NodeState) -> bool:
+        """Whether the quota admits ``request`` on ``node`` now."""
+        return request.team not in self.teams or self._admits_on(request, node)
+
+    def without(self, freed: Iterable[tuple[GpuRequest, Assignment]]) -> Governance:
+        """Return this usage once the grants ``freed`` are gone (preemption victims)."""
+        used, held = defaultdict(int, self.used), defaultdict(int, self.held)
+        for request, assignment in freed:
+            node = self.nodes.get(assignment.node)
+            if node is None:
+                continue
+            milli = _assignment_milli(request, assignment, node)
+            held[request.team] -= milli
+            for flavor in _flavors(node, assignment):
+                used[(request.team, flavor)] -= milli
+        return Governance(self.plan, used, held, self.nodes)
+
+    def _nominal(self, team: str) -> dict[tuple[str, Flavor], int]:
+        return {(q.team, q.flavor): q.nominal_milli for q in self.plan.quotas if q.team == team}
+
     # -- fair order ----------------------------------------------------------------------------
 
     def order(self, entries: list[QueueEntry]) -> list[QueueEntry]:

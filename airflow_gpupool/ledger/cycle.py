@@ -24,6 +24,7 @@ from airflow_gpupool.ledger.cache import CapacityCache, classes_from_counts
 from airflow_gpupool.ledger.equivalence import EquivalenceIndex
 from airflow_gpupool.ledger.explain import WaitContext, blocked_message
 from airflow_gpupool.ledger.models import ReapResult, ReservationState
+from airflow_gpupool.ledger.preempting import preempt_for_waiting
 from airflow_gpupool.ledger.queue_copy import QueueCopy
 from airflow_gpupool.ledger.records import GRANTED, HOLDING, assignment_of, class_delta
 from airflow_gpupool.ledger.service import PassMemo, ServiceMemo
@@ -87,8 +88,14 @@ class WriteCycle:
         bindings: PoolBindings = UNCONSTRAINED,
         *,
         incremental: bool = True,
+        min_runtime_seconds: float = 0.0,
+        preemption_grace_seconds: float = 120.0,
     ) -> None:
         self.store = store
+        #: A grant younger than this is never a preemption victim (no thrashing).
+        self.min_runtime_seconds = min_runtime_seconds
+        #: A victim's grace when its request names none.
+        self.preemption_grace_seconds = preemption_grace_seconds
         self.policy = policy
         self.max_overtakes = max_overtakes
         self.bindings = bindings
@@ -187,6 +194,8 @@ class WriteCycle:
                 if row.gang_id not in gangs_done:
                     gangs_done.add(row.gang_id)
                     gangs.expire_gang(self, tx, row.gang_id)
+            elif row.state == GRANTED and row.preempt_deadline is not None:
+                self.end_preemption(tx, row)
             elif row.state == GRANTED and row.pod_name is not None:
                 self.orphan(tx, row)
             elif row.state == GRANTED:
@@ -200,6 +209,27 @@ class WriteCycle:
                 tx.timed_out.append(row.id)
         if due:
             self.serve(tx)
+
+    def end_preemption(self, tx: Tx, row: Row[Any]) -> None:
+        """End a preemption victim whose grace ran out: orphaned while a pod is bound, else ``preempted``.
+
+        The orphan keeps the slice until the controller has deleted its pod (at once: its grace
+        was given), so the preemptor never shares the GPU with it.
+        """
+        if row.pod_name is None:
+            log.warning("Preemption grace of %s ended without a pod: passing its slice on", row.id)
+            self.end_grant(tx, row, ReservationState.PREEMPTED, f"preempted for {row.preempted_by}")
+            tx.expired.append(row.id)
+            return
+        pod = f"{row.pod_namespace}/{row.pod_name}"
+        log.warning(
+            "Preemption grace of %s ended with pod %s still bound: orphaned, for the controller to delete the pod",
+            row.id,
+            pod,
+        )
+        message = f"preemption grace ended; slice held for pod {pod} until the controller deletes it"
+        tx.conn.execute(sql.ORPHAN_ROW, {"rid": row.id, "now": tx.now, "orphan_message": message})
+        tx.orphaned.append(row.id)
 
     @staticmethod
     def orphan(tx: Tx, row: Row[Any]) -> None:
@@ -302,6 +332,7 @@ class WriteCycle:
         if memo is not None:
             tx.served = memo.found()
         self._record_pass(tx, entries, outcome)
+        preempt_for_waiting(self, tx, entries, quota)
         if tx.elastic_added:  # an elastic gang was admitted: its growth may fit what is left now
             self.serve(tx)
 

@@ -22,6 +22,7 @@ from sqlalchemy import insert, select, update
 from airflow_gpupool import settings
 from airflow_gpupool.exceptions import (
     GpuPoolError,
+    GrantPreemptedError,
     InvalidGangError,
     InvalidRequestError,
     LeaseExpiredError,
@@ -310,6 +311,9 @@ class LedgerGrants:
             row = records.row_by_id(tx.conn, reservation_id)
             if row.state not in HOLDING:
                 raise LeaseExpiredError(reservation_id, row.state)
+            if row.preempt_deadline is not None:  # a victim's lease ends at its deadline
+                left = float(row.preempt_deadline) - tx.now
+                raise GrantPreemptedError(reservation_id, float(row.preempt_deadline), left, row.preempted_by)
             seconds = _seconds("ttl", ttl, lambda: float(row.ttl))
             if row.gang_id is not None:  # a gang's lease is one: every holding member renews
                 gangs.renew_members(tx, row, tx.now + seconds, holder)
@@ -349,6 +353,9 @@ class LedgerGrants:
                     ReservationState.CANCELLED,
                     reason,
                 )
+            elif state.holds and row.preempt_deadline is not None:
+                message = f"{reason} (preempted for {row.preempted_by})"
+                self._cycle.end_grant(tx, row, ReservationState.PREEMPTED, message)
             elif state.holds:
                 self._cycle.end_grant(tx, row, ReservationState.RELEASED, reason)
             else:
@@ -357,6 +364,30 @@ class LedgerGrants:
             return released(reservation_id, state, reason)
 
         return self._cycle.write(run)
+
+
+def note_checkpoint(cycle: WriteCycle, reservation_id: str, at: float) -> bool:
+    """Record when a grant's newest valid checkpoint was written; return whether it holds.
+
+    Only a newer time is kept. Preemption ranks victims by the work since it.
+    """
+    if isinstance(at, bool) or not isinstance(at, int | float) or at != at:
+        raise InvalidRequestError("checkpoint time", at, "a number of seconds since the epoch")
+
+    def run(tx: Tx) -> bool:
+        tx.queue_tracked = True
+        row = records.row_by_id(tx.conn, reservation_id)
+        if row.state not in HOLDING:
+            return False
+        if row.checkpoint_at is None or at > row.checkpoint_at:
+            tx.conn.execute(
+                update(schema.reservations)
+                .where(schema.reservations.c.id == reservation_id)
+                .values(checkpoint_at=float(at))
+            )
+        return True
+
+    return cycle.write(run)
 
 
 def bind_pod(cycle: WriteCycle, store: LedgerStore, binding: PodBinding) -> Reservation:

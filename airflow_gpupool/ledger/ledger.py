@@ -46,6 +46,7 @@ from airflow_gpupool.ledger.grants import (
     ReserveArgs,
     bind_pod,
     bind_pods,
+    note_checkpoint,
 )
 from airflow_gpupool.ledger.health import HeartbeatCheck, HeartbeatResult, LedgerHealth
 from airflow_gpupool.ledger.inventory import InventoryChange, LedgerInventory
@@ -109,6 +110,10 @@ class Ledger:
     :param incremental_service: a pass over the queue tries only the requests that could fit
         what changed (:mod:`airflow_gpupool.ledger.service`); False tries every request, as
         the property test compares
+    :param min_runtime_seconds: a grant younger than this is never preempted (default
+        ``[gpupool] min_runtime_seconds``)
+    :param preemption_grace_seconds: a preemption victim's grace when its request names none
+        (default ``[gpupool] preemption_grace_seconds``); see :mod:`~airflow_gpupool.ledger.preempting`
     """
 
     def __init__(
@@ -123,6 +128,8 @@ class Ledger:
         node_pool_bindings: Mapping[str, str] | None = None,
         max_connections: int | None = None,
         incremental_service: bool = True,
+        min_runtime_seconds: float | None = None,
+        preemption_grace_seconds: float | None = None,
     ) -> None:
         self.url = settings.ledger_url(url)
         self._store = LedgerStore(
@@ -142,6 +149,14 @@ class Ledger:
             max_overtakes if max_overtakes is not None else settings.max_overtakes(),
             pool_bindings(binding, node_pool_bindings),
             incremental=incremental_service,
+            min_runtime_seconds=(
+                settings.min_runtime_seconds() if min_runtime_seconds is None else min_runtime_seconds
+            ),
+            preemption_grace_seconds=(
+                settings.preemption_grace_seconds()
+                if preemption_grace_seconds is None
+                else preemption_grace_seconds
+            ),
         )
         self._inventory = LedgerInventory(self._store, self._cycle)
         self._grants = LedgerGrants(self._store, self._cycle)
@@ -346,6 +361,8 @@ class Ledger:
 
         A gang's lease is one: renewing any of its members renews every member that holds.
 
+        :raises GrantPreemptedError: the grant is a preemption victim: its pod must end by the
+            deadline the error carries, then the grant be released
         :raises LeaseExpiredError: the grant already ended (expired, released)
         :raises UnknownReservationError: no such id
         """
@@ -408,6 +425,19 @@ class Ledger:
         """
         bindings = [PodBinding(rid, namespace, name, uid) for rid, (namespace, name, uid) in pods.items()]
         return bind_pods(self._cycle, self._store, bindings)
+
+    def note_checkpoint(self, reservation_id: str, at: float) -> bool:
+        """Record when the grant's newest valid checkpoint was written (only a newer time is kept).
+
+        A preemption takes victims that lose the least work first: the GPU-seconds since this
+        time (since the grant's start without one).
+
+        :param at: the checkpoint's time, seconds since the epoch on the ledger's clock
+        :return: whether the grant still holds (False: it ended; nothing written)
+        :raises UnknownReservationError: no such id
+        :raises InvalidRequestError: ``at`` is not a number
+        """
+        return note_checkpoint(self._cycle, reservation_id, at)
 
     def reap(self) -> ReapResult:
         """Expire dead leases and overdue requests, then serve the queue.

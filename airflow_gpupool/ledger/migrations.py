@@ -189,6 +189,18 @@ def _v10(op: Operations, conn: Connection) -> None:
         )
 
 
+# The columns v11 adds (preemption), taken from the table so the two never disagree.
+_V11_COLUMNS = ("preempt_deadline", "preempted_by", "checkpoint_at")
+
+
+def _v11(op: Operations, conn: Connection) -> None:
+    table = schema.reservations
+    present = {c["name"] for c in inspect(conn).get_columns(table.name)}
+    for name in _V11_COLUMNS:
+        if name not in present:
+            op.add_column(table.name, Column(name, table.c[name].type, nullable=True))
+
+
 def sql_literal(value: object) -> Any:
     """Return the server default that fills a migrated column on existing rows (a SQL literal)."""
     if isinstance(value, bool):
@@ -210,6 +222,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(8, "gang reservations: the gang and member index of each reservation", _v8),
     Migration(9, "quotas applied before the queue governed them are stamped, so it governs them", _v9),
     Migration(10, "every node labelled gpupool.io/capacity-type: spot or on-demand", _v10),
+    Migration(11, "preemption: a victim's grace deadline, its preemptor, its newest checkpoint", _v11),
 )
 LATEST = MIGRATIONS[-1].version
 

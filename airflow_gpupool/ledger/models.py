@@ -16,12 +16,19 @@ class ReservationState(str, Enum):
     A granted reservation whose lease expired while a pod was bound to it is ``orphaned``: it
     still holds its slice (the pod may still run on it) until reconcile confirms the pod is
     finished or gone, or deletes it, or the reservation is released.
+
+    A grant chosen as a preemption victim is ``preempting``: it holds its slice until its pod has
+    ended (its holder then releases it, and it ends ``preempted``) or until its grace deadline,
+    when it ends (or, with a pod still bound, is orphaned for the controller to delete the pod).
+    The database stores it as a grant with a ``preempt_deadline``; only the value read says so.
     """
 
     WAITING = "waiting"
     GRANTED = "granted"
+    PREEMPTING = "preempting"
     ORPHANED = "orphaned"
     RELEASED = "released"
+    PREEMPTED = "preempted"
     EXPIRED = "expired"
     TIMED_OUT = "timed_out"
     CANCELLED = "cancelled"
@@ -29,15 +36,20 @@ class ReservationState(str, Enum):
     @property
     def ended(self) -> bool:
         """Whether the reservation holds nothing and never will again."""
-        return self not in (ReservationState.WAITING, ReservationState.GRANTED, ReservationState.ORPHANED)
+        return self not in _LIVE
 
     @property
     def holds(self) -> bool:
-        """Whether the reservation holds capacity now (granted or orphaned)."""
-        return self in (ReservationState.GRANTED, ReservationState.ORPHANED)
+        """Whether the reservation holds capacity now (granted, preempting or orphaned)."""
+        return self in _HOLDS
 
 
-#: The states (values) that hold capacity: a grant, and an orphan whose pod may still run on it.
+_HOLDS = frozenset({ReservationState.GRANTED, ReservationState.PREEMPTING, ReservationState.ORPHANED})
+_LIVE = _HOLDS | {ReservationState.WAITING}
+
+
+#: The states (stored values) that hold capacity: a grant (a preempting one included), and an
+#: orphan whose pod may still run on it.
 HOLDING_STATES = (ReservationState.GRANTED.value, ReservationState.ORPHANED.value)
 
 
@@ -105,6 +117,9 @@ class Reservation:
     :param gang_id: the id of its gang's leader (the leader's own id on the leader); None
         for a single reservation
     :param gang_index: its index in the gang (0: the leader)
+    :param preempt_deadline: a preemption victim's deadline: its pod must have ended by then
+        (state ``preempting``; kept once it ended ``preempted``)
+    :param preempted_by: the waiting request it was preempted for
     """
 
     id: str
@@ -120,6 +135,8 @@ class Reservation:
     orphaned_at: float | None = None
     gang_id: str | None = None
     gang_index: int | None = None
+    preempt_deadline: float | None = None
+    preempted_by: str | None = None
 
     @property
     def waited_seconds(self) -> float:
@@ -142,6 +159,8 @@ class Reservation:
             "orphaned_at": self.orphaned_at,
             "gang_id": self.gang_id,
             "gang_index": self.gang_index,
+            "preempt_deadline": self.preempt_deadline,
+            "preempted_by": self.preempted_by,
         }
 
 

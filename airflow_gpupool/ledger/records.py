@@ -138,7 +138,7 @@ def reservation_of(conn: Connection, row: Row[Any], request: GpuRequest) -> Rese
     return Reservation(
         id=row.id,
         holder=row.holder,
-        state=ReservationState(row.state),
+        state=state_of(row),
         request=request,
         created_at=row.created_at,
         deadline=row.deadline,
@@ -149,4 +149,13 @@ def reservation_of(conn: Connection, row: Row[Any], request: GpuRequest) -> Rese
         orphaned_at=row.orphaned_at,
         gang_id=row.gang_id,
         gang_index=row.gang_index,
+        preempt_deadline=row.preempt_deadline,
+        preempted_by=row.preempted_by,
     )
+
+
+def state_of(row: Row[Any]) -> ReservationState:
+    """Return the state of ``row``: a grant with a preemption deadline is ``preempting``."""
+    if row.state == GRANTED and row.preempt_deadline is not None:
+        return ReservationState.PREEMPTING
+    return ReservationState(row.state)

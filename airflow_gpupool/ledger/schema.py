@@ -137,6 +137,12 @@ reservations = Table(
     # its index in the gang (the leader 0); None on single reservations.
     Column("gang_id", String(64), nullable=True),
     Column("gang_index", Integer, nullable=True),
+    # Preemption (schema v11): a victim keeps its state ``granted`` with a deadline by which its
+    # pod must have ended (its lease runs out then too), and the request it yields to. The newest
+    # valid checkpoint's time, as its holder reports it, ranks victims by the work they would lose.
+    Column("preempt_deadline", Float, nullable=True),
+    Column("preempted_by", String(64), nullable=True),
+    Column("checkpoint_at", Float, nullable=True),
 )
 Index("ix_gpupool_reservations_queue", reservations.c.state, reservations.c.priority, reservations.c.seq)
 Index("ix_gpupool_reservations_expiry", reservations.c.state, reservations.c.expires_at)
