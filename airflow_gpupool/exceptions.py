@@ -450,19 +450,42 @@ class LeaseLostError(PodFailureError):
     failure_class = FailureClass.LEASE_LOST
     reservation_id: str | None = None
     why: str = ""
+    #: Seconds the pod is given to end (SIGTERM, then SIGKILL): a preemption victim's grace; else 0.
+    grace_seconds: float = 0.0
 
     @classmethod
-    def of(cls, reservation_id: str, why: str, pod_name: str | None = None) -> LeaseLostError:
+    def of(
+        cls,
+        reservation_id: str,
+        why: str,
+        pod_name: str | None = None,
+        *,
+        grace_seconds: float = 0.0,
+        preempted: bool = False,
+    ) -> LeaseLostError:
         """Return the error of a lost lease.
 
         :param reservation_id: the grant whose lease was lost
         :param why: what the renewal saw
         :param pod_name: the pod that was deleted, if one was running
+        :param grace_seconds: how long the pod has to end (a preemption victim's grace)
+        :param preempted: the grant was preempted: the try is classified ``preempted`` (its
+            retry resumes from the newest checkpoint without penalty)
         """
-        reason = f"lease of {reservation_id} lost: {why}"
-        error = cls(Classification(FailureClass.LEASE_LOST, reason, None, pod_name))
-        error.reservation_id, error.why = reservation_id, why
+        if preempted:
+            classification = Classification(FailureClass.PREEMPTED, f"preempted: {why}", None, pod_name)
+        else:
+            classification = Classification(
+                FailureClass.LEASE_LOST, f"lease of {reservation_id} lost: {why}", None, pod_name
+            )
+        error = cls(classification)
+        error.reservation_id, error.why, error.grace_seconds = reservation_id, why, grace_seconds
         return error
+
+    @property
+    def preempted(self) -> bool:
+        """Whether the slice was taken by a preemption (the pod got a grace to checkpoint)."""
+        return self.classification.failure_class is FailureClass.PREEMPTED
 
 
 class GpuFaultError(PodFailureError):

@@ -227,7 +227,10 @@ class _Reconcile:
     def _end_orphan(self, reservation: Reservation, pods: list[dict[str, Any]]) -> str | None:
         """Delete the live pods of an orphan whose grace ran out; return why, or None to keep it."""
         since = reservation.orphaned_at if reservation.orphaned_at is not None else self.now
-        if self.now - since < self.orphan_grace_seconds:
+        # A preemption victim orphaned at its deadline had its grace already: its pod goes now.
+        preempted = reservation.preempt_deadline is not None
+        grace = 0.0 if preempted else self.orphan_grace_seconds
+        if self.now - since < grace:
             return None
         # Its holder may have renewed it since the snapshot: then its pods are not orphans.
         current = self.ledger.get_or_none(reservation.id)
@@ -235,11 +238,18 @@ class _Reconcile:
             return None
         live = [p for p in pods if _phase(p) not in FINISHED_PHASES]
         names = ", ".join(_name(p) for p in live)
-        reason = f"orphaned for over {self.orphan_grace_seconds:g}s: deleted pod {names}"
-        message = (
-            f"gpupool: the lease of reservation {reservation.id} expired and nobody renewed it for "
-            f"{self.orphan_grace_seconds:g}s; deleting the pod to free its GPU slice"
-        )
+        if preempted:
+            reason = f"preemption grace ended: deleted pod {names}"
+            message = (
+                f"gpupool: reservation {reservation.id} was preempted for {reservation.preempted_by} and "
+                "its pod outlived its grace; deleting the pod to pass its GPU slice on"
+            )
+        else:
+            reason = f"orphaned for over {self.orphan_grace_seconds:g}s: deleted pod {names}"
+            message = (
+                f"gpupool: the lease of reservation {reservation.id} expired and nobody renewed it for "
+                f"{self.orphan_grace_seconds:g}s; deleting the pod to free its GPU slice"
+            )
         for pod in live:
             log.warning("Deleting pod %s of orphaned grant %s: %s", _name(pod), reservation.id, message)
             delete_orphan_pod(self.api, pod, message, self.now)

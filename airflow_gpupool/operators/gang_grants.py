@@ -16,7 +16,7 @@ from airflow_gpupool.exceptions import ConfigurationError
 if TYPE_CHECKING:
     from airflow_gpupool.binding import PodBinding
     from airflow_gpupool.hooks.gpupool import GpuPoolHook
-    from airflow_gpupool.ledger.models import Gang, Grant
+    from airflow_gpupool.ledger.models import Gang, Grant, Reservation
     from airflow_gpupool.resources import GpuRequest
 
 __all__ = ["GangLease", "describe_members", "member_binding"]
@@ -74,6 +74,10 @@ class GangLease:
         :raises LeaseExpiredError: the leader, or a member of the minimum, holds nothing
         """
         return self._hook.renew_gang(reservation_id, ttl)
+
+    def get(self, reservation_id: str) -> Reservation:
+        """Read the leader (a gang is never a preemption victim, so it is never ``preempting``)."""
+        return self._hook.get(reservation_id)
 
 
 def describe_members(gang: Gang) -> str:

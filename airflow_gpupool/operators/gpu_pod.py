@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -75,7 +76,10 @@ class GpuPodOperator(UnschedulableFailFast, GpuPodTries):
     :param workload_class: ``training``, ``inference`` or ``batch`` (never training beside inference)
     :param priority: queue priority, higher first
     :param team: the team the slice is accounted to
-    :param preemptible: whether higher-priority work may take the slice back
+    :param preemptible: whether higher-priority work may take the slice back; a victim's pod
+        gets SIGTERM and ``preemption_grace_seconds`` to write a checkpoint and exit, and its
+        retry resumes from the newest checkpoint (see :mod:`airflow_gpupool.ledger.preempting`)
+    :param preemption_grace_seconds: that grace (default ``[gpupool] preemption_grace_seconds``)
     :param reservation_timeout: seconds the request may wait (default ``[gpupool] reservation_timeout_seconds``)
     :param lease_ttl: lease seconds, renewed while the pod runs (default ``[gpupool] lease_ttl_seconds``)
     :param ledger_conn_id: the ``gpupool`` connection; None for the ``[gpupool]`` configuration alone
@@ -123,6 +127,7 @@ class GpuPodOperator(UnschedulableFailFast, GpuPodTries):
         priority: int | str = 0,
         team: str = "default",
         preemptible: bool = False,
+        preemption_grace_seconds: float | None = None,
         reservation_timeout: float | None = None,
         lease_ttl: float | None = None,
         ledger_conn_id: str | None = GpuPoolHook.default_conn_name,
@@ -152,6 +157,7 @@ class GpuPodOperator(UnschedulableFailFast, GpuPodTries):
         self.priority = priority
         self.team = team
         self.preemptible = preemptible
+        self.preemption_grace_seconds = preemption_grace_seconds
         self.reservation_timeout = reservation_timeout
         self.lease_ttl = lease_ttl
         self.ledger_conn_id = ledger_conn_id
@@ -182,6 +188,7 @@ class GpuPodOperator(UnschedulableFailFast, GpuPodTries):
         check_seconds("reservation_timeout", reservation_timeout)
         check_seconds("lease_ttl", lease_ttl)
         check_seconds("expected_duration", expected_duration)
+        check_seconds("preemption_grace_seconds", preemption_grace_seconds)
         # Parse-time validation, no I/O: fail the DAG import, not the run, on a bad request. A
         # templated field (container_resources included, a KPO template field) is checked once
         # rendered, when the request is built in execute.
@@ -206,6 +213,8 @@ class GpuPodOperator(UnschedulableFailFast, GpuPodTries):
             container_resources=self.container_resources,
             shm_size=self.shm_size,
         )
+        if self.preemption_grace_seconds is not None:
+            request = replace(request, preemption_grace_seconds=self.preemption_grace_seconds)
         expected = self.expected_duration if self.expected_duration is not None else self._typical_seconds
         return with_capacity(
             request,
@@ -450,7 +459,8 @@ class GpuPodOperator(UnschedulableFailFast, GpuPodTries):
 
     def _delete_own_pod(self, lost: LeaseLostError) -> None:
         if self._own_pod is not None:
-            delete_pod(self.client, *self._own_pod, why=lost.classification.reason, log=self.log)
+            why, grace = lost.classification.reason, lost.grace_seconds
+            delete_pod(self.client, *self._own_pod, why=why, log=self.log, grace_seconds=grace)
 
     def _run_then_release(self, context: Context, rid: str, run: Callable[[], Any], what: str) -> Any:
         """Run the pod part; record how it ended, then release the slice, on every path but deferral."""

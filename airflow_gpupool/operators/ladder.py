@@ -132,6 +132,25 @@ class FailureLadder:
         )
         return with_capacity(request, Capacity.ON_DEMAND, checkpointed=False, expected_seconds=None)
 
+    def after_preemption(self, task: TaskTry, request: GpuRequest) -> GpuRequest:
+        """Return the request of a preempted try's retry: it queues at its own priority, preempting nobody.
+
+        Preemption never cascades: a victim's retry takes its turn instead of taking a slice
+        from work below it.
+
+        :param task: the try about to run
+        :param request: the request it would make
+        """
+        if task.try_number <= 1 or not request.preempts:
+            return request
+        history = self._hook.attempt_history(task.task_key)
+        if not any(a.failure_class == FailureClass.PREEMPTED.value for a in history):
+            return request
+        self._log.info(
+            "An earlier try of this task run was preempted: this try waits its turn, preempting nobody"
+        )
+        return replace(request, preempts=False)
+
     def cpu_fallback_chosen(self, task: TaskTry) -> bool:
         """Return whether an earlier try of this task run was failed over to the CPU fallback.
 

@@ -8,12 +8,14 @@ does not hold.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from airflow_gpupool.exceptions import LeaseLostError
+from airflow_gpupool.ledger.models import ReservationState
 from airflow_gpupool.triggers.lease import LeaseWatch
 
 if TYPE_CHECKING:
@@ -26,6 +28,8 @@ T = TypeVar("T")
 
 class _Renews(Protocol):
     def renew(self, reservation_id: str, ttl: float | None = None) -> Any: ...
+
+    def get(self, reservation_id: str) -> Any: ...
 
 
 class LeaseRenewer(threading.Thread):
@@ -64,8 +68,24 @@ class LeaseRenewer(threading.Thread):
 
     def run(self) -> None:
         """Renew until stopped, until the grant is released by reconcile, or until the lease is lost."""
-        while not self._stopped.wait(self._watch.interval) and self.renew_once():
+        while not self._stopped.wait(self._watch.look_interval) and self.look_once():
             pass
+
+    def look_once(self) -> bool:
+        """Renew when due, or at once when the grant is being preempted; return whether to keep on.
+
+        Between renewals the grant is only read: a preemption notice comes within
+        :data:`~airflow_gpupool.triggers.lease.NOTICE_INTERVAL_S` whatever the TTL.
+        """
+        if self._watch.renewal_due() or self._preempting():
+            return self.renew_once()
+        return True
+
+    def _preempting(self) -> bool:
+        try:
+            return bool(self._hook.get(self._id).state is ReservationState.PREEMPTING)
+        except Exception:
+            return False  # the renewal, when due, decides what an error means
 
     def renew_once(self) -> bool:
         """Run one round; return whether to keep renewing."""
@@ -115,21 +135,67 @@ class LeaseRenewer(threading.Thread):
         self._stopped.set()
 
 
-def delete_pod(client: Any, namespace: str, name: str, *, why: str, log: Logger) -> None:
-    """Delete a pod at once, without a grace period: it may no longer run on its slice.
+def delete_pod(
+    client: Any, namespace: str, name: str, *, why: str, log: Logger, grace_seconds: float = 0.0
+) -> None:
+    """Delete a pod: at once, or with a termination grace, waiting until it is gone.
+
+    Without a grace the pod may no longer run on its slice at all. With one (a preemption
+    victim's) its containers get SIGTERM and up to ``grace_seconds`` to write a checkpoint and
+    exit; this waits until the pod is gone (deleted at once if it outlives the grace by
+    :data:`_GONE_MARGIN_S`), so the slice is released only once nothing runs on it.
 
     :param client: a ``kubernetes.client.CoreV1Api``
     :param namespace: the pod's namespace
     :param name: the pod's name
     :param why: for the log
     :param log: the task's log
+    :param grace_seconds: the termination grace (rounded up to whole seconds; 0: none)
     :raises ApiException: the API refused (a pod already gone is not an error)
     """
+    grace = math.ceil(grace_seconds) if grace_seconds > 0 else 0
+    if grace:
+        log.warning("Ending pod %s/%s with %d s to checkpoint and exit: %s", namespace, name, grace, why)
+    if not _delete(client, namespace, name, grace):
+        log.error("Pod %s/%s was already gone: %s", namespace, name, why)
+        return
+    if grace and not _gone_within(client, namespace, name, grace + _GONE_MARGIN_S):
+        log.error("Pod %s/%s outlived its %d s grace: deleting it at once", namespace, name, grace)
+        _delete(client, namespace, name, 0)
+    log.error("Deleted pod %s/%s: %s", namespace, name, why)
+
+
+# How long past its grace a terminating pod may take to go before it is deleted at once.
+_GONE_MARGIN_S = 15.0
+# How often a terminating pod is read to see whether it is gone.
+_GONE_POLL_S = 0.5
+
+
+def _delete(client: Any, namespace: str, name: str, grace: int) -> bool:
+    """Delete with ``grace`` seconds; return False when the pod was gone already."""
     from kubernetes.client.exceptions import ApiException
 
     try:
-        client.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+        client.delete_namespaced_pod(name, namespace, grace_period_seconds=grace)
     except ApiException as e:
         if e.status != 404:
             raise
-    log.error("Deleted pod %s/%s: %s", namespace, name, why)
+        return False
+    return True
+
+
+def _gone_within(client: Any, namespace: str, name: str, seconds: float) -> bool:
+    """Wait until the pod is gone (read until 404); return False if it is still there after ``seconds``."""
+    from kubernetes.client.exceptions import ApiException
+
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            client.read_namespaced_pod(name, namespace)
+        except ApiException as e:
+            if e.status == 404:
+                return True
+            raise
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(_GONE_POLL_S)

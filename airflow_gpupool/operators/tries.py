@@ -78,7 +78,7 @@ class GpuPodTries(KubernetesPodOperator):
         if larger is not None:
             self._request_override = larger
         request = self.gpu_request()
-        moved = self.failure_ladder.after_evictions(task, request)
+        moved = self.failure_ladder.after_preemption(task, self.failure_ladder.after_evictions(task, request))
         if moved != request:
             self._request_override = moved
         return self.cpu_fallback and self.failure_ladder.cpu_fallback_chosen(task)

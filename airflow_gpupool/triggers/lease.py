@@ -6,7 +6,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from airflow_gpupool.exceptions import LeaseExpiredError, LeaseLostError, UnknownReservationError
+from airflow_gpupool.exceptions import (
+    GrantPreemptedError,
+    LeaseExpiredError,
+    LeaseLostError,
+    UnknownReservationError,
+)
 
 __all__ = ["LEASE_LOST_STATUS", "LeaseWatch", "lease_lost_event", "lost_from_event"]
 
@@ -15,6 +20,10 @@ LEASE_LOST_STATUS = "lease_lost"
 
 #: What the ledger raises when a grant no longer holds its slice: gone, released, expired, preempted.
 DEFINITIVE = (UnknownReservationError, LeaseExpiredError)
+
+#: The most seconds between a holder's looks at its grant (one read) for a preemption notice:
+#: a victim's grace (120 s by default) is mostly left when it learns of it.
+NOTICE_INTERVAL_S = 10.0
 
 
 class LeaseWatch:
@@ -34,21 +43,36 @@ class LeaseWatch:
         self.ttl = ttl
         self._clock = clock
         self.expires_at = clock() + ttl
+        self._renewed_at = clock()
 
     @property
     def interval(self) -> float:
         """Seconds between renewals: a third of the TTL."""
         return self.ttl / 3
 
+    @property
+    def look_interval(self) -> float:
+        """Seconds between looks for a preemption notice (a renewal is a look too)."""
+        return min(self.interval, NOTICE_INTERVAL_S)
+
+    def renewal_due(self) -> bool:
+        """Whether a renewal is due (``interval`` since the last good one)."""
+        return self._clock() - self._renewed_at >= self.interval - 1e-9
+
     def renewed(self) -> None:
         """Record a successful renewal: the lease runs another TTL from now."""
-        self.expires_at = self._clock() + self.ttl
+        self._renewed_at = self._clock()
+        self.expires_at = self._renewed_at + self.ttl
 
     def failed(self, error: BaseException) -> LeaseLostError | None:
         """Return the loss a failed renewal means, or None while it is worth trying again.
 
         :param error: what the renewal raised
         """
+        if isinstance(error, GrantPreemptedError):
+            return LeaseLostError.of(
+                self.reservation_id, str(error), grace_seconds=error.seconds_left, preempted=True
+            )
         if isinstance(error, DEFINITIVE):
             return LeaseLostError.of(self.reservation_id, str(error))
         left = self.expires_at - self._clock()
@@ -74,6 +98,8 @@ def lease_lost_event(lost: LeaseLostError, namespace: str, name: str) -> dict[st
         "reservation_id": lost.reservation_id,
         "message": lost.classification.reason,
         "why": lost.why,
+        "grace_seconds": lost.grace_seconds,
+        "preempted": lost.preempted,
     }
 
 
@@ -83,4 +109,10 @@ def lost_from_event(event: dict[str, Any], pod_name: str | None) -> LeaseLostErr
     :param event: the trigger's payload
     :param pod_name: the pod that was deleted (None: a Job's pods)
     """
-    return LeaseLostError.of(event["reservation_id"], event["why"], pod_name)
+    return LeaseLostError.of(
+        event["reservation_id"],
+        event["why"],
+        pod_name,
+        grace_seconds=float(event.get("grace_seconds") or 0.0),
+        preempted=bool(event.get("preempted")),
+    )

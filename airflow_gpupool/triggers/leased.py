@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Self
 from airflow.triggers.base import BaseTrigger
 
 from airflow_gpupool.hooks.gpupool import AsyncGpuPoolHook
+from airflow_gpupool.ledger.models import ReservationState
 from airflow_gpupool.triggers.lease import LeaseWatch
 
 if TYPE_CHECKING:
@@ -85,11 +86,17 @@ class LeasedTrigger(BaseTrigger):
         raise NotImplementedError
 
     async def _renew_until_lost(self) -> dict[str, Any]:
-        """Renew every ``ttl / 3``; return :meth:`_lease_lost`'s event once the lease is lost."""
+        """Renew every ``ttl / 3`` (at once when the grant is being preempted); return
+        :meth:`_lease_lost`'s event once the lease is lost."""
         hook = AsyncGpuPoolHook(self.ledger_conn_id, ledger_url=self.ledger_url)
         watch = LeaseWatch(self.reservation_id, self.lease_ttl)
+        first = True
         try:
             while True:
+                if not (first or watch.renewal_due() or await self._preempting(hook)):
+                    await asyncio.sleep(watch.look_interval)
+                    continue
+                first = False
                 try:
                     await self._renew(hook)
                 except Exception as e:
@@ -101,9 +108,17 @@ class LeasedTrigger(BaseTrigger):
                     )
                 else:
                     watch.renewed()
-                await asyncio.sleep(watch.interval)
+                await asyncio.sleep(watch.look_interval)
         finally:
             await asyncio.to_thread(hook.close)
+
+    async def _preempting(self, hook: AsyncGpuPoolHook) -> bool:
+        """Whether the grant is being preempted (one read; the renewal then brings the notice)."""
+        try:
+            reservation = await hook.aget(self.reservation_id)
+        except Exception:
+            return False  # the renewal, when due, decides what an error means
+        return reservation.state is ReservationState.PREEMPTING
 
     @staticmethod
     async def _lost_first(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
@@ -46,16 +47,18 @@ class LeasedPodTrigger(LeasedTrigger, KubernetesPodTrigger):
         """Delete the pod; return the lease-lost event (kept for a pod watch that sees the deletion first)."""
         self._lost_event = lease_lost_event(lost, self.pod_namespace, self.pod_name)
         self.log.error("%s; deleting the pod %s", lost.classification.reason, self.pod_name)
-        await self._delete_pod()
+        await self._delete_pod(math.ceil(lost.grace_seconds))
         return self._lost_event
 
-    async def _delete_pod(self) -> None:
-        """Delete the pod at once, here: the task may wait a while for a worker slot to resume.
+    async def _delete_pod(self, grace_seconds: int = 0) -> None:
+        """Delete the pod here (at once, or with a preemption victim's grace): the task may wait a
+        while for a worker slot to resume.
 
-        The operator deletes it again when it resumes (idempotent), so a failure here only logs.
+        The operator deletes it again when it resumes (idempotent) and waits until it is gone
+        before the slice is released, so a failure here only logs.
         """
         try:
-            await self.hook.delete_pod(self.pod_name, self.pod_namespace, grace_period_seconds=0)
+            await self.hook.delete_pod(self.pod_name, self.pod_namespace, grace_period_seconds=grace_seconds)
         except Exception:
             self.log.exception(
                 "Deleting pod %s/%s failed; the task deletes it when it resumes",

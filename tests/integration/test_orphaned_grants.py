@@ -146,6 +146,42 @@ def test_an_orphan_whose_pod_runs_past_the_grace_has_its_pod_deleted_with_an_eve
     assert ledger.snapshot().grants == () and ledger.check_invariants(core) == []
 
 
+def test_a_preemption_victim_whose_pod_outlives_its_grace_is_deleted_at_once_and_the_preemptor_runs(
+    synced: Ledger, k8s: KubernetesEmulatorServer, core: Any, clock: FakeClock, make_ledger: Any
+) -> None:
+    ledger = make_ledger(min_runtime_seconds=0, preemption_grace_seconds=30)
+    victim = GpuRequest(gpus=8, preemptible=True)
+    assert (
+        ledger.reserve(victim, "worker-1", ttl=600, reservation_id="gp-victim").state
+        is ReservationState.GRANTED
+    )
+    uid = running_pod(k8s, core, "victim", "gp-victim")
+    ledger.bind("gp-victim", namespace="default", name="victim", uid=uid)
+    urgent = GpuRequest(gpus=8, priority=100)
+    assert ledger.reserve(urgent, "worker-2", reservation_id="gp-urgent").state is ReservationState.WAITING
+    assert ledger.get("gp-victim").state is ReservationState.PREEMPTING
+    clock.advance(31)  # its holder never acted on the notice (the pod runs two minutes)
+    assert ledger.reap().orphaned == ("gp-victim",)
+    k8s.clear_requests()
+
+    # The default orphan grace (600 s) does not apply: the victim had its grace.
+    result = reconcile(ledger, core)
+
+    assert result.deleted == (("gp-victim", "default/victim"),)
+    assert [r.path for r in k8s.requests if r.method == "DELETE"] == [
+        "/api/v1/namespaces/default/pods/victim"
+    ]
+    (event,) = [
+        e for e in k8s.events("default", involved_name="victim") if e["reason"] == ORPHAN_EVENT_REASON
+    ]
+    assert "preempted for gp-urgent" in event["message"]
+    ended = ledger.get("gp-victim")
+    assert ended.state is ReservationState.PREEMPTED
+    assert ended.message.startswith("reconcile: preemption grace ended: deleted pod default/victim")
+    assert ledger.get("gp-urgent").state is ReservationState.GRANTED
+    assert ledger.check_invariants(core) == []
+
+
 def test_an_orphan_whose_pod_is_gone_is_released_at_once(
     synced: Ledger, k8s: KubernetesEmulatorServer, core: Any, clock: FakeClock
 ) -> None:

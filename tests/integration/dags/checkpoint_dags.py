@@ -110,3 +110,24 @@ exhausted = training_dag(
         log_lines='["epoch 1", "Traceback (most recent call last):", "RuntimeError: boom"]',
     ),
 )
+
+
+# Preemptible training on the whole A100 node: preempted by urgent work, it checkpoints on SIGTERM
+# within its 20 s grace and its retry resumes there (a 3 s lease: the notice comes within 1 s).
+def preemptible_dag(dag_id: str, *, deferrable: bool) -> DAG:
+    return training_dag(
+        dag_id,
+        gpus=4,
+        gpu_models=["NVIDIA-A100-SXM4-80GB"],
+        retries=1,
+        preemptible=True,
+        preemption_grace_seconds=20,
+        lease_ttl=3,
+        keep_checkpoints=None,
+        deferrable=deferrable,
+        annotations=emulate(checkpoint_steps="6", checkpoint_on_sigterm="true"),
+    )
+
+
+preemptible = preemptible_dag("ckpt_preemptible", deferrable=False)
+preemptible_deferrable = preemptible_dag("ckpt_preemptible_deferrable", deferrable=True)

@@ -1,0 +1,146 @@
+"""Preemption with a checkpoint grace end to end: real dag.test(), the real KubernetesPodOperator over
+HTTP to the emulator, a real SQLite ledger.
+
+The victim is preemptible training on the whole A100 node (``ckpt_preemptible``); urgent work
+asks for that node while it runs. The victim's operator sees the notice at its next look, deletes
+its pod with the remaining grace, the emulator's kubelet writes an emergency checkpoint on
+SIGTERM, the operator releases the slice once the pod is gone, and only then is the urgent
+request granted. The victim's retry (``preempts=False``) waits for the urgent work to end and
+resumes from the emergency checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_gpupool.ledger import Ledger, ReservationState
+from airflow_gpupool.ledger.attempts import TaskAttempts
+from airflow_gpupool.resources import GpuRequest
+from airflow_gpupool.testing import KubernetesEmulatorServer
+from tests.integration.conftest import A100
+
+URGENT = "urgent-inference-test"
+
+
+def env_of(pod: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e.get("value") for e in pod["spec"]["containers"][0].get("env", [])}
+
+
+def wait_until(what: str, check: Any, timeout: float = 45.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class UrgentWork(threading.Thread):
+    """Once the victim's pod runs and has checkpointed, reserve its node for urgent work; record
+    what was on disk and in the cluster when the grant came, then release it."""
+
+    def __init__(self, k8s: KubernetesEmulatorServer, url: str) -> None:
+        super().__init__(name="urgent-work", daemon=True)
+        self.k8s, self.url = k8s, url
+        self.seen: dict[str, Any] = {}
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self._run()
+        except BaseException as e:  # reported by the test
+            self.error = e
+
+    def _run(self) -> None:
+        first = wait_until("the victim's pod", lambda: self.k8s.created_pods())[0]
+        name = first["metadata"]["name"]
+        self.k8s.wait_for_pod(name, ("Running",), timeout=30)
+        root = Path(env_of(first)["GPUPOOL_CHECKPOINT_DIR"])
+        wait_until("the victim's first checkpoint", lambda: (root / "step-000001" / "manifest.json").exists())
+        # min_runtime 0: this ledger, serving the queue, may preempt a grant that just started.
+        ledger = Ledger.create(self.url, min_runtime_seconds=0)
+        try:
+            urgent = GpuRequest(gpus=4, gpu_models=frozenset({A100}), priority=100, team="inference")
+            self.seen["reserved"] = ledger.reserve(urgent, URGENT, reservation_id=URGENT, ttl=120).state
+            victim_id = first["metadata"]["labels"]["gpupool.io/reservation-id"]
+            self.seen["victim"] = ledger.get(victim_id)
+            granted = wait_until(
+                "the urgent grant", lambda: (r := ledger.get(URGENT)).state is ReservationState.GRANTED and r
+            )
+            self.seen["granted_at"] = granted.grant.granted_at
+            self.seen["victim_pod_at_grant"] = self.k8s.pod(name)
+            self.seen["emergency"] = sorted(
+                p.parent.name
+                for p in root.glob("step-*/manifest.json")
+                if json.loads(p.read_text()).get("emergency")
+            )
+            self.seen["victim_after"] = ledger.get(victim_id)
+            ledger.release(URGENT, reason="urgent work done")
+        finally:
+            ledger.close()
+
+
+@pytest.mark.parametrize("dag_id", ["ckpt_preemptible", "ckpt_preemptible_deferrable"])
+def test_a_preempted_step_checkpoints_in_its_grace_and_its_retry_resumes_there(
+    run_dag: Any,
+    k8s: KubernetesEmulatorServer,
+    gpu_ledger: Ledger,
+    monkeypatch: pytest.MonkeyPatch,
+    dag_id: str,
+) -> None:
+    monkeypatch.setenv("AIRFLOW__GPUPOOL__MIN_RUNTIME_SECONDS", "0")
+    # The first try would run 30 s (six steps, one every ~4 s); its retry runs the rest at once.
+    k8s.configure_pod(
+        predicate=lambda pod: pod["metadata"]["labels"]["try_number"] == "1", duration_seconds=30
+    )
+    urgent = UrgentWork(k8s, gpu_ledger.url)
+    urgent.start()
+
+    dag_run = run_dag(dag_id)
+    urgent.join(timeout=30)
+    assert urgent.error is None, urgent.error
+
+    seen = urgent.seen
+    # The urgent request waited while the victim had its grace, and took the slice only once
+    # the victim's pod was gone, its emergency checkpoint written.
+    assert seen["reserved"] is ReservationState.WAITING
+    victim = seen["victim"]
+    assert victim.state is ReservationState.PREEMPTING and victim.preempted_by == URGENT
+    assert seen["victim_pod_at_grant"] is None
+    assert len(seen["emergency"]) == 1
+    assert seen["victim_after"].state is ReservationState.PREEMPTED
+
+    (ti,) = dag_run.get_task_instances()
+    assert str(ti.state) == "success" and ti.try_number == 2
+    first, retry = k8s.created_pods()
+    root = Path(env_of(first)["GPUPOOL_CHECKPOINT_DIR"])
+    emergency_step = seen["emergency"][0]
+    assert env_of(retry)["GPUPOOL_RESUME_FROM"] == f"{root}/{emergency_step}"
+    assert (root / "COMPLETE").exists()
+    # The pod was ended with what was left of its 20 s grace, not at once (KPO's own clean-up
+    # delete comes after, when the pod is gone already).
+    deletes = [
+        r
+        for r in k8s.requests
+        if r.method == "DELETE" and r.path.endswith(f"/pods/{first['metadata']['name']}")
+    ]
+    first_grace = deletes[0].query.get("gracePeriodSeconds") or (deletes[0].body or {}).get(
+        "gracePeriodSeconds"
+    )
+    assert 10 <= int(first_grace) <= 20, deletes[0]
+    (attempt,) = TaskAttempts(gpu_ledger).history(f"{dag_id}/train/{dag_run.run_id}/map--1")
+    assert (attempt.failure_class, attempt.remedy) == ("preempted", "retry")
+    assert attempt.reservation_id == victim.id
+    # The retry's request preempts nobody (no cascade), and nothing is held at the end.
+    retry_rid = retry["metadata"]["labels"]["gpupool.io/reservation-id"]
+    assert gpu_ledger.get(retry_rid).request.preempts is False
+    snap = gpu_ledger.snapshot()
+    assert snap.grants == () and snap.queue == ()
+    assert gpu_ledger.check_invariants() == []
