@@ -248,6 +248,17 @@ def get_provider_info() -> dict[str, Any]:
                         "2",
                         "integer",
                     ),
+                    "preemption_grace_seconds": _option(
+                        "Seconds a preemption victim's pod has to write an emergency checkpoint and exit "
+                        "(SIGTERM first) before its slice passes on; a task may ask for another.",
+                        "120",
+                        "float",
+                    ),
+                    "min_runtime_seconds": _option(
+                        "Seconds a grant runs before it may be preempted (no thrashing); 0: at once.",
+                        "60",
+                        "float",
+                    ),
                 },
             }
         },

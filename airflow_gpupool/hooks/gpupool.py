@@ -192,6 +192,10 @@ class GpuPoolHook(BaseHook):
         """Record the pod of a grant, so an expired lease orphans it instead of freeing its slice."""
         return self.ledger.bind(reservation_id, namespace=namespace, name=name, uid=uid)
 
+    def note_checkpoint(self, reservation_id: str, at: float) -> bool:
+        """Record when the grant's newest valid checkpoint was written (preemption ranks victims by it)."""
+        return self.ledger.note_checkpoint(reservation_id, at)
+
     def release(self, reservation_id: str, reason: str) -> ReleaseResult | None:
         """Release (idempotent); None when the reservation was never recorded."""
         from airflow_gpupool.exceptions import UnknownReservationError

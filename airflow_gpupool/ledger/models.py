@@ -120,6 +120,7 @@ class Reservation:
     :param preempt_deadline: a preemption victim's deadline: its pod must have ended by then
         (state ``preempting``; kept once it ended ``preempted``)
     :param preempted_by: the waiting request it was preempted for
+    :param checkpoint_at: when its holder last saw a newer valid checkpoint (None: none reported)
     """
 
     id: str
@@ -137,6 +138,7 @@ class Reservation:
     gang_index: int | None = None
     preempt_deadline: float | None = None
     preempted_by: str | None = None
+    checkpoint_at: float | None = None
 
     @property
     def waited_seconds(self) -> float:
@@ -161,6 +163,7 @@ class Reservation:
             "gang_index": self.gang_index,
             "preempt_deadline": self.preempt_deadline,
             "preempted_by": self.preempted_by,
+            "checkpoint_at": self.checkpoint_at,
         }
 
 

@@ -151,6 +151,7 @@ def reservation_of(conn: Connection, row: Row[Any], request: GpuRequest) -> Rese
         gang_index=row.gang_index,
         preempt_deadline=row.preempt_deadline,
         preempted_by=row.preempted_by,
+        checkpoint_at=row.checkpoint_at,
     )
 
 

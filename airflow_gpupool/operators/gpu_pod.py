@@ -341,7 +341,23 @@ class GpuPodOperator(UnschedulableFailFast, GpuPodTries):
     def _reconcile_own_grant(self, rid: str) -> str | None:
         # The pod may take up to the launch timeout to appear; only then is "no pod" news.
         grace = float(self.startup_timeout_seconds) + 60
-        return self.gpu_hook.reconcile_grant(self.client, rid, grace_seconds=grace)
+        released = self.gpu_hook.reconcile_grant(self.client, rid, grace_seconds=grace)
+        if released is None:
+            self._note_checkpoint(rid)
+        return released
+
+    def _note_checkpoint(self, rid: str) -> None:
+        """Tell the ledger when the newest valid checkpoint was written: a preemption takes the
+        victims that lose the least work since theirs first."""
+        checkpoints = self._checkpoints()
+        if checkpoints is None or not self.preemptible:
+            return
+        try:
+            newest = checkpoints.store.newest()
+            if newest is not None:
+                self.gpu_hook.note_checkpoint(rid, newest.time.timestamp())
+        except Exception as e:  # the lease matters; this only ranks victims
+            self.log.warning("Could not report the newest checkpoint of %s: %s", rid, type(e).__name__)
 
     def _binding_for(self, request: GpuRequest, grant: Grant) -> Any:
         options = self.gpu_hook.options

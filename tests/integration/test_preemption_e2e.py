@@ -46,9 +46,9 @@ class UrgentWork(threading.Thread):
     """Once the victim's pod runs and has checkpointed, reserve its node for urgent work; record
     what was on disk and in the cluster when the grant came, then release it."""
 
-    def __init__(self, k8s: KubernetesEmulatorServer, url: str) -> None:
+    def __init__(self, k8s: KubernetesEmulatorServer, url: str, *, reports_checkpoints: bool) -> None:
         super().__init__(name="urgent-work", daemon=True)
-        self.k8s, self.url = k8s, url
+        self.k8s, self.url, self.reports_checkpoints = k8s, url, reports_checkpoints
         self.seen: dict[str, Any] = {}
         self.error: BaseException | None = None
 
@@ -67,9 +67,11 @@ class UrgentWork(threading.Thread):
         # min_runtime 0: this ledger, serving the queue, may preempt a grant that just started.
         ledger = Ledger.create(self.url, min_runtime_seconds=0)
         try:
+            victim_id = first["metadata"]["labels"]["gpupool.io/reservation-id"]
+            if self.reports_checkpoints:  # the sync renewer tells the ledger at its next round
+                wait_until("the checkpoint reported", lambda: ledger.get(victim_id).checkpoint_at)
             urgent = GpuRequest(gpus=4, gpu_models=frozenset({A100}), priority=100, team="inference")
             self.seen["reserved"] = ledger.reserve(urgent, URGENT, reservation_id=URGENT, ttl=120).state
-            victim_id = first["metadata"]["labels"]["gpupool.io/reservation-id"]
             self.seen["victim"] = ledger.get(victim_id)
             granted = wait_until(
                 "the urgent grant", lambda: (r := ledger.get(URGENT)).state is ReservationState.GRANTED and r
@@ -100,7 +102,8 @@ def test_a_preempted_step_checkpoints_in_its_grace_and_its_retry_resumes_there(
     k8s.configure_pod(
         predicate=lambda pod: pod["metadata"]["labels"]["try_number"] == "1", duration_seconds=30
     )
-    urgent = UrgentWork(k8s, gpu_ledger.url)
+    sync = dag_id == "ckpt_preemptible"
+    urgent = UrgentWork(k8s, gpu_ledger.url, reports_checkpoints=sync)
     urgent.start()
 
     dag_run = run_dag(dag_id)
@@ -116,6 +119,8 @@ def test_a_preempted_step_checkpoints_in_its_grace_and_its_retry_resumes_there(
     assert seen["victim_pod_at_grant"] is None
     assert len(seen["emergency"]) == 1
     assert seen["victim_after"].state is ReservationState.PREEMPTED
+    if sync:  # the sync renewer reports the newest checkpoint as it renews
+        assert victim.checkpoint_at is not None and victim.checkpoint_at <= seen["granted_at"]
 
     (ti,) = dag_run.get_task_instances()
     assert str(ti.state) == "success" and ti.try_number == 2
