@@ -26,25 +26,35 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from sqlalchemy import Row, and_, select, update
 
 from airflow_gpupool.governance.preemption import Preemptor, VictimCandidate, lost_gpu_seconds, may_preempt
 from airflow_gpupool.ledger import schema
+from airflow_gpupool.ledger.admission import Governance
 from airflow_gpupool.ledger.cache import classes_from_counts
 from airflow_gpupool.ledger.records import GRANTED, HOLDING, assignment_of
-from airflow_gpupool.ledger.store import LOGGER_NAME, Tx
+from airflow_gpupool.ledger.store import LOGGER_NAME, LedgerStore, Tx
 from airflow_gpupool.placement.accounting import deallocate
 from airflow_gpupool.placement.fit import EXCLUSIVE_CLASSES
+from airflow_gpupool.placement.policy import PlacementPolicy
+from airflow_gpupool.placement.pools import PoolBindings
 from airflow_gpupool.placement.queue import QueueEntry
 from airflow_gpupool.placement.snapshot import ClusterSnapshot, NodeState
 from airflow_gpupool.placement.verdict import Assignment, NoFit
 from airflow_gpupool.resources import GpuRequest, WorkloadClass
 
-if TYPE_CHECKING:
-    from airflow_gpupool.ledger.admission import Governance
-    from airflow_gpupool.ledger.cycle import WriteCycle
+
+class WriteCycle(Protocol):
+    """What preemption needs of the write cycle (:class:`~airflow_gpupool.ledger.cycle.WriteCycle`)."""
+
+    store: LedgerStore
+    policy: PlacementPolicy
+    bindings: PoolBindings
+    min_runtime_seconds: float
+    preemption_grace_seconds: float
+
 
 __all__ = ["Victim", "preempt_for_waiting"]
 

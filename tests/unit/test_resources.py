@@ -246,8 +246,10 @@ def test_request_normalizes_constraints() -> None:
 def test_to_dict_round_trips(request_: GpuRequest) -> None:
     data = request_.to_dict()
     assert GpuRequest.from_dict(data) == request_
-    # "gang" only on gangs (tests/unit/test_gang_spec.py): other stored texts stay as they were.
-    assert set(data) == {f.name for f in dataclasses.fields(GpuRequest)} - {"gang"}
+    # "gang" only on gangs (tests/unit/test_gang_spec.py), the preemption keys only when they are
+    # not the defaults (tests/integration/ledger/test_preemption.py): other stored texts stay as they were.
+    optional = {"gang", "preemption_grace_seconds", "preempts"}
+    assert set(data) == {f.name for f in dataclasses.fields(GpuRequest)} - optional
     assert isinstance(data["gpu_models"], list) and isinstance(data["node_labels"], dict)
     assert data["workload_class"] == request_.workload_class.value
 

@@ -19,7 +19,7 @@ LAYERS = [
     {"records"},
     {"store"},
     {"explain", "take", "admission"},
-    {"gangs"},
+    {"gangs", "preempting"},
     {"cycle"},
     {"heartbeats"},
     {"health"},
