@@ -64,14 +64,20 @@ def _v3(op: Operations, conn: Connection) -> None:
 _V4_COLUMNS = ("pod_namespace", "pod_name", "pod_uid", "bound_at", "orphaned_at")
 
 
+def _add_reservation_columns(op: Operations, conn: Connection, names: tuple[str, ...]) -> None:
+    """Add the nullable reservation columns ``names`` the table lacks.
+
+    v1 creates the table as the code has it now, columns of later versions included.
+    """
+    table = schema.reservations
+    present = {c["name"] for c in inspect(conn).get_columns(table.name)}
+    for name in names:
+        if name not in present:
+            op.add_column(table.name, Column(name, table.c[name].type, nullable=True))
+
+
 def _v4(op: Operations, conn: Connection) -> None:
-    # v1 creates the table as the code has it now, columns of later versions included.
-    present = {c["name"] for c in inspect(conn).get_columns(schema.reservations.name)}
-    for name in _V4_COLUMNS:
-        if name in present:
-            continue
-        column = schema.reservations.c[name]
-        op.add_column(schema.reservations.name, Column(name, column.type, nullable=True))
+    _add_reservation_columns(op, conn, _V4_COLUMNS)
 
 
 def _v5(op: Operations, conn: Connection) -> None:
@@ -127,10 +133,7 @@ _V8_INDEX = "ix_gpupool_reservations_gang"
 
 def _v8(op: Operations, conn: Connection) -> None:
     table = schema.reservations
-    present = {c["name"] for c in inspect(conn).get_columns(table.name)}
-    for name in _V8_COLUMNS:
-        if name not in present:
-            op.add_column(table.name, Column(name, table.c[name].type, nullable=True))
+    _add_reservation_columns(op, conn, _V8_COLUMNS)
     if _V8_INDEX not in {i["name"] for i in inspect(conn).get_indexes(table.name)}:
         op.create_index(_V8_INDEX, table.name, ["gang_id"])
     if conn.dialect.name == "postgresql":  # the concurrent release leaves gang members to the serialized path
@@ -194,11 +197,7 @@ _V11_COLUMNS = ("preempt_deadline", "preempted_by", "checkpoint_at")
 
 
 def _v11(op: Operations, conn: Connection) -> None:
-    table = schema.reservations
-    present = {c["name"] for c in inspect(conn).get_columns(table.name)}
-    for name in _V11_COLUMNS:
-        if name not in present:
-            op.add_column(table.name, Column(name, table.c[name].type, nullable=True))
+    _add_reservation_columns(op, conn, _V11_COLUMNS)
 
 
 def sql_literal(value: object) -> Any:
