@@ -8,12 +8,18 @@ Stored quotas are listed next to what each team holds now: nominal, borrowed (he
 nominal) and lent (what its cohort borrows, shared among the cohort's lenders in proportion to what
 each may lend). Reserved against used: the SM utilization the node agents last reported for the
 GPUs each team's grants hold (teams whose GPUs no agent reports are left out).
+
+Work lost to preemption (:func:`preemption_losses`): a grant that ended ``preempted`` lost its
+GPUs (counted as above) times the time from its newest valid checkpoint the holder reported
+(``checkpoint_at``, :meth:`~airflow_gpupool.ledger.Ledger.note_checkpoint`; its grant when none)
+to its end. The page's use per team and the metrics both read it; it needs no column of its own.
 """
 
 from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +27,7 @@ from sqlalchemy import or_, select
 
 from airflow_gpupool.governance.quotas import gpu_milli_of_mig
 from airflow_gpupool.ledger import schema
+from airflow_gpupool.ledger.models import ReservationState
 from airflow_gpupool.ledger.quotas import LedgerQuotas
 
 if TYPE_CHECKING:
@@ -30,7 +37,15 @@ if TYPE_CHECKING:
     from airflow_gpupool.ledger.ledger import Ledger
     from airflow_gpupool.ledger.models import LedgerSnapshot
 
-__all__ = ["RANGES", "QuotaUse", "UsageReport", "quota_uses", "usage_report"]
+__all__ = [
+    "RANGES",
+    "PreemptionLoss",
+    "QuotaUse",
+    "UsageReport",
+    "preemption_losses",
+    "quota_uses",
+    "usage_report",
+]
 
 #: The ranges the page offers, by name, in hours.
 RANGES = {"1h": 1.0, "24h": 24.0, "7d": 168.0}
@@ -70,6 +85,20 @@ class QuotaUse:
 
 
 @dataclass(frozen=True)
+class PreemptionLoss:
+    """A team's grants that ended preempted, and the GPU-seconds of work they lost.
+
+    :param preemptions: grants that ended ``preempted``
+    :param lost_gpu_seconds: their GPUs × the seconds from their newest reported checkpoint
+        (their grant when none) to their end
+    """
+
+    team: str
+    preemptions: int
+    lost_gpu_seconds: float
+
+
+@dataclass(frozen=True)
 class UsageReport:
     """GPU-hours over ``[since, until]`` by ``(team, pool)``, the pools' GPU counts, and the quotas."""
 
@@ -79,6 +108,8 @@ class UsageReport:
     pool_gpus: dict[str, int]
     quotas: tuple[QuotaUse, ...]
     team_utilization: dict[str, float] = field(default_factory=dict)
+    #: Grants that ended preempted in the range, and the work they lost, per team.
+    preempted: dict[str, PreemptionLoss] = field(default_factory=dict)
 
     @property
     def hours(self) -> float:
@@ -127,6 +158,8 @@ class UsageReport:
                     "gpu_hours": h,
                     "share": self.share(h),
                     "utilization": self.team_utilization.get(t),
+                    "preemptions": self.preempted[t].preemptions if t in self.preempted else 0,
+                    "lost_gpu_seconds": self.preempted[t].lost_gpu_seconds if t in self.preempted else 0.0,
                 }
                 for t, h in teams.items()
             ],
@@ -157,8 +190,16 @@ def _milli(row: Any, models: dict[tuple[str, int], str]) -> int:
     return len(indices) * int(row.milli_per_gpu or 0)
 
 
+def _gpu_models(conn: Connection, rows: Sequence[Any]) -> dict[tuple[str, int], str]:
+    """The model of each GPU by ``(node, index)``, read only when a row holds a MIG slice."""
+    g = schema.gpus.c
+    if not any(row.mig_slice is not None for row in rows):
+        return {}
+    return {(row.node, row.idx): row.model for row in conn.execute(select(g.node, g.idx, g.model))}
+
+
 def _gpu_hours(conn: Connection, since: float, until: float) -> dict[tuple[str, str], float]:
-    r, n, g = schema.reservations.c, schema.nodes.c, schema.gpus.c
+    r, n = schema.reservations.c, schema.nodes.c
     rows = conn.execute(
         select(
             r.team,
@@ -174,17 +215,44 @@ def _gpu_hours(conn: Connection, since: float, until: float) -> dict[tuple[str, 
         .select_from(schema.reservations.outerjoin(schema.nodes, n.name == r.node))
         .where(r.granted_at.is_not(None), r.granted_at < until, or_(r.ended_at.is_(None), r.ended_at > since))
     ).all()
-    models = (
-        {(row.node, row.idx): row.model for row in conn.execute(select(g.node, g.idx, g.model))}
-        if any(row.mig_slice is not None for row in rows)
-        else {}
-    )
+    models = _gpu_models(conn, rows)
     out: dict[tuple[str, str], float] = defaultdict(float)
     for row in rows:
         seconds = min(row.ended_at if row.ended_at is not None else until, until) - max(row.granted_at, since)
         if seconds > 0:
             out[(row.team, row.node_pool or "(removed node)")] += _milli(row, models) / 1000 * seconds / 3600
     return dict(out)
+
+
+def preemption_losses(conn: Connection, since: float | None = None) -> dict[str, PreemptionLoss]:
+    """Return, per team, the grants that ended ``preempted`` (after ``since``) and the work they lost.
+
+    :param conn: an open read transaction
+    :param since: count only those that ended after it (None: every one the ledger keeps)
+    """
+    r = schema.reservations.c
+    query = select(
+        r.team,
+        r.node,
+        r.gpu_indices,
+        r.milli_per_gpu,
+        r.mig_slice,
+        r.request,
+        r.granted_at,
+        r.checkpoint_at,
+        r.ended_at,
+    ).where(r.state == ReservationState.PREEMPTED.value, r.granted_at.is_not(None), r.ended_at.is_not(None))
+    if since is not None:
+        query = query.where(r.ended_at > since)
+    rows = conn.execute(query).all()
+    models = _gpu_models(conn, rows)
+    count: dict[str, int] = defaultdict(int)
+    lost: dict[str, float] = defaultdict(float)
+    for row in rows:
+        start = row.granted_at if row.checkpoint_at is None else max(row.granted_at, row.checkpoint_at)
+        count[row.team] += 1
+        lost[row.team] += _milli(row, models) / 1000 * max(0.0, row.ended_at - start)
+    return {team: PreemptionLoss(team, count[team], lost[team]) for team in sorted(count)}
 
 
 def usage_report(ledger: Ledger, snapshot: LedgerSnapshot, hours: float) -> UsageReport:
@@ -196,12 +264,20 @@ def usage_report(ledger: Ledger, snapshot: LedgerSnapshot, hours: float) -> Usag
     """
     until = snapshot.taken_at
     since = until - hours * 3600
-    used = ledger.read(lambda conn: _gpu_hours(conn, since, until))
+    used, preempted = ledger.read(
+        lambda conn: (_gpu_hours(conn, since, until), preemption_losses(conn, since))
+    )
     pool_gpus: dict[str, int] = defaultdict(int)
     for node in snapshot.nodes:
         pool_gpus[node.node_pool] += len(node.gpus)
     return UsageReport(
-        since, until, used, dict(pool_gpus), quota_uses(ledger, snapshot), _team_utilization(snapshot)
+        since,
+        until,
+        used,
+        dict(pool_gpus),
+        quota_uses(ledger, snapshot),
+        _team_utilization(snapshot),
+        preempted,
     )
 
 

@@ -4,10 +4,20 @@ from __future__ import annotations
 
 from airflow_gpupool.metrics.collector import (
     METRIC_NAMES,
+    PREEMPTION_METRIC_NAMES,
     QUOTA_METRIC_NAMES,
     GpuPoolCollector,
     ledger_metrics,
+    preemption_metrics,
     quota_metrics,
 )
 
-__all__ = ["METRIC_NAMES", "QUOTA_METRIC_NAMES", "GpuPoolCollector", "ledger_metrics", "quota_metrics"]
+__all__ = [
+    "METRIC_NAMES",
+    "PREEMPTION_METRIC_NAMES",
+    "QUOTA_METRIC_NAMES",
+    "GpuPoolCollector",
+    "ledger_metrics",
+    "preemption_metrics",
+    "quota_metrics",
+]

@@ -30,6 +30,10 @@ counters and histogram (since the ledger was created)
 ``gpupool_lease_expiries_total``                                leases that expired unrenewed and were reaped
 ``gpupool_preemptions_total``                                   task tries whose pod was preempted or evicted
 ``gpupool_reservations_total{state}``                           ended reservations by final state
+``gpupool_preempted_grants_total{team}``                        grants that ended preempted (absent before
+                                                                the first)
+``gpupool_preemption_lost_gpu_seconds_total{team}``             their GPUs × seconds from the newest checkpoint
+                                                                the holder reported (else the grant) to the end
 ==============================================================  =================================
 
 The counters and the histogram are counted from the ledger's tables
@@ -42,7 +46,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow_gpupool.metrics.agent import agent_metrics
@@ -54,7 +58,7 @@ if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
     from airflow_gpupool.ledger import Ledger, LedgerSnapshot
-    from airflow_gpupool.ledger.usage import QuotaUse
+    from airflow_gpupool.ledger.usage import PreemptionLoss, QuotaUse
     from airflow_gpupool.metrics.stats import LedgerTotals
 
 log = logging.getLogger(__name__)
@@ -88,6 +92,12 @@ QUOTA_METRIC_NAMES = (
     "gpupool_quota_held_gpus",
     "gpupool_quota_borrowed_gpus",
     "gpupool_quota_lent_gpus",
+)
+
+#: Present per team once one of its grants ended preempted.
+PREEMPTION_METRIC_NAMES = (
+    "gpupool_preempted_grants_total",
+    "gpupool_preemption_lost_gpu_seconds_total",
 )
 
 # Shapes that score fragmentation when nothing is granted or waiting: a whole GPU, a half, a quarter.
@@ -315,6 +325,28 @@ def quota_metrics(uses: Sequence[QuotaUse]) -> list[Metric]:
     return [family for family, _ in families]
 
 
+def preemption_metrics(losses: Mapping[str, PreemptionLoss]) -> list[Metric]:
+    """Return the per-team preemption counters (families without series before any preemption).
+
+    :param losses: per team, from :func:`~airflow_gpupool.ledger.usage.preemption_losses`
+    """
+    from prometheus_client.core import CounterMetricFamily
+
+    grants = CounterMetricFamily(
+        "gpupool_preempted_grants", "Grants that ended preempted, per team", labels=["team"]
+    )
+    lost = CounterMetricFamily(
+        "gpupool_preemption_lost_gpu_seconds",
+        "Work lost to preemption: each preempted grant's GPUs (a MIG slice its compute share) times the "
+        "seconds from its newest checkpoint reported to the ledger (its grant when none) to its end",
+        labels=["team"],
+    )
+    for team, loss in losses.items():
+        grants.add_metric([team], loss.preemptions)
+        lost.add_metric([team], loss.lost_gpu_seconds)
+    return [grants, lost]
+
+
 def _value(item: Any) -> str:
     return str(getattr(item, "value", item))
 
@@ -339,7 +371,7 @@ class GpuPoolCollector:
         """Read one snapshot and yield every metric family."""
         from prometheus_client.core import GaugeMetricFamily
 
-        from airflow_gpupool.ledger.usage import quota_uses
+        from airflow_gpupool.ledger.usage import preemption_losses, quota_uses
         from airflow_gpupool.metrics.stats import ledger_totals
 
         up = GaugeMetricFamily("gpupool_ledger_up", "1 when the ledger answered this scrape")
@@ -350,6 +382,7 @@ class GpuPoolCollector:
             snapshot = ledger.snapshot()
             families = ledger_metrics(snapshot, ledger_totals(ledger.url))
             families += quota_metrics(quota_uses(ledger, snapshot))
+            families += preemption_metrics(ledger.read(preemption_losses))
         except Exception as e:  # any failure to read means "down" for this scrape
             # The cause goes to the log, its text scrubbed of the URL's password; no traceback,
             # whose frames' messages could quote it.

@@ -6,7 +6,8 @@ Airflow API server:
 * ``GET /gpupool/`` the page (``?partial=1``: only its body, for the page's refresh; ``range``,
   ``team``, ``pool``, ``state``, ``dag_id`` and ``page`` choose the use's range and the history;
   ``open=<pool>`` (or ``*``) opens node pools of the map, ``rows=all`` shows every grant and waiter)
-* ``GET /gpupool/api/v1/snapshot`` nodes, GPUs, grants and the queue (with why each waits)
+* ``GET /gpupool/api/v1/snapshot`` nodes, GPUs, grants (a preempting one's ``preempt_seconds_left``)
+  and the queue (with why each waits)
 * ``GET /gpupool/api/v1/history?limit=&offset=&team=&pool=&state=&dag_id=`` the history, newest first
 * ``GET /gpupool/api/v1/usage?range=1h|24h|7d`` GPU-hours and share per team and pool, quotas
 * ``GET /gpupool/api/v1/series?hours=`` allocation and fragmentation over time
@@ -421,6 +422,12 @@ def _add_api_routes(app: FastAPI, state: _State) -> None:
         why = state.explanations(snapshot)
         for entry in out["queue"]:
             entry["why"] = why.get(entry["id"], entry["message"])
+        for entry in out["grants"]:
+            # What the page counts down: the grace a preempting grant has left, as of the snapshot.
+            deadline = entry["preempt_deadline"] if entry["state"] == "preempting" else None
+            entry["preempt_seconds_left"] = (
+                None if deadline is None else max(0.0, deadline - snapshot.taken_at)
+            )
         return out
 
     @app.get("/api/v1/history")

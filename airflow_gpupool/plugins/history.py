@@ -20,7 +20,7 @@ from airflow_gpupool.plugins.page import duration, holder_html, table_html, team
 
 if TYPE_CHECKING:
     from airflow_gpupool.ledger.history import HistoryEntry
-    from airflow_gpupool.ledger.usage import UsageReport
+    from airflow_gpupool.ledger.usage import PreemptionLoss, UsageReport
 
 #: History rows per page.
 PAGE_SIZE = 50
@@ -36,6 +36,9 @@ TERMS = {
     "counts its compute share, 3g.40gb = 3/7 of an A100).",
     "Share": "this team's or pool's part of all GPU-hours used in the range.",
     "Utilization": "GPU-hours held in the pool over its GPUs × the range's hours.",
+    "Preempted": "this team's grants that ended preempted in the range (taken back for more urgent work).",
+    "Lost GPU-s": "work lost to those preemptions: each grant's GPUs (a MIG slice its compute share) × the "
+    "seconds from its newest checkpoint reported to the ledger (its grant when none) to its end.",
     "Nominal": "the GPUs a team's quota guarantees in a flavor (a node pool or a GPU model).",
     "Borrowed": "GPUs held above nominal now, lent by other teams of the cohort while they do not use them.",
     "Lent": "the part of this team's unused nominal (within its lending limit) that its cohort borrows now, "
@@ -103,6 +106,7 @@ def usage_html(report: UsageReport, view: PageView) -> str:
             f"{h:.2f}",
             f"{report.share(h):.1%}",
             f"{report.team_utilization[t]:.0%}" if t in report.team_utilization else "–",
+            *_preempted_cells(report.preempted.get(t)),
         ]
         for t, h in report.by_team().items()
     ]
@@ -139,12 +143,18 @@ def usage_html(report: UsageReport, view: PageView) -> str:
     return (
         f"{_range_links(view)}"
         f'<div class="usage-grid"><div><h3>By team ({report.total:.2f} GPU-hours)</h3>'
-        f"{table_html(['Team', 'GPU-hours', 'Share', 'GPU use now'], teams, 'No GPU held in this range.', 'by-team')}</div>"
+        f"{table_html(['Team', 'GPU-hours', 'Share', 'GPU use now', 'Preempted', 'Lost GPU-s'], teams, 'No GPU held in this range.', 'by-team')}</div>"
         f"<div><h3>By node pool</h3>"
         f"{table_html(['Pool', 'GPUs', 'GPU-hours', 'Share', 'Utilization'], pools, 'No node pools.', 'by-pool')}</div></div>"
         f"{quota_table}"
-        f"{definitions_html(['GPU-hours', 'Share', 'Utilization', 'GPU use now', 'Nominal', 'Borrowed', 'Lent'])}"
+        f"{definitions_html(['GPU-hours', 'Share', 'Utilization', 'GPU use now', 'Preempted', 'Lost GPU-s', 'Nominal', 'Borrowed', 'Lent'])}"
     )
+
+
+def _preempted_cells(loss: PreemptionLoss | None) -> list[str]:
+    if loss is None:
+        return ["0", "0"]
+    return [str(loss.preemptions), f'<b class="lost">{loss.lost_gpu_seconds:,.0f}</b>']
 
 
 def _select(name: str, label: str, options: Sequence[str], chosen: Sequence[str]) -> str:

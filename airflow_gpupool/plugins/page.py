@@ -47,6 +47,40 @@ def duration(seconds: float) -> str:
     return f"{s // 3600}h {s % 3600 // 60}m"
 
 
+def countdown_html(deadline: float, now: float) -> str:
+    """Return the seconds left until ``deadline`` as of ``now``, which the page's script ticks down.
+
+    The text is right at render time without JavaScript; ``data-left`` is what the script counts
+    down from (the browser's clock need not agree with the ledger's), ``data-deadline`` the
+    deadline itself, seconds since the epoch on the ledger's clock.
+
+    :param deadline: when the countdown ends
+    :param now: the render's time, on the same clock
+    """
+    left = max(0.0, deadline - now)
+    return (
+        f'<span class="countdown" data-deadline="{deadline:.3f}" data-left="{left:.3f}">'
+        f"{duration(left)}</span>"
+    )
+
+
+def preempting_html(r: Reservation, now: float, link_base: str = "reservations/") -> str:
+    """Return a preempting grant's state: its preemptor and the grace left to its deadline.
+
+    :param r: a reservation in state ``preempting``
+    :param now: the render's time, on the ledger's clock
+    :param link_base: the path before a reservation id that opens its page
+    """
+    by = escape(r.preempted_by or "")
+    preemptor = (
+        f' for <a class="rid" href="{escape(link_base)}{by}" title="{by}"><code>{escape((r.preempted_by or "")[:12])}</code></a>'
+        if r.preempted_by
+        else ""
+    )
+    left = countdown_html(r.preempt_deadline, now) if r.preempt_deadline is not None else ""
+    return f'<span class="state s-preempting">preempting</span>{preemptor}, {left} left'
+
+
 def holder_html(holder: str, ui_base: str) -> str:
     """Return the holder as a link to its task instance, or as plain text when it is not one.
 
@@ -76,12 +110,15 @@ def _segment(r: Reservation, milli: int, label: str, ui_base: str) -> str:
     team = r.request.team
     ref = TaskTry.from_holder(r.holder)
     who = task_label(ref) if ref else r.holder
-    title = f"{team} · {who} · {label} · {r.id}"
+    preempting = r.state.value == "preempting"
+    title = f"{team} · {who} · {label} · {r.id}" + (
+        f" · preempting for {r.preempted_by}" if preempting else ""
+    )
     body = f'<span class="team">{escape(team)}</span> <span class="who">{escape(who)}</span>'
     if ref is not None:
         body = f'<a data-airflow-link href="{escape(task_instance_url(ref, ui_base))}">{body}</a>'
     return (
-        f'<div class="seg held" style="flex-basis:{milli / 10:.2f}%;background:{team_colour(team)}" '
+        f'<div class="seg held{" preempting" if preempting else ""}" style="flex-basis:{milli / 10:.2f}%;background:{team_colour(team)}" '
         f'data-reservation="{escape(r.id)}" data-team="{escape(team)}" title="{escape(title)}">{body}</div>'
     )
 
@@ -230,6 +267,8 @@ def _lease_left(r: Reservation, now: float) -> str:
     g = r.grant
     if g is None:
         return ""
+    if r.state.value == "preempting":
+        return preempting_html(r, now)
     if r.state.value != "orphaned":
         return duration(g.expires_at - now)
     # Its lease expired while its pod ran on: the slice stays held until the pod is gone.

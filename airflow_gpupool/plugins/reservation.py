@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from html import escape
 from typing import TYPE_CHECKING
 
-from airflow_gpupool.plugins.page import duration, holder_html
+from airflow_gpupool.plugins.page import duration, holder_html, preempting_html
 
 if TYPE_CHECKING:
     from airflow_gpupool.ledger.attempts import TaskAttempt
@@ -58,6 +58,9 @@ def reservation_facts(r: Reservation, now: float) -> list[tuple[str, str]]:
         ),
         ("Held", "" if held is None else duration(max(0.0, held)) + ("" if r.ended_at else " so far")),
         ("Ended", _clock(r.ended_at)),
+        ("Preempted for", r.preempted_by or ""),
+        ("Grace until", _clock(r.preempt_deadline) if r.state.value == "preempting" else ""),
+        ("Last checkpoint", _clock(r.checkpoint_at)),
         ("Why", r.message),
     ]
     return [(term, value) for term, value in facts if value]
@@ -83,6 +86,9 @@ def reservation_html(
     """
     rows = "".join(f"<dt>{escape(t)}</dt><dd>{escape(v)}</dd>" for t, v in reservation_facts(r, now))
     why = f'<p class="why">{escape(explanation)}</p>' if explanation else ""
+    if r.state.value == "preempting":
+        # Its page sits beside its preemptor's: ``reservations/<id>``.
+        why += f'<p class="preempting">{preempting_html(r, now, link_base="")}: its pod must end by then.</p>'
     failed = "".join(
         f"<li>try {a.try_number}: <b>{escape(a.failure_class)}</b> → {escape(a.remedy)}: {escape(a.message)}</li>"
         for a in attempts

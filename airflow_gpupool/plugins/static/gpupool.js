@@ -38,3 +38,27 @@
     if (airflowNavigate(link.getAttribute("href"))) event.preventDefault();
   });
 })();
+
+// Count a preempting grant's grace down each second from the seconds left the server rendered
+// (`data-left`, right at render time without this script): the browser's clock need not agree
+// with the ledger's, so the script counts from when the element appeared. A refresh brings new
+// elements, which count from their own render.
+(function () {
+  function duration(seconds) {
+    const s = Math.max(0, Math.floor(seconds));
+    if (s < 60) return s + "s";
+    if (s < 3600) return Math.floor(s / 60) + "m " + (s % 60) + "s";
+    return Math.floor(s / 3600) + "h " + Math.floor((s % 3600) / 60) + "m";
+  }
+  function tick() {
+    const now = performance.now();
+    document.querySelectorAll(".countdown[data-left]").forEach(function (el) {
+      if (!el.dataset.shownAt) el.dataset.shownAt = String(now);
+      const left = parseFloat(el.dataset.left) - (now - parseFloat(el.dataset.shownAt)) / 1000;
+      el.textContent = duration(left);
+      el.classList.toggle("due", left <= 0);
+    });
+  }
+  tick();
+  setInterval(tick, 1000);
+})();

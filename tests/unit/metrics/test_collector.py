@@ -234,3 +234,67 @@ def test_preemptions_count_preempted_and_evicted_tries(tmp_path: Path) -> None:
                 )
             )
         assert scrape(ledger)[("gpupool_preemptions_total", ())] == 2
+
+
+def test_preemptions_and_the_work_they_lost_per_team(tmp_path: Path) -> None:
+    """Two grants preempted through the ledger: one released in its grace, one ended at its deadline.
+
+    vision's 4 A100 (granted at T0, checkpoint reported at T0+400) is released at T0+750:
+    4 × 350 s = 1,400 GPU-s lost. nlp's 3g.40gb MIG slice (3/7 of an A100: 429 milli, no
+    checkpoint) ends when the ledger is reaped past its deadline, T0+821: 0.429 × 821 s = 352.209 GPU-s.
+    """
+    from airflow_gpupool.ledger import ReservationState
+    from airflow_gpupool.ledger.history import LedgerHistory
+    from airflow_gpupool.metrics import PREEMPTION_METRIC_NAMES
+
+    clock = FakeClock(T0)
+    url = f"sqlite:///{tmp_path}/preempted.db"
+    with Ledger.create(url, clock=clock, min_runtime_seconds=300, preemption_grace_seconds=120) as ledger:
+        ledger.upsert_nodes(
+            [
+                node("a1", gpus=4, model="A100", pool="a100"),
+                node("m1", gpus=1, model="A100", pool="mig", mig={0: ["3g.40gb", "3g.40gb"]}),
+            ]
+        )
+        ledger.reserve(
+            GpuRequest(gpus=4, team="vision", preemptible=True), "v", reservation_id="v-train", ttl=3600
+        )
+        ledger.reserve(
+            GpuRequest(mig_profile="3g.40gb", team="nlp", preemptible=True),
+            "n",
+            reservation_id="n-mig",
+            ttl=3600,
+        )
+        ledger.reserve(GpuRequest(mig_profile="3g.40gb", team="nlp"), "n2", reservation_id="n-keep", ttl=3600)
+        assert not {name for name, _ in scrape(ledger)} & set(PREEMPTION_METRIC_NAMES)
+        clock.advance(400)
+        assert ledger.note_checkpoint("v-train", clock.now)
+        clock.advance(300)
+        ledger.reserve(
+            GpuRequest(gpus=2, team="ops", priority=100), "o", reservation_id="urgent", timeout=3600
+        )
+        ledger.reserve(
+            GpuRequest(mig_profile="3g.40gb", team="ops", priority=100),
+            "o2",
+            reservation_id="urgent-mig",
+            timeout=3600,
+        )
+        assert {ledger.get(r).state for r in ("v-train", "n-mig")} == {ReservationState.PREEMPTING}
+        clock.advance(50)
+        ledger.release("v-train")
+        clock.advance(71)
+        ledger.reap()
+        assert {ledger.get(r).state for r in ("v-train", "n-mig")} == {ReservationState.PREEMPTED}
+        samples = {k: v for k, v in scrape(ledger).items() if k[0] in PREEMPTION_METRIC_NAMES}
+        # Counters never go down: pruning the history keeps preempted reservations.
+        clock.advance(86400)
+        LedgerHistory(ledger).prune(1)
+        assert {k: v for k, v in scrape(ledger).items() if k[0] in PREEMPTION_METRIC_NAMES} == samples
+    assert samples == pytest.approx(
+        {
+            ("gpupool_preempted_grants_total", (("team", "nlp"),)): 1,
+            ("gpupool_preempted_grants_total", (("team", "vision"),)): 1,
+            ("gpupool_preemption_lost_gpu_seconds_total", (("team", "nlp"),)): 0.429 * 821,
+            ("gpupool_preemption_lost_gpu_seconds_total", (("team", "vision"),)): 4 * 350,
+        }
+    )
