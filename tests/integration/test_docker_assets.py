@@ -52,12 +52,30 @@ def _agent_reported(url: str) -> Any:
     return ledger
 
 
+def _preempted(url: str) -> Any:
+    """A ledger where an urgent request preempted a preemptible grant, which ended preempted."""
+    from airflow_gpupool.ledger import Ledger
+    from airflow_gpupool.resources import GpuRequest
+    from tests.ledger_fixtures import FakeClock, node
+
+    clock = FakeClock()
+    ledger = Ledger.create(url, clock=clock, min_runtime_seconds=60, preemption_grace_seconds=30)
+    ledger.upsert_nodes([node("a1", gpus=2, pool="a100")])
+    ledger.reserve(GpuRequest(gpus=2, team="vision", preemptible=True), "v", reservation_id="v", ttl=3600)
+    clock.advance(120)
+    ledger.reserve(GpuRequest(gpus=1, team="ops", priority=100), "o", reservation_id="o", timeout=600)
+    ledger.release("v")
+    assert ledger.get("v").state.value == "preempted"
+    return ledger
+
+
 @functools.cache
 def exported() -> dict[str, tuple[str, frozenset[str]]]:
     """Return every sample name the exporter writes, with its family's type and its labels.
 
-    Read from real scrapes: of the scenario ledger (tests/unit/metrics/scenario.py), and of a
-    ledger a fake node agent reported to (a leak past its grace, an idle grant), so the assets
+    Read from real scrapes: of the scenario ledger (tests/unit/metrics/scenario.py), of a
+    ledger a fake node agent reported to (a leak past its grace, an idle grant), and of one
+    where a grant was preempted (the per-team preemption counters), so the assets
     are checked against what the exporter exports, not against a list kept beside it.
     """
     from prometheus_client import CollectorRegistry, generate_latest
@@ -69,7 +87,11 @@ def exported() -> dict[str, tuple[str, frozenset[str]]]:
     texts = []
     with tempfile.TemporaryDirectory() as tmp:
         pool = build_pool(f"sqlite:///{tmp}/ledger.db")
-        for ledger in (pool.ledger, _agent_reported(f"sqlite:///{tmp}/agent.db")):
+        for ledger in (
+            pool.ledger,
+            _agent_reported(f"sqlite:///{tmp}/agent.db"),
+            _preempted(f"sqlite:///{tmp}/preempted.db"),
+        ):
             registry = CollectorRegistry(auto_describe=False)
             registry.register(GpuPoolCollector(ledger))
             texts.append(generate_latest(registry).decode())
@@ -208,6 +230,8 @@ def test_the_exported_types_are_the_documented_ones() -> None:
     ):
         assert metrics[counter] == ("counter", frozenset())
     assert metrics["gpupool_reservations_total"] == ("counter", frozenset({"state"}))
+    for counter in ("gpupool_preempted_grants_total", "gpupool_preemption_lost_gpu_seconds_total"):
+        assert metrics[counter] == ("counter", frozenset({"team"}))
     assert metrics["gpupool_queue_requests"] == ("gauge", frozenset())
 
 
@@ -378,6 +402,7 @@ def test_dashboard_identity_and_datasource_variable() -> None:
             },
         ),
         ("Node heartbeat age", {"gpupool_node_heartbeat_age_seconds"}),
+        ("GPU-seconds lost to preemption by team", {"gpupool_preemption_lost_gpu_seconds_total"}),
         ("Ledger up", {"gpupool_ledger_up"}),
         ("GPUs queued", {"gpupool_queue_requested_gpu_milli"}),
         ("Fragmentation", {"gpupool_fragmentation_ratio"}),
@@ -396,7 +421,7 @@ def test_dashboard_panel(title: str, metrics: set[str]) -> None:
 
 def test_every_dashboard_query_uses_only_exporter_metrics() -> None:
     dashboard = _dashboard()
-    assert len(dashboard["panels"]) == 12
+    assert len(dashboard["panels"]) == 13
     for _, target in _targets(dashboard):
         assert_known_metrics(target["expr"])
         assert_types_fit(target["expr"])
