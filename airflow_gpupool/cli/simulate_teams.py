@@ -62,7 +62,7 @@ def run_teams(args: argparse.Namespace) -> int:
     else:
         plan = load_teams_file(args.teams) if args.teams else scenario(args.scenario)
         nodes = plan.cluster.build() if plan.cluster is not None else load_nodes(args.nodes)
-        jobs = generate_jobs(plan, warm + window, args.seed)
+        jobs = generate_jobs(plan, warm + window, args.seed, warmup_s=warm)
     rows = []
     for name in names:
         if not args.quiet:

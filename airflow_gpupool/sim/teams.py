@@ -323,24 +323,25 @@ def scenario(name: str) -> TeamsPlan:
     return load_teams_file(SCENARIOS[name])
 
 
-def generate_jobs(plan: TeamsPlan, span_s: float, seed: int) -> list[Job]:
+def generate_jobs(plan: TeamsPlan, span_s: float, seed: int, *, warmup_s: float = 0.0) -> list[Job]:
     """Return the jobs arriving over ``span_s`` seconds, in arrival order (the same for a seed).
 
-    Each workload's bursts arrive as a Poisson process; a burst's jobs arrive uniformly over
-    its spread.
+    Each workload's bursts arrive as a Poisson process scaled, as queue mode scales arrivals to a
+    target offered load, so that the warm-up ``[0, warmup_s)`` and the window ``[warmup_s,
+    span_s)`` each receive the GPU time the file's rates offer on average (bursts per hour ×
+    jobs per burst × mean duration × GPUs): every seed offers the file's load, only the timing
+    and sizes of its bursts differ. A burst's jobs arrive uniformly over its spread.
     """
     rng = np.random.default_rng(seed)
     drawn: list[tuple[float, str, Workload, float]] = []
+    segments = [(0.0, min(warmup_s, span_s)), (min(warmup_s, span_s), span_s)]
     for team in plan.teams:
         for workload in plan.workloads[team]:
             if workload.bursts_per_hour <= 0:
                 continue
-            t = float(rng.exponential(3600 / workload.bursts_per_hour))
-            while t < span_s:
-                for _ in range(workload.jobs_per_burst):
-                    at = t + float(rng.uniform(0, workload.burst_spread_s))
-                    drawn.append((at, team, workload, float(rng.uniform(*workload.duration_s))))
-                t += float(rng.exponential(3600 / workload.bursts_per_hour))
+            for start, end in segments:
+                if end > start:
+                    drawn += [(at, team, workload, work) for at, work in _bursts(workload, start, end, rng)]
     drawn.sort(key=lambda d: (d[0], d[1], d[2].name))
     return [
         Job(
@@ -354,6 +355,36 @@ def generate_jobs(plan: TeamsPlan, span_s: float, seed: int) -> list[Job]:
         )
         for seq, (at, team, workload, work) in enumerate(d for d in drawn if d[0] < span_s)
     ]
+
+
+def _bursts(
+    workload: Workload, start: float, end: float, rng: np.random.Generator
+) -> list[tuple[float, float]]:
+    """Return (arrival, duration) of one workload's jobs in ``[start, end)``, offering its mean load.
+
+    Bursts are drawn as a Poisson process until their jobs hold the GPU time the workload
+    offers on average over the segment (the count closest to it); the process is then scaled
+    so that the burst after the last would arrive at ``end``: given its count, a Poisson
+    process's arrivals are uniform, so the bursts keep their random timing.
+    """
+    rate = workload.bursts_per_hour / 3600
+    mean_s = sum(workload.duration_s) / 2
+    target = rate * (end - start) * workload.jobs_per_burst * mean_s
+    bursts: list[tuple[float, list[tuple[float, float]]]] = []
+    t, held = float(rng.exponential(1 / rate)), 0.0
+    while True:
+        jobs = [
+            (float(rng.uniform(0, workload.burst_spread_s)), float(rng.uniform(*workload.duration_s)))
+            for _ in range(workload.jobs_per_burst)
+        ]
+        burst_s = sum(d for _, d in jobs)
+        if held + burst_s / 2 > target:
+            break  # this burst would overshoot more than leaving it out falls short
+        bursts.append((t, jobs))
+        held += burst_s
+        t += float(rng.exponential(1 / rate))
+    scale = (end - start) / t
+    return [(start + at * scale + offset, d) for at, jobs in bursts for offset, d in jobs]
 
 
 #: Trace teams (by QoS class): preemptible ones, and their assumed checkpointing.
