@@ -40,6 +40,7 @@ from airflow_gpupool.hooks.options import (
 )
 
 if TYPE_CHECKING:
+    from airflow_gpupool.checkpoints.store import CheckpointStore
     from airflow_gpupool.ledger import Ledger, ReapResult, ReleaseResult, Reservation
     from airflow_gpupool.ledger.attempts import TaskAttempt, TaskAttempts
     from airflow_gpupool.ledger.models import Gang
@@ -196,6 +197,27 @@ class GpuPoolHook(BaseHook):
         """Record when the grant's newest valid checkpoint was written (preemption ranks victims by it)."""
         return self.ledger.note_checkpoint(reservation_id, at)
 
+    def note_newest_checkpoint(self, reservation_id: str, store: CheckpointStore) -> float | None:
+        """Read the newest valid checkpoint in ``store`` and record its time for the grant.
+
+        What every holder does at its renewals (the sync renewer, LeasedPodTrigger) and once a
+        preemption victim's pod is gone (its emergency checkpoint): the ledger then knows how much
+        work a preemption takes. Never raises: the lease matters, this only ranks victims and
+        counts lost work, so a failure is logged.
+
+        :param store: the task's checkpoint location
+        :return: the time recorded (seconds since the epoch), or None when none was
+        """
+        try:
+            newest = store.newest()
+            if newest is None:
+                return None
+            at = newest.time.timestamp()
+            return at if self.note_checkpoint(reservation_id, at) else None
+        except Exception as e:
+            self.log.warning("Could not report the newest checkpoint of %s: %s", reservation_id, e)
+            return None
+
     def release(self, reservation_id: str, reason: str) -> ReleaseResult | None:
         """Release (idempotent); None when the reservation was never recorded."""
         from airflow_gpupool.exceptions import UnknownReservationError
@@ -323,6 +345,11 @@ class AsyncGpuPoolHook(GpuPoolHook):
         """Renew a lease without blocking the triggerer's loop."""
         await self.aoptions()
         return await asyncio.to_thread(self.ledger.renew, reservation_id, ttl)
+
+    async def anote_newest_checkpoint(self, reservation_id: str, store: CheckpointStore) -> float | None:
+        """:meth:`note_newest_checkpoint` without blocking the triggerer's loop (the read and the write)."""
+        await self.aoptions()
+        return await asyncio.to_thread(self.note_newest_checkpoint, reservation_id, store)
 
     async def arenew_gang(self, reservation_id: str, ttl: float | None = None) -> Gang:
         """:meth:`renew_gang` without blocking the triggerer's loop."""

@@ -350,14 +350,8 @@ class GpuPodOperator(UnschedulableFailFast, GpuPodTries):
         """Tell the ledger when the newest valid checkpoint was written: a preemption takes the
         victims that lose the least work since theirs first."""
         checkpoints = self._checkpoints()
-        if checkpoints is None or not self.preemptible:
-            return
-        try:
-            newest = checkpoints.store.newest()
-            if newest is not None:
-                self.gpu_hook.note_checkpoint(rid, newest.time.timestamp())
-        except Exception as e:  # the lease matters; this only ranks victims
-            self.log.warning("Could not report the newest checkpoint of %s: %s", rid, type(e).__name__)
+        if checkpoints is not None and self.preemptible:
+            self.gpu_hook.note_newest_checkpoint(rid, checkpoints.store)
 
     def _binding_for(self, request: GpuRequest, grant: Grant) -> Any:
         options = self.gpu_hook.options
@@ -446,11 +440,14 @@ class GpuPodOperator(UnschedulableFailFast, GpuPodTries):
             and not isinstance(trigger, LeasedPodTrigger)
             and self._held_id
         ):
+            reported = self.checkpoint_dir if self.preemptible else None  # as _note_checkpoint
             trigger = LeasedPodTrigger.wrap(
                 trigger,
                 reservation_id=self._held_id,
                 ledger_conn_id=self.ledger_conn_id,
                 lease_ttl=self.lease_ttl or self.gpu_hook.options.lease_ttl_seconds,
+                checkpoint_dir=reported,
+                checkpoint_conn_id=self.checkpoint_conn_id if reported else None,
             )
         return super().defer(trigger=trigger, method_name=method_name, kwargs=kwargs, timeout=timeout)
 
@@ -477,6 +474,10 @@ class GpuPodOperator(UnschedulableFailFast, GpuPodTries):
         if self._own_pod is not None:
             why, grace = lost.classification.reason, lost.grace_seconds
             delete_pod(self.client, *self._own_pod, why=why, log=self.log, grace_seconds=grace)
+        if lost.preempted and self._held_id is not None:
+            # The pod is gone, its emergency checkpoint written: the ledger learns how much work
+            # the preemption took before the slice is released.
+            self._note_checkpoint(self._held_id)
 
     def _run_then_release(self, context: Context, rid: str, run: Callable[[], Any], what: str) -> Any:
         """Run the pod part; record how it ended, then release the slice, on every path but deferral."""

@@ -63,6 +63,7 @@ class LeaseRenewer(threading.Thread):
         self._reconcile, self._on_lost = reconcile, on_lost
         self._watch = LeaseWatch(reservation_id, ttl, clock)
         self._stopped = threading.Event()
+        self._lost_handled = threading.Event()
         #: the loss, once the lease is lost (read by the task's thread)
         self.lost: LeaseLostError | None = None
 
@@ -113,9 +114,14 @@ class LeaseRenewer(threading.Thread):
             self._on_lost(lost)
         except Exception:
             self._log.exception("Deleting the pod of %s after its lease was lost failed", self._id)
+        finally:
+            self._lost_handled.set()
 
     def guard(self, run: Callable[[], T]) -> T:
         """Run the pod part; raise the loss instead of whatever it ended with once the lease is lost.
+
+        The loss is raised only once ``on_lost`` is done (the pod gone, a victim's checkpoint
+        reported): the task releases the slice after it, never while the pod may still run.
 
         :param run: waits for the pod (it ends when the deleted pod goes)
         :raises LeaseLostError: the lease was lost while it ran
@@ -124,9 +130,11 @@ class LeaseRenewer(threading.Thread):
             result = run()
         except Exception as e:
             if self.lost is not None:
+                self._lost_handled.wait()
                 raise self.lost from e
             raise
         if self.lost is not None:
+            self._lost_handled.wait()
             raise self.lost
         return result
 

@@ -16,6 +16,7 @@ from airflow_gpupool.triggers.lease import lease_lost_event
 from airflow_gpupool.triggers.leased import LeasedTrigger, cancel_quietly
 
 if TYPE_CHECKING:
+    from airflow_gpupool.checkpoints.store import CheckpointStore
     from airflow_gpupool.exceptions import LeaseLostError
 
 
@@ -30,18 +31,52 @@ class LeasedPodTrigger(LeasedTrigger, KubernetesPodTrigger):
     :param ledger_conn_id: the ``gpupool`` connection (None: ``[gpupool]`` configuration)
     :param ledger_url: overrides the connection's ledger URL
     :param lease_ttl: the lease length to renew to, in seconds
+    :param checkpoint_dir: after each renewal, report the newest valid checkpoint here to the
+        ledger (a preemptible task's: preemption ranks victims by the work since it); None: none
+    :param checkpoint_conn_id: an Airflow connection for the checkpoint filesystem; None: fsspec's defaults
     """
 
     classpath = "airflow_gpupool.triggers.pod.LeasedPodTrigger"
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        checkpoint_dir: str | None = None,
+        checkpoint_conn_id: str | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
+        self.checkpoint_dir = checkpoint_dir
+        self.checkpoint_conn_id = checkpoint_conn_id
         #: Set once the lease is lost, before the pod is deleted: the pod watch may see that deletion first.
         self._lost_event: dict[str, Any] | None = None
+        self._store: CheckpointStore | None = None  # built on first use, off the loop
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        """Return the class path, the pod trigger's arguments, the lease's and the checkpoint location."""
+        classpath, kwargs = super().serialize()
+        kwargs.update(checkpoint_dir=self.checkpoint_dir, checkpoint_conn_id=self.checkpoint_conn_id)
+        return classpath, kwargs
 
     async def _renew(self, hook: AsyncGpuPoolHook) -> None:
-        """Renew the pod's grant."""
+        """Renew the pod's grant, then report its newest valid checkpoint (as the sync renewer does)."""
         await hook.arenew(self.reservation_id, self.lease_ttl)
+        if self.checkpoint_dir is not None:
+            await self._note_checkpoint(hook, self.checkpoint_dir)
+
+    async def _note_checkpoint(self, hook: AsyncGpuPoolHook, checkpoint_dir: str) -> None:
+        """Report the newest valid checkpoint; a failure only logs (the renewal succeeded)."""
+        if self._store is None:
+            from airflow_gpupool.checkpoints.store import CheckpointStore
+
+            try:  # a connection look-up and a filesystem: blocking, in a thread
+                self._store = await asyncio.to_thread(
+                    CheckpointStore, checkpoint_dir, self.checkpoint_conn_id
+                )
+            except Exception as e:
+                self.log.warning("Could not open the checkpoints at %s: %s", checkpoint_dir, e)
+                return
+        await hook.anote_newest_checkpoint(self.reservation_id, self._store)
 
     async def _lease_lost(self, lost: LeaseLostError) -> dict[str, Any]:
         """Delete the pod; return the lease-lost event (kept for a pod watch that sees the deletion first)."""

@@ -11,6 +11,7 @@ resumes from the emergency checkpoint.
 
 from __future__ import annotations
 
+import datetime
 import json
 import threading
 import time
@@ -46,9 +47,9 @@ class UrgentWork(threading.Thread):
     """Once the victim's pod runs and has checkpointed, reserve its node for urgent work; record
     what was on disk and in the cluster when the grant came, then release it."""
 
-    def __init__(self, k8s: KubernetesEmulatorServer, url: str, *, reports_checkpoints: bool) -> None:
+    def __init__(self, k8s: KubernetesEmulatorServer, url: str) -> None:
         super().__init__(name="urgent-work", daemon=True)
-        self.k8s, self.url, self.reports_checkpoints = k8s, url, reports_checkpoints
+        self.k8s, self.url = k8s, url
         self.seen: dict[str, Any] = {}
         self.error: BaseException | None = None
 
@@ -68,8 +69,8 @@ class UrgentWork(threading.Thread):
         ledger = Ledger.create(self.url, min_runtime_seconds=0)
         try:
             victim_id = first["metadata"]["labels"]["gpupool.io/reservation-id"]
-            if self.reports_checkpoints:  # the sync renewer tells the ledger at its next round
-                wait_until("the checkpoint reported", lambda: ledger.get(victim_id).checkpoint_at)
+            # The renewer (sync) or LeasedPodTrigger (deferrable) tells the ledger at its next round.
+            wait_until("the checkpoint reported", lambda: ledger.get(victim_id).checkpoint_at)
             urgent = GpuRequest(gpus=4, gpu_models=frozenset({A100}), priority=100, team="inference")
             self.seen["reserved"] = ledger.reserve(urgent, URGENT, reservation_id=URGENT, ttl=120).state
             self.seen["victim"] = ledger.get(victim_id)
@@ -78,11 +79,15 @@ class UrgentWork(threading.Thread):
             )
             self.seen["granted_at"] = granted.grant.granted_at
             self.seen["victim_pod_at_grant"] = self.k8s.pod(name)
-            self.seen["emergency"] = sorted(
-                p.parent.name
+            emergency = {
+                p.parent.name: json.loads(p.read_text())
                 for p in root.glob("step-*/manifest.json")
                 if json.loads(p.read_text()).get("emergency")
-            )
+            }
+            self.seen["emergency"] = sorted(emergency)
+            self.seen["emergency_at"] = [
+                datetime.datetime.fromisoformat(m["time"]).timestamp() for m in emergency.values()
+            ]
             self.seen["victim_after"] = ledger.get(victim_id)
             ledger.release(URGENT, reason="urgent work done")
         finally:
@@ -102,8 +107,7 @@ def test_a_preempted_step_checkpoints_in_its_grace_and_its_retry_resumes_there(
     k8s.configure_pod(
         predicate=lambda pod: pod["metadata"]["labels"]["try_number"] == "1", duration_seconds=30
     )
-    sync = dag_id == "ckpt_preemptible"
-    urgent = UrgentWork(k8s, gpu_ledger.url, reports_checkpoints=sync)
+    urgent = UrgentWork(k8s, gpu_ledger.url)
     urgent.start()
 
     dag_run = run_dag(dag_id)
@@ -119,8 +123,12 @@ def test_a_preempted_step_checkpoints_in_its_grace_and_its_retry_resumes_there(
     assert seen["victim_pod_at_grant"] is None
     assert len(seen["emergency"]) == 1
     assert seen["victim_after"].state is ReservationState.PREEMPTED
-    if sync:  # the sync renewer reports the newest checkpoint as it renews
-        assert victim.checkpoint_at is not None and victim.checkpoint_at <= seen["granted_at"]
+    # Reported as it renewed (sync renewer or LeasedPodTrigger), before the notice.
+    assert victim.checkpoint_at is not None and victim.checkpoint_at <= seen["granted_at"]
+    # Once its pod was gone and before its release, the victim reported the emergency checkpoint:
+    # the ledger knows how much work the preemption really took.
+    (emergency_at,) = seen["emergency_at"]
+    assert seen["victim_after"].checkpoint_at >= emergency_at > victim.checkpoint_at
 
     (ti,) = dag_run.get_task_instances()
     assert str(ti.state) == "success" and ti.try_number == 2

@@ -18,6 +18,7 @@ from airflow_gpupool.ledger import Ledger
 from airflow_gpupool.resources import GpuRequest
 from airflow_gpupool.triggers import LeasedPodTrigger
 from airflow_gpupool.triggers.lease import LEASE_LOST_STATUS
+from airflow_gpupool.triggers.leased import cancel_quietly
 from tests.ledger_fixtures import node
 
 
@@ -110,3 +111,43 @@ def test_the_pod_watch_seeing_the_deletion_first_still_yields_the_lease_lost_eve
 
     assert event.payload["status"] == LEASE_LOST_STATUS and event.payload["reservation_id"] == rid
     assert "it is released" in event.payload["why"]
+
+
+def test_each_renewal_reports_the_newest_valid_checkpoint_to_the_ledger(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow.providers.cncf.kubernetes.triggers.pod import KubernetesPodTrigger
+
+    from airflow_gpupool.testing.checkpoints import write_step
+
+    url = f"sqlite:///{tmp_path}/ledger.db"
+    ledger = Ledger.create(url)
+    ledger.upsert_nodes([node("n1", gpus=2)])
+    rid = ledger.reserve(GpuRequest(gpus=1, preemptible=True), "worker-1", reservation_id="gp-c", ttl=30).id
+    root = tmp_path / "ckpt"
+    written = datetime.datetime(2026, 3, 1, 12, 0, tzinfo=datetime.UTC)
+    write_step(root, 1, now=written - datetime.timedelta(minutes=5))
+    write_step(root, 2, now=written)
+    (root / "step-000003").mkdir()  # being written: no manifest yet, not a valid checkpoint
+    monkeypatch.setattr(KubernetesPodTrigger, "run", pod_still_running)
+    trigger = LeasedPodTrigger(**{**trigger_for(url, rid).serialize()[1], "checkpoint_dir": str(root)})
+
+    async def reported() -> float | None:
+        events = trigger.run()
+        watching = asyncio.ensure_future(events.__anext__())
+        try:
+            for _ in range(600):  # the first renewal comes at once; read until it has reported
+                if (at := ledger.get(rid).checkpoint_at) is not None:
+                    return at
+                await asyncio.sleep(0.05)
+            return None
+        finally:
+            await cancel_quietly(watching)
+            await events.aclose()
+
+    at = asyncio.run(reported())
+    reservation = ledger.get(rid)
+    ledger.close()
+
+    assert at == written.timestamp()
+    assert reservation.state.holds and reservation.grant is not None
