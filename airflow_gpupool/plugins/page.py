@@ -6,6 +6,7 @@ Pure functions from ledger values to HTML strings; every ledger-provided string 
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 from collections.abc import Mapping, Sequence
 from html import escape
@@ -52,7 +53,8 @@ def countdown_html(deadline: float, now: float) -> str:
 
     The text is right at render time without JavaScript; ``data-left`` is what the script counts
     down from (the browser's clock need not agree with the ledger's), ``data-deadline`` the
-    deadline itself, seconds since the epoch on the ledger's clock.
+    deadline itself, seconds since the epoch on the ledger's clock. Whole seconds round up, as
+    the script's do: 0s only once the deadline has come.
 
     :param deadline: when the countdown ends
     :param now: the render's time, on the same clock
@@ -60,7 +62,7 @@ def countdown_html(deadline: float, now: float) -> str:
     left = max(0.0, deadline - now)
     return (
         f'<span class="countdown" data-deadline="{deadline:.3f}" data-left="{left:.3f}">'
-        f"{duration(left)}</span>"
+        f"{duration(math.ceil(left))}</span>"
     )
 
 

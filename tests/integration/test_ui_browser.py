@@ -8,6 +8,7 @@ it (``.ci/run`` installs Chromium). The screenshot lands in ``test-artifacts/``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -22,7 +23,10 @@ from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
 from airflow.api_fastapi.core_api.security import get_user
 from fastapi import FastAPI
 
+from airflow_gpupool.ledger import Ledger
 from airflow_gpupool.plugins.app import create_app
+from airflow_gpupool.resources import GpuRequest
+from tests.ledger_fixtures import FakeClock, node
 from tests.skips import skip_or_fail
 from tests.unit.metrics.scenario import Pool, build_pool
 
@@ -65,9 +69,16 @@ def pool(browser_ready: None, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 @pytest.fixture
 def server(browser_ready: None, pool: Pool) -> Iterator[str]:
-    """Serve the plugin app under ``/gpupool`` on 127.0.0.1, as the Airflow API server mounts it."""
+    """Serve the scenario's ledger as the Airflow API server mounts the plugin app."""
+    with serve(pool.ledger) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def serve(ledger: Ledger) -> Iterator[str]:
+    """Serve the plugin app of ``ledger`` under ``/gpupool`` on 127.0.0.1, as the Airflow API server mounts it."""
     root = FastAPI()
-    app = create_app(lambda: pool.ledger)
+    app = create_app(lambda: ledger)
     # Login is Airflow's job; here the user is given (the anonymous case is in test_ui_plugin).
     app.dependency_overrides[get_user] = lambda: SimpleAuthManagerUser(username="viewer", role="viewer")
     root.mount("/gpupool", app)
@@ -139,3 +150,47 @@ def test_page_renders_the_gpu_map(server: str, viewport: tuple[int, int], name: 
             assert errors == []
         finally:
             browser.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_preempting_grants_grace_counts_down_in_the_browser(browser_ready: None, tmp_path: Path) -> None:
+    """The server renders the grace left (90 s); the page's script ticks it down without a refresh."""
+    from playwright.sync_api import sync_playwright
+
+    clock = FakeClock()
+    with Ledger.create(
+        f"sqlite:///{tmp_path}/ledger.db", clock=clock, min_runtime_seconds=60, preemption_grace_seconds=120
+    ) as ledger:
+        ledger.upsert_nodes([node("a1", gpus=2, pool="a100")])
+        ledger.reserve(
+            GpuRequest(gpus=2, team="vision", preemptible=True), "v@w", reservation_id="r-v", ttl=3600
+        )
+        clock.advance(300)
+        ledger.reserve(GpuRequest(gpus=1, team="ops", priority=100), "o@w", reservation_id="r-o", timeout=600)
+        clock.advance(30)
+        with serve(ledger) as url, sync_playwright() as p:
+            browser = p.chromium.launch(
+                executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu"], headless=True
+            )
+            try:
+                page = browser.new_page()
+                errors: list[str] = []
+                page.on("pageerror", lambda e: errors.append(str(e)))
+                page.goto(url, wait_until="load")
+                countdown = page.locator("section.grants .countdown")
+                assert countdown.get_attribute("data-left") == "90.000"
+                segments = page.locator(".seg.held.preempting")  # one per GPU it holds
+                assert segments.count() == 2
+                assert "preempting for r-o" in (segments.first.get_attribute("title") or "")
+                # The ledger's clock stands still: only the script can make it tick.
+                page.wait_for_function(
+                    "() => document.querySelector('section.grants .countdown').textContent === '1m 28s'",
+                    timeout=10_000,
+                )
+                page.goto(url + "reservations/r-v", wait_until="load")
+                page.wait_for_function(
+                    "() => document.querySelector('.countdown').textContent === '1m 29s'", timeout=10_000
+                )
+                assert errors == []
+            finally:
+                browser.close()

@@ -55,7 +55,7 @@
     document.querySelectorAll(".countdown[data-left]").forEach(function (el) {
       if (!el.dataset.shownAt) el.dataset.shownAt = String(now);
       const left = parseFloat(el.dataset.left) - (now - parseFloat(el.dataset.shownAt)) / 1000;
-      el.textContent = duration(left);
+      el.textContent = duration(Math.ceil(left)); // whole seconds round up, as the server's do
       el.classList.toggle("due", left <= 0);
     });
   }
