@@ -15,6 +15,11 @@ filler, and ``waiters`` requests for a whole node wait in the queue. Then, for
   trigger's event is a wake-up; the waiter process queues a new request in its place, so
   ``waiters`` keep waiting.
 
+After the clients stop, the bench waits a second for the last wake-ups; with ``min_wakeups``
+it goes on freeing nodes (clients stopped) until the waiters have been woken that many times,
+or for at most :data:`MIN_WAKEUPS_CEILING_S`, so a short run on a loaded machine still sees
+wake-ups, and a run that sees none has found wake-ups broken, not the window too short.
+
 It reports the clients' ``cycles_per_s``, ``wakeup_p50_ms``/``wakeup_p99_ms`` (from the
 grant's time on the ledger's clock, taken as its transaction took the lock, to the event),
 ``connections_max`` (PostgreSQL: the most sessions of the bench's processes at once, from
@@ -38,6 +43,7 @@ from sqlalchemy.engine import make_url
 
 from airflow_gpupool import settings
 from airflow_gpupool.bench.ledger_bench import fresh_bench_url, gather, percentile, pg_bench_schema
+from airflow_gpupool.exceptions import ConfigurationError
 from airflow_gpupool.ledger import Ledger, ReservationState, schema
 from airflow_gpupool.ledger.engine import normalize_url
 from airflow_gpupool.ledger.ledger import Tx
@@ -52,6 +58,8 @@ CLIENT_SHAPES = (GpuRequest(gpus=1, cpu_milli=4000, memory_mib=16384), GpuReques
 WAITER_SHAPE = GpuRequest(gpus=GPUS_PER_NODE, cpu_milli=32000, memory_mib=131072)
 _NODE_LABEL = "bench.gpupool.io/node"
 _WAIT_S = 3600.0
+#: How long past the measured window the bench waits for ``min_wakeups`` wake-ups at most.
+MIN_WAKEUPS_CEILING_S = 120.0
 
 
 def _inventory(count: int) -> list[NodeInventory]:
@@ -101,8 +109,9 @@ def _queue_waiters(ledger: Ledger, count: int) -> list[str]:
     return ids
 
 
-def _waiters(url: str, ids: list[str], ready: Any, stop: Any, out: Any) -> None:
-    """The triggerer: one trigger per waiting request, in one event loop."""
+def _waiters(url: str, ids: list[str], ready: Any, stop: Any, out: Any, woken: Any) -> None:
+    """The triggerer: one trigger per waiting request, in one event loop; ``woken`` counts the
+    wake-ups as they come (a shared integer the bench reads)."""
     from airflow_gpupool.triggers import ReservationTrigger
 
     wakeups: list[float] = []
@@ -114,6 +123,8 @@ def _waiters(url: str, ids: list[str], ready: Any, stop: Any, out: Any) -> None:
             payload = fired.payload
             if payload["status"] == "granted":
                 wakeups.append((now - float(payload["grant"]["granted_at"])) * 1000)
+                with woken.get_lock():
+                    woken.value += 1
             return
 
     async def main() -> None:
@@ -216,6 +227,16 @@ class _Sessions:
         return self.most
 
 
+def _fill(ledger: Ledger, nodes: int) -> dict[str, list[str]]:
+    """Hold all GPUs but one of every node, whatever the policy; return the fillers by node."""
+    fillers: dict[str, list[str]] = {}
+    for node in _inventory(nodes):
+        filler = GpuRequest(gpus=1, cpu_milli=1000, memory_mib=1024, node_labels=node.labels)
+        for _ in range(GPUS_PER_NODE - 1):
+            fillers.setdefault(node.name, []).append(ledger.reserve(filler, "bench-filler", ttl=_WAIT_S).id)
+    return fillers
+
+
 def _free_a_node(ledger: Ledger, fillers: dict[str, list[str]], granted_nodes: list[str]) -> None:
     """Free one whole node: the node a waiter was granted before, else a filler node."""
     # Granted reservations only: a snapshot would also place every waiting request in the queue.
@@ -242,6 +263,27 @@ def _free_a_node(ledger: Ledger, fillers: dict[str, list[str]], granted_nodes: l
             return
 
 
+def _await_wakeups(
+    ledger: Ledger,
+    fillers: dict[str, list[str]],
+    granted_nodes: list[str],
+    woken: Any,
+    *,
+    min_wakeups: int,
+    frees_per_s: float,
+) -> float:
+    """Wait a second for the last wake-ups, longer while fewer than ``min_wakeups`` came (freeing
+    nodes as during the run, at most :data:`MIN_WAKEUPS_CEILING_S`); return the seconds waited."""
+    started = time.monotonic()
+    while True:
+        waited = time.monotonic() - started
+        if waited >= 1.0 and (woken.value >= min_wakeups or waited >= MIN_WAKEUPS_CEILING_S):
+            return waited
+        if woken.value < min_wakeups:
+            _free_a_node(ledger, fillers, granted_nodes)
+        time.sleep(1.0 / frees_per_s)
+
+
 def run_queue_bench(
     url: str,
     *,
@@ -251,8 +293,15 @@ def run_queue_bench(
     nodes: int = 32,
     hold_ms: float = 2.0,
     frees_per_s: float = 4.0,
+    min_wakeups: int = 0,
 ) -> dict[str, Any]:
-    """Run the benchmark and return its numbers (see the module docstring)."""
+    """Run the benchmark and return its numbers (see the module docstring).
+
+    :param min_wakeups: after the clients stop, wait (freeing nodes) until this many waiters were
+        woken, at most :data:`MIN_WAKEUPS_CEILING_S`; needs ``waiters``
+    """
+    if min_wakeups and not waiters:
+        raise ConfigurationError("bench queue: --min-wakeups needs --waiters > 0 (someone to wake)")
     bench_schema = f"gpupool_qbench_{os.getpid()}"
     bench_url = fresh_bench_url(url, bench_schema)
     backend = make_url(bench_url).get_backend_name()
@@ -261,17 +310,12 @@ def run_queue_bench(
     try:
         ledger = Ledger.create(bench_url)
         ledger.upsert_nodes(_inventory(nodes))
-        fillers: dict[str, list[str]] = {}
-        for node in _inventory(nodes):  # all GPUs but one of every node held, whatever the policy
-            filler = GpuRequest(gpus=1, cpu_milli=1000, memory_mib=1024, node_labels=node.labels)
-            for _ in range(GPUS_PER_NODE - 1):
-                fillers.setdefault(node.name, []).append(
-                    ledger.reserve(filler, "bench-filler", ttl=_WAIT_S).id
-                )
+        fillers = _fill(ledger, nodes)
         ids = _queue_waiters(ledger, waiters)
         ctx = mp.get_context("spawn")
         ready, out, go, stop = ctx.Queue(), ctx.Queue(), ctx.Event(), ctx.Event()
-        waiting = ctx.Process(target=_waiters, args=(bench_url, ids, ready, stop, out))
+        woken_count = ctx.Value("i", 0)
+        waiting = ctx.Process(target=_waiters, args=(bench_url, ids, ready, stop, out, woken_count))
         waiting.start()
         gather(ready, [waiting], timeout=600)
         procs = [
@@ -295,7 +339,9 @@ def run_queue_bench(
                 next_check += 1.0
             time.sleep(1.0 / frees_per_s)
         results = gather(out, procs)
-        time.sleep(1.0)  # the last wake-ups
+        wakeup_wait = _await_wakeups(
+            ledger, fillers, granted_nodes, woken_count, min_wakeups=min_wakeups, frees_per_s=frees_per_s
+        )
         stop.set()
         woken = gather(out, [waiting])[0]
         for p in [*procs, waiting]:
@@ -319,6 +365,8 @@ def run_queue_bench(
         "cycles_per_s": round(cycles / wall, 1),
         "queued": sum(r["queued"] for r in results),
         "wakeups": len(wakeups),
+        # Seconds waited after the clients stopped: 1, or more while fewer than min_wakeups came.
+        "wakeup_wait_s": round(wakeup_wait, 2),
         "wakeup_p50_ms": round(statistics.median(wakeups), 1) if wakeups else None,
         "wakeup_p99_ms": round(percentile(wakeups, 0.99), 1) if wakeups else None,
         "connections_max": connections,

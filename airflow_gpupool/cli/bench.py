@@ -67,6 +67,7 @@ def cmd_bench_queue(args: argparse.Namespace) -> int:
         clients=args.clients,
         seconds=args.seconds,
         nodes=args.nodes,
+        min_wakeups=args.min_wakeups,
     )
     if args.json:
         print(json.dumps(result, sort_keys=True))
@@ -165,6 +166,13 @@ def register(subparsers: Any) -> None:
     p.add_argument("--seconds", type=number(0, above=True), default=10, help="measured duration (> 0)")
     p.add_argument(
         "--nodes", type=integer(1, 10_000), default=32, help="nodes of 8 GPUs in the bench inventory"
+    )
+    p.add_argument(
+        "--min-wakeups",
+        type=integer(0, 100_000),
+        default=0,
+        help="after the measured window, keep freeing nodes (clients stopped) until this many waiters "
+        "were woken, at most 120 s more; wakeup_wait_s says how long (default: 0, wait 1 s)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_bench_queue)

@@ -30,6 +30,8 @@ def test_bench_queue_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
             "2",
             "--nodes",
             "4",
+            "--min-wakeups",
+            "3",
             "--json",
         ]
     )
@@ -37,12 +39,15 @@ def test_bench_queue_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert (result["backend"], result["waiters"], result["clients"]) == ("sqlite", 20, 1)
     assert result["cycles"] > 0 and result["violations"] == 0
-    # The bench frees a node 4 times a second, so some waiters are granted and woken within 2 s.
-    assert result["wakeups"] > 0 and result["wakeup_p50_ms"] is not None
+    # Under load the 2 s window may end before a grant's poll comes round: the bench goes on
+    # freeing nodes until 3 waiters were woken (at most 120 s), so fewer means wake-ups are broken.
+    assert result["wakeups"] >= 3 and result["wakeup_p50_ms"] is not None
+    assert 1.0 <= result["wakeup_wait_s"] < 120
 
 
 @pytest.mark.parametrize(
-    ("flag", "value"), [("--waiters", "-1"), ("--clients", "0"), ("--seconds", "0"), ("--nodes", "0")]
+    ("flag", "value"),
+    [("--waiters", "-1"), ("--clients", "0"), ("--seconds", "0"), ("--nodes", "0"), ("--min-wakeups", "-1")],
 )
 def test_bench_queue_refuses_out_of_range_arguments(
     tmp_path: Path, flag: str, value: str, capsys: pytest.CaptureFixture[str]
@@ -51,4 +56,14 @@ def test_bench_queue_refuses_out_of_range_arguments(
         main(["bench", "queue", "--url", f"sqlite:///{tmp_path / 'q.db'}", flag, value])
     assert exit_info.value.code == 2
     assert flag in capsys.readouterr().err
+    assert not (tmp_path / "q.db").exists()
+
+
+def test_bench_queue_refuses_min_wakeups_without_waiters(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"sqlite:///{tmp_path / 'q.db'}"
+    code = main(["bench", "queue", "--url", url, "--waiters", "0", "--min-wakeups", "1"])
+    assert code == 2
+    assert "--min-wakeups needs --waiters > 0" in capsys.readouterr().err
     assert not (tmp_path / "q.db").exists()
