@@ -10,13 +10,18 @@ from airflow_gpupool.cli.common import open_ledger, print_json, table, url_arg
 from airflow_gpupool.exceptions import QuotaFileError
 
 if TYPE_CHECKING:
-    from airflow_gpupool.governance.quotas import QuotaPlan
+    from airflow_gpupool.governance.quotas import Headroom, QuotaPlan
 
 __all__ = ["cmd_quota_apply", "cmd_quota_list", "load_quota_file", "register"]
 
 _EXAMPLE = """\
 example quota file:
 
+  headroom:                          # optional: what only urgent work may use, per node pool
+    share: 0.2                       # default 0.2 of every pool; 0 turns it off
+    pools: {a100: 0.1}               # optional: pools with their own share
+    lend_to_preemptible: false       # true: preemptible work may use it; urgent work preempts it there
+    urgent_priority: 100             # default [gpupool] urgent_priority; inference is always urgent
   teams:
     - name: vision
       cohort: research
@@ -64,14 +69,35 @@ def cmd_quota_apply(args: argparse.Namespace) -> int:
     finally:
         ledger.close()
     if args.json:
-        print_json({"dry_run": args.dry_run, **{k: list(v) for k, v in vars(applied).items()}})
+        changes = {"added": applied.added, "changed": applied.changed, "removed": applied.removed}
+        print_json(
+            {
+                "dry_run": args.dry_run,
+                **{k: list(v) for k, v in changes.items()},
+                "headroom_changed": applied.headroom_changed,
+                "headroom": plan.headroom.to_dict(),
+            }
+        )
         return 0
     verb = "would change" if args.dry_run else "applied"
     print(f"quotas {verb}: {applied.summary()} ({len(plan.quotas)} quota(s) for {len(plan.teams)} team(s))")
     for what, keys in (("added", applied.added), ("changed", applied.changed), ("removed", applied.removed)):
         for key in keys:
             print(f"  {what} {key}")
+    if applied.headroom_changed:
+        print(f"  headroom {_headroom_text(plan.headroom)}")
     return 0
+
+
+def _headroom_text(headroom: Headroom) -> str:
+    """Say ``20 % of every pool (a100: 10 %) for urgent work (priority >= 100 or inference), lent to preemptible work``."""
+    if not headroom.active:
+        return "none"
+    pools = ", ".join(f"{pool}: {share / 10:g} %" for pool, share in headroom.pools)
+    priority = "[gpupool] urgent_priority" if headroom.urgent_priority is None else headroom.urgent_priority
+    lent = ", lent to preemptible work" if headroom.lend_to_preemptible else ""
+    where = f"every pool ({pools})" if pools else "every pool"
+    return f"{headroom.share_milli / 10:g} % of {where} for urgent work (priority >= {priority} or inference){lent}"
 
 
 def cmd_quota_list(args: argparse.Namespace) -> int:
@@ -86,11 +112,12 @@ def cmd_quota_list(args: argparse.Namespace) -> int:
         ledger.close()
     rows = [{**q.to_dict(), "used": used.get((q.team, q.flavor), 0) / 1000} for q in plan.quotas]
     if args.json:
-        print_json({"quotas": rows})
+        print_json({"quotas": rows, "headroom": plan.headroom.to_dict()})
         return 0
     if not rows:
         print("no quotas: every team is served as before (apply a file with `gpupool quota apply FILE`)")
         return 0
+    print(f"headroom: {_headroom_text(plan.headroom)}")
     headers = ["TEAM", "COHORT", "FLAVOR", "USED", "NOMINAL", "BORROW LIMIT", "LEND LIMIT"]
     print(
         table(

@@ -16,6 +16,12 @@ Where ours differ from Kueue: one file holds every team (applying it replaces th
 the ledger as a whole, so a team left out loses its quota); a lending limit defaults to
 lending everything unused, and a borrowing limit to no limit within the cohort, as in Kueue.
 
+The same file may declare the pools' **headroom** (:class:`Headroom`): a share of each node
+pool's GPUs that only urgent work (priority at or above ``urgent_priority``, or the ``inference``
+class) may use, 20 % of every pool unless the file says otherwise (``share: 0`` turns it off);
+with ``lend_to_preemptible`` it is lent to preemptible work, which urgent work then preempts
+(:func:`~airflow_gpupool.governance.capacity.fits_headroom`).
+
 Parsing is pure (no I/O beyond reading the text): :func:`parse_quota_file` either returns a
 valid :class:`QuotaPlan` or raises :class:`~airflow_gpupool.exceptions.QuotaFileError` naming the
 entry and the field, before anything is written.
@@ -30,11 +36,15 @@ from typing import Any
 
 from airflow_gpupool.exceptions import QuotaFileError
 
-__all__ = ["Flavor", "QuotaPlan", "TeamQuota", "gpu_milli_of_mig", "parse_quota_file"]
+__all__ = ["Flavor", "Headroom", "QuotaPlan", "TeamQuota", "gpu_milli_of_mig", "parse_quota_file"]
 
 _FLAVOR_KINDS = ("pool", "model")
 _TEAM_KEYS = frozenset({"name", "cohort", "quotas"})
 _QUOTA_KEYS = frozenset({"flavor", "nominal", "borrowing_limit", "lending_limit"})
+_FILE_KEYS = frozenset({"teams", "headroom"})
+_HEADROOM_KEYS = frozenset({"share", "pools", "lend_to_preemptible", "urgent_priority"})
+#: The share of each pool kept for urgent work when a quota file does not say.
+DEFAULT_HEADROOM_SHARE = 0.2
 _MAX_NAME = 253
 #: Compute slices of a whole GPU under MIG: A30 has 4, the A100 and H100 families 7.
 _MIG_COMPUTE_SLICES = (("A30", 4),)
@@ -92,10 +102,46 @@ class TeamQuota:
 
 
 @dataclass(frozen=True)
+class Headroom:
+    """The share of each node pool only urgent work may use (no headroom by default).
+
+    :param share_milli: per mille of every pool not in ``pools`` (200: 20 %)
+    :param pools: ``(pool, per mille)`` of the pools with their own share, sorted
+    :param lend_to_preemptible: preemptible work may use it too, and urgent work preempts it there
+    :param urgent_priority: work at or above this priority is urgent (None: ``[gpupool]
+        urgent_priority`` when the plan is applied)
+    """
+
+    share_milli: int = 0
+    pools: tuple[tuple[str, int], ...] = ()
+    lend_to_preemptible: bool = False
+    urgent_priority: int | None = None
+
+    def share(self, pool: str) -> float:
+        """Return the share of ``pool`` kept for urgent work, 0 to 1."""
+        return dict(self.pools).get(pool, self.share_milli) / 1000
+
+    @property
+    def active(self) -> bool:
+        """Whether any pool keeps a headroom."""
+        return bool(self.share_milli or any(share for _, share in self.pools))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return primitives (``quota list --json``): shares from 0 to 1."""
+        return {
+            "share": self.share_milli / 1000,
+            "pools": {pool: share / 1000 for pool, share in self.pools},
+            "lend_to_preemptible": self.lend_to_preemptible,
+            "urgent_priority": self.urgent_priority,
+        }
+
+
+@dataclass(frozen=True)
 class QuotaPlan:
-    """Every team's quotas, as one quota file declares them (sorted by team, then flavor)."""
+    """Every team's quotas, as one quota file declares them (sorted by team, then flavor), and the headroom."""
 
     quotas: tuple[TeamQuota, ...] = field(default_factory=tuple)
+    headroom: Headroom = field(default_factory=Headroom)
 
     @property
     def flavors(self) -> frozenset[Flavor]:
@@ -127,11 +173,11 @@ def gpu_milli_of_mig(profile: str, gpu_model: str | None) -> int:
 def parse_quota_file(document: Any) -> QuotaPlan:
     """Validate a loaded quota file (the YAML as Python objects) and return its plan.
 
-    :param document: ``{"teams": [{"name": ..., "cohort": ..., "quotas": [...]}, ...]}``
+    :param document: ``{"teams": [{"name": ..., "cohort": ..., "quotas": [...]}, ...], "headroom": {...}}``
     :raises QuotaFileError: the first problem, naming the team, the entry and the field
     """
-    if not isinstance(document, Mapping) or set(document) - {"teams"}:
-        raise QuotaFileError("quota file", _keys(document), "a mapping with one key, teams")
+    if not isinstance(document, Mapping) or set(document) - _FILE_KEYS:
+        raise QuotaFileError("quota file", _keys(document), "a mapping with teams and an optional headroom")
     teams = document.get("teams")
     if not isinstance(teams, list) or not teams:
         raise QuotaFileError("teams", teams, "a non-empty list of teams")
@@ -152,7 +198,51 @@ def parse_quota_file(document: Any) -> QuotaPlan:
                 )
             seen.add((team, quota.flavor))
             quotas.append(quota)
-    return QuotaPlan(tuple(sorted(quotas, key=lambda q: (q.team, q.flavor))))
+    headroom = _headroom(document.get("headroom", {}))
+    return QuotaPlan(tuple(sorted(quotas, key=lambda q: (q.team, q.flavor))), headroom)
+
+
+def _headroom(raw: Any) -> Headroom:
+    """Read the file's ``headroom`` (absent: 20 % of every pool, not lent)."""
+    if not isinstance(raw, Mapping):
+        raise QuotaFileError("headroom", raw, f"a mapping with {sorted(_HEADROOM_KEYS)}")
+    unknown = set(raw) - _HEADROOM_KEYS
+    if unknown:
+        raise QuotaFileError(
+            "headroom: unknown key", sorted(map(str, unknown)), f"only {sorted(_HEADROOM_KEYS)}"
+        )
+    share = _share(raw.get("share", DEFAULT_HEADROOM_SHARE), "headroom.share")
+    pools = raw.get("pools", {})
+    if not isinstance(pools, Mapping):
+        raise QuotaFileError("headroom.pools", pools, "a mapping of node pool to share, such as {a100: 0.1}")
+    shares = tuple(
+        sorted(
+            (_name(pool, "headroom.pools"), _share(value, f"headroom.pools.{pool}"))
+            for pool, value in pools.items()
+        )
+    )
+    lend = raw.get("lend_to_preemptible", False)
+    if not isinstance(lend, bool):
+        raise QuotaFileError("headroom.lend_to_preemptible", lend, "true or false")
+    urgent = raw.get("urgent_priority")
+    if urgent is not None and (isinstance(urgent, bool) or not isinstance(urgent, int)):
+        raise QuotaFileError("headroom.urgent_priority", urgent, "an integer priority")
+    return Headroom(share, shares, lend, urgent)
+
+
+def _share(value: Any, where: str) -> int:
+    """Return a share from 0 to 1 as per mille."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or not 0 <= value <= 1
+    ):
+        raise QuotaFileError(where, value, "a share from 0 to 1, such as 0.2 (0: no headroom)")
+    milli = round(value * 1000)
+    if abs(milli - value * 1000) > 1e-6:
+        raise QuotaFileError(where, value, "a share to at most three decimals")
+    return milli
 
 
 def _team(entry: Any, where: str) -> tuple[str, str | None, list[Any]]:

@@ -1,4 +1,4 @@
-"""Quota admission and fair order in the ledger's queue service (only where quotas exist).
+"""Quota admission, headroom and fair order in the ledger's queue service (only where quotas exist).
 
 With no quota stored, nothing here runs and nothing is read: the ledger's meta row
 ``quota_version`` (part of the stamp every transaction reads anyway) is absent or 0, and the
@@ -12,6 +12,11 @@ grants' usage (read once per pass), on which
 - a request its team's quota refuses on every node waits *outside* the pass: it neither holds
   a node nor counts overtakes (capacity is not what it waits for), and it is tried again at
   every pass, so it is granted once its team's usage drops or its cohort lends;
+- a request that is not urgent (:meth:`Governance.urgent`) is placed in a node pool only while
+  the pool keeps its headroom free (:func:`~airflow_gpupool.governance.capacity.fits_headroom`
+  on what the pool's live grants hold); a preemptible one may take headroom the quota file
+  lends, and its grant is marked ``headroom_loan`` (:func:`mark_headroom_loan`) so urgent work
+  may preempt it; refused by every pool, it waits outside the pass as above;
 - within one priority, the team furthest below its fair share goes first
   (:meth:`~airflow_gpupool.governance.fairness.FairShare.order`), then FIFO; the queue's
   no-starvation rule then applies to that order unchanged.
@@ -27,11 +32,13 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection, select, update
 
+from airflow_gpupool import settings
 from airflow_gpupool.governance.admission import QuotaState
+from airflow_gpupool.governance.capacity import fits_headroom, is_urgent
 from airflow_gpupool.governance.fairness import FairShare
-from airflow_gpupool.governance.quotas import Flavor, QuotaPlan, TeamQuota, gpu_milli_of_mig
+from airflow_gpupool.governance.quotas import Flavor, Headroom, QuotaPlan, TeamQuota, gpu_milli_of_mig
 from airflow_gpupool.ledger import schema
 from airflow_gpupool.ledger.records import HOLDING, assignment_of
 from airflow_gpupool.ledger.store import LedgerStore
@@ -41,12 +48,22 @@ from airflow_gpupool.placement.snapshot import NodeState
 from airflow_gpupool.placement.verdict import Assignment
 from airflow_gpupool.resources import GpuRequest
 
-__all__ = ["QUOTA_VERSION_KEY", "Governance", "PlanCache", "governed", "read_quotas"]
+__all__ = [
+    "QUOTA_VERSION_KEY",
+    "Governance",
+    "PlanCache",
+    "governed",
+    "read_headroom",
+    "read_plan",
+    "read_quotas",
+]
 
 #: The meta row stamped with the version of the last quota change (0 or absent: no quota stored).
 QUOTA_VERSION_KEY = schema.QUOTA_VERSION_KEY
 
 _MILLI_PER_GPU = 1000
+#: The headroom row of every pool without one of its own.
+HEADROOM_EVERY_POOL = "*"
 
 
 def governed(quota_version: int | None) -> bool:
@@ -64,7 +81,7 @@ class PlanCache:
     def plan(self, conn: Connection, version: int) -> QuotaPlan:
         """Return the quotas stored at ``version`` (read only when the version changed)."""
         if version != self._version:
-            self._plan, self._version = QuotaPlan(tuple(read_quotas(conn))), version
+            self._plan, self._version = read_plan(conn), version
         return self._plan
 
 
@@ -94,6 +111,7 @@ class Governance:
     :param used: milli-GPU held per (team, flavor); grants of the pass are added to it
     :param held: milli-GPU held per team, all flavors together
     :param nodes: the transaction's nodes
+    :param pool_held: milli-GPU held per node pool (None: counted by :meth:`record`)
     """
 
     def __init__(
@@ -102,12 +120,23 @@ class Governance:
         used: dict[tuple[str, Flavor], int],
         held: dict[str, int],
         nodes: Mapping[str, NodeState],
+        pool_held: dict[str, int] | None = None,
     ) -> None:
         self.plan = plan
         self.used = used
         self.held = held
         self.nodes = nodes
         self.teams = frozenset(q.team for q in plan.quotas)
+        headroom = plan.headroom
+        #: Work at or above this priority (or inference) is urgent: it may use the headroom.
+        self.urgent_priority = (
+            headroom.urgent_priority if headroom.urgent_priority is not None else settings.urgent_priority()
+        )
+        #: The milli-GPU of each node pool, and what its live grants hold (with the pass's grants).
+        self.pool_capacity: dict[str, int] = defaultdict(int)
+        self.pool_held: dict[str, int] = defaultdict(int) if pool_held is None else pool_held
+        for node in nodes.values():
+            self.pool_capacity[node.node_pool] += len(node.gpus) * _MILLI_PER_GPU
 
     @classmethod
     def read(
@@ -126,15 +155,15 @@ class Governance:
     # -- admission -----------------------------------------------------------------------------
 
     def refused(self, request: GpuRequest, nodes: Iterable[NodeState]) -> frozenset[str]:
-        """Return the nodes whose flavors refuse ``request`` for its team (a gang: its minimum's total)."""
-        if request.team not in self.teams:
+        """Return the nodes whose flavors refuse ``request`` for its team, or whose pool keeps its headroom from it (a gang: its minimum's total)."""
+        if request.team not in self.teams and not self.plan.headroom.active:
             return frozenset()
         verdicts: dict[tuple[str, frozenset[str]], bool] = {}
         out = []
         for node in nodes:
             key = (node.node_pool, node.models)
             if key not in verdicts:
-                verdicts[key] = self._admits_on(request, node)
+                verdicts[key] = self.admits(request, node)
             if not verdicts[key]:
                 out.append(node.name)
         return frozenset(out)
@@ -145,14 +174,22 @@ class Governance:
 
     def admits_gang(self, request: GpuRequest, verdict: GangAssignment) -> bool:
         """Whether a placed gang fits its team's quota, each flavor counting the members on it."""
-        if request.team not in self.teams:
-            return True
         member = request.member
         per_flavor: dict[Flavor, int] = defaultdict(int)
+        per_pool: dict[str, int] = defaultdict(int)
         for assignment in verdict.members:
             node = self.nodes[assignment.node]
+            milli = _assignment_milli(member, assignment, node)
+            per_pool[node.node_pool] += milli
             for flavor in _flavors(node, assignment):
-                per_flavor[flavor] += _assignment_milli(member, assignment, node)
+                per_flavor[flavor] += milli
+        # A gang is never preempted, so the headroom is never lent to it.
+        if not all(
+            self._fits_headroom(request, pool, milli, lendable=False) for pool, milli in per_pool.items()
+        ):
+            return False
+        if request.team not in self.teams:
+            return True
         state = QuotaState(self.plan, self.used)
         return all(state.admit(request.team, [f], milli).admitted for f, milli in per_flavor.items())
 
@@ -161,6 +198,7 @@ class Governance:
         milli = _assignment_milli(request, assignment, node)
         if not milli:
             return
+        self.pool_held[node.node_pool] += milli
         self.held[request.team] += milli
         for flavor in _flavors(node, assignment):
             self.used[(request.team, flavor)] += milli
@@ -170,7 +208,7 @@ class Governance:
         if not self.refused_everywhere(request):
             return None
         state = QuotaState(self.plan, self.used)
-        notes = []
+        notes = [self._keeps_headroom(pool) for pool in self._headroom_refusing(request)]
         for flavor in sorted({f for n in self.nodes.values() for f in _node_flavors(n)}):
             milli = max((self._milli(request, n) for n in self.nodes.values()), default=0)
             if flavor in self.plan.flavors and not state.admit(request.team, [flavor], milli).admitted:
@@ -197,21 +235,67 @@ class Governance:
         )
 
     def admits(self, request: GpuRequest, node: NodeState) -> bool:
-        """Whether the quota admits ``request`` on ``node`` now."""
+        """Whether the quota admits ``request`` on ``node`` now, and its pool's headroom leaves room for it."""
+        if not self._fits_headroom(request, node.node_pool, self._milli(request, node)):
+            return False
         return request.team not in self.teams or self._admits_on(request, node)
+
+    # -- headroom ------------------------------------------------------------------------------
+
+    def urgent(self, request: GpuRequest) -> bool:
+        """Whether ``request`` may use the headroom (urgent priority or the inference class)."""
+        return is_urgent(request.priority, request.workload_class.value, self.urgent_priority)
+
+    def on_loan(self, request: GpuRequest, assignment: Assignment, node: NodeState) -> bool:
+        """Whether granting ``assignment`` (not yet recorded) takes headroom lent to preemptible work."""
+        if not self.plan.headroom.active or self.urgent(request):
+            return False
+        milli = _assignment_milli(request, assignment, node)
+        return bool(milli) and not self._fits_headroom(request, node.node_pool, milli, lendable=False)
+
+    def _lends_to(self, request: GpuRequest) -> bool:
+        return self.plan.headroom.lend_to_preemptible and request.preemptible and request.gang is None
+
+    def _fits_headroom(
+        self, request: GpuRequest, pool: str, milli: int, *, lendable: bool | None = None
+    ) -> bool:
+        headroom = self.plan.headroom
+        lent = self._lends_to(request) if lendable is None else lendable
+        if not headroom.active or not milli or lent or self.urgent(request):
+            return True  # whether the pool has room for it is placement's question, not the headroom's
+        capacity = self.pool_capacity.get(pool, 0)
+        free = capacity - self.pool_held.get(pool, 0)
+        return fits_headroom(capacity, free, milli, headroom.share(pool), urgent=False)
+
+    def _headroom_refusing(self, request: GpuRequest) -> list[str]:
+        pools = {n.node_pool: n for n in self.nodes.values()}
+        return [
+            p
+            for p, n in sorted(pools.items())
+            if not self._fits_headroom(request, p, self._milli(request, n))
+        ]
+
+    def _keeps_headroom(self, pool: str) -> str:
+        share, capacity = self.plan.headroom.share(pool), self.pool_capacity.get(pool, 0)
+        return (
+            f"pool {pool} keeps {share:.0%} of its GPUs for urgent work (priority >= {self.urgent_priority} "
+            f"or inference): {self.pool_held.get(pool, 0) / 1000:g} of {capacity / 1000:g} GPUs held"
+        )
 
     def without(self, freed: Iterable[tuple[GpuRequest, Assignment]]) -> Governance:
         """Return this usage once the grants ``freed`` are gone (preemption victims)."""
         used, held = defaultdict(int, self.used), defaultdict(int, self.held)
+        pool_held = defaultdict(int, self.pool_held)
         for request, assignment in freed:
             node = self.nodes.get(assignment.node)
             if node is None:
                 continue
             milli = _assignment_milli(request, assignment, node)
             held[request.team] -= milli
+            pool_held[node.node_pool] -= milli
             for flavor in _flavors(node, assignment):
                 used[(request.team, flavor)] -= milli
-        return Governance(self.plan, used, held, self.nodes)
+        return Governance(self.plan, used, held, self.nodes, pool_held)
 
     def _nominal(self, team: str) -> dict[tuple[str, Flavor], int]:
         return {(q.team, q.flavor): q.nominal_milli for q in self.plan.quotas if q.team == team}
@@ -290,6 +374,31 @@ def _assignment_milli(request: GpuRequest, assignment: Assignment, node: NodeSta
     if assignment.mig_slice is not None and request.mig_profile is not None:
         return gpu_milli_of_mig(request.mig_profile, _model_of(node, assignment))
     return len(assignment.gpu_indices) * assignment.milli_per_gpu
+
+
+def mark_headroom_loan(conn: Connection, reservation_id: str) -> None:
+    """Record that a grant was admitted on the headroom lent to preemptible work."""
+    r = schema.reservations.c
+    conn.execute(update(schema.reservations).where(r.id == reservation_id).values(headroom_loan=True))
+
+
+def read_plan(conn: Connection) -> QuotaPlan:
+    """Return the stored quotas and headroom."""
+    return QuotaPlan(tuple(read_quotas(conn)), read_headroom(conn))
+
+
+def read_headroom(conn: Connection) -> Headroom:
+    """Return the stored headroom (no row: none)."""
+    rows = conn.execute(select(schema.headroom).order_by(schema.headroom.c.pool)).all()
+    if not rows:
+        return Headroom()
+    every = next((row for row in rows if row.pool == HEADROOM_EVERY_POOL), rows[0])
+    return Headroom(
+        every.share_milli if every.pool == HEADROOM_EVERY_POOL else 0,
+        tuple((row.pool, row.share_milli) for row in rows if row.pool != HEADROOM_EVERY_POOL),
+        bool(every.lend_to_preemptible),
+        every.urgent_priority,
+    )
 
 
 def read_quotas(conn: Connection) -> list[TeamQuota]:

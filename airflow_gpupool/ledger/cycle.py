@@ -19,7 +19,7 @@ from sqlalchemy import Connection, Row, delete, select
 
 from airflow_gpupool.ledger import gangs, schema
 from airflow_gpupool.ledger import statements as sql
-from airflow_gpupool.ledger.admission import Governance, PlanCache, governed
+from airflow_gpupool.ledger.admission import Governance, PlanCache, governed, mark_headroom_loan
 from airflow_gpupool.ledger.cache import CapacityCache, classes_from_counts
 from airflow_gpupool.ledger.equivalence import EquivalenceIndex
 from airflow_gpupool.ledger.explain import WaitContext, blocked_message
@@ -442,8 +442,7 @@ class WriteCycle:
                     memo.found_blocked(entry, held)
                 return None
             if quota is not None:
-                for one in found.members if isinstance(found, GangAssignment) else (found,):
-                    quota.record(request.member, one, tx.nodes[one.node])
+                _count_grant(tx, quota, entry.request_id, request, found)
             if isinstance(found, Assignment):
                 grant_row(tx, entry.request_id, request, found)
                 verdict = found
@@ -453,3 +452,15 @@ class WriteCycle:
             return verdict
 
         return try_place
+
+
+def _count_grant(
+    tx: Tx, quota: Governance, rid: str, request: GpuRequest, found: Assignment | GangAssignment
+) -> None:
+    """Count a grant in its team's quota and its pool's use; mark it when it takes lent headroom."""
+    if isinstance(found, Assignment) and quota.on_loan(request, found, tx.nodes[found.node]):
+        pool = tx.nodes[found.node].node_pool
+        log.info("Granting %s on the headroom of pool %s, lent to preemptible work", rid, pool)
+        mark_headroom_loan(tx.conn, rid)
+    for one in found.members if isinstance(found, GangAssignment) else (found,):
+        quota.record(request.member, one, tx.nodes[one.node])

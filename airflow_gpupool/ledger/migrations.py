@@ -200,6 +200,15 @@ def _v11(op: Operations, conn: Connection) -> None:
     _add_reservation_columns(op, conn, _V11_COLUMNS)
 
 
+# The column v12 adds (headroom lent to preemptible work), beside its table of pool shares.
+_V12_COLUMNS = ("headroom_loan",)
+
+
+def _v12(op: Operations, conn: Connection) -> None:
+    _add_reservation_columns(op, conn, _V12_COLUMNS)
+    schema.metadata.create_all(conn, tables=[schema.headroom])
+
+
 def sql_literal(value: object) -> Any:
     """Return the server default that fills a migrated column on existing rows (a SQL literal)."""
     if isinstance(value, bool):
@@ -222,6 +231,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(9, "quotas applied before the queue governed them are stamped, so it governs them", _v9),
     Migration(10, "every node labelled gpupool.io/capacity-type: spot or on-demand", _v10),
     Migration(11, "preemption: a victim's grace deadline, its preemptor, its newest checkpoint", _v11),
+    Migration(12, "headroom: each pool's share kept for urgent work, grants admitted on its loan", _v12),
 )
 LATEST = MIGRATIONS[-1].version
 

@@ -121,6 +121,8 @@ class Reservation:
         (state ``preempting``; kept once it ended ``preempted``)
     :param preempted_by: the waiting request it was preempted for
     :param checkpoint_at: when its holder last saw a newer valid checkpoint (None: none reported)
+    :param headroom_loan: it was granted on the headroom lent to preemptible work (urgent work
+        may take it back, whatever its team's quota)
     """
 
     id: str
@@ -139,6 +141,7 @@ class Reservation:
     preempt_deadline: float | None = None
     preempted_by: str | None = None
     checkpoint_at: float | None = None
+    headroom_loan: bool = False
 
     @property
     def waited_seconds(self) -> float:
@@ -164,6 +167,7 @@ class Reservation:
             "preempt_deadline": self.preempt_deadline,
             "preempted_by": self.preempted_by,
             "checkpoint_at": self.checkpoint_at,
+            "headroom_loan": self.headroom_loan,
         }
 
 

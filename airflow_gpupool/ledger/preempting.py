@@ -141,6 +141,7 @@ def _victim(cycle: WriteCycle, tx: Tx, row: Row[Any], quota: Governance | None) 
         # Without quotas every team borrows: priority alone decides.
         borrowed=quota.borrowing(request.team, node) if quota is not None else True,
         team=request.team,
+        on_headroom_loan=bool(row.headroom_loan),
     )
     return Victim(row, request, assignment, candidate)
 
@@ -181,6 +182,7 @@ def _victims_on(
         milli=request.total_gpu_milli,
         reclaims=quota is not None and quota.within_nominal(request, node),
         team=request.team,
+        urgent=quota is not None and quota.urgent(request),
     )
     conflicting = EXCLUSIVE_CLASSES.get(request.workload_class.value)
     eligible = [
@@ -214,8 +216,13 @@ def _victims_on(
 
 
 def _only_as_borrower(preemptor: Preemptor, victim: Victim) -> bool:
-    """Whether ``victim`` is eligible only because its team borrows (another team, not outranked)."""
-    return victim.request.team != preemptor.team and victim.request.priority >= preemptor.priority
+    """Whether ``victim`` is eligible only because its team borrows (another team, not outranked, not on a headroom loan)."""
+    on_loan = victim.candidate.on_headroom_loan and preemptor.urgent
+    return (
+        victim.request.team != preemptor.team
+        and victim.request.priority >= preemptor.priority
+        and not on_loan
+    )
 
 
 def _freeing(chosen: Sequence[Victim]) -> list[tuple[GpuRequest, Assignment]]:

@@ -1,8 +1,8 @@
 """Team quotas kept in the ledger: applied as a whole from a quota file, listed with their usage.
 
-``apply`` checks the plan against the inventory (every flavor must name a node pool or a GPU
-model the ledger has) and replaces the stored quotas in one write transaction: a refused plan
-changes nothing. ``usage`` counts, per team and flavor, the milli-GPU its live grants hold
+``apply`` checks the plan against the inventory (every flavor, and every pool the headroom
+names, must be a node pool or a GPU model the ledger has) and replaces the stored quotas and
+headroom in one write transaction: a refused plan changes nothing. ``usage`` counts, per team and flavor, the milli-GPU its live grants hold
 (orphans included: they still hold their slice), in the units of
 :mod:`airflow_gpupool.governance.quotas`.
 """
@@ -15,11 +15,18 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import delete, insert, select
 
+from airflow_gpupool import settings
 from airflow_gpupool.exceptions import QuotaFileError
-from airflow_gpupool.governance.quotas import Flavor, QuotaPlan, TeamQuota, gpu_milli_of_mig
+from airflow_gpupool.governance.quotas import Flavor, Headroom, QuotaPlan, TeamQuota, gpu_milli_of_mig
 from airflow_gpupool.ledger import schema
 from airflow_gpupool.ledger import statements as sql
-from airflow_gpupool.ledger.admission import QUOTA_VERSION_KEY, read_quotas
+from airflow_gpupool.ledger.admission import (
+    HEADROOM_EVERY_POOL,
+    QUOTA_VERSION_KEY,
+    read_headroom,
+    read_plan,
+    read_quotas,
+)
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection
@@ -33,11 +40,12 @@ __all__ = ["QUOTA_VERSION_KEY", "AppliedQuotas", "LedgerQuotas", "grant_milli", 
 
 @dataclass(frozen=True)
 class AppliedQuotas:
-    """What ``apply`` changed: ``team flavor`` keys added, changed and removed."""
+    """What ``apply`` changed: ``team flavor`` keys added, changed and removed, and whether the headroom changed."""
 
     added: tuple[str, ...] = ()
     changed: tuple[str, ...] = ()
     removed: tuple[str, ...] = ()
+    headroom_changed: bool = False
 
     def summary(self) -> str:
         """Return ``2 added, 1 changed, 0 removed``."""
@@ -66,6 +74,8 @@ class LedgerQuotas:
         :raises QuotaFileError: a flavor names no node pool or GPU model of the ledger (nothing written)
         """
 
+        headroom = _resolved(plan.headroom)
+
         def run(tx: Tx) -> AppliedQuotas:
             self._check_flavors(tx.conn, plan)
             before = {_key(q): q for q in read_quotas(tx.conn)}
@@ -74,20 +84,26 @@ class LedgerQuotas:
                 tuple(sorted(after.keys() - before.keys())),
                 tuple(sorted(k for k in after.keys() & before.keys() if after[k] != before[k])),
                 tuple(sorted(before.keys() - after.keys())),
+                read_headroom(tx.conn) != headroom,
             )
-            if dry_run or not (applied.added or applied.changed or applied.removed):
+            if dry_run or not (
+                applied.added or applied.changed or applied.removed or applied.headroom_changed
+            ):
                 return applied
             tx.conn.execute(delete(schema.quotas))
             if plan.quotas:
                 tx.conn.execute(insert(schema.quotas), [_row(q, tx.now) for q in plan.quotas])
+            tx.conn.execute(delete(schema.headroom))
+            if plan.quotas and headroom.active:
+                tx.conn.execute(insert(schema.headroom), _headroom_rows(headroom, tx.now))
             _stamp_quota_version(tx, tx.version if plan.quotas else 0)
             return applied
 
         return self.ledger.write(run)
 
     def list(self) -> QuotaPlan:
-        """Return the stored quotas."""
-        return QuotaPlan(tuple(self.ledger.read(read_quotas)))
+        """Return the stored quotas and headroom."""
+        return self.ledger.read(read_plan)
 
     def usage(self, grants: tuple[Reservation, ...] | None = None) -> dict[tuple[str, Flavor], int]:
         """Return the milli-GPU held per (team, flavor), for the flavors of each grant's pool and model.
@@ -116,6 +132,12 @@ class LedgerQuotas:
                 raise QuotaFileError(
                     f"flavor {flavor}", flavor.name, f"a {flavor.kind} of the ledger's inventory ({have})"
                 )
+        for pool, _ in plan.headroom.pools:
+            if pool not in pools:
+                have = ", ".join(sorted(pools)) or "none yet"
+                raise QuotaFileError(
+                    f"headroom.pools.{pool}", pool, f"a pool of the ledger's inventory ({have})"
+                )
 
 
 def _stamp_quota_version(tx: Tx, version: int) -> None:
@@ -131,6 +153,31 @@ def _stamp_quota_version(tx: Tx, version: int) -> None:
         tx.conn.execute(sql.BUMP_META, values)
     tx.quota_version = version
     tx.dirty = tx.inventory_changed = True
+
+
+def _resolved(headroom: Headroom) -> Headroom:
+    """The headroom as stored: its urgent priority fixed now (every writer then agrees on it)."""
+    if not headroom.active:
+        return Headroom()
+    if headroom.urgent_priority is not None:
+        return headroom
+    return Headroom(
+        headroom.share_milli, headroom.pools, headroom.lend_to_preemptible, settings.urgent_priority()
+    )
+
+
+def _headroom_rows(headroom: Headroom, now: float) -> list[dict[str, Any]]:
+    shares = [(HEADROOM_EVERY_POOL, headroom.share_milli), *headroom.pools]
+    return [
+        {
+            "pool": pool,
+            "share_milli": share,
+            "lend_to_preemptible": headroom.lend_to_preemptible,
+            "urgent_priority": headroom.urgent_priority,
+            "updated_at": now,
+        }
+        for pool, share in shares
+    ]
 
 
 def _key(quota: TeamQuota) -> str:

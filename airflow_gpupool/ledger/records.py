@@ -152,6 +152,7 @@ def reservation_of(conn: Connection, row: Row[Any], request: GpuRequest) -> Rese
         preempt_deadline=row.preempt_deadline,
         preempted_by=row.preempted_by,
         checkpoint_at=row.checkpoint_at,
+        headroom_loan=bool(row.headroom_loan),
     )
 
 

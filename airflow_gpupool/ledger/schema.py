@@ -143,6 +143,9 @@ reservations = Table(
     Column("preempt_deadline", Float, nullable=True),
     Column("preempted_by", String(64), nullable=True),
     Column("checkpoint_at", Float, nullable=True),
+    # Headroom (schema v12): the grant was admitted on the headroom lent to preemptible work,
+    # so urgent work may take it back whatever its team's quota (None: not on loan).
+    Column("headroom_loan", Boolean, nullable=True),
 )
 Index("ix_gpupool_reservations_queue", reservations.c.state, reservations.c.priority, reservations.c.seq)
 Index("ix_gpupool_reservations_expiry", reservations.c.state, reservations.c.expires_at)
@@ -181,5 +184,18 @@ quotas = Table(
     Column("nominal_milli", BigInteger, nullable=False),
     Column("borrowing_limit_milli", BigInteger, nullable=True),
     Column("lending_limit_milli", BigInteger, nullable=True),
+    Column("updated_at", Float, nullable=False),
+)
+
+# The share of each node pool kept for urgent work (schema v12), replaced with the quotas by
+# ``gpupool quota apply`` (see :class:`airflow_gpupool.governance.quotas.Headroom`); the pool
+# ``*`` is every pool without a row of its own. No row: no headroom.
+headroom = Table(
+    "gpupool_headroom",
+    metadata,
+    Column("pool", String(253), primary_key=True),
+    Column("share_milli", Integer, nullable=False),
+    Column("lend_to_preemptible", Boolean, nullable=False),
+    Column("urgent_priority", Integer, nullable=False),
     Column("updated_at", Float, nullable=False),
 )

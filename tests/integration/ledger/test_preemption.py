@@ -144,6 +144,7 @@ def test_a_lender_reclaims_its_nominal_quota_from_a_borrower_at_any_priority(
     pool: Ledger, clock: FakeClock
 ) -> None:
     quota = """
+headroom: {share: 0}  # quotas alone: the headroom's preemption is tested in test_headroom.py
 teams:
   - name: vision
     cohort: lab

@@ -21,6 +21,8 @@ from airflow_gpupool.resources import GangSpec, GpuRequest
 from tests.ledger_fixtures import node
 
 GRANTED, WAITING = ReservationState.GRANTED, ReservationState.WAITING
+# These tests are about quotas alone; the headroom has its own (test_headroom.py).
+NO_HEADROOM = "headroom: {share: 0}"
 
 
 def apply(ledger: Ledger, text: str) -> None:
@@ -29,7 +31,7 @@ def apply(ledger: Ledger, text: str) -> None:
 
 def team_file(*teams: tuple[str, str | None, float, float | None, float | None]) -> str:
     """YAML for teams ``(name, cohort, nominal, borrowing_limit, lending_limit)`` on pool a100."""
-    out = ["teams:"]
+    out = [NO_HEADROOM, "teams:"]
     for name, cohort, nominal, borrowing, lending in teams:
         out.append(f"  - name: {name}")
         if cohort:
@@ -133,7 +135,9 @@ def test_quotas_on_a_gpu_model_govern_every_pool_of_it(make_ledger: Callable[...
         [node("a1", gpus=2, model="A100", pool="p1"), node("a2", gpus=2, model="A100", pool="p2")]
     )
     apply(
-        ledger, "teams:\n  - name: vision\n    quotas:\n      - flavor: {model: A100}\n        nominal: 3\n"
+        ledger,
+        NO_HEADROOM
+        + "\nteams:\n  - name: vision\n    quotas:\n      - flavor: {model: A100}\n        nominal: 3\n",
     )
     assert take(ledger, "vision", 2, "v1") is GRANTED
     assert take(ledger, "vision", 2, "v2") is WAITING  # 2 + 2 > 3 on model:A100, whichever pool

@@ -13,6 +13,9 @@ step, on every governed flavor (the pool and the GPU model each grant draws on, 
   nominal) is at most what its members that do not borrow could lend (the nominal of each, or its
   lending limit when lower). A member's lending floor (nominal less lending limit) is never lent.
 
+The file keeps the default headroom (20 % of each pool) and some requests are urgent (priority
+100): work that is not urgent never holds more of a pool than its capacity less the headroom.
+
 Quotas do not move while the machine runs and nothing preempts, so a state the admission rule
 allowed stays allowed: a violation is a grant the ledger should have refused. The ledger's own
 invariants (:meth:`Ledger.check_invariants`) hold too.
@@ -20,6 +23,7 @@ invariants (:meth:`Ledger.check_invariants`) hold too.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import replace
 from pathlib import Path
@@ -33,8 +37,10 @@ from hypothesis.stateful import (
     rule,
 )
 
-from airflow_gpupool.governance.quotas import Flavor, QuotaPlan, TeamQuota, parse_quota_file
-from airflow_gpupool.ledger.quotas import LedgerQuotas
+from airflow_gpupool.governance.quotas import Flavor, Headroom, QuotaPlan, TeamQuota, parse_quota_file
+from airflow_gpupool.ledger import ReservationState
+from airflow_gpupool.ledger.models import Grant, Reservation
+from airflow_gpupool.ledger.quotas import LedgerQuotas, grant_milli
 from airflow_gpupool.resources import GangSpec, GpuRequest
 from tests.integration.ledger.test_ledger_properties import ReservingMachine, run_ledger_machine
 from tests.ledger_fixtures import node
@@ -63,6 +69,7 @@ teams:
     quotas:
       - {flavor: {pool: a100}, nominal: 1}
 """
+URGENT = 100  # [gpupool] urgent_priority's default: such work may use the pools' headroom
 TEAMS = ("vision", "nlp", "speech", "ads", "misc")  # misc: no quota, not governed
 SHAPES = ({"gpus": 1}, {"gpu_milli": 500}, {"gpus": 2}, {"gpus": 3})
 WHERE = ((), (("tier", "t4"),))  # anywhere, or on the ungoverned pool only
@@ -70,7 +77,7 @@ singles = st.builds(
     lambda shape, team, priority: GpuRequest(**shape, team=team, priority=priority),
     st.sampled_from(SHAPES),
     st.sampled_from(TEAMS),
-    st.sampled_from([0, 0, 1]),
+    st.sampled_from([0, 0, 1, URGENT]),
 )
 gangs = st.builds(
     lambda shape, team, size, minimum: GpuRequest(
@@ -141,6 +148,40 @@ class QuotaMachine(ReservingMachine):
     def quotas_hold(self) -> None:
         assert self.ledger.check_invariants() == []
         assert violations(self.plan, self.quotas.usage()) == []
+
+    @invariant()
+    def headroom_holds(self) -> None:
+        assert headroom_violations(self.quotas.list().headroom, self.ledger.snapshot().grants) == []
+
+
+def headroom_violations(headroom: Headroom, grants: tuple[Reservation, ...]) -> list[str]:
+    """Say which pool lets work that is not urgent, and not on a headroom loan, into its headroom."""
+    capacity: dict[str, int] = defaultdict(int)
+    for n in NODES:
+        capacity[n.node_pool] += len(n.gpus) * 1000
+    held: dict[str, int] = defaultdict(int)
+    for reservation in grants:
+        request, grant = reservation.request, reservation.grant
+        urgent = request.priority >= URGENT or request.workload_class.value == "inference"
+        if grant is not None and not urgent and not reservation.headroom_loan:
+            held[grant.node_pool] += grant_milli(grant)
+    return [
+        f"pool {pool}: {milli}m held by work that is not urgent, above {capacity[pool]}m less its headroom"
+        for pool, milli in sorted(held.items())
+        if milli > capacity[pool] - math.ceil(headroom.share(pool) * capacity[pool])
+    ]
+
+
+def test_the_headroom_check_sees_work_that_is_not_urgent_in_the_headroom() -> None:
+    plan = parse_quota_file(yaml.safe_load(QUOTAS))
+    assert plan.headroom.share("a100") == 0.2  # the default: 2 of a100's 10 GPUs
+    four = Grant("a1", "a100", (0, 1, 2, 3), ("u0", "u1", "u2", "u3"), "A100", 1000, 0, None, None, 0.0, 60.0)
+    reservation = Reservation("r", "h", ReservationState.GRANTED, GpuRequest(gpus=4), 0.0, 1.0, four)
+    assert headroom_violations(plan.headroom, (reservation, replace(reservation, id="s"))) == []
+    assert headroom_violations(plan.headroom, (reservation,) * 3) == [
+        "pool a100: 12000m held by work that is not urgent, above 10000m less its headroom"
+    ]
+    assert headroom_violations(plan.headroom, (replace(reservation, headroom_loan=True),) * 3) == []
 
 
 def test_the_checks_see_a_team_above_its_ceiling_and_a_cohort_lending_past_its_limits() -> None:

@@ -4,13 +4,15 @@ and ``gpupool quota`` end to end."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from airflow_gpupool import settings
 from airflow_gpupool.cli import main
 from airflow_gpupool.exceptions import QuotaFileError
-from airflow_gpupool.governance.quotas import Flavor, parse_quota_file
+from airflow_gpupool.governance.quotas import Flavor, Headroom, QuotaPlan, parse_quota_file
 from airflow_gpupool.ledger import Ledger
 from airflow_gpupool.ledger.quotas import LedgerQuotas
 from airflow_gpupool.resources import GpuRequest
@@ -51,6 +53,13 @@ def plan(text: str = FILE) -> object:
     return parse_quota_file(yaml.safe_load(text))
 
 
+def stored(text: str = FILE) -> QuotaPlan:
+    """The plan as the ledger keeps it: the headroom's urgent priority fixed when applied."""
+    applied = plan(text)
+    assert isinstance(applied, QuotaPlan)
+    return replace(applied, headroom=replace(applied.headroom, urgent_priority=settings.urgent_priority()))
+
+
 def test_apply_is_idempotent_and_replaces_the_quotas_as_a_whole(pool: Ledger) -> None:
     quotas = LedgerQuotas(pool)
     first = quotas.apply(plan())  # type: ignore[arg-type]
@@ -59,13 +68,15 @@ def test_apply_is_idempotent_and_replaces_the_quotas_as_a_whole(pool: Ledger) ->
         (),
         (),
     )
-    assert quotas.apply(plan()).summary() == "0 added, 0 changed, 0 removed"  # type: ignore[arg-type]
-    assert quotas.list() == plan()
+    assert first.headroom_changed  # the default: 20 % of every pool
+    again = quotas.apply(plan())  # type: ignore[arg-type]
+    assert again.summary() == "0 added, 0 changed, 0 removed" and not again.headroom_changed
+    assert quotas.list() == stored()
 
     smaller = FILE.replace("nominal: 4", "nominal: 3").split("  - name: nlp")[0]
     preview = quotas.apply(plan(smaller), dry_run=True)  # type: ignore[arg-type]
     assert (preview.changed, preview.removed) == (("vision pool:a100",), (f"nlp model:{A100}",))
-    assert quotas.list() == plan()  # a dry run writes nothing
+    assert quotas.list() == stored()  # a dry run writes nothing
     quotas.apply(plan(smaller))  # type: ignore[arg-type]
     (vision,) = quotas.list().quotas
     assert (vision.team, vision.nominal_milli) == ("vision", 3000)
@@ -76,7 +87,9 @@ def test_a_flavor_the_ledger_lacks_is_refused_and_nothing_changes(pool: Ledger) 
     quotas.apply(plan())  # type: ignore[arg-type]
     with pytest.raises(QuotaFileError, match=r"flavor pool:h100.*a100, a100-mig"):
         quotas.apply(plan(FILE.replace("{pool: a100}", "{pool: h100}")))  # type: ignore[arg-type]
-    assert quotas.list() == plan()
+    with pytest.raises(QuotaFileError, match=r"headroom.pools.h100.*a100, a100-mig"):
+        quotas.apply(plan("headroom: {pools: {h100: 0.5}}\n" + FILE))  # type: ignore[arg-type]
+    assert quotas.list() == stored()
 
 
 def test_usage_counts_whole_fractional_and_mig_grants_per_team_and_flavor(pool: Ledger) -> None:
@@ -127,4 +140,34 @@ def test_quota_cli_applies_lists_and_refuses_bad_files(
         assert message in capsys.readouterr().err
     assert main(["quota", "apply", str(tmp_path / "missing.yaml"), "--url", ledger_url]) == 2
     assert "a readable file" in capsys.readouterr().err
-    assert LedgerQuotas(pool).list() == plan()  # nothing refused was written
+    assert LedgerQuotas(pool).list() == stored()  # nothing refused was written
+
+
+def test_the_headroom_is_applied_changed_and_turned_off_with_the_quotas(
+    pool: Ledger, ledger_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "quotas.yaml"
+    path.write_text(
+        "headroom: {share: 0.25, pools: {a100-mig: 0}, lend_to_preemptible: true, urgent_priority: 50}\n"
+        + FILE
+    )
+    assert main(["quota", "apply", str(path), "--url", ledger_url]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "headroom 25 % of every pool (a100-mig: 0 %) for urgent work (priority >= 50 or inference), lent to preemptible work"
+        in out
+    )
+    assert LedgerQuotas(pool).list().headroom == Headroom(250, (("a100-mig", 0),), True, 50)
+    assert main(["quota", "list", "--url", ledger_url, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["headroom"] == {
+        "share": 0.25,
+        "pools": {"a100-mig": 0.0},
+        "lend_to_preemptible": True,
+        "urgent_priority": 50,
+    }
+    path.write_text("headroom: {share: 0}\n" + FILE)
+    assert main(["quota", "apply", str(path), "--url", ledger_url, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["headroom_changed"] is True
+    assert LedgerQuotas(pool).list().headroom == Headroom()  # share 0: none stored
+    assert main(["quota", "list", "--url", ledger_url]) == 0
+    assert "headroom: none" in capsys.readouterr().out
