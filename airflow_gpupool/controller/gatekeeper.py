@@ -6,7 +6,8 @@ priority first, then oldest, and for each:
 
 * reserves its request if the ledger does not know it yet (idempotent: the reservation id is
   derived from the pod's uid, the holder from its Airflow identity, host ``gatekeeper``), so it
-  waits in the queue like any other request; a pod already queued or granted is read from the
+  waits in the queue like any other request, on the capacity the default spot rule chooses
+  (:mod:`~airflow_gpupool.controller.capacity`); a pod already queued or granted is read from the
   snapshot, not reserved again (the pass's one ``reap_if_due`` ends the waits past their timeout).
   A gated pod holds no worker slot and no GPU, so nothing needs to defer;
 * once granted, binds the grant to the pod (by name and uid, all the pass's grants in one ledger
@@ -40,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_gpupool import settings
 from airflow_gpupool.controller.admission import admission_patch, gatekeeper_event
+from airflow_gpupool.controller.capacity import GatedCapacity
 from airflow_gpupool.controller.pod_groups import (
     collect_groups,
     gate_group,
@@ -171,6 +173,7 @@ class _Pass:
     ledger: Ledger
     api: Any
     timeout: float | None
+    capacity: GatedCapacity
     result: GateResult = field(default_factory=GateResult)
     #: The gangs of pod groups with a live pod: their leader is not released (that ends the gang).
     live_gangs: set[str] = field(default_factory=set)
@@ -216,7 +219,9 @@ class _Pass:
         if rid in known:
             return known[rid]
         text = str(_meta(pod)["annotations"][REQUEST_ANNOTATION])
-        return self.reserve(pod, [pod], lambda: GpuRequest.from_dict(json.loads(text)), rid)
+        return self.reserve(
+            pod, [pod], lambda: self.capacity.apply(GpuRequest.from_dict(json.loads(text)), pod), rid
+        )
 
     def reserve(
         self,
@@ -381,8 +386,9 @@ def gatekeep(ledger: Ledger, core_v1_api: Any, *, timeout: float | None = None) 
     :param core_v1_api: a ``kubernetes.client.CoreV1Api``
     :param timeout: seconds a gated pod may wait in the queue (default
         ``[gpupool] reservation_timeout_seconds``)
+    :raises ConfigurationError: the spot rule's options are malformed (before any pod is touched)
     """
-    run = _Pass(ledger, core_v1_api, timeout)
+    run = _Pass(ledger, core_v1_api, timeout, GatedCapacity.from_settings())
     pods = list(list_objects(core_v1_api.list_pod_for_all_namespaces))
     ledger.reap_if_due()  # waits past their timeout end here, since queued pods are not reserved again
     snapshot = ledger.snapshot()

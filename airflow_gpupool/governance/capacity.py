@@ -25,17 +25,28 @@ from enum import Enum
 
 from airflow_gpupool.exceptions import InvalidRequestError
 from airflow_gpupool.labels import CAPACITY_TYPE_LABEL
-from airflow_gpupool.resources import NodeInventory
+from airflow_gpupool.resources import GpuRequest, NodeInventory
 
 __all__ = [
+    "CLOUD_CAPACITY_LABELS",
     "Capacity",
     "CapacityType",
+    "apply_capacity",
     "capacity_type",
+    "choose_capacity",
     "default_capacity",
     "fits_headroom",
     "is_urgent",
+    "names_capacity",
     "with_capacity_type",
 ]
+
+#: The labels Karpenter, GKE and EKS put on a node to say how it is bought.
+CLOUD_CAPACITY_LABELS = (
+    "karpenter.sh/capacity-type",
+    "cloud.google.com/gke-spot",
+    "eks.amazonaws.com/capacityType",
+)
 
 #: Below this price ratio (spot over on-demand), a run of under an hour prefers spot.
 SHORT_RUN_RATIO = 0.6
@@ -87,9 +98,10 @@ def capacity_type(
         return CapacityType(own)
     if node_pool is not None and node_pool in spot_pools:
         return CapacityType.SPOT
-    karpenter = labels.get("karpenter.sh/capacity-type", "").lower()
-    gke = labels.get("cloud.google.com/gke-spot", "").lower()
-    eks = labels.get("eks.amazonaws.com/capacityType", "").upper()
+    karpenter_label, gke_label, eks_label = CLOUD_CAPACITY_LABELS
+    karpenter = labels.get(karpenter_label, "").lower()
+    gke = labels.get(gke_label, "").lower()
+    eks = labels.get(eks_label, "").upper()
     if karpenter == "spot" or gke == "true" or eks == "SPOT":
         return CapacityType.SPOT
     return CapacityType.ON_DEMAND
@@ -162,3 +174,79 @@ def default_capacity(
         return Capacity.ANY
     limit = SHORT_RUN_RATIO if expected_seconds is not None and expected_seconds < _HOUR else LONG_RUN_RATIO
     return Capacity.SPOT if price_ratio < limit else Capacity.ANY
+
+
+def names_capacity(node_labels: Collection[tuple[str, str]]) -> bool:
+    """Return whether a request's own node labels choose the capacity type (ours or a cloud's label).
+
+    Such a request keeps its choice: the default rule adds nothing beside it.
+    """
+    return any(key == CAPACITY_TYPE_LABEL or key in CLOUD_CAPACITY_LABELS for key, _ in node_labels)
+
+
+def choose_capacity(
+    request: GpuRequest,
+    capacity: Capacity | None,
+    *,
+    checkpointed: bool,
+    expected_seconds: float | None,
+    urgent_priority: int,
+    price_ratio: float | None,
+) -> tuple[Capacity, bool]:
+    """Return where a request runs and whether that is required (False: only preferred).
+
+    :param request: the request (priority, class, preemptibility)
+    :param capacity: what the task asked for, or None for :func:`default_capacity`
+    :param checkpointed: whether the work writes checkpoints (its retry resumes)
+    :param expected_seconds: how long a run is expected to take (None: unknown, taken as long)
+    :param urgent_priority: the priority at and above which work is urgent
+    :param price_ratio: spot's price over on-demand's (None: unknown)
+    """
+    if capacity is not None:
+        return capacity, True
+    chosen = default_capacity(
+        urgent=is_urgent(request.priority, request.workload_class.value, urgent_priority),
+        checkpointed=checkpointed,
+        preemptible=request.preemptible,
+        workload_class=request.workload_class.value,
+        price_ratio=price_ratio,
+        expected_seconds=expected_seconds,
+    )
+    return chosen, chosen is Capacity.ON_DEMAND
+
+
+def apply_capacity(
+    request: GpuRequest,
+    capacity: Capacity | None,
+    *,
+    checkpointed: bool,
+    expected_seconds: float | None,
+    urgent_priority: int,
+    price_ratio: float | None,
+) -> GpuRequest:
+    """Return the request with its capacity as a ``gpupool.io/capacity-type`` node label.
+
+    Required (``node_labels``) or preferred (``prefer_node_labels``); nothing for ``any``. A request
+    whose own node labels choose the capacity type (:func:`names_capacity`) is kept as it is when
+    ``capacity`` is None. The parameters are :func:`choose_capacity`'s.
+    """
+    if capacity is None and names_capacity(request.node_labels):
+        return request
+    chosen, required = choose_capacity(
+        request,
+        capacity,
+        checkpointed=checkpointed,
+        expected_seconds=expected_seconds,
+        urgent_priority=urgent_priority,
+        price_ratio=price_ratio,
+    )
+    if chosen is Capacity.ANY:
+        return request
+    label = (CAPACITY_TYPE_LABEL, chosen.value)
+    if required:
+        return replace(request, node_labels=(*_without_capacity(request.node_labels), label))
+    return replace(request, prefer_node_labels=(*_without_capacity(request.prefer_node_labels), label))
+
+
+def _without_capacity(labels: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+    return tuple(pair for pair in labels if pair[0] != CAPACITY_TYPE_LABEL)

@@ -5,7 +5,8 @@ The ledger keeps every node with a ``gpupool.io/capacity-type`` label (``spot`` 
 
 - ``capacity="on-demand"`` or ``"spot"``: the request must land there (a hard label);
 - ``capacity="any"``: either;
-- no ``capacity``: the default rule (:func:`~airflow_gpupool.governance.capacity.default_capacity`):
+- no ``capacity``: the default rule (:func:`~airflow_gpupool.governance.capacity.default_capacity`,
+  applied by :func:`~airflow_gpupool.governance.capacity.apply_capacity`, as for gated pods):
   urgent work (priority at or above ``[gpupool] urgent_priority``, or the ``inference`` class)
   must land on on-demand; checkpointed, preemptible training *prefers* spot (a soft label: it
   still runs on on-demand when no spot node fits) when ``[gpupool] spot_price_ratio`` is under
@@ -16,12 +17,10 @@ The ledger keeps every node with a ``gpupool.io/capacity-type`` label (``spot`` 
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from airflow_gpupool import settings
-from airflow_gpupool.governance.capacity import Capacity, default_capacity, is_urgent
-from airflow_gpupool.labels import CAPACITY_TYPE_LABEL
+from airflow_gpupool.governance.capacity import Capacity, apply_capacity, choose_capacity, names_capacity
 from airflow_gpupool.resources import GpuRequest
 
 if TYPE_CHECKING:
@@ -52,7 +51,7 @@ def duration_matters(request: GpuRequest, capacity: Capacity | None, *, checkpoi
     :param capacity: the task's ``capacity`` argument (not None: the rule does not apply)
     :param checkpointed: whether the task writes checkpoints
     """
-    if capacity is not None or CAPACITY_TYPE_LABEL in dict(request.node_labels):
+    if capacity is not None or names_capacity(request.node_labels):
         return False
     short = resolve_capacity(request, None, checkpointed=checkpointed, expected_seconds=0)
     long = resolve_capacity(request, None, checkpointed=checkpointed, expected_seconds=None)
@@ -87,18 +86,9 @@ def resolve_capacity(
     :param checkpointed: whether the task writes checkpoints (its retry resumes)
     :param expected_seconds: how long a run is expected to take (None: unknown, taken as long)
     """
-    if capacity is not None:
-        return capacity, True
-    urgent = is_urgent(request.priority, request.workload_class.value, settings.urgent_priority())
-    chosen = default_capacity(
-        urgent=urgent,
-        checkpointed=checkpointed,
-        preemptible=request.preemptible,
-        workload_class=request.workload_class.value,
-        price_ratio=settings.spot_price_ratio(),
-        expected_seconds=expected_seconds,
+    return choose_capacity(
+        request, capacity, checkpointed=checkpointed, expected_seconds=expected_seconds, **_rule()
     )
-    return chosen, chosen is Capacity.ON_DEMAND
 
 
 def with_capacity(
@@ -106,23 +96,19 @@ def with_capacity(
 ) -> GpuRequest:
     """Return the request with its capacity as a node label (required or preferred; none for ``any``).
 
+    A request whose node labels name the capacity type (``gpupool.io/capacity-type`` or a cloud's
+    label) keeps that choice when ``capacity`` is None.
+
     :param request: the task's request
     :param capacity: the task's ``capacity`` argument, or None for the default rule
     :param checkpointed: whether the task writes checkpoints
     :param expected_seconds: how long a run is expected to take
     """
-    if capacity is None and CAPACITY_TYPE_LABEL in dict(request.node_labels):
-        return request  # the task names the capacity type among its node labels: that is its choice
-    chosen, required = resolve_capacity(
-        request, capacity, checkpointed=checkpointed, expected_seconds=expected_seconds
+    return apply_capacity(
+        request, capacity, checkpointed=checkpointed, expected_seconds=expected_seconds, **_rule()
     )
-    if chosen is Capacity.ANY:
-        return request
-    label = (CAPACITY_TYPE_LABEL, chosen.value)
-    if required:
-        return replace(request, node_labels=(*_without_capacity(request.node_labels), label))
-    return replace(request, prefer_node_labels=(*_without_capacity(request.prefer_node_labels), label))
 
 
-def _without_capacity(labels: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
-    return tuple(pair for pair in labels if pair[0] != CAPACITY_TYPE_LABEL)
+def _rule() -> dict[str, Any]:
+    """The ``[gpupool]`` options of the default rule."""
+    return {"urgent_priority": settings.urgent_priority(), "price_ratio": settings.spot_price_ratio()}

@@ -18,11 +18,15 @@ def create_hooked_pod(
     *,
     dag_id: str = "legacy",
     duration: str = "0.3",
+    env: dict[str, str] | None = None,
+    node_selector: dict[str, str] | None = None,
     **annotations: str,
 ) -> dict[str, Any]:
     """Build a pod as KubernetesPodOperator would (labels), run the hook on it, create it.
 
     :param duration: the seconds the emulator runs it
+    :param env: the container's environment
+    :param node_selector: the pod's ``nodeSelector``
     """
     pod = k8s_models.V1Pod(
         api_version="v1",
@@ -34,9 +38,13 @@ def create_hooked_pod(
         ),
         spec=k8s_models.V1PodSpec(
             restart_policy="Never",
+            node_selector=node_selector,
             containers=[
                 k8s_models.V1Container(
-                    name="base", image="train:1", resources=k8s_models.V1ResourceRequirements(limits=limits)
+                    name="base",
+                    image="train:1",
+                    env=[k8s_models.V1EnvVar(name=k, value=v) for k, v in (env or {}).items()] or None,
+                    resources=k8s_models.V1ResourceRequirements(limits=limits),
                 )
             ],
         ),

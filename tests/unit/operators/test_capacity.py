@@ -75,6 +75,22 @@ def test_a_capacity_label_among_the_tasks_node_labels_is_its_choice(spot_ratio: 
     assert with_capacity(request, None, checkpointed=False, expected_seconds=None) == request
 
 
+@pytest.mark.parametrize(
+    "cloud_label",
+    [
+        ("karpenter.sh/capacity-type", "spot"),
+        ("cloud.google.com/gke-spot", "true"),
+        ("eks.amazonaws.com/capacityType", "SPOT"),
+    ],
+)
+def test_a_clouds_capacity_label_among_the_tasks_node_labels_is_its_choice_too(
+    spot_ratio: None, cloud_label: tuple[str, str]
+) -> None:
+    # Urgent work would get on-demand, which no node with the cloud's spot label is: unplaceable.
+    request = GpuRequest(gpus=1, priority=100, node_labels=(cloud_label,))
+    assert with_capacity(request, None, checkpointed=False, expected_seconds=None) == request
+
+
 def test_the_operator_pins_its_request_to_the_capacity_it_names() -> None:
     op = GpuPodOperator(task_id="t", image="i", gpus=1, capacity="spot")
     assert op.gpu_request().node_labels == (SPOT,)
