@@ -23,6 +23,7 @@ from sqlalchemy import and_, case, delete, func, insert, or_, select, update
 from airflow_gpupool.exceptions import FailureClass, InvalidRequestError
 from airflow_gpupool.ledger import schema
 from airflow_gpupool.ledger.models import ReservationState
+from airflow_gpupool.ledger.usage import carry_preemption_losses
 from airflow_gpupool.resources import GpuRequest
 from airflow_gpupool.task_try import TaskTry
 
@@ -41,7 +42,7 @@ __all__ = [
     "cumulative_counts",
 ]
 
-ENDED_STATES = ("released", "expired", "timed_out", "cancelled")
+ENDED_STATES = ("released", "expired", "timed_out", "cancelled", "preempted")
 
 WAIT_BUCKETS = (1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 4 * 3600.0)
 """Upper bounds (seconds) of the wait histogram's buckets."""
@@ -312,6 +313,7 @@ class LedgerHistory:
             if not ids:
                 return 0
             _carry(tx.conn, _tally(tx.conn, r.id.in_(ids), a.reservation_id.in_(ids)))
+            carry_preemption_losses(tx.conn, ids)
             tx.conn.execute(delete(schema.task_attempts).where(a.reservation_id.in_(ids)))
             tx.conn.execute(delete(schema.reservations).where(r.id.in_(ids)))
             return len(ids)

@@ -206,7 +206,7 @@ _V12_COLUMNS = ("headroom_loan",)
 
 def _v12(op: Operations, conn: Connection) -> None:
     _add_reservation_columns(op, conn, _V12_COLUMNS)
-    schema.metadata.create_all(conn, tables=[schema.headroom])
+    schema.metadata.create_all(conn, tables=[schema.headroom, schema.team_totals])
 
 
 def sql_literal(value: object) -> Any:
@@ -231,7 +231,11 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(9, "quotas applied before the queue governed them are stamped, so it governs them", _v9),
     Migration(10, "every node labelled gpupool.io/capacity-type: spot or on-demand", _v10),
     Migration(11, "preemption: a victim's grace deadline, its preemptor, its newest checkpoint", _v11),
-    Migration(12, "headroom: each pool's share kept for urgent work, grants admitted on its loan", _v12),
+    Migration(
+        12,
+        "headroom: each pool's share kept for urgent work, grants admitted on its loan; per-team totals of pruned history",
+        _v12,
+    ),
 )
 LATEST = MIGRATIONS[-1].version
 

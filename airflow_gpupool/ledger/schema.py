@@ -199,3 +199,14 @@ headroom = Table(
     Column("urgent_priority", Integer, nullable=False),
     Column("updated_at", Float, nullable=False),
 )
+
+# What the reservations pruned from the history counted per team (schema v12), so per-team
+# counters never go down: the grants that ended ``preempted`` and the work they lost, in
+# GPU-milliseconds (see :func:`airflow_gpupool.ledger.usage.preemption_losses`).
+team_totals = Table(
+    "gpupool_team_totals",
+    metadata,
+    Column("team", String(253), primary_key=True),
+    Column("preempted_grants", BigInteger, nullable=False),
+    Column("lost_gpu_ms", BigInteger, nullable=False),
+)

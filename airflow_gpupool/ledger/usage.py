@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import or_, select
+from sqlalchemy import insert, or_, select, update
 
 from airflow_gpupool.governance.quotas import gpu_milli_of_mig
 from airflow_gpupool.ledger import schema
@@ -31,7 +31,7 @@ from airflow_gpupool.ledger.models import ReservationState
 from airflow_gpupool.ledger.quotas import LedgerQuotas
 
 if TYPE_CHECKING:
-    from sqlalchemy import Connection
+    from sqlalchemy import ColumnElement, Connection
 
     from airflow_gpupool.governance.quotas import TeamQuota
     from airflow_gpupool.ledger.ledger import Ledger
@@ -228,8 +228,42 @@ def preemption_losses(conn: Connection, since: float | None = None) -> dict[str,
     """Return, per team, the grants that ended ``preempted`` (after ``since``) and the work they lost.
 
     :param conn: an open read transaction
-    :param since: count only those that ended after it (None: every one the ledger keeps)
+    :param since: count only those that ended after it (None: every one, those pruned from the
+        history included, so counters read from it never go down)
     """
+    r = schema.reservations.c
+    ended = r.ended_at > since if since is not None else r.ended_at.is_not(None)
+    count, lost = _losses(conn, ended)
+    if since is None:
+        for row in conn.execute(select(schema.team_totals)):
+            count[row.team] += int(row.preempted_grants)
+            lost[row.team] += row.lost_gpu_ms / 1000
+    return {team: PreemptionLoss(team, count[team], lost[team]) for team in sorted(count) if count[team]}
+
+
+def carry_preemption_losses(conn: Connection, ids: Sequence[str]) -> None:
+    """Add what the reservations ``ids``, about to be pruned, count in :func:`preemption_losses` to the team totals."""
+    count, lost = _losses(conn, schema.reservations.c.id.in_(ids))
+    t = schema.team_totals.c
+    for team in count:
+        kept = conn.execute(select(schema.team_totals).where(t.team == team)).first()
+        grants, lost_ms = count[team], round(lost[team] * 1000)
+        if kept is None:
+            conn.execute(
+                insert(schema.team_totals).values(team=team, preempted_grants=grants, lost_gpu_ms=lost_ms)
+            )
+        else:
+            conn.execute(
+                update(schema.team_totals)
+                .where(t.team == team)
+                .values(
+                    preempted_grants=kept.preempted_grants + grants, lost_gpu_ms=kept.lost_gpu_ms + lost_ms
+                )
+            )
+
+
+def _losses(conn: Connection, where: ColumnElement[bool]) -> tuple[dict[str, int], dict[str, float]]:
+    """Count the preempted grants matching ``where`` and the GPU-seconds they lost, per team."""
     r = schema.reservations.c
     query = select(
         r.team,
@@ -241,9 +275,9 @@ def preemption_losses(conn: Connection, since: float | None = None) -> dict[str,
         r.granted_at,
         r.checkpoint_at,
         r.ended_at,
-    ).where(r.state == ReservationState.PREEMPTED.value, r.granted_at.is_not(None), r.ended_at.is_not(None))
-    if since is not None:
-        query = query.where(r.ended_at > since)
+    ).where(
+        r.state == ReservationState.PREEMPTED.value, r.granted_at.is_not(None), r.ended_at.is_not(None), where
+    )
     rows = conn.execute(query).all()
     models = _gpu_models(conn, rows)
     count: dict[str, int] = defaultdict(int)
@@ -252,7 +286,7 @@ def preemption_losses(conn: Connection, since: float | None = None) -> dict[str,
         start = row.granted_at if row.checkpoint_at is None else max(row.granted_at, row.checkpoint_at)
         count[row.team] += 1
         lost[row.team] += _milli(row, models) / 1000 * max(0.0, row.ended_at - start)
-    return {team: PreemptionLoss(team, count[team], lost[team]) for team in sorted(count)}
+    return count, lost
 
 
 def usage_report(ledger: Ledger, snapshot: LedgerSnapshot, hours: float) -> UsageReport:

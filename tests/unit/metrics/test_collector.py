@@ -100,6 +100,7 @@ def test_every_sample_matches_the_ledger(pool: Pool) -> None:
     expected[("gpupool_active_grants", (("team", "vision"), ("workload_class", "training")))] = 1
     for state in ("released", "expired", "timed_out", "cancelled"):
         expected[("gpupool_reservations_total", (("state", state),))] = 1
+    expected[("gpupool_reservations_total", (("state", "preempted"),))] = 0
     expected[("gpupool_node_heartbeat_age_seconds", (("node", "a100-1"),))] = 30
     expected[("gpupool_node_health", (("health", "healthy"), ("node", "a100-1")))] = 1
     expected[("gpupool_node_health", (("health", "healthy"), ("node", "a100-mig")))] = 1
@@ -286,9 +287,9 @@ def test_preemptions_and_the_work_they_lost_per_team(tmp_path: Path) -> None:
         ledger.reap()
         assert {ledger.get(r).state for r in ("v-train", "n-mig")} == {ReservationState.PREEMPTED}
         samples = {k: v for k, v in scrape(ledger).items() if k[0] in PREEMPTION_METRIC_NAMES}
-        # Counters never go down: pruning the history keeps preempted reservations.
+        # Counters never go down: pruning the history carries what its rows counted over.
         clock.advance(86400)
-        LedgerHistory(ledger).prune(1)
+        assert LedgerHistory(ledger).prune(1) == 2  # the two victims' rows are gone
         assert {k: v for k, v in scrape(ledger).items() if k[0] in PREEMPTION_METRIC_NAMES} == samples
     assert samples == pytest.approx(
         {
