@@ -26,7 +26,8 @@ LAYERS = [
     {"inventory", "grants", "views"},
     {"ledger"},
     {"attempts", "quotas", "shared"},
-    {"history", "usage"},
+    {"usage"},
+    {"history"},  # pruning carries per-team preemption losses over (usage.carry_preemption_losses)
     {"__init__"},
 ]
 RANK = {module: rank for rank, layer in enumerate(LAYERS) for module in layer}
