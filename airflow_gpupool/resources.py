@@ -212,6 +212,8 @@ class GpuRequest:
         emergency checkpoint and end (None: ``[gpupool] preemption_grace_seconds``)
     :param preempts: whether it may preempt others; False for the retry of a preempted try, so
         preemption never cascades
+    :param checkpoint_on_sigterm: its pod writes a checkpoint on SIGTERM within its grace, so as a
+        preemption victim it loses no work: victims are ranked as if checkpointed now
     :param gang: None for one slice; else a gang of members, each of this request's shape,
         granted all or nothing (:class:`GangSpec`)
     """
@@ -232,6 +234,7 @@ class GpuRequest:
     gang: GangSpec | None = None
     preemption_grace_seconds: float | None = None
     preempts: bool = True
+    checkpoint_on_sigterm: bool = False
 
     def __post_init__(self) -> None:
         _check_int("cpu_milli", self.cpu_milli, 0, MAX_CPU_MILLI)
@@ -246,6 +249,8 @@ class GpuRequest:
             raise InvalidRequestError("preemptible", self.preemptible, "True or False")
         if not isinstance(self.preempts, bool):
             raise InvalidRequestError("preempts", self.preempts, "True or False")
+        if not isinstance(self.checkpoint_on_sigterm, bool):
+            raise InvalidRequestError("checkpoint_on_sigterm", self.checkpoint_on_sigterm, "True or False")
         if self.preemption_grace_seconds is not None:
             grace = self.preemption_grace_seconds
             if (
@@ -375,6 +380,8 @@ class GpuRequest:
             out["preemption_grace_seconds"] = self.preemption_grace_seconds
         if not self.preempts:
             out["preempts"] = False
+        if self.checkpoint_on_sigterm:
+            out["checkpoint_on_sigterm"] = True
         return out
 
     @classmethod

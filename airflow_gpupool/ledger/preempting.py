@@ -6,7 +6,8 @@ preemptors nor victims). Which grant may be a victim of which request, and in wh
 are taken, is :mod:`airflow_gpupool.governance.preemption`'s rule; here each node is tried: its
 eligible grants are freed one by one, in that order, on a copy of the node until the request
 fits there (placement, binding and quota as a grant would be checked). The node whose victims
-lose the least work (GPU-seconds since their newest checkpoint) wins.
+lose the least work (GPU-seconds since their newest checkpoint) wins. A victim whose request says
+``checkpoint_on_sigterm`` counts as checkpointed now: it writes one in its grace and loses nothing.
 
 The victims are not ended: each keeps its slice with a deadline (now plus its request's
 ``preemption_grace_seconds``, or the ledger's default), becoming ``preempting``. Its holder sees
@@ -137,7 +138,9 @@ def _victim(cycle: WriteCycle, tx: Tx, row: Row[Any], quota: Governance | None) 
         preemptible=request.preemptible,
         granted_at=float(row.granted_at),
         milli=milli,
-        checkpoint_at=row.checkpoint_at,
+        # A step that writes a checkpoint on SIGTERM within its grace loses no work stopped now,
+        # as the simulator ranks it (sim/governed.py): checkpointed now.
+        checkpoint_at=tx.now if request.checkpoint_on_sigterm else row.checkpoint_at,
         # Without quotas every team borrows: priority alone decides.
         borrowed=quota.borrowing(request.team, node) if quota is not None else True,
         team=request.team,

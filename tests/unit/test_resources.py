@@ -61,6 +61,7 @@ def a100(index: int = 0, uuid: str | None = None, mig: tuple[str, ...] = ()) -> 
         pytest.param({"gpu_models": 3}, "gpu_models", id="models-not-a-list"),
         pytest.param({"team": ""}, "team", id="empty-team"),
         pytest.param({"preemptible": "yes"}, "preemptible", id="preemptible-str"),
+        pytest.param({"checkpoint_on_sigterm": 1}, "checkpoint_on_sigterm", id="checkpoint-on-sigterm-int"),
     ],
 )
 def test_bad_request_names_the_field(kwargs: dict[str, Any], field: str) -> None:
@@ -241,6 +242,10 @@ def test_request_normalizes_constraints() -> None:
             ),
             id="mig-with-constraints",
         ),
+        pytest.param(
+            GpuRequest(gpus=2, preemptible=True, preemption_grace_seconds=90, checkpoint_on_sigterm=True),
+            id="checkpoints-on-sigterm",
+        ),
     ],
 )
 def test_to_dict_round_trips(request_: GpuRequest) -> None:
@@ -248,8 +253,9 @@ def test_to_dict_round_trips(request_: GpuRequest) -> None:
     assert GpuRequest.from_dict(data) == request_
     # "gang" only on gangs (tests/unit/test_gang_spec.py), the preemption keys only when they are
     # not the defaults (tests/integration/ledger/test_preemption.py): other stored texts stay as they were.
-    optional = {"gang", "preemption_grace_seconds", "preempts"}
-    assert set(data) == {f.name for f in dataclasses.fields(GpuRequest)} - optional
+    optional = {"gang", "preemption_grace_seconds", "preempts", "checkpoint_on_sigterm"}
+    present = {k for k in optional if getattr(request_, k) != GpuRequest.__dataclass_fields__[k].default}
+    assert set(data) == {f.name for f in dataclasses.fields(GpuRequest)} - optional | present
     assert isinstance(data["gpu_models"], list) and isinstance(data["node_labels"], dict)
     assert data["workload_class"] == request_.workload_class.value
 

@@ -114,6 +114,26 @@ def test_the_victim_that_loses_the_least_work_is_chosen(pool: Ledger, clock: Fak
     assert states == {"old-ckpt": GRANTED, "fresh-ckpt": PREEMPTING, "no-ckpt": GRANTED, "other": GRANTED}
 
 
+@pytest.mark.parametrize("on_sigterm", [True, False], ids=["checkpoints-on-sigterm", "does-not"])
+def test_a_victim_that_checkpoints_on_sigterm_counts_as_checkpointed_now(
+    pool: Ledger, clock: FakeClock, on_sigterm: bool
+) -> None:
+    # Equal priority, so only the work lost tells them apart; without the flag "sigterm" loses
+    # more (no checkpoint at all) and is the newer grant, so neither tie-break favours it.
+    assert take(pool, "periodic", 4, 0, preemptible=True) is GRANTED
+    clock.advance(1)
+    assert take(pool, "sigterm", 4, 0, preemptible=True, checkpoint_on_sigterm=on_sigterm) is GRANTED
+    clock.advance(MIN_RUNTIME + 600)
+    assert pool.note_checkpoint("periodic", clock.now - 10)
+    assert take(pool, "urgent", 4, 100) is WAITING
+
+    states = {rid: pool.get(rid).state for rid in ("periodic", "sigterm")}
+    victim, kept = ("sigterm", "periodic") if on_sigterm else ("periodic", "sigterm")
+    assert (states[victim], states[kept]) == (PREEMPTING, GRANTED)
+    assert pool.get(victim).preempted_by == "urgent"
+    assert pool.get("sigterm").checkpoint_at is None  # ranked as checkpointed, never recorded so
+
+
 def test_a_request_with_victims_pending_preempts_no_more_and_a_victims_retry_never_preempts(
     pool: Ledger, clock: FakeClock
 ) -> None:
@@ -176,6 +196,12 @@ def test_bad_preemption_arguments_are_typed_errors() -> None:
         GpuRequest(gpus=1, preemption_grace_seconds=float("nan"))
     with pytest.raises(InvalidRequestError, match="preempts"):
         GpuRequest(gpus=1, preempts="no")  # type: ignore[arg-type]
+    with pytest.raises(InvalidRequestError) as sigterm:
+        GpuRequest(gpus=1, checkpoint_on_sigterm="yes")  # type: ignore[arg-type]
+    assert sigterm.value.field == "checkpoint_on_sigterm"
     # Defaults leave the stored request text as it was before these keys existed.
     assert "preempts" not in GpuRequest(gpus=1).to_dict()
     assert GpuRequest.from_dict(GpuRequest(gpus=1, preempts=False).to_dict()).preempts is False
+    assert "checkpoint_on_sigterm" not in GpuRequest(gpus=1).to_dict()
+    stored = GpuRequest(gpus=1, checkpoint_on_sigterm=True).to_dict()
+    assert GpuRequest.from_dict(stored).checkpoint_on_sigterm is True
