@@ -30,6 +30,7 @@ from airflow_gpupool.operators.reattach import EarlierTries
 from airflow_gpupool.operators.request import (
     REQUEST_FIELDS,
     build_request,
+    check_checkpoint_on_sigterm,
     check_keep_checkpoints,
     check_log_tail_lines,
     check_seconds,
@@ -80,6 +81,10 @@ class GpuPodOperator(UnschedulableFailFast, GpuPodTries):
         gets SIGTERM and ``preemption_grace_seconds`` to write a checkpoint and exit, and its
         retry resumes from the newest checkpoint (see :mod:`airflow_gpupool.ledger.preempting`)
     :param preemption_grace_seconds: that grace (default ``[gpupool] preemption_grace_seconds``)
+    :param checkpoint_on_sigterm: the container writes a checkpoint to ``checkpoint_dir`` on SIGTERM
+        within that grace, then exits; the ledger then ranks it, as a preemption victim, as losing
+        no work (it is chosen before grants that would lose work since a periodic checkpoint).
+        Needs ``checkpoint_dir``; only the request says so, nothing is set in the pod
     :param reservation_timeout: seconds the request may wait (default ``[gpupool] reservation_timeout_seconds``)
     :param lease_ttl: lease seconds, renewed while the pod runs (default ``[gpupool] lease_ttl_seconds``)
     :param ledger_conn_id: the ``gpupool`` connection; None for the ``[gpupool]`` configuration alone
@@ -128,6 +133,7 @@ class GpuPodOperator(UnschedulableFailFast, GpuPodTries):
         team: str = "default",
         preemptible: bool = False,
         preemption_grace_seconds: float | None = None,
+        checkpoint_on_sigterm: bool = False,
         reservation_timeout: float | None = None,
         lease_ttl: float | None = None,
         ledger_conn_id: str | None = GpuPoolHook.default_conn_name,
@@ -158,6 +164,7 @@ class GpuPodOperator(UnschedulableFailFast, GpuPodTries):
         self.team = team
         self.preemptible = preemptible
         self.preemption_grace_seconds = preemption_grace_seconds
+        self.checkpoint_on_sigterm = checkpoint_on_sigterm
         self.reservation_timeout = reservation_timeout
         self.lease_ttl = lease_ttl
         self.ledger_conn_id = ledger_conn_id
@@ -189,6 +196,7 @@ class GpuPodOperator(UnschedulableFailFast, GpuPodTries):
         check_seconds("lease_ttl", lease_ttl)
         check_seconds("expected_duration", expected_duration)
         check_seconds("preemption_grace_seconds", preemption_grace_seconds)
+        check_checkpoint_on_sigterm(checkpoint_on_sigterm, checkpoint_dir)
         # Parse-time validation, no I/O: fail the DAG import, not the run, on a bad request. A
         # templated field (container_resources included, a KPO template field) is checked once
         # rendered, when the request is built in execute.
@@ -212,6 +220,7 @@ class GpuPodOperator(UnschedulableFailFast, GpuPodTries):
             preemptible=self.preemptible,
             container_resources=self.container_resources,
             shm_size=self.shm_size,
+            checkpoint_on_sigterm=self.checkpoint_on_sigterm,
         )
         if self.preemption_grace_seconds is not None:
             request = replace(request, preemption_grace_seconds=self.preemption_grace_seconds)

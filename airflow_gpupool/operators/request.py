@@ -18,6 +18,7 @@ __all__ = [
     "DEFAULT_MEMORY_MIB",
     "REQUEST_FIELDS",
     "build_request",
+    "check_checkpoint_on_sigterm",
     "check_keep_checkpoints",
     "check_log_tail_lines",
     "check_seconds",
@@ -154,12 +155,15 @@ def build_request(
     preemptible: bool,
     container_resources: Any,
     shm_size: Any = None,
+    checkpoint_on_sigterm: bool = False,
 ) -> GpuRequest:
     """Return the request of the operator's (rendered) arguments.
 
     :param fields: the values of :data:`REQUEST_FIELDS`, by name
     :param workload_class: ``training``, ``inference`` or ``batch``
     :param preemptible: whether higher-priority work may take the slice back
+    :param checkpoint_on_sigterm: the pod writes a checkpoint on SIGTERM within its grace (a
+        preemption victim then loses no work; see :func:`check_checkpoint_on_sigterm`)
     :param container_resources: the operator's ``V1ResourceRequirements`` (CPU and memory), or None
     :param shm_size: a memory-backed ``/dev/shm``; its size is counted in the request's memory
         (Kubernetes charges tmpfs pages to the pod's memory)
@@ -186,8 +190,25 @@ def build_request(
         workload_class=workload_class,  # type: ignore[arg-type]
         team=fields["team"],
         preemptible=preemptible,
+        checkpoint_on_sigterm=checkpoint_on_sigterm,
         **{name: _integer(name, fields[name]) for name in _INT_FIELDS},
     )
+
+
+def check_checkpoint_on_sigterm(value: Any, checkpoint_dir: Any) -> None:
+    """Refuse ``checkpoint_on_sigterm`` that is not a bool, or True without a ``checkpoint_dir``.
+
+    A step that promises a checkpoint on SIGTERM needs somewhere to write it; the ledger ranks
+    such a preemption victim as losing no work, so a promise it cannot keep is refused early.
+
+    :raises InvalidRequestError: naming ``checkpoint_on_sigterm``
+    """
+    if not isinstance(value, bool):
+        raise InvalidRequestError("checkpoint_on_sigterm", value, "True or False")
+    if value and checkpoint_dir is None:
+        raise InvalidRequestError(
+            "checkpoint_on_sigterm", value, "False without a checkpoint_dir (there is nowhere to write one)"
+        )
 
 
 def check_seconds(name: str, value: Any) -> None:

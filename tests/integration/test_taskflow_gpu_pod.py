@@ -64,3 +64,16 @@ def test_deferred_reservation_still_carries_the_function(
     assert time.monotonic() - started >= 3.0
     (pod,) = k8s.created_pods()
     check_pod(pod, gpu_ledger, "def train_later")
+
+
+def test_checkpoint_on_sigterm_passes_through_to_the_request() -> None:
+    from airflow.sdk import DAG, task
+
+    @task.gpu_pod(
+        image="train:1", gpus=1, preemptible=True, checkpoint_on_sigterm=True, checkpoint_dir="s3://ckpt/run"
+    )
+    def train() -> None: ...
+
+    with DAG("taskflow_sigterm", schedule=None):
+        operator = train().operator
+    assert operator.gpu_request().checkpoint_on_sigterm is True

@@ -41,6 +41,18 @@ def op(**kwargs: object) -> GpuPodOperator:
             "prefer_node_labels['zone']",
             id="preferred-label-bad-value",
         ),
+        pytest.param(
+            {"gpus": 1, "preemptible": True, "checkpoint_on_sigterm": True},
+            InvalidRequestError,
+            "checkpoint_on_sigterm",
+            id="checkpoint-on-sigterm-without-checkpoint-dir",
+        ),
+        pytest.param(
+            {"gpus": 1, "checkpoint_on_sigterm": "yes", "checkpoint_dir": "s3://ckpt/run"},
+            InvalidRequestError,
+            "checkpoint_on_sigterm",
+            id="checkpoint-on-sigterm-not-a-bool",
+        ),
     ],
 )
 def test_bad_request_fails_at_parse_time(kwargs: dict, error: type[Exception], field: str) -> None:
@@ -103,3 +115,9 @@ def test_preferred_node_labels_go_into_the_request_and_may_be_templated() -> Non
     with pytest.raises(InvalidRequestError) as info:
         templated.gpu_request()
     assert info.value.field == "prefer_node_labels['zone']"
+
+
+def test_checkpoint_on_sigterm_goes_into_the_request() -> None:
+    task = op(gpus=1, preemptible=True, checkpoint_on_sigterm=True, checkpoint_dir="s3://ckpt/{{ run_id }}")
+    assert task.gpu_request().checkpoint_on_sigterm is True
+    assert op(gpus=1, preemptible=True).gpu_request().checkpoint_on_sigterm is False

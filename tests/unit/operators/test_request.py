@@ -11,6 +11,7 @@ from airflow_gpupool.exceptions import InvalidInventoryError, InvalidRequestErro
 from airflow_gpupool.operators.request import (
     REQUEST_FIELDS,
     build_request,
+    check_checkpoint_on_sigterm,
     check_seconds,
     requested_cpu_milli,
     requested_memory_mib,
@@ -94,3 +95,42 @@ def test_bad_seconds_name_the_argument(value: Any) -> None:
     with pytest.raises(InvalidRequestError) as caught:
         check_seconds("lease_ttl", value)
     assert caught.value.field == "lease_ttl"
+
+
+def test_checkpoint_on_sigterm_goes_into_the_request() -> None:
+    def build(**kwargs: Any) -> GpuRequest:
+        return build_request(
+            {**DEFAULTS, "gpus": 1},
+            workload_class="training",
+            preemptible=True,
+            container_resources=None,
+            **kwargs,
+        )
+
+    assert build(checkpoint_on_sigterm=True).checkpoint_on_sigterm is True
+    assert build().checkpoint_on_sigterm is False
+
+
+@pytest.mark.parametrize(
+    ("value", "checkpoint_dir", "expected"),
+    [
+        pytest.param(
+            True, None, "False without a checkpoint_dir (there is nowhere to write one)", id="no-dir"
+        ),
+        pytest.param("yes", "s3://ckpt/run", "True or False", id="not-a-bool"),
+        pytest.param(1, "s3://ckpt/run", "True or False", id="an-int"),
+    ],
+)
+def test_bad_checkpoint_on_sigterm_names_the_argument(value: Any, checkpoint_dir: Any, expected: str) -> None:
+    with pytest.raises(InvalidRequestError) as caught:
+        check_checkpoint_on_sigterm(value, checkpoint_dir)
+    assert (caught.value.field, caught.value.value, caught.value.expected) == (
+        "checkpoint_on_sigterm",
+        value,
+        expected,
+    )
+
+
+def test_checkpoint_on_sigterm_with_a_checkpoint_dir_or_off_is_accepted() -> None:
+    check_checkpoint_on_sigterm(True, "{{ var.value.ckpt }}/{{ run_id }}")  # templated: rendered later
+    check_checkpoint_on_sigterm(False, None)
