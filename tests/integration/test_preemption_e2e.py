@@ -133,6 +133,7 @@ def test_a_preempted_step_checkpoints_in_its_grace_and_its_retry_resumes_there(
     assert seen["reserved"] is ReservationState.WAITING
     victim = seen["victim"]
     assert victim.state is ReservationState.PREEMPTING and victim.preempted_by == URGENT
+    assert victim.request.checkpoint_on_sigterm is True  # the operator's flag, stored in the ledger
     assert seen["victim_pod_at_grant"] is None
     assert len(seen["emergency"]) == 1
     assert seen["victim_after"].state is ReservationState.PREEMPTED

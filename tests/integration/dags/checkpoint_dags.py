@@ -114,6 +114,7 @@ exhausted = training_dag(
 
 # Preemptible training on the whole A100 node: preempted by urgent work, it checkpoints on SIGTERM
 # within its 20 s grace and its retry resumes there (a 3 s lease: the notice comes within 1 s).
+# checkpoint_on_sigterm tells the ledger; the emulator's annotation makes the pod do it.
 def preemptible_dag(dag_id: str, *, deferrable: bool) -> DAG:
     return training_dag(
         dag_id,
@@ -122,6 +123,7 @@ def preemptible_dag(dag_id: str, *, deferrable: bool) -> DAG:
         retries=1,
         preemptible=True,
         preemption_grace_seconds=20,
+        checkpoint_on_sigterm=True,
         lease_ttl=3,
         keep_checkpoints=None,
         deferrable=deferrable,
