@@ -265,13 +265,18 @@ def _mark(cycle: WriteCycle, tx: Tx, entry: QueueEntry, chosen: Sequence[Victim]
             f"preempted for {entry.request_id} (team {entry.request.team}, priority "
             f"{entry.request.priority}): {grace:g} s to checkpoint and end"
         )
+        at_risk = (
+            "it checkpoints on SIGTERM"
+            if victim.request.checkpoint_on_sigterm
+            else f"{lost:.0f} GPU-s since its last checkpoint"
+        )
         log.warning(
-            "Preempting grant %s (team %s, priority %d, %.0f GPU-s since its last checkpoint) for %s "
+            "Preempting grant %s (team %s, priority %d, %s) for %s "
             "(team %s, priority %d): its pod has %g s to checkpoint and end",
             victim.row.id,
             victim.request.team,
             victim.request.priority,
-            lost,
+            at_risk,
             entry.request_id,
             entry.request.team,
             entry.request.priority,
