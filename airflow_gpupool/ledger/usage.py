@@ -198,20 +198,16 @@ def _gpu_models(conn: Connection, rows: Sequence[Any]) -> dict[tuple[str, int], 
     return {(row.node, row.idx): row.model for row in conn.execute(select(g.node, g.idx, g.model))}
 
 
+def _slice_columns() -> tuple[Any, ...]:
+    """The columns that say a grant's team, slice and lifetime (what :func:`_milli` reads)."""
+    r = schema.reservations.c
+    return (r.team, r.node, r.gpu_indices, r.milli_per_gpu, r.mig_slice, r.request, r.granted_at, r.ended_at)
+
+
 def _gpu_hours(conn: Connection, since: float, until: float) -> dict[tuple[str, str], float]:
     r, n = schema.reservations.c, schema.nodes.c
     rows = conn.execute(
-        select(
-            r.team,
-            r.node,
-            r.gpu_indices,
-            r.milli_per_gpu,
-            r.mig_slice,
-            r.request,
-            r.granted_at,
-            r.ended_at,
-            n.node_pool,
-        )
+        select(*_slice_columns(), n.node_pool)
         .select_from(schema.reservations.outerjoin(schema.nodes, n.name == r.node))
         .where(r.granted_at.is_not(None), r.granted_at < until, or_(r.ended_at.is_(None), r.ended_at > since))
     ).all()
@@ -265,17 +261,7 @@ def carry_preemption_losses(conn: Connection, ids: Sequence[str]) -> None:
 def _losses(conn: Connection, where: ColumnElement[bool]) -> tuple[dict[str, int], dict[str, float]]:
     """Count the preempted grants matching ``where`` and the GPU-seconds they lost, per team."""
     r = schema.reservations.c
-    query = select(
-        r.team,
-        r.node,
-        r.gpu_indices,
-        r.milli_per_gpu,
-        r.mig_slice,
-        r.request,
-        r.granted_at,
-        r.checkpoint_at,
-        r.ended_at,
-    ).where(
+    query = select(*_slice_columns(), r.checkpoint_at).where(
         r.state == ReservationState.PREEMPTED.value, r.granted_at.is_not(None), r.ended_at.is_not(None), where
     )
     rows = conn.execute(query).all()
