@@ -183,7 +183,7 @@ def test_metrics_under_the_plugin_app(client: TestClient) -> None:
     families = {f.name: f for f in text_string_to_metric_families(response.text)}
     assert families["gpupool_ledger_up"].samples[0].value == 1
     assert {s.labels["state"]: s.value for s in families["gpupool_reservations"].samples if s.name.endswith("_total")} == {
-        "cancelled": 1, "expired": 1, "released": 1, "timed_out": 1,
+        "cancelled": 1, "expired": 1, "released": 1, "timed_out": 1, "preempted": 0,
     }  # fmt: skip
 
 
