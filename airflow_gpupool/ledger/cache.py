@@ -17,13 +17,14 @@ import math
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sqlalchemy import Connection, select, text
 
 from airflow_gpupool.ledger import schema
 from airflow_gpupool.ledger import statements as sql
+from airflow_gpupool.ledger.gate import GATE_KEYS, QueueGate
 from airflow_gpupool.placement.snapshot import ClusterSnapshot, GpuState, NodeState
 from airflow_gpupool.placement.verdict import Assignment
 from airflow_gpupool.resources import MILLI_PER_GPU, NodeHealth, WorkloadClass
@@ -52,6 +53,8 @@ class Stamp:
         requests (None: none stamped yet), see :mod:`~airflow_gpupool.ledger.queue_copy`
     :param quota_version: the version of the last quota change; None or 0: no quota stored
         (see :mod:`~airflow_gpupool.ledger.admission`)
+    :param gate: what the last pass over the queue lets writers skip (:mod:`~airflow_gpupool.ledger.gate`)
+    :param gate_stored: the gate's ``gpupool_meta`` values as stored (None: absent)
     """
 
     generation: int
@@ -60,6 +63,8 @@ class Stamp:
     counter: bool
     spent_version: int | None = None
     quota_version: int | None = None
+    gate: QueueGate = field(default_factory=QueueGate)
+    gate_stored: Mapping[str, int | None] = field(default_factory=dict)
 
     @property
     def watermark_after_commit(self) -> int:
@@ -74,6 +79,11 @@ SELECT
     (SELECT value FROM gpupool_meta WHERE key = 'inventory_generation') AS generation,
     (SELECT value FROM gpupool_meta WHERE key = 'spent_queue_version') AS spent_version,
     (SELECT value FROM gpupool_meta WHERE key = 'quota_version') AS quota_version,
+    (SELECT value FROM gpupool_meta WHERE key = 'queue_gate_open') AS queue_gate_open,
+    (SELECT value FROM gpupool_meta WHERE key = 'queue_gate_min_gpus') AS queue_gate_min_gpus,
+    (SELECT value FROM gpupool_meta WHERE key = 'queue_gate_min_milli') AS queue_gate_min_milli,
+    (SELECT value FROM gpupool_meta WHERE key = 'queue_gate_unspent_priority') AS queue_gate_unspent_priority,
+    (SELECT value FROM gpupool_meta WHERE key = 'queue_gate_bound') AS queue_gate_bound,
     pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS watermark,
     {version} AS version,
     (SELECT json_agg(n ORDER BY n.name) FROM gpupool_nodes n WHERE n.version >= :since) AS nodes,
@@ -108,17 +118,24 @@ class CapacityCache:
         self.mig_profiles: dict[tuple[str, str], str] = {}
         self.all_migs: dict[str, dict[int, tuple[tuple[str, str], ...]]] = {}
         self.health: dict[str, str] = {}
+        #: The nodes the queue holds for a waiting request (ledger.gate): grants go elsewhere.
+        self.held: set[str] = set()
         self._empty: dict[str, tuple[NodeState, str | None, NodeState]] = {}
 
     def invalidate(self) -> None:
         """Forget everything; the next refresh reloads the whole inventory."""
         self.__init__()  # type: ignore[misc]
 
-    def adopt(self, nodes: dict[str, NodeState], watermark: int) -> None:
-        """Take the nodes a committed transaction computed (see :attr:`Stamp.watermark_after_commit`)."""
+    def adopt(self, nodes: dict[str, NodeState], watermark: int, held: frozenset[str] | None = None) -> None:
+        """Take the nodes a committed transaction computed (see :attr:`Stamp.watermark_after_commit`).
+
+        :param held: the nodes the queue holds once it committed (None: it changed no hold)
+        """
         self.nodes = nodes
         self.watermark = watermark
         self.changed = None
+        if held is not None:
+            self.held = set(held)
 
     def put(self, state: NodeState) -> None:
         """Replace one node's state (after this process changed it)."""
@@ -171,8 +188,16 @@ class CapacityCache:
         if conn.dialect.name == "postgresql":
             row = conn.execute(_PG_WRITE if writing else _PG_READ, {"since": since}).one()
             self._apply(row.nodes or [], row.gpus or [], row.migs or [])
+            stored = {key: row._mapping[key] for key in GATE_KEYS}
             return Stamp(
-                row.generation, row.watermark, row.version, False, row.spent_version, row.quota_version
+                row.generation,
+                row.watermark,
+                row.version,
+                False,
+                row.spent_version,
+                row.quota_version,
+                QueueGate.from_meta(stored),
+                stored,
             )
         meta = dict(
             conn.execute(sql.READ_META).all()
@@ -185,6 +210,8 @@ class CapacityCache:
             True,
             meta.get(sql.SPENT_VERSION_KEY),
             meta.get("quota_version"),
+            QueueGate.from_meta(meta),
+            {key: meta.get(key) for key in GATE_KEYS},
         )
         if since != version:  # on a counter, an unchanged watermark means nothing changed
             self._apply(*self._select(conn, None if since == _EVERYTHING else since))
@@ -220,6 +247,10 @@ class CapacityCache:
         for row in nodes:
             name = row["name"]
             self.nodes[name] = self._node_state(row, gpus_by_node[name], migs_by_node[name])
+            if row.get("held_for") is not None:
+                self.held.add(name)
+            else:
+                self.held.discard(name)
             if self.changed is not None:
                 self.changed.add(name)
 

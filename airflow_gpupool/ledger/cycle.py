@@ -15,7 +15,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, Row, delete, select
+from sqlalchemy import Connection, Row, delete, select, update
 
 from airflow_gpupool.ledger import gangs, schema
 from airflow_gpupool.ledger import statements as sql
@@ -23,6 +23,7 @@ from airflow_gpupool.ledger.admission import Governance, PlanCache, governed, ma
 from airflow_gpupool.ledger.cache import CapacityCache, classes_from_counts
 from airflow_gpupool.ledger.equivalence import EquivalenceIndex
 from airflow_gpupool.ledger.explain import WaitContext, blocked_message
+from airflow_gpupool.ledger.gate import QueueGate
 from airflow_gpupool.ledger.models import ReapResult, ReservationState
 from airflow_gpupool.ledger.preempting import preempt_for_waiting
 from airflow_gpupool.ledger.queue_copy import QueueCopy
@@ -61,6 +62,32 @@ def held_on_node(store: LedgerStore, conn: Connection, node: str) -> list[Held]:
     r = schema.reservations.c
     rows = conn.execute(select(schema.reservations).where(r.node == node, r.state.in_(HOLDING))).all()
     return [Held(row, store.request_of(row), assignment_of(row)) for row in rows]
+
+
+def mark_holds(tx: Tx, holds: dict[str, tuple[str, ...]]) -> None:
+    """Mark the nodes held for waiting requests on their rows, and unmark the others (see ledger.gate).
+
+    A row whose mark changes takes the transaction's version, so every process's capacity copy
+    reads the mark again (the concurrent path places nowhere the queue holds).
+    """
+    n = schema.nodes.c
+    wanted = {node: rid for rid, nodes in holds.items() for node in nodes}
+    marked = dict(tx.conn.execute(select(n.name, n.held_for).where(n.held_for.is_not(None))).all())
+    for node in set(marked) | set(wanted):
+        if marked.get(node) != wanted.get(node):
+            tx.conn.execute(
+                update(schema.nodes)
+                .where(n.name == node)
+                .values(held_for=wanted.get(node), version=tx.version)
+            )
+            tx.dirty = True
+    tx.held = frozenset(wanted)
+
+
+def held_nodes(conn: Connection) -> frozenset[str]:
+    """Return the nodes the queue holds for waiting requests (their grants go through the queue)."""
+    n = schema.nodes.c
+    return frozenset(conn.execute(select(n.name).where(n.held_for.is_not(None))).scalars())
 
 
 def delete_node(tx: Tx, name: str) -> None:
@@ -309,8 +336,15 @@ class WriteCycle:
             self._service.forget()
         incremental = self.incremental and not under_quotas
         memo = self._service.begin(tx.nodes, tx.served, self._service_owner()) if incremental else None
-        rows = self._waiting(tx, memo) if memo is not None else tx.conn.execute(sql.WAITING).all()
+        spent_shapes: list[str] = []
+        rows = (
+            self._waiting(tx, memo, spent_shapes) if memo is not None else tx.conn.execute(sql.WAITING).all()
+        )
         if not rows:
+            mark_holds(tx, {})
+            tx.gate = QueueGate(
+                open=True, bound=self.max_overtakes
+            )  # nobody waits: nothing a grant or release could pass by
             return
         entries = [QueueEntry(row.id, self.store.request_of(row), row.seq, row.overtakes) for row in rows]
         if memo is not None:
@@ -331,10 +365,64 @@ class WriteCycle:
         outcome = serve(entries, try_place, self.max_overtakes, hold)
         if memo is not None:
             tx.served = memo.found()
+        self._hold_for_the_first_spent(entries, outcome, hold)
         self._record_pass(tx, entries, outcome)
-        preempt_for_waiting(self, tx, entries, quota)
+        preemption_possible = preempt_for_waiting(self, tx, entries, quota)
+        mark_holds(tx, outcome.holds)
+        tx.gate = self._gate_after(
+            entries, outcome, spent_shapes, may_skip=not (under_quotas or preemption_possible)
+        )
         if tx.elastic_added:  # an elastic gang was admitted: its growth may fit what is left now
             self.serve(tx)
+
+    def _hold_for_the_first_spent(
+        self,
+        entries: list[QueueEntry],
+        outcome: ServeOutcome,
+        hold: Callable[[QueueEntry, frozenset[str]], str | tuple[str, ...] | None],
+    ) -> None:
+        """Hold a node for the first spent request the pass left without one (none came after it).
+
+        The next pass would hold the same node before placing anything; holding it now lets the
+        writers in between pass the queue by (:mod:`~airflow_gpupool.ledger.gate`).
+        """
+        if outcome.holds or outcome.barrier is not None:
+            return
+        granted = {entry.request_id for entry, _ in outcome.granted}
+        spent = (
+            e
+            for e in entries
+            if e.request_id not in granted
+            and outcome.overtakes.get(e.request_id, e.overtakes) >= self.max_overtakes
+        )
+        first = next(spent, None)  # entries are in service order
+        if first is None:
+            return
+        picked = hold(first, frozenset())
+        if picked:
+            outcome.holds[first.request_id] = (picked,) if isinstance(picked, str) else picked
+
+    def _gate_after(
+        self, entries: list[QueueEntry], outcome: ServeOutcome, spent_shapes: list[str], *, may_skip: bool
+    ) -> QueueGate:
+        """The gate a pass leaves (:mod:`~airflow_gpupool.ledger.gate`): every request it did not grant is blocked."""
+        granted = {entry.request_id for entry, _ in outcome.granted}
+        left = [e for e in entries if e.request_id not in granted]
+        unspent = [
+            e.request.priority
+            for e in left
+            if outcome.overtakes.get(e.request_id, e.overtakes) < self.max_overtakes
+        ]
+        shapes = [e.request for e in left] + [self._shape(text) for text in spent_shapes]
+        # A spent request gets its hold when the pass looks past it; until one is held, every
+        # grant must go through a pass, which will hold a node for it.
+        unheld = len(unspent) < len(left) and not outcome.holds
+        return QueueGate.after_pass(
+            shapes,
+            unspent,
+            may_skip=may_skip and outcome.barrier is None and not unheld,
+            bound=self.max_overtakes,
+        )
 
     def _record_pass(self, tx: Tx, entries: list[QueueEntry], outcome: ServeOutcome) -> None:
         """Store the overtake counts a pass changed, and log its holds and barrier."""
@@ -366,7 +454,7 @@ class WriteCycle:
                 "Queue held for %s: its overtake budget is spent and no node can be held", outcome.barrier
             )
 
-    def _waiting(self, tx: Tx, memo: PassMemo) -> list[Any]:
+    def _waiting(self, tx: Tx, memo: PassMemo, spent_shapes: list[str]) -> list[Any]:
         """Read the waiting requests a pass must see, leaving out those that change nothing.
 
         A request whose overtake budget is spent keeps its count (at the bound) and is spent
@@ -385,6 +473,7 @@ class WriteCycle:
             shapes: list[str] = list(copy.spent_by_shape)
         else:
             shapes = list(conn.execute(sql.SPENT_SHAPES, spent).scalars().all())
+        spent_shapes += shapes
         if not shapes:
             return rows
         fitting = []

@@ -34,10 +34,11 @@ from airflow_gpupool.ledger import statements as sql
 from airflow_gpupool.ledger.admission import governed
 from airflow_gpupool.ledger.cache import classes_from_counts
 from airflow_gpupool.ledger.concurrent import ConcurrentPath
-from airflow_gpupool.ledger.cycle import WriteCycle
+from airflow_gpupool.ledger.cycle import WriteCycle, held_nodes
 from airflow_gpupool.ledger.models import Grant, ReleaseResult, Reservation, ReservationState
 from airflow_gpupool.ledger.records import GRANTED, HOLDING, ORPHANED, WAITING
 from airflow_gpupool.ledger.store import LOGGER_NAME, LedgerStore, Tx
+from airflow_gpupool.ledger.take import grant_row
 from airflow_gpupool.placement.accounting import allocate, deallocate
 from airflow_gpupool.placement.fit import choices
 from airflow_gpupool.placement.gang import place_gang
@@ -169,9 +170,11 @@ class ConcurrentGrants:
                     # last quota change has an older inventory generation: its take answers
                     # ``serialize`` (applying quotas moves the generation).
                     return None
-                verdict = self._cycle.place(cache.nodes, args.request, skipped, cache.take_changes())
+                # Not where the queue holds a node for a waiting request: that one drains for it.
+                avoid = skipped | cache.held
+                verdict = self._cycle.place(cache.nodes, args.request, avoid, cache.take_changes())
                 if isinstance(verdict, NoFit):
-                    if refreshed or skipped:
+                    if refreshed or avoid:
                         return None  # the serialized path queues it, or says it can never fit
                     cache.refresh(conn)
                     refreshed = True
@@ -243,27 +246,10 @@ class LedgerGrants:
             if existing is not None:
                 return self._store.reservation(tx.conn, existing)
             tx.queue_tracked = True
-            tx.queue_inserted.add(rid)
-            tx.conn.execute(
-                insert(schema.reservations).values(
-                    id=rid,
-                    holder=args.holder,
-                    request=json.dumps(request.to_dict(), sort_keys=True),
-                    priority=request.priority,
-                    seq=tx.version,
-                    state=WAITING,
-                    team=request.team,
-                    workload_class=request.workload_class.value,
-                    created_at=tx.now,
-                    deadline=tx.now + args.timeout,
-                    ttl=args.ttl,
-                    overtakes=0,
-                    gang_id=rid if request.gang is not None else None,
-                    gang_index=0 if request.gang is not None else None,
-                )
-            )
-            self._store.requests.put(rid, request)
-            tx.dirty = True
+            passed = self._grant_past_queue(tx, args)
+            if passed is not None:
+                return passed
+            self._insert_waiting(tx, args)
             self._cycle.serve(tx)
             if rid in tx.assignments and request.gang is None:
                 assignment = tx.assignments[rid]
@@ -274,6 +260,67 @@ class LedgerGrants:
             return self._store.reservation(tx.conn, row)
 
         return self._cycle.write(run)
+
+    def _grant_past_queue(self, tx: Tx, args: ReserveArgs) -> Reservation | None:
+        """Grant the request without a pass over the queue, where the gate lets it (:mod:`.gate`); else None.
+
+        Every waiting request is blocked and this one passes only spent ones, so a pass would
+        place it the same way: on a node the queue does not hold.
+        """
+        request, gate = args.request, tx.current_gate
+        if not gate.lets_grant(request) or governed(tx.quota_version):
+            return None
+        verdict = self._cycle.place(tx.nodes, request, held_nodes(tx.conn))
+        if not isinstance(verdict, Assignment):
+            return None
+        self._insert_waiting(tx, args)
+        grant_row(tx, args.reservation_id, request, verdict)
+        # Passing requests whose budget is not spent counts one overtake each, as a pass would.
+        # One that spends its budget here gets its hold from the next pass: the gate closes.
+        tx.gate_kept = not gate.counts(request) or not self._count_overtakes(tx, request.priority)
+        node_pool = tx.nodes[verdict.node].node_pool
+        return _granted(args, tx.now, _new_grant(self._store, verdict, args, node_pool, tx.now))
+
+    def _count_overtakes(self, tx: Tx, priority: int) -> bool:
+        """Count one overtake of every waiting request at or above ``priority`` whose budget is not spent.
+
+        Return whether one of them spent its budget (the next pass then holds a node for it).
+        """
+        r, bound = schema.reservations.c, self._cycle.max_overtakes
+        counted = tx.conn.execute(
+            update(schema.reservations)
+            .where(r.state == WAITING, r.overtakes < bound, r.priority >= priority)
+            .values(overtakes=r.overtakes + 1)
+            .returning(r.overtakes)
+        ).scalars()
+        spent = any(n >= bound for n in counted)
+        tx.spent_changed |= spent
+        return spent
+
+    def _insert_waiting(self, tx: Tx, args: ReserveArgs) -> None:
+        """Queue the request (a pass, or the caller, then grants it or leaves it waiting)."""
+        request, rid = args.request, args.reservation_id
+        tx.queue_inserted.add(rid)
+        tx.conn.execute(
+            insert(schema.reservations).values(
+                id=rid,
+                holder=args.holder,
+                request=json.dumps(request.to_dict(), sort_keys=True),
+                priority=request.priority,
+                seq=tx.version,
+                state=WAITING,
+                team=request.team,
+                workload_class=request.workload_class.value,
+                created_at=tx.now,
+                deadline=tx.now + args.timeout,
+                ttl=args.ttl,
+                overtakes=0,
+                gang_id=rid if request.gang is not None else None,
+                gang_index=0 if request.gang is not None else None,
+            )
+        )
+        self._store.requests.put(rid, request)
+        tx.dirty = True
 
     def _refuse_if_never_fits(self, tx: Tx, request: GpuRequest) -> None:
         empty = self._store.cache.empty_snapshot(tx.nodes.values())
@@ -358,12 +405,23 @@ class LedgerGrants:
                 self._cycle.end_grant(tx, row, ReservationState.PREEMPTED, message)
             elif state.holds:
                 self._cycle.end_grant(tx, row, ReservationState.RELEASED, reason)
+                if self._frees_past_queue(tx, row.node):
+                    tx.gate_kept = True
+                    return released(reservation_id, state, reason)
             else:
                 self._cycle.end_waiting(tx, row, ReservationState.CANCELLED, reason)
             self._cycle.serve(tx)
             return released(reservation_id, state, reason)
 
         return self._cycle.write(run)
+
+    def _frees_past_queue(self, tx: Tx, node: str) -> bool:
+        """Whether what a release freed on ``node`` fits no waiting request (:mod:`.gate`): no pass needed.
+
+        A held node too: it only comes closer to fitting its request, so it stays the one held.
+        """
+        state = tx.nodes.get(node)
+        return state is not None and not governed(tx.quota_version) and tx.current_gate.lets_release(state)
 
 
 def note_checkpoint(cycle: WriteCycle, reservation_id: str, at: float) -> bool:

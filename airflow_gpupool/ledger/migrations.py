@@ -18,7 +18,7 @@ from typing import Any
 
 from alembic.operations import Operations
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import Column, Connection, Engine, insert, inspect, select, text, update
+from sqlalchemy import Column, Connection, Engine, Table, insert, inspect, select, text, update
 
 from airflow_gpupool.exceptions import LedgerSchemaError
 from airflow_gpupool.governance.capacity import capacity_type
@@ -64,12 +64,13 @@ def _v3(op: Operations, conn: Connection) -> None:
 _V4_COLUMNS = ("pod_namespace", "pod_name", "pod_uid", "bound_at", "orphaned_at")
 
 
-def _add_reservation_columns(op: Operations, conn: Connection, names: tuple[str, ...]) -> None:
-    """Add the nullable reservation columns ``names`` the table lacks.
+def _add_reservation_columns(
+    op: Operations, conn: Connection, names: tuple[str, ...], table: Table = schema.reservations
+) -> None:
+    """Add the nullable columns ``names`` of ``table`` (the reservations) that the table lacks.
 
     v1 creates the table as the code has it now, columns of later versions included.
     """
-    table = schema.reservations
     present = {c["name"] for c in inspect(conn).get_columns(table.name)}
     for name in names:
         if name not in present:
@@ -209,6 +210,15 @@ def _v12(op: Operations, conn: Connection) -> None:
     schema.metadata.create_all(conn, tables=[schema.headroom, schema.team_totals])
 
 
+def _v13(op: Operations, conn: Connection) -> None:
+    _add_reservation_columns(op, conn, ("held_for",), schema.nodes)
+    index = next(i for i in schema.nodes.indexes if i.name == "ix_gpupool_nodes_held_for")
+    if index.name not in {i["name"] for i in inspect(conn).get_indexes(schema.nodes.name)}:
+        index.create(conn)
+    if conn.dialect.name == "postgresql":  # the concurrent path passes waiters it cannot affect
+        pg_functions.install(conn)
+
+
 def sql_literal(value: object) -> Any:
     """Return the server default that fills a migrated column on existing rows (a SQL literal)."""
     if isinstance(value, bool):
@@ -235,6 +245,9 @@ MIGRATIONS: tuple[Migration, ...] = (
         12,
         "headroom: each pool's share kept for urgent work, grants admitted on its loan; per-team totals of pruned history",
         _v12,
+    ),
+    Migration(
+        13, "queue gate: held nodes marked; grants and releases that cannot matter to the queue skip it", _v13
     ),
 )
 LATEST = MIGRATIONS[-1].version

@@ -1,10 +1,11 @@
 """PostgreSQL functions of the ledger's concurrent path (schema v3; v5 measures on the database's clock;
-v7 skips quarantined GPUs).
+v7 skips quarantined GPUs; v13 passes waiting requests as the queue gate allows, :mod:`.gate`).
 
 A grant or release that needs no queue decision does not have to wait for every other
 writer: it takes the ledger lock in *shared* mode, locks only its node's row, and commits
 on its own, so PostgreSQL commits many of them together. Each function is one round trip
-and one transaction. When the queue is not empty, a lease is overdue, the inventory
+and one transaction. When the queue must decide (requests wait and the gate the last pass left
+does not let this grant or release pass them), a lease is overdue, the inventory
 changed, or anything else needs the serialized path, a function changes nothing and
 answers ``serialize``: the caller then takes the exclusive lock (see
 :mod:`airflow_gpupool.ledger.grants`).
@@ -41,6 +42,9 @@ DECLARE
     v_node record;
     v_gpu integer;
     v_xid bigint;
+    v_waiting boolean;
+    v_bound bigint;
+    v_spent bigint;
     p_deadline double precision;
 BEGIN
     PERFORM pg_advisory_xact_lock_shared(__LOCK_KEY__, hashtext(current_schema()));
@@ -48,8 +52,10 @@ BEGIN
     p_now := coalesce(p_now, extract(epoch FROM clock_timestamp())::float8);
     p_deadline := p_now + p_timeout;
     taken_at := p_now;
-    -- Queue order, expiry and new inventory are decided with the lock held exclusively.
-    IF EXISTS (SELECT 1 FROM gpupool_reservations WHERE state = 'waiting')
+    -- Queue order, expiry and new inventory are decided with the lock held exclusively; a grant
+    -- may pass waiting requests only as the last pass's gate allows (ledger.gate).
+    v_waiting := EXISTS (SELECT 1 FROM gpupool_reservations WHERE state = 'waiting');
+    IF (v_waiting AND coalesce((SELECT value FROM gpupool_meta WHERE key = 'queue_gate_open'), 0) <> 1)
        OR EXISTS (SELECT 1 FROM gpupool_reservations WHERE state = 'granted' AND expires_at < p_now)
        OR (SELECT value FROM gpupool_meta WHERE key = 'inventory_generation') IS DISTINCT FROM p_generation
        OR EXISTS (SELECT 1 FROM gpupool_reservations WHERE id = p_id) THEN
@@ -58,6 +64,11 @@ BEGIN
     END IF;
     -- Wait for a writer that holds the node: its commit is a few milliseconds away.
     SELECT * INTO v_node FROM gpupool_nodes WHERE name = p_node FOR UPDATE;
+    -- A node the queue holds for a waiting request drains for it: grants there go through the queue.
+    IF FOUND AND v_node.held_for IS NOT NULL THEN
+        outcome := 'serialize';
+        RETURN;
+    END IF;
     -- The caller placed on its copy of the capacity: check it against the row it now holds.
     IF NOT FOUND OR v_node.health <> 'healthy' OR v_node.cpu_free < p_cpu OR v_node.memory_free < p_mem
        OR (p_class = 'training' AND v_node.n_inference > 0)
@@ -124,6 +135,26 @@ BEGIN
         UPDATE gpupool_gpus SET free_milli = free_milli - p_milli, free_memory_mib = free_memory_mib - p_gmem
         WHERE node = p_node AND idx = ANY (taken_indices);
     END IF;
+    -- Passing waiting requests whose budget is not spent counts one overtake of each, as a pass
+    -- would (rows locked in id order: two grants never wait on each other's rows in a cycle).
+    -- One that spends its budget here closes the gate: the next writer's pass holds a node for it.
+    IF v_waiting AND p_priority <= coalesce(
+            (SELECT value FROM gpupool_meta WHERE key = 'queue_gate_unspent_priority'), -9223372036854775808) THEN
+        v_bound := coalesce((SELECT value FROM gpupool_meta WHERE key = 'queue_gate_bound'), 0);
+        WITH counted AS (
+            UPDATE gpupool_reservations SET overtakes = overtakes + 1
+            WHERE id IN (SELECT id FROM gpupool_reservations
+                         WHERE state = 'waiting' AND overtakes < v_bound AND priority >= p_priority
+                         ORDER BY id FOR UPDATE)
+            RETURNING overtakes
+        )
+        SELECT count(*) INTO v_spent FROM counted WHERE overtakes >= v_bound;
+        IF v_spent > 0 THEN
+            UPDATE gpupool_meta SET value = 0 WHERE key = 'queue_gate_open';
+            INSERT INTO gpupool_meta (key, value) VALUES ('spent_queue_version', v_xid)
+            ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value;
+        END IF;
+    END IF;
     outcome := 'granted';
 END
 $$;
@@ -141,12 +172,13 @@ DECLARE
     v_node record;
     v_request json;
     v_xid bigint;
+    v_whole bigint;
+    v_largest bigint;
 BEGIN
     PERFORM pg_advisory_xact_lock_shared(__LOCK_KEY__, hashtext(current_schema()));
     p_now := coalesce(p_now, extract(epoch FROM clock_timestamp())::float8);
-    -- Freed capacity goes to the queue first, and overdue leases expire first: both serialized.
-    IF EXISTS (SELECT 1 FROM gpupool_reservations WHERE state = 'waiting')
-       OR EXISTS (SELECT 1 FROM gpupool_reservations WHERE state = 'granted' AND expires_at < p_now) THEN
+    -- Overdue leases expire first: serialized.
+    IF EXISTS (SELECT 1 FROM gpupool_reservations WHERE state = 'granted' AND expires_at < p_now) THEN
         outcome := 'serialize';
         RETURN;
     END IF;
@@ -161,6 +193,27 @@ BEGIN
     IF NOT FOUND OR v_node.remove_when_drained THEN
         outcome := 'serialize';
         RETURN;
+    END IF;
+    -- Freed capacity goes to the queue first, unless the last pass's gate says it cannot fit any
+    -- waiting request: too few GPUs free once given back (ledger.gate). A held node only comes
+    -- closer to fitting its request, so it stays the one held.
+    IF EXISTS (SELECT 1 FROM gpupool_reservations WHERE state = 'waiting') THEN
+        IF coalesce((SELECT value FROM gpupool_meta WHERE key = 'queue_gate_open'), 0) <> 1 THEN
+            outcome := 'serialize';
+            RETURN;
+        END IF;
+        SELECT count(*) FILTER (WHERE after >= 1000), coalesce(max(after), 0) INTO v_whole, v_largest
+        FROM (
+            SELECT free_milli + CASE WHEN v_res.mig_slice IS NULL AND idx IN (
+                SELECT value::integer FROM json_array_elements_text(v_res.gpu_indices::json))
+                THEN v_res.milli_per_gpu ELSE 0 END AS after
+            FROM gpupool_gpus WHERE node = v_res.node AND NOT partitioned
+        ) AS freed;
+        IF v_whole >= coalesce((SELECT value FROM gpupool_meta WHERE key = 'queue_gate_min_gpus'), 0)
+           OR v_largest >= coalesce((SELECT value FROM gpupool_meta WHERE key = 'queue_gate_min_milli'), 0) THEN
+            outcome := 'serialize';
+            RETURN;
+        END IF;
     END IF;
     UPDATE gpupool_reservations SET state = 'released', ended_at = p_now, message = p_message
     WHERE id = p_id AND state = 'granted';

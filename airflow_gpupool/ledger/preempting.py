@@ -88,18 +88,34 @@ class Victim:
 
 def preempt_for_waiting(
     cycle: WriteCycle, tx: Tx, waiting: Sequence[QueueEntry], quota: Governance | None
-) -> None:
-    """Offer victims to the first requests of ``waiting`` (in queue order) that the pass did not grant."""
+) -> bool:
+    """Offer victims to the first requests of ``waiting`` (in queue order) that the pass did not grant.
+
+    Return whether preemption may come into question (a preemptor and a preemptible grant exist):
+    later writes then serve the queue instead of passing it by (:mod:`~airflow_gpupool.ledger.gate`).
+    """
     preemptors = [
         e
         for e in waiting
         if e.request_id not in tx.assignments and e.request.gang is None and e.request.preempts
     ]
     if not preemptors:
-        return
+        return False
     rows = tx.conn.execute(_CANDIDATES).all()
     if not rows:
-        return
+        return False
+    _offer(cycle, tx, preemptors, rows, quota)
+    return True
+
+
+def _offer(
+    cycle: WriteCycle,
+    tx: Tx,
+    preemptors: Sequence[QueueEntry],
+    rows: Sequence[Row[Any]],
+    quota: Governance | None,
+) -> None:
+    """Offer the candidates ``rows`` as victims to ``preemptors``, in queue order."""
     told = tx.conn.execute(_PENDING).all()
     pending = {row.preempted_by for row in told}
     if quota is not None:  # what the victims already told hold is as good as given back

@@ -67,8 +67,12 @@ nodes = Table(
     Column("heartbeat_interval", Float, nullable=True),
     Column("heartbeat_streak_since", Float, nullable=True),
     Column("agent_state", Text, nullable=True),
+    # Schema v13 (the queue gate): the waiting request the queue holds this node for, if any;
+    # grants on it and releases from it go through the queue (see ledger.gate).
+    Column("held_for", String(64), nullable=True),
 )
 Index("ix_gpupool_nodes_version", nodes.c.version)
+Index("ix_gpupool_nodes_held_for", nodes.c.held_for)
 
 gpus = Table(
     "gpupool_gpus",

@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -35,6 +35,7 @@ from airflow_gpupool.ledger.engine import (
     transient_retry,
     write_transaction,
 )
+from airflow_gpupool.ledger.gate import QueueGate
 from airflow_gpupool.ledger.migrations import migrate, require_current
 from airflow_gpupool.ledger.models import Reservation
 from airflow_gpupool.ledger.notify import notify_waiters
@@ -97,6 +98,19 @@ class Tx:
     elastic_added: bool = False
     # The quotas' version as this transaction began (None or 0: no quota stored, see ledger.admission).
     quota_version: int | None = None
+    # The queue gate as this transaction began, the one its last pass over the queue leaves
+    # (None: no pass), and whether its changes keep the gate true without a pass (ledger.gate).
+    gate_at_start: QueueGate = field(default_factory=QueueGate)
+    gate_stored: Mapping[str, int | None] = field(default_factory=dict)
+    gate: QueueGate | None = None
+    gate_kept: bool = False
+    # The nodes the queue holds once this transaction commits (None: unchanged by it).
+    held: frozenset[str] | None = None
+
+    @property
+    def current_gate(self) -> QueueGate:
+        """The gate as it stands in this transaction so far."""
+        return self.gate if self.gate is not None else self.gate_at_start
 
     def spent_rows_changed(self) -> bool:
         """Whether the spent waiting requests differ once this transaction commits."""
@@ -292,10 +306,12 @@ class LedgerStore:
                 tx = Tx(conn, self._tx_now(conn), stamp.version, dict(self.cache.nodes))
                 tx.spent_version = stamp.spent_version
                 tx.quota_version = stamp.quota_version
+                tx.gate_at_start, tx.gate_stored = stamp.gate, stamp.gate_stored
                 result = fn(tx)
                 if tx.spent_rows_changed():
                     self._stamp_spent(conn, tx.version, stamp.spent_version is None)
                     tx.dirty = True  # on SQLite, the next writer then gets another version
+                self._publish_gate(conn, tx)
                 woken = tx.woken_at_commit()
                 if woken and not stamp.counter:  # PostgreSQL: delivered at commit
                     notify_waiters(conn, woken)
@@ -304,12 +320,28 @@ class LedgerStore:
                 if tx.inventory_changed:
                     self._bump(conn, "inventory_generation", stamp.generation + 1)
             if tx.dirty and tx.exact and not tx.inventory_changed:
-                self.cache.adopt(tx.nodes, stamp.watermark_after_commit)
+                self.cache.adopt(tx.nodes, stamp.watermark_after_commit, tx.held)
             return result
 
     @staticmethod
     def _bump(conn: Connection, key: str, value: int) -> None:
         conn.execute(sql.BUMP_META, {"meta_key": key, "meta_value": value})
+
+    @staticmethod
+    def _publish_gate(conn: Connection, tx: Tx) -> None:
+        """Store the gate this transaction's pass left; close it after any other change (see ledger.gate)."""
+        if tx.gate is not None:
+            gate = tx.gate
+        elif tx.dirty and not tx.gate_kept:
+            gate = QueueGate()
+        else:
+            return
+        for key, value in gate.to_meta().items():  # only what changed: mostly one or two keys
+            stored = tx.gate_stored.get(key)
+            if stored is None:
+                conn.execute(insert(schema.ledger_meta).values(key=key, value=value))
+            elif stored != value:
+                conn.execute(sql.BUMP_META, {"meta_key": key, "meta_value": value})
 
     @staticmethod
     def _stamp_spent(conn: Connection, version: int, missing: bool) -> None:

@@ -15,15 +15,16 @@ from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 import pytest
-from sqlalchemy import Connection, create_engine, text
+from sqlalchemy import Connection, create_engine, select, text
 
-from airflow_gpupool.ledger import Ledger, ReservationState, migrations
+from airflow_gpupool.ledger import Ledger, ReservationState, migrations, schema
 from airflow_gpupool.ledger import grants as ledger_module
 from airflow_gpupool.ledger.cache import CapacityCache
 from airflow_gpupool.ledger.concurrent import ConcurrentPath
 from airflow_gpupool.ledger.engine import ADVISORY_LOCK_KEY, normalize_url
+from airflow_gpupool.ledger.gate import QueueGate
 from airflow_gpupool.placement.verdict import Assignment
-from airflow_gpupool.resources import GpuDevice, GpuRequest, MigSlice, NodeInventory
+from airflow_gpupool.resources import GangSpec, GpuDevice, GpuRequest, MigSlice, NodeInventory
 from tests.ledger_fixtures import FakeClock, node
 
 GRANTED = ReservationState.GRANTED
@@ -116,8 +117,19 @@ def test_take_checks_the_node_and_leaves_queue_decisions_to_the_exclusive_path(
 
     waiting = ledger.reserve(GpuRequest(gpus=1, gpu_models=["A100"]), "waits")
     assert waiting.state is ReservationState.WAITING
-    assert take("behind-queue", GpuRequest(gpus=1), t4, "T4", now=clock.now) == ("serialize", None)
+    # A grant behind the waiting request, which no free node fits: a backfill the queue gate lets
+    # pass (ledger.gate), its overtake counted as a pass would count it.
+    assert take("behind-queue", GpuRequest(gpus=1), t4, "T4", now=clock.now) == ("granted", t4)
+    r = schema.reservations.c
+    count = ledger.read(lambda conn: conn.execute(select(r.overtakes).where(r.id == waiting.id)).scalar_one())
+    assert count == 1
+    ledger.release("behind-queue")
     ledger.release(waiting.id)
+    # A waiting gang closes the gate: every grant goes through the queue while it waits.
+    gang = ledger.reserve(GpuRequest(gpus=1, gang=GangSpec(2, 2)), "gang")
+    assert gang.state is ReservationState.WAITING
+    assert take("behind-gang", GpuRequest(gpus=1), t4, "T4", now=clock.now) == ("serialize", None)
+    ledger.release(gang.id)
     assert take("overdue", GpuRequest(gpus=1), t4, "T4", now=clock.now + 61) == ("serialize", None)
     assert take("t4", GpuRequest(gpus=1), t4, "T4", now=clock.now) == ("granted", t4)
     assert ledger.check_invariants() == []
@@ -298,7 +310,11 @@ def test_an_equivalent_mig_slice_is_on_a_gpu_of_the_same_model(
 
 
 def insert_waiting(conn: Connection, rid: str, request: GpuRequest, now: float) -> None:
-    """Write a waiting reservation row as the serialized path queues one (not committed yet)."""
+    """Write a waiting reservation row as the serialized path queues one (not committed yet).
+
+    Its pass leaves the queue gate closed, as for a request the gate cannot summarize (a gang,
+    a MIG slice): every grant then goes through the queue (ledger.gate).
+    """
     conn.execute(
         text(
             "INSERT INTO gpupool_reservations (id, holder, request, priority, seq, state, team,"
@@ -307,6 +323,15 @@ def insert_waiting(conn: Connection, rid: str, request: GpuRequest, now: float) 
         ),
         {"rid": rid, "request": json.dumps(request.to_dict()), "now": now, "deadline": now + 60},
     )
+    for key, value in QueueGate().to_meta().items():
+        updated = conn.execute(
+            text("UPDATE gpupool_meta SET value = :value WHERE key = :key"), {"key": key, "value": value}
+        )
+        if updated.rowcount == 0:
+            conn.execute(
+                text("INSERT INTO gpupool_meta (key, value) VALUES (:key, :value)"),
+                {"key": key, "value": value},
+            )
 
 
 def take_behind(

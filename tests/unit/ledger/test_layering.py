@@ -13,7 +13,7 @@ PACKAGE = "airflow_gpupool.ledger"
 FOLDER = Path(airflow_gpupool.ledger.__file__).parent
 # Bottom up. Modules of one layer don't import each other either.
 LAYERS = [
-    {"schema", "models", "engine", "equivalence", "service", "agent_report"},
+    {"schema", "models", "engine", "equivalence", "service", "agent_report", "gate"},
     {"statements", "pg_functions", "invariants", "concurrent", "notify"},
     {"migrations", "cache", "queue_copy"},
     {"records"},

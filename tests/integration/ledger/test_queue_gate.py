@@ -1,0 +1,135 @@
+"""The queue gate, on SQLite and PostgreSQL: grants and releases that cannot matter to the queue skip it.
+
+A state machine checks the rule that makes skipping safe: after every call, a pass over the
+queue would grant nothing (the queue is always served). Scenario tests show who skips: with
+whole-node requests waiting, spent, a one-GPU grant and its release skip the queue (no write
+lock on PostgreSQL, no read of the queue on SQLite), while a release that frees a node a
+waiting request fits, or a grant on the node the queue holds, goes through it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from hypothesis import strategies as st
+from hypothesis.stateful import invariant, rule
+from sqlalchemy import event, select
+
+from airflow_gpupool.ledger import Ledger, ReservationState, schema
+from airflow_gpupool.resources import GpuRequest
+from tests.integration.ledger.test_ledger_properties import ReservingMachine, run_ledger_machine
+from tests.ledger_fixtures import node
+
+GRANTED, WAITING = ReservationState.GRANTED, ReservationState.WAITING
+SHAPES = ({"gpus": 1}, {"gpus": 2}, {"gpus": 4}, {"gpu_milli": 250}, {"gpu_milli": 500})
+
+
+class QueueGateMachine(ReservingMachine):
+    """Random grants, releases, renewals and expiry on three small nodes; the queue stays served."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ledger.upsert_nodes([node("a", gpus=4), node("b", gpus=4), node("c", gpus=2)])
+
+    @rule(
+        shape=st.sampled_from(SHAPES), priority=st.sampled_from([0, 0, 1, 2]), ttl=st.sampled_from([30, 600])
+    )
+    def reserve(self, shape: dict[str, int], priority: int, ttl: int) -> None:
+        self._reserve(GpuRequest(**shape, priority=priority), "h", ttl, 900)
+
+    @invariant()
+    def the_queue_is_served(self) -> None:
+        assert self.ledger.check_invariants() == []
+        # Nothing is due between calls (time moves only in advance_and_reap, which reaps), so a
+        # pass now may only grant what a write before it should have granted.
+        assert self.ledger.reap().granted == ()
+
+
+@pytest.mark.parametrize(
+    ("backend", "examples"),
+    [
+        pytest.param("sqlite", 60, id="sqlite"),
+        pytest.param("postgresql", 25, id="postgresql", marks=pytest.mark.postgres),
+    ],
+)
+def test_after_every_call_a_pass_would_grant_nothing(backend: str, examples: int, tmp_path: Path) -> None:
+    run_ledger_machine(QueueGateMachine, backend, tmp_path, examples=examples, steps=30)
+
+
+@pytest.fixture
+def pool(make_ledger: Callable[..., Ledger]) -> Ledger:
+    """Four nodes of 8 GPUs, 7 of each held; three whole-node requests wait, their budget spent."""
+    ledger = make_ledger(max_overtakes=1)
+    ledger.upsert_nodes([node(f"n{i}", gpus=8) for i in range(4)])
+    for i in range(4):
+        assert ledger.reserve(GpuRequest(gpus=7), "filler", reservation_id=f"fill-{i}").state is GRANTED
+    for i in range(3):
+        assert ledger.reserve(GpuRequest(gpus=8), "big", reservation_id=f"big-{i}").state is WAITING
+    # One grant past them spends their budget of one overtake; the next pass holds a node for the first.
+    for rid in ("spend", "hold"):
+        assert ledger.reserve(GpuRequest(gpus=1), "small", reservation_id=rid).state is GRANTED
+        ledger.release(rid)
+    return ledger
+
+
+def held(ledger: Ledger) -> list[str]:
+    n = schema.nodes.c
+    return ledger.read(
+        lambda conn: list(conn.execute(select(n.name).where(n.held_for.is_not(None))).scalars())
+    )
+
+
+@contextmanager
+def statements(ledger: Ledger, pattern: str) -> Iterator[list[str]]:
+    """Collect the SQL statements of ``ledger``'s serialized engine that match ``pattern``."""
+    seen: list[str] = []
+    found = re.compile(pattern, re.IGNORECASE)
+
+    def listen(_conn: object, _cursor: object, statement: str, *_: object) -> None:
+        if found.search(statement):
+            seen.append(statement)
+
+    engine = ledger._store.engine
+    event.listen(engine, "before_cursor_execute", listen)
+    try:
+        yield seen
+    finally:
+        event.remove(engine, "before_cursor_execute", listen)
+
+
+def test_a_small_grant_and_its_release_pass_spent_waiting_requests_by(pool: Ledger) -> None:
+    (hold,) = held(pool)
+    # The serialized path's lock (PostgreSQL) or its pass over the queue (both) would show here.
+    with statements(
+        pool, r"pg_advisory_xact_lock\(|ORDER BY gpupool_reservations.priority DESC"
+    ) as queue_work:
+        for i in range(5):
+            granted = pool.reserve(GpuRequest(gpus=1), "small", reservation_id=f"small-{i}")
+            assert granted.state is GRANTED and granted.grant is not None
+            assert granted.grant.node != hold  # the held node drains for the first waiting request
+            pool.release(granted.id)
+    assert queue_work == []
+    assert [pool.get(f"big-{i}").state for i in range(3)] == [WAITING] * 3
+    assert pool.check_invariants() == []
+
+
+def test_a_release_that_frees_a_node_a_waiting_request_fits_serves_the_queue(pool: Ledger) -> None:
+    (hold,) = held(pool)
+    other = next(f"fill-{i}" for i in range(4) if pool.get(f"fill-{i}").grant.node != hold)  # type: ignore[union-attr]
+    pool.release(other)  # 8 GPUs free on that node: the first waiting request fits
+    assert pool.get("big-0").state is GRANTED
+    assert [pool.get(f"big-{i}").state for i in (1, 2)] == [WAITING] * 2
+    assert pool.reap().granted == ()
+
+
+def test_a_grant_never_lands_on_the_held_node(pool: Ledger) -> None:
+    (hold,) = held(pool)
+    free = [f"fill-{i}" for i in range(4) if pool.get(f"fill-{i}").grant.node != hold]  # type: ignore[union-attr]
+    granted = [pool.reserve(GpuRequest(gpus=1), "small", reservation_id=f"s-{i}") for i in range(4)]
+    # One GPU free on each of the three other nodes; the fourth waits although the held node has one.
+    assert [r.state for r in granted] == [GRANTED] * 3 + [WAITING]
+    assert {r.grant.node for r in granted[:3]} == {pool.get(f).grant.node for f in free}  # type: ignore[union-attr]
