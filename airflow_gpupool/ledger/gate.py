@@ -106,6 +106,11 @@ class QueueGate:
         values = (int(self.open), self.min_gpus, self.min_milli, self.unspent_priority, self.bound)
         return dict(zip(GATE_KEYS, values, strict=True))
 
+    @property
+    def has_waiters(self) -> bool:
+        """Whether the pass left requests waiting."""
+        return self.min_gpus != NO_WAITER or self.min_milli != NO_WAITER
+
     def lets_grant(self, request: GpuRequest) -> bool:
         """Whether ``request`` may be granted without a pass (placed outside the held nodes)."""
         return self.open and request.gang is None

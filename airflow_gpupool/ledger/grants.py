@@ -264,11 +264,14 @@ class LedgerGrants:
     def _grant_past_queue(self, tx: Tx, args: ReserveArgs) -> Reservation | None:
         """Grant the request without a pass over the queue, where the gate lets it (:mod:`.gate`); else None.
 
-        Every waiting request is blocked and this one passes only spent ones, so a pass would
-        place it the same way: on a node the queue does not hold.
+        Every waiting request is blocked, so a pass would place this one the same way (on a node
+        the queue does not hold) and count its overtakes of the requests it passes. A preemptible
+        grant while requests wait goes through a pass, which offers it to them as a victim.
         """
         request, gate = args.request, tx.current_gate
         if not gate.lets_grant(request) or governed(tx.quota_version):
+            return None
+        if request.preemptible and gate.has_waiters:
             return None
         verdict = self._cycle.place(tx.nodes, request, held_nodes(tx.conn))
         if not isinstance(verdict, Assignment):

@@ -55,7 +55,9 @@ BEGIN
     -- Queue order, expiry and new inventory are decided with the lock held exclusively; a grant
     -- may pass waiting requests only as the last pass's gate allows (ledger.gate).
     v_waiting := EXISTS (SELECT 1 FROM gpupool_reservations WHERE state = 'waiting');
-    IF (v_waiting AND coalesce((SELECT value FROM gpupool_meta WHERE key = 'queue_gate_open'), 0) <> 1)
+    -- A preemptible grant while requests wait goes through a pass, which offers it as a victim.
+    IF (v_waiting AND (coalesce((SELECT value FROM gpupool_meta WHERE key = 'queue_gate_open'), 0) <> 1
+                       OR strpos(p_request, '"preemptible": true') > 0))
        OR EXISTS (SELECT 1 FROM gpupool_reservations WHERE state = 'granted' AND expires_at < p_now)
        OR (SELECT value FROM gpupool_meta WHERE key = 'inventory_generation') IS DISTINCT FROM p_generation
        OR EXISTS (SELECT 1 FROM gpupool_reservations WHERE id = p_id) THEN

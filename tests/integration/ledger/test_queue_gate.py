@@ -133,3 +133,21 @@ def test_a_grant_never_lands_on_the_held_node(pool: Ledger) -> None:
     # One GPU free on each of the three other nodes; the fourth waits although the held node has one.
     assert [r.state for r in granted] == [GRANTED] * 3 + [WAITING]
     assert {r.grant.node for r in granted[:3]} == {pool.get(f).grant.node for f in free}  # type: ignore[union-attr]
+
+
+def test_a_preemptible_grant_goes_through_the_queue_and_keeps_it_served_while_requests_wait(
+    pool: Ledger,
+) -> None:
+    # A pass offers a preemptible grant to the waiting requests as a victim; while one could be,
+    # every write serves the queue.
+    with statements(pool, r"ORDER BY gpupool_reservations.priority DESC") as passes:
+        assert pool.reserve(GpuRequest(gpus=1, preemptible=True), "p", reservation_id="pre").state is GRANTED
+    assert passes
+    with statements(pool, r"ORDER BY gpupool_reservations.priority DESC") as passes:
+        assert pool.reserve(GpuRequest(gpus=1), "s", reservation_id="plain").state is GRANTED
+    assert passes
+    pool.release("pre")
+    pool.release("plain")
+    with statements(pool, r"ORDER BY gpupool_reservations.priority DESC") as passes:
+        pool.release(pool.reserve(GpuRequest(gpus=1), "s", reservation_id="again").id)
+    assert passes == []  # no preemptible grant left: the gate lets small grants by again
