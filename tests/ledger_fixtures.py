@@ -11,9 +11,10 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import pytest
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, event
 from sqlalchemy.engine import make_url
 
 from airflow_gpupool.ledger import Ledger
@@ -131,3 +132,20 @@ def node(
         for i in range(gpus)
     )
     return NodeInventory(name, cpu, mem, devices, labels or {}, pool)  # type: ignore[arg-type]
+
+
+@contextmanager
+def ledger_statements(ledger: Ledger, matches: Callable[[str], bool]) -> Iterator[list[str]]:
+    """Collect the SQL statements of ``ledger``'s serialized engine for which ``matches`` says yes."""
+    seen: list[str] = []
+
+    def listen(_conn: object, _cursor: object, statement: str, *_: object) -> None:
+        if matches(statement):
+            seen.append(statement)
+
+    engine = ledger._store.engine  # what the serialized path and the reads run on
+    event.listen(engine, "before_cursor_execute", listen)
+    try:
+        yield seen
+    finally:
+        event.remove(engine, "before_cursor_execute", listen)

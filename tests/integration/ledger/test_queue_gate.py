@@ -10,19 +10,19 @@ waiting request fits, or a grant on the node the queue holds, goes through it.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import invariant, rule
-from sqlalchemy import event, select
+from sqlalchemy import select
 
 from airflow_gpupool.ledger import Ledger, ReservationState, schema
 from airflow_gpupool.resources import GpuRequest
 from tests.integration.ledger.test_ledger_properties import ReservingMachine, run_ledger_machine
-from tests.ledger_fixtures import node
+from tests.ledger_fixtures import ledger_statements, node
 
 GRANTED, WAITING = ReservationState.GRANTED, ReservationState.WAITING
 SHAPES = ({"gpus": 1}, {"gpus": 2}, {"gpus": 4}, {"gpu_milli": 250}, {"gpu_milli": 500})
@@ -83,22 +83,10 @@ def held(ledger: Ledger) -> list[str]:
     )
 
 
-@contextmanager
-def statements(ledger: Ledger, pattern: str) -> Iterator[list[str]]:
+def statements(ledger: Ledger, pattern: str) -> AbstractContextManager[list[str]]:
     """Collect the SQL statements of ``ledger``'s serialized engine that match ``pattern``."""
-    seen: list[str] = []
     found = re.compile(pattern, re.IGNORECASE)
-
-    def listen(_conn: object, _cursor: object, statement: str, *_: object) -> None:
-        if found.search(statement):
-            seen.append(statement)
-
-    engine = ledger._store.engine
-    event.listen(engine, "before_cursor_execute", listen)
-    try:
-        yield seen
-    finally:
-        event.remove(engine, "before_cursor_execute", listen)
+    return ledger_statements(ledger, lambda sql: bool(found.search(sql)))
 
 
 def test_a_small_grant_and_its_release_pass_spent_waiting_requests_by(pool: Ledger) -> None:

@@ -6,19 +6,19 @@ ledger reads nothing about them (checked by counting statements).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 import pytest
 import yaml
-from sqlalchemy import create_engine, delete, event, select
+from sqlalchemy import create_engine, delete, select
 
 from airflow_gpupool.governance.quotas import parse_quota_file
 from airflow_gpupool.ledger import Ledger, ReservationState, migrations, schema
 from airflow_gpupool.ledger.engine import normalize_url
 from airflow_gpupool.ledger.quotas import LedgerQuotas
 from airflow_gpupool.resources import GangSpec, GpuRequest
-from tests.ledger_fixtures import node
+from tests.ledger_fixtures import ledger_statements, node
 
 GRANTED, WAITING = ReservationState.GRANTED, ReservationState.WAITING
 # These tests are about quotas alone; the headroom has its own (test_headroom.py).
@@ -144,20 +144,8 @@ def test_quotas_on_a_gpu_model_govern_every_pool_of_it(make_ledger: Callable[...
     assert take(ledger, "vision", 1, "v3") is GRANTED
 
 
-@contextmanager
-def quota_reads(ledger: Ledger) -> Iterator[list[str]]:
-    seen: list[str] = []
-
-    def listen(_conn: object, _cursor: object, statement: str, *_: object) -> None:
-        if "quota" in statement.lower() and "gpupool_meta" not in statement.lower():
-            seen.append(statement)
-
-    engine = ledger._store.engine
-    event.listen(engine, "before_cursor_execute", listen)
-    try:
-        yield seen
-    finally:
-        event.remove(engine, "before_cursor_execute", listen)
+def quota_reads(ledger: Ledger) -> AbstractContextManager[list[str]]:
+    return ledger_statements(ledger, lambda sql: "quota" in sql.lower() and "gpupool_meta" not in sql.lower())
 
 
 def test_without_quotas_nothing_about_them_is_read(pool: Ledger) -> None:
