@@ -212,9 +212,18 @@ class GpuPoolController:
             self.elector.release()
 
     def _keep_lease(self, stop: threading.Event) -> None:
-        """Renew the Lease every retry period while leading, whatever the steps are doing."""
-        while not stop.wait(self.elector.lease.retry_period):
-            if self.elector.is_leader() and self._clock() >= self._next_election:
+        """Renew the Lease each time a renewal is due while this replica holds it, whatever the steps do.
+
+        It wakes when the next renewal is due, not a fixed period after its last look, so a renewal
+        the pass made just before never stretches the gap to two periods. One renewal slower than
+        the renew deadline (a loaded host) ends leadership, but while the Lease still names this
+        replica the keeper tries again: nobody else has acted, so renewing is safe, and a long step
+        does not hand the Lease to a replica because of one slow call.
+        """
+        period = self.elector.lease.retry_period
+        while not stop.wait(min(period, max(0.01, self._next_election - self._clock()))):
+            holds = self.elector.is_leader() or self.elector.holder == self.elector.identity
+            if holds and self._clock() >= self._next_election:
                 self._renew(self._clock())
 
     def _renew(self, now: float) -> None:

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -253,8 +254,6 @@ def test_a_failing_step_is_logged_and_retried_at_the_next_pass(
 def test_a_pass_longer_than_the_lease_keeps_the_lease_from_a_replica(
     url: str, k8s: KubernetesEmulatorServer, leases: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import threading
-
     import airflow_gpupool.controller.run as run_module
 
     real_reconcile = run_module.reconcile
@@ -293,3 +292,64 @@ def test_a_pass_longer_than_the_lease_keeps_the_lease_from_a_replica(
         ledger.close()
     assert not thread.is_alive()
     assert replica.try_acquire_or_renew()  # released on the way out
+
+
+class _OneSlowRenewal:
+    """The Lease API, except that one renewal answers after the renew deadline (a loaded host)."""
+
+    def __init__(self, api: Any, delay: float) -> None:
+        self._api, self._delay = api, delay
+        self.slowed = threading.Event()
+
+    def replace_namespaced_lease(self, *args: Any, **kwargs: Any) -> Any:
+        answer = self._api.replace_namespaced_lease(*args, **kwargs)
+        if not self.slowed.is_set():
+            self.slowed.set()
+            time.sleep(self._delay)
+        return answer
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._api, name)
+
+
+def test_one_renewal_slower_than_the_deadline_does_not_hand_a_long_step_s_lease_away(
+    url: str, k8s: KubernetesEmulatorServer, leases: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The CI flake this guards: one slow call ended leadership and the keeper never renewed again.
+    import airflow_gpupool.controller.run as run_module
+
+    real_reconcile = run_module.reconcile
+    in_step, finish_step = threading.Event(), threading.Event()
+
+    def slow_reconcile(*args: Any, **kwargs: Any) -> Any:
+        in_step.set()
+        finish_step.wait(30)
+        return real_reconcile(*args, **kwargs)
+
+    monkeypatch.setattr(run_module, "reconcile", slow_reconcile)
+    settings = LeaseSettings("default", "busy", "gpupool-hiccup", lease_duration=LEASE_SECONDS)
+    api = _OneSlowRenewal(leases, delay=settings.renew_deadline + 0.2)
+    leader = LeaderElector(api, settings)
+    replica = LeaderElector(
+        leases, LeaseSettings("default", "waiting", "gpupool-hiccup", lease_duration=LEASE_SECONDS)
+    )
+    ledger = Ledger(url)
+    controller = GpuPoolController(
+        ledger, core_v1_api(k8s.kubeconfig_path), leader, ControllerIntervals(60, 60)
+    )
+    stop = threading.Event()
+    thread = threading.Thread(target=controller.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        assert in_step.wait(30) and api.slowed.wait(30)
+        deadline = time.monotonic() + 3 * LEASE_SECONDS
+        while time.monotonic() < deadline:
+            assert not replica.try_acquire_or_renew(), "the Lease lapsed after one slow renewal"
+            time.sleep(LEASE_SECONDS / 4)
+        assert leader.is_leader()  # the keeper renewed again after the slow call
+    finally:
+        finish_step.set()
+        stop.set()
+        thread.join(timeout=30)
+        ledger.close()
+    assert not thread.is_alive()
