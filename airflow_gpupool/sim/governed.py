@@ -98,6 +98,7 @@ class TeamsSim(QueueSim):
         self.lost: dict[str, float] = defaultdict(float)
         self.grace: dict[str, float] = defaultdict(float)
         self.waited: dict[str, list[tuple[float, bool]]] = defaultdict(list)
+        self.idle_area = [0.0, 0.0]  # idle capacity-time of the window: [nothing waited, some try did]
         self.pending: dict[int, tuple[set[int], int]] = {}  # preemptor -> (victims left, node)
         self.events: list[tuple[float, int, int]] = []
         self.next_try = 0
@@ -117,6 +118,7 @@ class TeamsSim(QueueSim):
             for team, milli in self.held_by.items():
                 self.area[team] += milli * dt
                 self.borrowed_area[team] += max(0, milli - self.nominal.get(team, 0)) * dt
+            self.idle_area[bool(self.waiting)] += (self.capacity - self.allocated) * dt
         super().advance(now, warm)
 
     def enqueue(self, job: Job, now: float, remaining: float, *, was_preempted: bool = False) -> None:

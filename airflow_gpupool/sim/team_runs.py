@@ -9,7 +9,10 @@ on arrival),
 the demand" measures), ``borrowed_gpu_s``, ``preemptions``, ``lost_gpu_s`` and ``grace_gpu_s``;
 overall ``jain_fairness`` (Jain's index of ``share_of_entitled``, each capped at 1: a team above
 its entitlement is not unfairly served), ``high_priority_p99_wait_s`` (urgent work), ``lost_gpu_s_total``
-and ``mean_alloc``. :func:`trace_jobs` turns a trace into jobs, one team per QoS class.
+and ``mean_alloc``, with the window's idle capacity split in ``idle_queue_empty_pct`` (nothing
+waited: no policy could have used it) and ``idle_while_waiting_pct`` (some try waited: quotas,
+headroom, class exclusivity or fragmentation kept it out); the three add up to 100.
+:func:`trace_jobs` turns a trace into jobs, one team per QoS class.
 """
 
 from __future__ import annotations
@@ -119,6 +122,8 @@ def _measures(
         "gpus": sim.capacity / 1000,
         "offered_load": round(sum(demand.values()) / gpu_window, 3),
         "mean_alloc": round(sim.alloc_area / window * 100 / sim.capacity, 2),
+        "idle_queue_empty_pct": round(sim.idle_area[0] / window * 100 / sim.capacity, 2),
+        "idle_while_waiting_pct": round(sim.idle_area[1] / window * 100 / sim.capacity, 2),
         "teams": teams,
         "jain_fairness": round(sum(capped) ** 2 / (len(capped) * sum(c * c for c in capped)), 4)
         if capped

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -258,3 +259,25 @@ def test_the_trace_by_qos_class_gives_each_class_a_team_and_runs(tmp_path: Path)
     kueue = simulate_teams(nodes, jobs, plan, "kueue-like", warmup_s=6 * HOUR, window_s=24 * HOUR)
     assert set(ours["teams"]) == set(plan.teams)
     assert ours["lost_gpu_s_total"] <= kueue["lost_gpu_s_total"]
+
+
+def test_idle_capacity_is_split_by_whether_work_waited() -> None:
+    """Seven 1-GPU batches of a team capped at 5.5 GPUs: two wait an hour while 3 GPUs idle.
+
+    Window 0.5 h-2.5 h of 8 GPUs (16 GPU-h): 8 GPU-h idle before the arrival at 1 h and 6 after
+    the five first end at 2 h (7 GPU-h with nothing waiting), 3 GPU-h idle while two wait.
+    """
+    plan = scenario("three-teams")
+    assert plan.cluster is not None
+    template = next(j for j in generate_jobs(plan, 6 * HOUR, seed=1) if j.team == "data")
+    jobs = [replace(template, seq=i, arrival=HOUR, work_s=HOUR) for i in range(7)]
+    result = simulate_teams(plan.cluster.build(), jobs, plan, "gpupool", warmup_s=HOUR / 2, window_s=2 * HOUR)
+    assert result["mean_alloc"] == pytest.approx(37.5)
+    assert result["idle_while_waiting_pct"] == pytest.approx(18.75)
+    assert result["idle_queue_empty_pct"] == pytest.approx(43.75)
+
+
+def test_mean_allocation_and_idle_time_add_up(runs: dict[str, dict[str, Any]]) -> None:
+    for result in runs.values():
+        total = result["mean_alloc"] + result["idle_queue_empty_pct"] + result["idle_while_waiting_pct"]
+        assert total == pytest.approx(100, abs=0.02)
