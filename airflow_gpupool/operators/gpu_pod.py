@@ -8,23 +8,17 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
-from airflow.providers.cncf.kubernetes.triggers.pod import KubernetesPodTrigger
 from airflow.sdk.exceptions import TaskDeferred
 
 from airflow_gpupool import settings
 from airflow_gpupool.binding import SliceFacts, binding_for, check_binding_name
-from airflow_gpupool.exceptions import (
-    ConfigurationError,
-    GpuPoolError,
-    LeaseLostError,
-    ReservationTimeoutError,
-)
+from airflow_gpupool.exceptions import ConfigurationError, GpuPoolError, ReservationTimeoutError
 from airflow_gpupool.hooks.gpupool import GpuPoolHook
 from airflow_gpupool.ledger.models import Grant, ReservationState
 from airflow_gpupool.operators.capacity import check_capacity, duration_matters, typical_run, with_capacity
 from airflow_gpupool.operators.escalation import EscalationPolicy
-from airflow_gpupool.operators.lease import LeaseRenewer, delete_pod
 from airflow_gpupool.operators.links import GpuReservationLink  # kit (issue 15)
+from airflow_gpupool.operators.pod_lease import GpuPodLease
 from airflow_gpupool.operators.pod_spec import cpu_only, own_resource_claim, pin_pod, with_resource_claim
 from airflow_gpupool.operators.reattach import EarlierTries
 from airflow_gpupool.operators.request import (
@@ -42,8 +36,7 @@ from airflow_gpupool.operators.unschedulable import UnschedulableFailFast  # kit
 from airflow_gpupool.operators.waiting import reservation_deferral, wait_in_place
 from airflow_gpupool.resources import GpuRequest
 from airflow_gpupool.task_try import TaskTry
-from airflow_gpupool.triggers.lease import LEASE_LOST_STATUS, lost_from_event
-from airflow_gpupool.triggers.pod import LeasedPodTrigger
+from airflow_gpupool.triggers.lease import LEASE_LOST_STATUS
 from airflow_gpupool.triggers.queue_life import describe_queue_life
 from airflow_gpupool.triggers.reservation import ReservationEventStatus
 
@@ -59,7 +52,7 @@ __all__ = ["XCOM_DEVICE_KEY", "XCOM_GRANT_KEY", "GpuPodOperator"]
 XCOM_GRANT_KEY = "gpupool_grant"
 
 
-class GpuPodOperator(UnschedulableFailFast, GpuPodTries):
+class GpuPodOperator(UnschedulableFailFast, GpuPodLease, GpuPodTries):
     """Reserve a GPU slice from the shared ledger, then run a Kubernetes pod pinned to it.
 
     Takes every argument of :class:`KubernetesPodOperator`, plus the request. The request
@@ -337,30 +330,13 @@ class GpuPodOperator(UnschedulableFailFast, GpuPodTries):
         checkpoints = self._checkpoints()
         if checkpoints is not None:
             self._resume_from = checkpoints.resume_point(context["ti"].try_number, rid)
-        ttl = self.lease_ttl or self.gpu_hook.options.lease_ttl_seconds
-        reconcile = lambda: self._reconcile_own_grant(rid)  # noqa: E731
-        renewer = LeaseRenewer(self.gpu_hook, rid, ttl, self.log, reconcile, on_lost=self._delete_own_pod)
+        renewer = self._lease_renewer(rid)
         renewer.start()
         try:
             run = lambda: super(GpuPodOperator, self).execute(context)  # noqa: E731
             return self._run_then_release(context, rid, lambda: renewer.guard(run), "task")
         finally:
             renewer.stop()
-
-    def _reconcile_own_grant(self, rid: str) -> str | None:
-        # The pod may take up to the launch timeout to appear; only then is "no pod" news.
-        grace = float(self.startup_timeout_seconds) + 60
-        released = self.gpu_hook.reconcile_grant(self.client, rid, grace_seconds=grace)
-        if released is None:
-            self._note_checkpoint(rid)
-        return released
-
-    def _note_checkpoint(self, rid: str) -> None:
-        """Tell the ledger when the newest valid checkpoint was written: a preemption takes the
-        victims that lose the least work since theirs first."""
-        checkpoints = self._checkpoints()
-        if checkpoints is not None and self.preemptible:
-            self.gpu_hook.note_newest_checkpoint(rid, checkpoints.store)
 
     def _binding_for(self, request: GpuRequest, grant: Grant) -> Any:
         options = self.gpu_hook.options
@@ -440,26 +416,6 @@ class GpuPodOperator(UnschedulableFailFast, GpuPodTries):
         self.log.info("GPU slice %s bound to pod %s/%s (uid %s)", rid, meta.namespace, meta.name, meta.uid)
         return pod
 
-    def defer(
-        self, *, trigger: Any, method_name: str, kwargs: dict[str, Any] | None = None, timeout: Any = None
-    ) -> Any:
-        """Defer; a pod trigger is swapped for one that also renews the grant's lease."""
-        if (
-            isinstance(trigger, KubernetesPodTrigger)
-            and not isinstance(trigger, LeasedPodTrigger)
-            and self._held_id
-        ):
-            reported = self.checkpoint_dir if self.preemptible else None  # as _note_checkpoint
-            trigger = LeasedPodTrigger.wrap(
-                trigger,
-                reservation_id=self._held_id,
-                ledger_conn_id=self.ledger_conn_id,
-                lease_ttl=self.lease_ttl or self.gpu_hook.options.lease_ttl_seconds,
-                checkpoint_dir=reported,
-                checkpoint_conn_id=self.checkpoint_conn_id if reported else None,
-            )
-        return super().defer(trigger=trigger, method_name=method_name, kwargs=kwargs, timeout=timeout)
-
     def trigger_reentry(self, context: Context, event: dict[str, Any]) -> Any:
         """Finish the deferred pod like the parent, then release the slice."""
         # An adopted grant keeps the id of the try that made it: the trigger's event carries it.
@@ -471,22 +427,6 @@ class GpuPodOperator(UnschedulableFailFast, GpuPodTries):
         return self._run_then_release(
             context, rid, lambda: super(GpuPodOperator, self).trigger_reentry(context, event), "pod"
         )
-
-    def _lease_lost(self, event: dict[str, Any]) -> Any:
-        """LeasedPodTrigger lost the pod's lease: delete the pod, fail the try."""
-        self._own_pod = (event["namespace"], event["name"])
-        lost = lost_from_event(event, event["name"])
-        self._delete_own_pod(lost)
-        raise lost
-
-    def _delete_own_pod(self, lost: LeaseLostError) -> None:
-        if self._own_pod is not None:
-            why, grace = lost.classification.reason, lost.grace_seconds
-            delete_pod(self.client, *self._own_pod, why=why, log=self.log, grace_seconds=grace)
-        if lost.preempted and self._held_id is not None:
-            # The pod is gone, its emergency checkpoint written: the ledger learns how much work
-            # the preemption took before the slice is released.
-            self._note_checkpoint(self._held_id)
 
     def _run_then_release(self, context: Context, rid: str, run: Callable[[], Any], what: str) -> Any:
         """Run the pod part; record how it ended, then release the slice, on every path but deferral."""

@@ -1,0 +1,105 @@
+"""How a ``GpuPodOperator`` try holds its grant while the pod runs: the lease's side of the operator.
+
+While the pod runs the grant's lease is renewed (by :class:`~airflow_gpupool.operators.lease.LeaseRenewer`
+in the worker, by :class:`~airflow_gpupool.triggers.pod.LeasedPodTrigger` when deferred), and a
+preemptible try tells the ledger when its newest valid checkpoint was written, so a preemption
+takes the victims that lose the least work first. When the lease is lost the pod is deleted (a
+preemption victim's with what is left of its grace, waiting until it is gone) and its emergency
+checkpoint is reported, all before the try fails and its slice is released.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+from airflow.providers.cncf.kubernetes.triggers.pod import KubernetesPodTrigger
+
+from airflow_gpupool.operators.lease import LeaseRenewer, delete_pod
+from airflow_gpupool.triggers.lease import lost_from_event
+from airflow_gpupool.triggers.pod import LeasedPodTrigger
+
+if TYPE_CHECKING:
+    from airflow_gpupool.exceptions import LeaseLostError
+    from airflow_gpupool.hooks.gpupool import GpuPoolHook
+    from airflow_gpupool.operators.checkpointing import TaskCheckpoints
+
+__all__ = ["GpuPodLease"]
+
+
+class GpuPodLease(KubernetesPodOperator):
+    """The lease's side of :class:`~airflow_gpupool.operators.GpuPodOperator` (a base, not a task).
+
+    The attributes below are set by ``GpuPodOperator.__init__``; ``_own_pod`` once the pod exists.
+    """
+
+    preemptible: bool
+    lease_ttl: float | None
+    ledger_conn_id: str | None
+    checkpoint_dir: str | None
+    checkpoint_conn_id: str | None
+    gpu_hook: GpuPoolHook
+    _held_id: str | None
+    _own_pod: tuple[str, str] | None
+
+    if TYPE_CHECKING:
+
+        def _checkpoints(self) -> TaskCheckpoints | None:
+            """The task's checkpoints (``GpuPodTries``')."""
+
+    def _lease_renewer(self, rid: str) -> LeaseRenewer:
+        """Return the renewer of a sync pod's grant: it reconciles, reports checkpoints, deletes a lost pod."""
+        ttl = self.lease_ttl or self.gpu_hook.options.lease_ttl_seconds
+        reconcile = lambda: self._reconcile_own_grant(rid)  # noqa: E731
+        return LeaseRenewer(self.gpu_hook, rid, ttl, self.log, reconcile, on_lost=self._delete_own_pod)
+
+    def _reconcile_own_grant(self, rid: str) -> str | None:
+        # The pod may take up to the launch timeout to appear; only then is "no pod" news.
+        grace = float(self.startup_timeout_seconds) + 60
+        released = self.gpu_hook.reconcile_grant(self.client, rid, grace_seconds=grace)
+        if released is None:
+            self._note_checkpoint(rid)
+        return released
+
+    def _note_checkpoint(self, rid: str) -> None:
+        """Tell the ledger when the newest valid checkpoint was written: a preemption takes the
+        victims that lose the least work since theirs first."""
+        checkpoints = self._checkpoints()
+        if checkpoints is not None and self.preemptible:
+            self.gpu_hook.note_newest_checkpoint(rid, checkpoints.store)
+
+    def defer(
+        self, *, trigger: Any, method_name: str, kwargs: dict[str, Any] | None = None, timeout: Any = None
+    ) -> Any:
+        """Defer; a pod trigger is swapped for one that also renews the grant's lease."""
+        if (
+            isinstance(trigger, KubernetesPodTrigger)
+            and not isinstance(trigger, LeasedPodTrigger)
+            and self._held_id
+        ):
+            reported = self.checkpoint_dir if self.preemptible else None  # as _note_checkpoint
+            trigger = LeasedPodTrigger.wrap(
+                trigger,
+                reservation_id=self._held_id,
+                ledger_conn_id=self.ledger_conn_id,
+                lease_ttl=self.lease_ttl or self.gpu_hook.options.lease_ttl_seconds,
+                checkpoint_dir=reported,
+                checkpoint_conn_id=self.checkpoint_conn_id if reported else None,
+            )
+        return super().defer(trigger=trigger, method_name=method_name, kwargs=kwargs, timeout=timeout)
+
+    def _lease_lost(self, event: dict[str, Any]) -> Any:
+        """LeasedPodTrigger lost the pod's lease: delete the pod, fail the try."""
+        self._own_pod = (event["namespace"], event["name"])
+        lost = lost_from_event(event, event["name"])
+        self._delete_own_pod(lost)
+        raise lost
+
+    def _delete_own_pod(self, lost: LeaseLostError) -> None:
+        if self._own_pod is not None:
+            why, grace = lost.classification.reason, lost.grace_seconds
+            delete_pod(self.client, *self._own_pod, why=why, log=self.log, grace_seconds=grace)
+        if lost.preempted and self._held_id is not None:
+            # The pod is gone, its emergency checkpoint written: the ledger learns how much work
+            # the preemption took before the slice is released.
+            self._note_checkpoint(self._held_id)
