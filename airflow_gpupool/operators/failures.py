@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-# The classification and the errors live in the bottom layer (exceptions.py); re-exported here.
+# The classification and the errors live in the bottom layer (airflow_gpupool.exceptions); re-exported here.
 from airflow_gpupool.exceptions import (
     ApplicationError,
     Classification,

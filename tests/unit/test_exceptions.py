@@ -1,4 +1,4 @@
-"""The public errors: one module, one base class, the old homes still export them."""
+"""The public errors: one package, one base class, the old homes still export them."""
 
 from __future__ import annotations
 
@@ -74,11 +74,23 @@ def _error_classes(path: Path) -> list[str]:
     return found
 
 
-def test_no_public_error_is_defined_outside_the_exceptions_module() -> None:
+def test_no_public_error_is_defined_outside_the_exceptions_package() -> None:
     # The emulator kit (testing/) answers like a Kubernetes API server and keeps its own errors.
     sources = [
-        p
-        for p in PACKAGE.rglob("*.py")
-        if p.name != "exceptions.py" and p.relative_to(PACKAGE).parts[0] != "testing"
+        p for p in PACKAGE.rglob("*.py") if p.relative_to(PACKAGE).parts[0] not in ("exceptions", "testing")
     ]
     assert [c for p in sorted(sources) for c in _error_classes(p)] == []
+
+
+def test_every_public_class_of_a_family_module_is_exported_from_the_package() -> None:
+    # A class left out of the package's __all__ keeps its family module's name in tracebacks.
+    family_modules = sorted((PACKAGE / "exceptions").glob("*.py"))
+    defined = {
+        node.name
+        for path in family_modules
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.ClassDef) and not node.name.startswith("_")
+    }
+    assert defined == set(exceptions.__all__)
+    for name in exceptions.__all__:
+        assert getattr(exceptions, name).__module__ == "airflow_gpupool.exceptions"
