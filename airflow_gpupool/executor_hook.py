@@ -17,7 +17,10 @@ identity of its task try. The kube-scheduler leaves a gated pod alone; the gatek
 ``gpupool controller run`` (:mod:`airflow_gpupool.controller.gatekeeper`) reserves the request in
 the ledger, pins the pod to the granted node and removes the gate. Pods ``GpuPodOperator`` built
 (they carry ``gpupool.io/reservation-id``: they already hold a grant) and pods without GPUs are
-left as they are.
+left as they are. Priority is the pod's ``gpupool.io/priority`` label or annotation, else its
+``spec.priorityClassName``'s value (marked ``gpupool.io/priority-class``, resolved by the
+gatekeeper); ``gpupool.io/checkpoint-on-sigterm: "true"`` is ``checkpoint_on_sigterm``
+(:mod:`airflow_gpupool.pod_options`).
 
 A pod's resources and environment cannot change once it exists, so the binding is chosen here,
 from what the pod itself asks for: ``whole`` (``nvidia.com/gpu: n``), ``mig``
@@ -48,6 +51,7 @@ from airflow_gpupool.labels import (
     HAMI_MEMORY_RESOURCE,
     MAP_INDEX_ANNOTATION,
     MIG_RESOURCE_PREFIX,
+    PRIORITY_CLASS_ANNOTATION,
     PRIORITY_KEY,
     PRODUCT_LABEL,
     REQUEST_ANNOTATION,
@@ -191,6 +195,7 @@ def gated_request(pod: Mapping[str, Any]) -> tuple[GpuRequest, str] | None:
     """
     from airflow_gpupool.exceptions import InvalidRequestError
     from airflow_gpupool.pod_gang import pod_gang
+    from airflow_gpupool.pod_options import check_sigterm_promise, sigterm_promise
     from airflow_gpupool.resources import GpuRequest
 
     annotations, labels = _meta(pod, "annotations"), _meta(pod, "labels")
@@ -213,12 +218,16 @@ def gated_request(pod: Mapping[str, Any]) -> tuple[GpuRequest, str] | None:
             values["priority"] = int(priority)
         except ValueError:
             raise InvalidRequestError(PRIORITY_KEY, priority, "an integer") from None
+    promise = sigterm_promise(pod)
+    if promise is not None:
+        values["checkpoint_on_sigterm"] = promise
     if asked:
         values = _with_placement(_parse_annotation(asked), values)
     values = _with_placement(node_selection(pod), values)
     _refuse_dra(pod, annotations)
     pod_gang(annotations)  # a malformed pod group refuses the pod, as a malformed request does
     request = GpuRequest.from_dict(values)
+    check_sigterm_promise(request.checkpoint_on_sigterm, pod)
     return request, _binding(request, res)
 
 
@@ -386,6 +395,8 @@ def decide(pod: Mapping[str, Any], context: Mapping[str, Any] | None = None) -> 
     :param pod: the pod, as a JSON dict
     :param context: the Airflow context of the task building the pod, if any
     """
+    from airflow_gpupool.pod_options import priority_class_of
+
     annotations, labels = _meta(pod, "annotations"), _meta(pod, "labels")
     if RESERVATION_LABEL in labels or RESERVATION_LABEL in annotations:
         return GateDecision(False, {})  # GpuPodOperator's: it holds a grant already
@@ -401,8 +412,13 @@ def decide(pod: Mapping[str, Any], context: Mapping[str, Any] | None = None) -> 
             REQUEST_ANNOTATION: json.dumps(request.to_dict(), sort_keys=True, separators=(",", ":")),
             BINDING_ANNOTATION: binding,
             TEAM_KEY: request.team,
-            PRIORITY_KEY: str(request.priority),
         }
+        asked = annotations.get(REQUEST_ANNOTATION)
+        priority_class = priority_class_of(pod, _parse_annotation(asked) if asked else {})
+        if priority_class is None:
+            out[PRIORITY_KEY] = str(request.priority)
+        else:  # the gatekeeper reads the class's value: the hook cannot read the cluster
+            out[PRIORITY_CLASS_ANNOTATION] = priority_class
     who = identity_from_pod(pod, context)
     if who is not None:
         out |= {

@@ -35,6 +35,12 @@ MAP_INDEX_ANNOTATION = "gpupool.io/map-index"
 #: Team and priority: read from a label or an annotation of the pod, written as annotations.
 TEAM_KEY = "gpupool.io/team"
 PRIORITY_KEY = "gpupool.io/priority"
+#: On a gated pod: the PriorityClass its gpupool priority comes from (the pod's own
+#: ``spec.priorityClassName``, when it sets no gpupool priority); the gatekeeper reads its value.
+PRIORITY_CLASS_ANNOTATION = "gpupool.io/priority-class"
+#: ``true`` or ``false``, a label or an annotation of a gated pod: its container writes a checkpoint
+#: on SIGTERM (``GpuPodOperator(checkpoint_on_sigterm=True)`` for pods the operator did not build).
+CHECKPOINT_ON_SIGTERM_KEY = "gpupool.io/checkpoint-on-sigterm"
 #: On a gated pod: how the grant is bound (``whole``, ``mig`` or ``accounted``), chosen by the hook.
 BINDING_ANNOTATION = "gpupool.io/binding"
 #: Written by the gatekeeper when it admits a pod: the granted node and GPUs.
@@ -53,6 +59,10 @@ GANG_ANNOTATION = "gpupool.io/gang"
 GANG_SIZE_ANNOTATION = "gpupool.io/gang-size"
 GANG_MIN_ANNOTATION = "gpupool.io/gang-min"
 GANG_TOPOLOGY_ANNOTATION = "gpupool.io/gang-topology"
+
+#: A container's environment variable naming where the task writes its checkpoints: a pod with it
+#: is checkpointed (the spot rule, ``checkpoint-on-sigterm``), and a step reads it to know where.
+CHECKPOINT_DIR_ENV = "GPUPOOL_CHECKPOINT_DIR"
 
 # -- Kubernetes ---------------------------------------------------------------------------------
 HOSTNAME_LABEL = "kubernetes.io/hostname"

@@ -22,6 +22,9 @@ from typing import Any
 # Defined with the other errors; re-exported here, its first home.
 from airflow_gpupool.exceptions import CorruptCheckpointError
 
+# With the other names on pods (the gatekeeper reads it on gated pods); re-exported here too.
+from airflow_gpupool.labels import CHECKPOINT_DIR_ENV
+
 __all__ = [
     "CHECKPOINT_DIR_ENV",
     "CHECKPOINT_NOW_MARKER",
@@ -42,7 +45,6 @@ STEP_DIR_FORMAT = "step-{:06d}"
 MANIFEST_NAME = "manifest.json"
 COMPLETE_MARKER = "COMPLETE"
 PINS_DIR = ".gpupool-pins"
-CHECKPOINT_DIR_ENV = "GPUPOOL_CHECKPOINT_DIR"
 #: The early-warning flag (issue 17): the controller writes it when the node agent sees warning
 #: signs on the task's GPU; the training checkpoints at its next safe point, then deletes it.
 CHECKPOINT_NOW_MARKER = "CHECKPOINT_NOW"

@@ -8,6 +8,9 @@ urgent_priority`` and ``spot_price_ratio``): urgent work on on-demand only, chec
 preemptible training preferring spot when the price makes it worth it, the rest anywhere. A pod
 that chooses the capacity type itself (``gpupool.io/capacity-type`` or a cloud's label in its
 node selection) keeps that choice. A gated pod has no expected duration: its run counts as long.
+A pod group's gang request gets the same rule (checkpointed when every pod of the group is), and
+a pod whose priority comes from its PriorityClass is judged at the class's priority
+(:mod:`~airflow_gpupool.controller.priority_classes` resolves it first).
 
 Applied here, not in the hook: the hook may not import the governance rules (they are
 independent layers), and the controller's configuration is the one the queue runs on.
@@ -20,21 +23,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_gpupool import settings
-from airflow_gpupool.checkpoints.manifest import CHECKPOINT_DIR_ENV
 from airflow_gpupool.governance.capacity import apply_capacity
+from airflow_gpupool.pod_options import checkpointed
 from airflow_gpupool.resources import GpuRequest
 
 __all__ = ["GatedCapacity", "checkpointed"]
-
-
-def checkpointed(pod: Mapping[str, Any]) -> bool:
-    """Return whether a pod's container is told where to write checkpoints (``GPUPOOL_CHECKPOINT_DIR``)."""
-    containers = (pod.get("spec") or {}).get("containers") or []
-    return any(
-        env.get("name") == CHECKPOINT_DIR_ENV and (env.get("value") or env.get("valueFrom"))
-        for container in containers
-        for env in container.get("env") or []
-    )
 
 
 @dataclass(frozen=True)
@@ -59,16 +52,19 @@ class GatedCapacity:
         """
         return cls(settings.urgent_priority(), settings.spot_price_ratio())
 
-    def apply(self, request: GpuRequest, pod: Mapping[str, Any]) -> GpuRequest:
-        """Return a gated pod's request with the capacity the default rule chooses for it.
+    def apply(self, request: GpuRequest, *pods: Mapping[str, Any]) -> GpuRequest:
+        """Return a gated pod's request, or a pod group's, with the capacity the default rule chooses.
 
-        :param request: the request the executor hook wrote on the pod
-        :param pod: the pod, as a JSON dict
+        A group is checkpointed when each of its pods is: a preempted gang loses the work of any
+        member that does not checkpoint.
+
+        :param request: the request the executor hook wrote on the pod (a group's gang request)
+        :param pods: the pod, or the group's live pods, as JSON dicts
         """
         return apply_capacity(
             request,
             None,
-            checkpointed=checkpointed(pod),
+            checkpointed=bool(pods) and all(checkpointed(pod) for pod in pods),
             expected_seconds=None,
             urgent_priority=self.urgent_priority,
             price_ratio=self.price_ratio,

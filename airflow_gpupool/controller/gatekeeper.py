@@ -6,7 +6,9 @@ priority first, then oldest, and for each:
 
 * reserves its request if the ledger does not know it yet (idempotent: the reservation id is
   derived from the pod's uid, the holder from its Airflow identity, host ``gatekeeper``), so it
-  waits in the queue like any other request, on the capacity the default spot rule chooses
+  waits in the queue like any other request, at the priority of its PriorityClass when it takes
+  it from there (:mod:`~airflow_gpupool.controller.priority_classes`; a class that cannot be read:
+  a Warning Event and the request's own priority), on the capacity the default spot rule chooses
   (:mod:`~airflow_gpupool.controller.capacity`); a pod already queued or granted is read from the
   snapshot, not reserved again (the pass's one ``reap_if_due`` ends the waits past their timeout).
   A gated pod holds no worker slot and no GPU, so nothing needs to defer;
@@ -17,12 +19,15 @@ priority first, then oldest, and for each:
   for the granted node, the GPU toleration, the ``gpupool.io/reservation-id`` label (reconcile
   finds the grant's pod by it and frees the grant when the pod ends), annotations with the grant,
   and the gate removed (other gates stay);
-* a refused binding (the hook said why), a request that can never fit, or one whose reservation
-  timed out: an Event on the pod naming what blocked it, then the pod is deleted, so its task
+* a refused binding (the hook said why), a promise to checkpoint on SIGTERM with nowhere to write
+  (:func:`~airflow_gpupool.pod_options.check_sigterm_promise`), a request that can never fit, or
+  one whose reservation timed out: an Event on the pod naming what blocked it, then the pod is deleted, so its task
   fails with that reason.
 
 Gated pods of a pod group (``gpupool.io/gang``) are reserved as one gang and admitted together, at
-the turn of the group's first pod (:mod:`~airflow_gpupool.controller.pod_groups`); a gang's leader
+the turn of the group's first pod (:mod:`~airflow_gpupool.controller.pod_groups`), through the
+same priority, SIGTERM and spot rules as a single pod (its oldest pod's class; checkpointed when
+every pod is); a gang's leader
 is released only once no pod of its group lives (releasing it ends the gang).
 
 Admitted pods hold a lease like any grant: each pass renews the grants of the live ones that are
@@ -36,7 +41,7 @@ import hashlib
 import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from airflow_gpupool import settings
@@ -49,6 +54,7 @@ from airflow_gpupool.controller.pod_groups import (
     group_leader_id,
     members_by_gang,
 )
+from airflow_gpupool.controller.priority_classes import PodPriorities
 from airflow_gpupool.exceptions import GpuPoolError, NoCapacityError
 from airflow_gpupool.executor_hook import GATEKEEPER_HOST, REFUSED, identity_from_annotations
 from airflow_gpupool.inventory.sync import list_objects
@@ -61,6 +67,7 @@ from airflow_gpupool.labels import (
 )
 from airflow_gpupool.ledger.invariants import FINISHED_PHASES
 from airflow_gpupool.ledger.models import ReservationState
+from airflow_gpupool.pod_options import check_sigterm_promise
 from airflow_gpupool.resources import GpuRequest
 from airflow_gpupool.task_try import RESERVATION_ID_PREFIX
 
@@ -82,6 +89,7 @@ REASON_ADMITTED = "GpuPoolAdmitted"
 REASON_REFUSED = "GpuPoolBindingRefused"
 REASON_TIMED_OUT = "GpuPoolReservationTimedOut"
 REASON_NO_CAPACITY = "GpuPoolNoCapacity"
+REASON_UNKNOWN_PRIORITY_CLASS = "GpuPoolUnknownPriorityClass"
 
 
 @dataclass
@@ -131,15 +139,17 @@ def _namespace(pod: Mapping[str, Any]) -> str:
     return str(_meta(pod).get("namespace", "default"))
 
 
-def _admission_order(pod: Mapping[str, Any]) -> tuple[int, str]:
-    """Sort key of gated pods: the highest priority first, then the oldest (ties keep list order)."""
+def _admission_order(pod: Mapping[str, Any], priorities: PodPriorities) -> tuple[int, str]:
+    """Sort key of gated pods: the highest priority first (a PriorityClass's when the pod takes it
+    from there), then the oldest (ties keep list order)."""
     try:
         priority = int(
             json.loads((_meta(pod).get("annotations") or {})[REQUEST_ANNOTATION]).get("priority", 0)
         )
     except (KeyError, TypeError, ValueError, AttributeError):  # refused later, with the reason
         priority = 0
-    return -priority, str(_meta(pod).get("creationTimestamp") or "")
+    resolved = priorities.resolve(pod).priority
+    return -(priority if resolved is None else resolved), str(_meta(pod).get("creationTimestamp") or "")
 
 
 def _is_ours(pod: Mapping[str, Any]) -> bool:
@@ -174,6 +184,7 @@ class _Pass:
     api: Any
     timeout: float | None
     capacity: GatedCapacity
+    priorities: PodPriorities
     result: GateResult = field(default_factory=GateResult)
     #: The gangs of pod groups with a live pod: their leader is not released (that ends the gang).
     live_gangs: set[str] = field(default_factory=set)
@@ -220,8 +231,33 @@ class _Pass:
             return known[rid]
         text = str(_meta(pod)["annotations"][REQUEST_ANNOTATION])
         return self.reserve(
-            pod, [pod], lambda: self.capacity.apply(GpuRequest.from_dict(json.loads(text)), pod), rid
+            pod,
+            [pod],
+            lambda: self.admission_request(GpuRequest.from_dict(json.loads(text)), pod, [pod]),
+            rid,
         )
+
+    def admission_request(
+        self, request: GpuRequest, holder: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]
+    ) -> GpuRequest:
+        """Return what to reserve for ``pods`` (one pod, or a group's live pods held by ``holder``'s task).
+
+        The priority of ``holder``'s PriorityClass when it takes it from there (a class that cannot
+        be read: a Warning Event on each pod, and the request's own), then the spot rule's capacity.
+
+        :raises InvalidRequestError: a pod promises a checkpoint on SIGTERM with nowhere to write it
+        """
+        for pod in pods:
+            check_sigterm_promise(request.checkpoint_on_sigterm, pod)
+        resolved = self.priorities.resolve(holder)
+        if resolved.problem is not None:
+            message = f"gpupool: {resolved.problem}; reserved at priority {request.priority}"
+            log.warning("Gated pod %s: %s", _name(holder), message)
+            for pod in pods:
+                self.event(pod, "Warning", REASON_UNKNOWN_PRIORITY_CLASS, message)
+        elif resolved.priority is not None:
+            request = replace(request, priority=resolved.priority)
+        return self.capacity.apply(request, *pods)
 
     def reserve(
         self,
@@ -388,13 +424,13 @@ def gatekeep(ledger: Ledger, core_v1_api: Any, *, timeout: float | None = None) 
         ``[gpupool] reservation_timeout_seconds``)
     :raises ConfigurationError: the spot rule's options are malformed (before any pod is touched)
     """
-    run = _Pass(ledger, core_v1_api, timeout, GatedCapacity.from_settings())
+    run = _Pass(ledger, core_v1_api, timeout, GatedCapacity.from_settings(), PodPriorities(core_v1_api))
     pods = list(list_objects(core_v1_api.list_pod_for_all_namespaces))
     ledger.reap_if_due()  # waits past their timeout end here, since queued pods are not reserved again
     snapshot = ledger.snapshot()
     grants = {r.id: r for r in snapshot.grants}
     known = {**grants, **{r.id: r for r in snapshot.queue}}
-    gated = sorted((p for p in pods if _is_ours(p)), key=_admission_order)
+    gated = sorted((p for p in pods if _is_ours(p)), key=lambda p: _admission_order(p, run.priorities))
     groups = collect_groups(pods)
     run.live_gangs = {group_leader_id(g, known) for g in groups.values() if g.live}
     members = members_by_gang(snapshot.grants)

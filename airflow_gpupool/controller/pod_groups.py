@@ -26,6 +26,7 @@ from airflow_gpupool.labels import (
     GANG_RESERVATION_ANNOTATION,
     GANG_SIZE_ANNOTATION,
     GANG_TOPOLOGY_ANNOTATION,
+    PRIORITY_CLASS_ANNOTATION,
     REQUEST_ANNOTATION,
     RESERVATION_LABEL,
     SCHEDULING_GATE,
@@ -55,8 +56,15 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: The annotations every pod of a group must agree on.
-_AGREED = (REQUEST_ANNOTATION, GANG_SIZE_ANNOTATION, GANG_MIN_ANNOTATION, GANG_TOPOLOGY_ANNOTATION)
+#: The annotations every pod of a group must agree on (the request carries its priority and its
+#: promise to checkpoint on SIGTERM; a PriorityClass it takes its priority from is beside it).
+_AGREED = (
+    REQUEST_ANNOTATION,
+    PRIORITY_CLASS_ANNOTATION,
+    GANG_SIZE_ANNOTATION,
+    GANG_MIN_ANNOTATION,
+    GANG_TOPOLOGY_ANNOTATION,
+)
 
 
 def _meta(pod: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -233,6 +241,10 @@ class GroupGate(Protocol):
 
     def refuse_ended(self, pod: Mapping[str, Any], reservation: Reservation) -> None: ...
 
+    def admission_request(
+        self, request: GpuRequest, holder: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]
+    ) -> GpuRequest: ...
+
     def reserve(
         self,
         holder: Mapping[str, Any],
@@ -252,7 +264,8 @@ def gate_group(
 
     Fewer live pods than the minimum: nothing is reserved. The gang's reservation is read from
     the pass's snapshot (``known``, ``members``), reserved when new (one read more when granted
-    at once). Pods that disagree, a bad request, a gang that can never fit or that ended: every
+    at once) as the pass makes a single pod's request (``run.admission_request``: the oldest
+    pod's PriorityClass, every live pod's promise to checkpoint on SIGTERM, the spot rule). Pods that disagree, a bad request, a gang that can never fit or that ended: every
     gated pod of the group is refused. The pods not admitted count as waiting.
 
     :param run: the gatekeeper's pass
@@ -276,8 +289,14 @@ def gate_group(
         return []
     held = members.get(leader_id, [])
     if leader is None:
+        holder = oldest(group)
         leader = run.reserve(
-            oldest(group), gated, lambda: group_request(text, gang, settings.gang_topology_keys()), leader_id
+            holder,
+            gated,
+            lambda: run.admission_request(
+                group_request(text, gang, settings.gang_topology_keys()), holder, group.live
+            ),
+            leader_id,
         )
         if leader is None:
             return []

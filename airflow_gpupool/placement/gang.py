@@ -8,7 +8,9 @@ takes the fewest nodes: the ones that take most, the last one chosen by the poli
 those that take the rest (best fit picks the fullest such node). When the gang names
 ``topology_keys``, a plan inside one domain (nodes sharing every key's value: a zone, a
 rack, an NVLink domain) wins over one that spans domains on as many nodes, never over one on
-fewer nodes. Each member's GPUs on its node are the policy's choice, on the working copy.
+fewer nodes. Among nodes that take as many members, those carrying the request's
+``prefer_node_labels`` come first (soft, as for one request: spot for checkpointed training).
+Each member's GPUs on its node are the policy's choice, on the working copy.
 """
 
 from __future__ import annotations
@@ -147,7 +149,10 @@ def _fewest(
     member: GpuRequest,
 ) -> list[tuple[str, int]] | None:
     """Return the plan on the fewest of ``nodes``, or None when they cannot take ``count`` members."""
-    ordered = sorted(nodes, key=lambda n: -capacity[n.name])  # stable: snapshot order among equals
+    # Among nodes that take as many, those carrying the preferred labels first (a preference orders
+    # what the plan finds equally good, as for one request); stable: snapshot order among equals.
+    want = set(member.prefer_node_labels)
+    ordered = sorted(nodes, key=lambda n: (-capacity[n.name], not want.issubset(n.labels)))
     total, used = 0, 0
     while total < count:
         if used == len(ordered):

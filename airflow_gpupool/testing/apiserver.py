@@ -18,6 +18,8 @@ On top of kmock 0.8 this serves what clients such as ``KubernetesPodOperator`` r
   the template, status, deletion with ``propagationPolicy``;
 * coordination.k8s.io/v1 ``leases`` (leader election): ``PUT`` replaces, refused with 409 Conflict
   when the ``resourceVersion`` sent is not the stored one;
+* scheduling.k8s.io/v1 ``priorityclasses``, whose value a new pod naming one gets as
+  ``spec.priority`` (:mod:`~airflow_gpupool.testing.priority`);
 * a log of every request (:class:`RecordedRequest`).
 
 The object store itself (stamping, versions, watch buses) is :mod:`~airflow_gpupool.testing.storage`.
@@ -38,8 +40,17 @@ from kmock._internal.dicts import patch_dict  # the merge kmock applies: the obj
 from airflow_gpupool.testing import gates
 from airflow_gpupool.testing.discovery import SERVED, discovery_document, kmock_resources, not_found
 from airflow_gpupool.testing.jobs import JobController, prepare_new_job, propagation_policy
-from airflow_gpupool.testing.kinds import JOBS, LEASES, NAMESPACES, NODES, PODS, RESOURCE_CLAIMS
+from airflow_gpupool.testing.kinds import (
+    JOBS,
+    LEASES,
+    NAMESPACES,
+    NODES,
+    PODS,
+    PRIORITY_CLASSES,
+    RESOURCE_CLAIMS,
+)
 from airflow_gpupool.testing.kubelet import SimulatedKubelet
+from airflow_gpupool.testing.priority import admit_priority
 from airflow_gpupool.testing.storage import StoredObjects
 from airflow_gpupool.testing.tables import table, wants_table
 from airflow_gpupool.testing.watches import is_watch, selected_by, serve_watch_stream
@@ -271,10 +282,14 @@ class KubernetesApiEmulator(StoredObjects):
         :param pod: the pod, with its name and namespace
         """
         self._stamp(pod)
+        admit_priority(pod, self._priority_class)
         self.kubelet.prepare_new_pod(pod)
         created = await self.put_object(PODS, pod)
         self.kubelet.start(pod["metadata"].get("namespace"), pod["metadata"]["name"])
         return created
+
+    def _priority_class(self, name: str) -> dict[str, Any] | None:
+        return self.get_object(PRIORITY_CLASSES, None, name)
 
     async def remove_pod(self, namespace: str | None, name: str) -> None:
         """Delete a pod as a ``DELETE`` does: its containers stop and what it owns goes with it.
@@ -317,6 +332,7 @@ class KubernetesApiEmulator(StoredObjects):
         if request.action == action.CREATE and isinstance(request.data, dict):
             if request.resource == PODS:
                 gates.check_pod_create(request.data)  # scheduling gates: testing/gates.py
+                admit_priority(request.data, self._priority_class)
             self._stamp(request.data, request.namespace)
             if request.resource == PODS:
                 self.kubelet.prepare_new_pod(request.data)

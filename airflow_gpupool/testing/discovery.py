@@ -69,6 +69,7 @@ SERVED: tuple[ServedResource, ...] = (
     ServedResource("batch", "v1", "jobs", "Job", True, (), ("status",)),
     ServedResource("coordination.k8s.io", "v1", "leases", "Lease", True),
     ServedResource("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", True, (), ("status",)),
+    ServedResource("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", False, ("pc",)),
 )
 
 

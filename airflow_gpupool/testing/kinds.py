@@ -12,3 +12,5 @@ JOBS = resource(group="batch", version="v1", plural="jobs")
 LEASES = resource(group="coordination.k8s.io", version="v1", plural="leases")
 #: Dynamic Resource Allocation (Kubernetes 1.34, GA): the claims a pod's ``spec.resourceClaims`` name.
 RESOURCE_CLAIMS = resource(group="resource.k8s.io", version="v1", plural="resourceclaims")
+#: Pod priority: the classes a pod's ``spec.priorityClassName`` names (cluster-scoped).
+PRIORITY_CLASSES = resource(group="scheduling.k8s.io", version="v1", plural="priorityclasses")

@@ -22,7 +22,7 @@ from airflow_gpupool.testing.apiserver import KubernetesApiEmulator, RecordedReq
 from airflow_gpupool.testing.background_server import BackgroundEmulatorServer
 from airflow_gpupool.testing.behaviour import PodBehaviour, PodPredicate, PodRule
 from airflow_gpupool.testing.job_pods import is_finished
-from airflow_gpupool.testing.kinds import EVENTS, JOBS, NODES, PODS
+from airflow_gpupool.testing.kinds import EVENTS, JOBS, NODES, PODS, PRIORITY_CLASSES
 from airflow_gpupool.testing.kubeconfig import CONTEXT_NAME, kubeconfig, write_kubeconfig
 from airflow_gpupool.testing.nodes import gpu_node
 from airflow_gpupool.testing.pod_history import PodRecord
@@ -388,7 +388,7 @@ class KubernetesEmulatorServer(BackgroundEmulatorServer):
         self.interrupt_pod(name, namespace, reason=FINISH_NOW, message="")
 
     def reset(self, nodes: Iterable[Mapping[str, Any]] | None = None) -> None:
-        """Delete every Job, pod and event, restore the initial nodes, and clear rules and the request log.
+        """Delete every Job, pod, event and PriorityClass, restore the initial nodes, and clear rules and the request log.
 
         :param nodes: Node objects that become the initial nodes (this reset's and the next ones')
         """
@@ -400,7 +400,7 @@ class KubernetesEmulatorServer(BackgroundEmulatorServer):
             api = self.api
             await api.jobs.shutdown()
             await api.kubelet.shutdown()
-            for res in (JOBS, PODS, EVENTS, NODES):
+            for res in (JOBS, PODS, EVENTS, NODES, PRIORITY_CLASSES):
                 for obj in api.list_objects(res):
                     await api.delete_object(res, obj["metadata"].get("namespace"), obj["metadata"]["name"])
             for node in self.initial_nodes:

@@ -20,6 +20,7 @@ def create_hooked_pod(
     duration: str = "0.3",
     env: dict[str, str] | None = None,
     node_selector: dict[str, str] | None = None,
+    priority_class: str | None = None,
     **annotations: str,
 ) -> dict[str, Any]:
     """Build a pod as KubernetesPodOperator would (labels), run the hook on it, create it.
@@ -27,6 +28,7 @@ def create_hooked_pod(
     :param duration: the seconds the emulator runs it
     :param env: the container's environment
     :param node_selector: the pod's ``nodeSelector``
+    :param priority_class: the pod's ``priorityClassName``
     """
     pod = k8s_models.V1Pod(
         api_version="v1",
@@ -39,6 +41,7 @@ def create_hooked_pod(
         spec=k8s_models.V1PodSpec(
             restart_policy="Never",
             node_selector=node_selector,
+            priority_class_name=priority_class,
             containers=[
                 k8s_models.V1Container(
                     name="base",
@@ -64,3 +67,11 @@ def messages(k8s: KubernetesEmulatorServer, name: str, reason: str) -> list[str]
     return [
         e["message"] for e in k8s.events() if e["involvedObject"]["name"] == name and e["reason"] == reason
     ]
+
+
+def create_priority_class(core: Any, name: str, value: int) -> None:
+    """Create a scheduling.k8s.io/v1 PriorityClass through the API, as a cluster admin would."""
+    from kubernetes.client import SchedulingV1Api
+
+    body = k8s_models.V1PriorityClass(metadata=k8s_models.V1ObjectMeta(name=name), value=value)
+    SchedulingV1Api(core.api_client).create_priority_class(body)

@@ -397,8 +397,9 @@ def test_controller_deployment() -> None:
     account = objects[("ServiceAccount", "gpupool-controller")]
     assert _rules_by_group(objects[("ClusterRole", "gpupool-controller")].rules) == {
         ("", "nodes"): ["list"],
-        ("", "pods"): ["list", "delete"],
+        ("", "pods"): ["get", "list", "patch", "delete"],
         ("", "events"): ["create"],
+        ("scheduling.k8s.io", "priorityclasses"): ["get"],
     }
     role = objects[("Role", "gpupool-controller-leader-election")]
     assert _rules_by_group(role.rules) == {("coordination.k8s.io", "leases"): ["get", "create", "update"]}

@@ -94,13 +94,18 @@ API_CALLS = {
     "read_node": (("", "nodes", "get"), True),
     "list_pod_for_all_namespaces": (("", "pods", "list"), True),
     "read_pod": (("", "pods", "get"), False),  # KubernetesPodOperator's pod manager
+    "read_namespaced_pod": (("", "pods", "get"), False),
+    "patch_namespaced_pod": (("", "pods", "patch"), False),
     "delete_namespaced_pod": (("", "pods", "delete"), False),
     "create_namespaced_event": (("", "events", "create"), False),
     "read_namespaced_lease": (("coordination.k8s.io", "leases", "get"), False),
     "create_namespaced_lease": (("coordination.k8s.io", "leases", "create"), False),
     "replace_namespaced_lease": (("coordination.k8s.io", "leases", "update"), False),
+    "read_priority_class": (("scheduling.k8s.io", "priorityclasses", "get"), True),
 }
-_CALL = re.compile(r"\.((?:list|read|create|delete|replace|patch)_\w*(?:pod|node|event|lease)\w*)\b")
+_CALL = re.compile(
+    r"\.((?:list|read|create|delete|replace|patch)_\w*(?:pod|node|event|lease|priority_class)\w*)\b"
+)
 
 
 def calls_in(*paths: str, cluster_wide_only: bool = False) -> set[tuple[str, str, str]]:
@@ -129,9 +134,11 @@ def granted(role_names: set[str]) -> set[tuple[str, str, str]]:
 
 
 def test_the_controller_may_do_exactly_what_its_code_does() -> None:
-    needed = calls_in(
-        "controller/run.py", "controller/reconcile.py", "controller/leader.py", "inventory/sync.py"
+    controller = sorted(
+        str(p.relative_to(ROOT / "airflow_gpupool"))
+        for p in (ROOT / "airflow_gpupool" / "controller").glob("*.py")
     )
+    needed = calls_in(*controller, "inventory/sync.py")
     assert needed == granted({"gpupool-controller", "gpupool-controller-leader-election"})
     # Cluster-wide: reconcile lists pods in every namespace, so a namespaced Role would not do.
     assert ("", "pods", "list") in granted({"gpupool-controller"})

@@ -125,3 +125,14 @@ def test_the_options_are_read_once_from_the_configuration(monkeypatch: pytest.Mo
     monkeypatch.setenv("AIRFLOW__GPUPOOL__URGENT_PRIORITY", "40")
     monkeypatch.setenv("AIRFLOW__GPUPOOL__SPOT_PRICE_RATIO", "0.25")
     assert GatedCapacity.from_settings() == GatedCapacity(urgent_priority=40, price_ratio=0.25)
+
+
+def test_a_pod_group_is_checkpointed_only_when_every_pod_is() -> None:
+    training = GpuRequest.from_dict({"gpus": 1, "workload_class": "training", "preemptible": True})
+    with_dir, without = gpu_pod(env=CKPT_ENV), gpu_pod()
+    assert dict(CHEAP_SPOT.apply(training, with_dir, with_dir).prefer_node_labels) == {
+        CAPACITY_TYPE_LABEL: "spot"
+    }
+    assert CHEAP_SPOT.apply(training, with_dir, without).prefer_node_labels == ()
+    urgent = GpuRequest.from_dict({"gpus": 1, "priority": 100})
+    assert dict(CHEAP_SPOT.apply(urgent, with_dir, without).node_labels) == {CAPACITY_TYPE_LABEL: "on-demand"}

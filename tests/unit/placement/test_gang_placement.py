@@ -72,6 +72,16 @@ CASES = {
     "no-keys-ignores-domains": Case(
         (node("a", 2, zone="x"), node("b", 2, zone="y"), node("c", 2, zone="y")), gang(4), {"a": 2, "b": 2}
     ),
+    "preferred-nodes-first-among-nodes-that-take-as-many": Case(
+        (node("a", 2, rack="r1"), node("b", 2, rack="r1"), node("c", 2, rack="r2"), node("d", 2, rack="r2")),
+        gang(4, prefer_node_labels=(("rack", "r2"),)),
+        {"c": 2, "d": 2},
+    ),
+    "a-preference-never-beats-fewer-nodes": Case(
+        (node("a", 4, rack="r1"), node("b", 2, rack="r2"), node("c", 2, rack="r2")),
+        gang(4, prefer_node_labels=(("rack", "r2"),)),
+        {"a": 4},
+    ),
     "multi-gpu-members": Case((node("a", 3), node("b", 4), node("c", 8)), gang(3, gpus=2), {"c": 3}),
     "cpu-bounds-members": Case(
         (node("a", 8, cpu=2000), node("b", 2)), gang(3, cpu_milli=1000), {"a": 2, "b": 1}
