@@ -6,7 +6,9 @@ one policy and returns what ``gpupool simulate --mode queue --json`` prints: per
 ``nominal_share``, ``demand_share`` (GPU time its jobs would use in the window if each started
 on arrival),
 ``share_of_entitled`` (share over min(nominal, demand): what "gets its nominal share when it has
-the demand" measures), ``borrowed_gpu_s``, ``preemptions``, ``lost_gpu_s`` and ``grace_gpu_s``;
+the demand" measures), ``share_of_instant_entitled`` (share over ``instant_entitled_share``, the
+window's mean of min(nominal, demand at each instant): a quota bounds what a team holds at once),
+``borrowed_gpu_s``, ``preemptions``, ``lost_gpu_s`` and ``grace_gpu_s``;
 overall ``jain_fairness`` (Jain's index of ``share_of_entitled``, each capped at 1: a team above
 its entitlement is not unfairly served), ``high_priority_p99_wait_s`` (urgent work), ``lost_gpu_s_total``
 and ``mean_alloc``, with the window's idle capacity split in ``idle_queue_empty_pct`` (nothing
@@ -89,6 +91,7 @@ def _measures(
     for job in jobs:  # the GPU time each job would use in the window if it started on arrival
         overlap = min(job.arrival + job.work_s, warm + window) - max(job.arrival, warm)
         demand[job.team] += job.request.total_gpu_milli * max(0.0, overlap)
+    instant = _instant_entitled(jobs, sim.nominal, sim.capacity, warm, window)
     teams: dict[str, dict[str, Any]] = {}
     ratios = []
     for team in sorted(set(plan.teams) | set(demand)):
@@ -106,6 +109,8 @@ def _measures(
             "nominal_share": round(nominal, 4),
             "demand_share": round(wanted, 4),
             "share_of_entitled": round(share / entitled, 3) if entitled > 0 else None,
+            "instant_entitled_share": round(instant[team], 4),
+            "share_of_instant_entitled": round(share / instant[team], 3) if instant[team] > 0 else None,
             "borrowed_gpu_s": round(sim.borrowed_area[team] / 1000, 1),
             "preemptions": sim.preemptions[team],
             "lost_gpu_s": round(sim.lost[team], 1),
@@ -134,6 +139,32 @@ def _measures(
         "grace_gpu_s_total": round(sum(sim.grace.values()), 1),
         "preemptions_total": sum(sim.preemptions.values()),
     }
+
+
+def _instant_entitled(
+    jobs: Sequence[Job], nominal: dict[str, int], capacity: int, warm: float, window: float
+) -> dict[str, float]:
+    """Return per team the integral over the window of min(nominal, demand at t), over capacity.
+
+    Demand at t is what the team's jobs would hold at t had each started on arrival. A nominal
+    quota bounds what a team holds at once: asking above it at one time (borrowing, which is not
+    guaranteed) does not make up for asking below it at another, as min(nominal, demand) over
+    the window's averages lets it.
+    """
+    steps: dict[str, list[tuple[float, int]]] = defaultdict(list)
+    for job in jobs:
+        milli = job.request.total_gpu_milli
+        steps[job.team] += [(job.arrival, milli), (job.arrival + job.work_s, -milli)]
+    end = warm + window
+    out: dict[str, float] = defaultdict(float)
+    for team, changes in steps.items():
+        cap, level, last, area = nominal.get(team, 0), 0, warm, 0.0
+        for at, delta in sorted(changes):
+            t = min(max(at, warm), end)
+            area += min(cap, level) * (t - last)
+            last, level = t, level + delta
+        out[team] = area / (capacity * window)
+    return out
 
 
 def trace_jobs(

@@ -281,3 +281,23 @@ def test_mean_allocation_and_idle_time_add_up(runs: dict[str, dict[str, Any]]) -
     for result in runs.values():
         total = result["mean_alloc"] + result["idle_queue_empty_pct"] + result["idle_while_waiting_pct"]
         assert total == pytest.approx(100, abs=0.02)
+
+
+def test_the_instant_entitlement_does_not_count_demand_above_the_nominal_quota() -> None:
+    """Data (nominal 2.5 GPUs) asks for 1 GPU in the window's first hour and 4 in its second.
+
+    Averaged over the window its demand (5 GPU-h of 16) equals its nominal share; at each instant
+    it is entitled to min(2.5, demand): 1 + 2.5 = 3.5 GPU-h. It gets all 5 GPU-h.
+    """
+    plan = scenario("three-teams")
+    assert plan.cluster is not None
+    template = next(j for j in generate_jobs(plan, 6 * HOUR, seed=1) if j.team == "data")
+    jobs = [replace(template, seq=0, arrival=HOUR / 2, work_s=HOUR)]
+    jobs += [replace(template, seq=i, arrival=1.5 * HOUR, work_s=HOUR) for i in range(1, 5)]
+    result = simulate_teams(plan.cluster.build(), jobs, plan, "gpupool", warmup_s=HOUR / 2, window_s=2 * HOUR)
+    data = result["teams"]["data"]
+    assert data["share"] == pytest.approx(5 / 16, abs=1e-4)
+    assert data["share_of_entitled"] == pytest.approx(1.0)
+    assert data["instant_entitled_share"] == pytest.approx(3.5 / 16, abs=1e-4)
+    assert data["share_of_instant_entitled"] == pytest.approx(5 / 3.5, abs=1e-3)
+    assert result["teams"]["research"]["share_of_instant_entitled"] is None  # no demand
