@@ -30,10 +30,12 @@ and the invariants, checked during and after the run.
 from __future__ import annotations
 
 import asyncio
+import logging
 import multiprocessing as mp
 import os
 import random
 import statistics
+import sys
 import threading
 import time
 from typing import Any
@@ -114,6 +116,7 @@ def _waiters(url: str, ids: list[str], ready: Any, stop: Any, out: Any, woken: A
     wake-ups as they come (a shared integer the bench reads)."""
     from airflow_gpupool.triggers import ReservationTrigger
 
+    _log_warnings_to_stderr()
     wakeups: list[float] = []
 
     async def watch(rid: str) -> None:
@@ -171,7 +174,27 @@ def _waiters(url: str, ids: list[str], ready: Any, stop: Any, out: Any, woken: A
     out.put({"wakeups_ms": wakeups, "cpu_s": cpu[0], "wall_s": cpu[1]})
 
 
+def _log_warnings_to_stderr() -> None:
+    """Log as the ``gpupool`` command does: Airflow, imported in a spawned process, logs to stdout,
+    which the bench's ``--json`` answer owns (and 1,000 triggers' INFO lines cost CPU)."""
+    import airflow.settings  # noqa: F401  (configures logging on import: configure after it)
+    import structlog
+
+    logging.basicConfig(
+        level=logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+        force=True,
+    )
+    # Triggers log through Airflow's structlog, which prints to stdout itself.
+    structlog.configure(
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+    )
+
+
 def _client(url: str, index: int, seconds: float, hold_s: float, ready: Any, go: Any, out: Any) -> None:
+    _log_warnings_to_stderr()
     rng = random.Random(index)
     ledger = Ledger(url)
     ledger.reap()  # connected, schema checked, capacity cached before the clock starts

@@ -84,6 +84,8 @@ SELECT
     (SELECT value FROM gpupool_meta WHERE key = 'queue_gate_min_milli') AS queue_gate_min_milli,
     (SELECT value FROM gpupool_meta WHERE key = 'queue_gate_unspent_priority') AS queue_gate_unspent_priority,
     (SELECT value FROM gpupool_meta WHERE key = 'queue_gate_bound') AS queue_gate_bound,
+    (SELECT value FROM gpupool_meta WHERE key = 'queue_gate_hold_priority') AS queue_gate_hold_priority,
+    (SELECT value FROM gpupool_meta WHERE key = 'queue_gate_hold_seq') AS queue_gate_hold_seq,
     pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS watermark,
     {version} AS version,
     (SELECT json_agg(n ORDER BY n.name) FROM gpupool_nodes n WHERE n.version >= :since) AS nodes,

@@ -8,7 +8,6 @@ all in the same transaction under the write lock.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from collections.abc import Set as AbstractSet
@@ -26,11 +25,11 @@ from airflow_gpupool.ledger.explain import WaitContext, blocked_message
 from airflow_gpupool.ledger.gate import QueueGate
 from airflow_gpupool.ledger.models import ReapResult, ReservationState
 from airflow_gpupool.ledger.preempting import preempt_for_waiting
-from airflow_gpupool.ledger.queue_copy import QueueCopy
 from airflow_gpupool.ledger.records import GRANTED, HOLDING, assignment_of, class_delta
 from airflow_gpupool.ledger.service import PassMemo, ServiceMemo
 from airflow_gpupool.ledger.store import LOGGER_NAME, LedgerStore, Tx
 from airflow_gpupool.ledger.take import grant_row
+from airflow_gpupool.ledger.waiting import WaitingReader
 from airflow_gpupool.placement.accounting import deallocate
 from airflow_gpupool.placement.gang import GangAssignment, hold_gang_nodes
 from airflow_gpupool.placement.policy import PlacementPolicy
@@ -41,9 +40,6 @@ from airflow_gpupool.placement.verdict import Assignment, NoFit
 from airflow_gpupool.resources import GpuRequest
 
 log = logging.getLogger(LOGGER_NAME)
-
-# Parsed shapes of spent requests kept per process (a queue has few distinct shapes).
-_SHAPES_KEPT = 1000
 
 T = TypeVar("T")
 
@@ -131,8 +127,8 @@ class WriteCycle:
         self._equivalence = EquivalenceIndex()
         self._service = ServiceMemo()
         self._plans = PlanCache()
-        self._shapes: dict[str, GpuRequest] = {}
-        self.queue = QueueCopy()
+        #: What a pass reads of the waiting requests (the spent ones copied per process).
+        self.waiting = WaitingReader()
         # The hold the last pass logged: a hold is logged when it changes, not at every pass.
         self._logged_hold: tuple[str, tuple[str, ...]] | None = None
 
@@ -148,6 +144,8 @@ class WriteCycle:
         result = self.store.write(run)
         # Committed: what its last pass over the queue found guides the next one.
         self._service.commit(last[0].served if last else None, self._service_owner())
+        if last:
+            self._service.note_blocked(last[0].queued_blocked, last[0].nodes, self._service_owner())
         return result
 
     def _service_owner(self) -> tuple[int, int]:
@@ -338,7 +336,9 @@ class WriteCycle:
         memo = self._service.begin(tx.nodes, tx.served, self._service_owner()) if incremental else None
         spent_shapes: list[str] = []
         rows = (
-            self._waiting(tx, memo, spent_shapes) if memo is not None else tx.conn.execute(sql.WAITING).all()
+            self.waiting.read(tx, memo, spent_shapes, self.max_overtakes, self._fits(tx))
+            if memo is not None
+            else tx.conn.execute(sql.WAITING).all()
         )
         if not rows:
             mark_holds(tx, {})
@@ -413,15 +413,17 @@ class WriteCycle:
             for e in left
             if outcome.overtakes.get(e.request_id, e.overtakes) < self.max_overtakes
         ]
-        shapes = [e.request for e in left] + [self._shape(text) for text in spent_shapes]
+        shapes = [e.request for e in left] + [self.waiting.shape(text) for text in spent_shapes]
         # A spent request gets its hold when the pass looks past it; until one is held, every
         # grant must go through a pass, which will hold a node for it.
         unheld = len(unspent) < len(left) and not outcome.holds
+        held_for = next((e for e in entries if e.request_id in outcome.holds), None)
         return QueueGate.after_pass(
             shapes,
             unspent,
             may_skip=may_skip and outcome.barrier is None and not unheld,
             bound=self.max_overtakes,
+            hold=(held_for.request.priority, held_for.seq) if held_for is not None else None,
         )
 
     def _record_pass(self, tx: Tx, entries: list[QueueEntry], outcome: ServeOutcome) -> None:
@@ -454,55 +456,8 @@ class WriteCycle:
                 "Queue held for %s: its overtake budget is spent and no node can be held", outcome.barrier
             )
 
-    def _waiting(self, tx: Tx, memo: PassMemo, spent_shapes: list[str]) -> list[Any]:
-        """Read the waiting requests a pass must see, leaving out those that change nothing.
-
-        A request whose overtake budget is spent keeps its count (at the bound) and is spent
-        whatever happens, so once it cannot be granted it matters only as the first spent one
-        (it gets the pass's hold, or stops the pass). A spent request of a shape that fits no
-        node now, avoiding none, cannot be granted in this pass (grants only shrink what nodes
-        can take, holds only exclude more): only the first spent one is read of those. The
-        pass then decides what a pass over the whole queue decides, reading what it needs.
-        """
-        conn, spent = tx.conn, {"spent": self.max_overtakes}
-        rows = list(conn.execute(sql.WAITING_UNSPENT, spent).all())
-        # The copy is the spent requests as this transaction found them: once it changed them,
-        # a pass reads them.
-        copy = self.queue.rows(conn, None if tx.spent_changed else tx.spent_version, self.max_overtakes)
-        if copy is not None:
-            shapes: list[str] = list(copy.spent_by_shape)
-        else:
-            shapes = list(conn.execute(sql.SPENT_SHAPES, spent).scalars().all())
-        spent_shapes += shapes
-        if not shapes:
-            return rows
-        fitting = []
-        for text in shapes:
-            request = self._shape(text)
-            if memo.shape_still_blocked(text, request) or isinstance(
-                self.place(tx.nodes, request, frozenset()), NoFit
-            ):
-                memo.shapes_blocked.add(text)
-            else:
-                fitting.append(text)
-        if copy is not None:
-            rows += [row for text in fitting for row in copy.spent_by_shape[text]]
-            first = copy.first_spent
-        else:
-            if fitting:
-                rows += conn.execute(sql.WAITING_SPENT_OF, {**spent, "shapes": fitting}).all()
-            first = conn.execute(sql.FIRST_SPENT, spent).first()
-        if first is not None and all(row.id != first.id for row in rows):
-            rows.append(first)
-        return rows
-
-    def _shape(self, text: str) -> GpuRequest:
-        request = self._shapes.get(text)
-        if request is None:
-            request = self._shapes[text] = GpuRequest.from_dict(json.loads(text))
-            if len(self._shapes) > _SHAPES_KEPT:
-                self._shapes.pop(next(iter(self._shapes)))
-        return request
+    def _fits(self, tx: Tx) -> Callable[[GpuRequest], bool]:
+        return lambda request: not isinstance(self.place(tx.nodes, request, frozenset()), NoFit)
 
     def governance(self, tx: Tx) -> Governance:
         """Return the quotas and usage a pass under quotas works with (see :mod:`~airflow_gpupool.ledger.admission`)."""

@@ -18,9 +18,13 @@ the queue alone:
 - ``unspent_priority``: the highest priority of a waiting request whose overtake budget is not
   spent. A grant of a request at or below it overtakes that request: the grant counts one
   overtake of each waiting request at or above its priority whose budget is not spent, as a
-  pass would (``bound`` overtakes spend a budget); if one spends it there, the gate closes, and
-  the next writer's pass holds a node for it. One above it overtakes only spent requests,
-  whose count no longer moves.
+  pass would (``bound`` overtakes spend a budget). One above it overtakes only spent requests,
+  whose count no longer moves;
+- ``hold_priority`` and ``hold_seq``: the service order of the request the pass held a node for.
+  A request that spends its budget behind it changes nothing a pass decides (a pass holds one
+  node, for the first spent request in service order), so the gate stays open; one that spends
+  it ahead of the held one, or with no hold, closes the gate, and the next writer's pass holds a
+  node for it.
 
 Held nodes are marked on their row (``held_for``): a grant on them goes through the queue. A
 grant elsewhere only moves other nodes further from fitting the held-for request, and a release
@@ -36,7 +40,7 @@ and the serialized grant and release (:mod:`~airflow_gpupool.ledger.grants`) app
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from airflow_gpupool.placement.snapshot import NodeState
 from airflow_gpupool.resources import MILLI_PER_GPU, GpuRequest
@@ -47,6 +51,8 @@ __all__ = ["GATE_KEYS", "NO_WAITER", "QueueGate"]
 NO_WAITER = 1 << 30
 #: ``unspent_priority`` when every waiting request's budget is spent.
 ALL_SPENT = -(1 << 62)
+#: ``hold_priority`` when the pass held no node: every request that spends its budget closes the gate.
+NO_HOLD = -(1 << 62)
 #: The ``gpupool_meta`` keys the gate is kept in.
 GATE_KEYS = (
     "queue_gate_open",
@@ -54,6 +60,8 @@ GATE_KEYS = (
     "queue_gate_min_milli",
     "queue_gate_unspent_priority",
     "queue_gate_bound",
+    "queue_gate_hold_priority",
+    "queue_gate_hold_seq",
 )
 
 
@@ -66,10 +74,18 @@ class QueueGate:
     min_milli: int = NO_WAITER
     unspent_priority: int = ALL_SPENT
     bound: int = 0
+    hold_priority: int = NO_HOLD
+    hold_seq: int = 0
 
     @classmethod
     def after_pass(
-        cls, waiting: Iterable[GpuRequest], unspent: Iterable[int], *, may_skip: bool, bound: int = 0
+        cls,
+        waiting: Iterable[GpuRequest],
+        unspent: Iterable[int],
+        *,
+        may_skip: bool,
+        bound: int = 0,
+        hold: tuple[int, int] | None = None,
     ) -> QueueGate:
         """Return the gate a pass leaves.
 
@@ -77,6 +93,7 @@ class QueueGate:
         :param unspent: the priorities of those whose overtake budget is not spent
         :param may_skip: the pass found nothing that needs the queue served every time
         :param bound: the overtakes that spend a budget (the pass's no-starvation bound)
+        :param hold: the priority and ``seq`` of the request the pass held a node for (None: none)
         """
         min_gpus = min_milli = NO_WAITER
         opened = may_skip
@@ -90,7 +107,8 @@ class QueueGate:
             else:
                 opened = False  # CPU-only work fits wherever a release frees CPU
         top = max(unspent, default=ALL_SPENT)
-        return cls(opened, min_gpus, min_milli, top, bound) if opened else cls()
+        held = hold or (NO_HOLD, 0)
+        return cls(opened, min_gpus, min_milli, top, bound, *held) if opened else cls()
 
     @classmethod
     def from_meta(cls, meta: Mapping[str, int | None]) -> QueueGate:
@@ -98,12 +116,20 @@ class QueueGate:
         values = [meta.get(key) for key in GATE_KEYS]
         if any(v is None for v in values) or not values[0]:
             return cls()
-        _, min_gpus, min_milli, unspent, bound = (int(v) for v in values)  # type: ignore[arg-type]
-        return cls(True, min_gpus, min_milli, unspent, bound)
+        _, *numbers = (int(v) for v in values)  # type: ignore[arg-type]
+        return cls(True, *numbers)
 
     def to_meta(self) -> dict[str, int]:
         """Return the ``gpupool_meta`` values."""
-        values = (int(self.open), self.min_gpus, self.min_milli, self.unspent_priority, self.bound)
+        values = (
+            int(self.open),
+            self.min_gpus,
+            self.min_milli,
+            self.unspent_priority,
+            self.bound,
+            self.hold_priority,
+            self.hold_seq,
+        )
         return dict(zip(GATE_KEYS, values, strict=True))
 
     @property
@@ -118,6 +144,20 @@ class QueueGate:
     def counts(self, request: GpuRequest) -> bool:
         """Whether granting ``request`` without a pass overtakes a request whose budget is not spent."""
         return request.priority <= self.unspent_priority
+
+    def behind_hold(self, priority: int, seq: int) -> bool:
+        """Whether a request of ``priority`` queued at ``seq`` is served after the one the pass held a node for."""
+        return priority < self.hold_priority or (priority == self.hold_priority and seq > self.hold_seq)
+
+    def queued(self, request: GpuRequest) -> QueueGate:
+        """Return the gate once ``request``, which fits no node, waits too (its budget not spent)."""
+        whole = request.gpu_milli is None
+        return replace(
+            self,
+            min_gpus=min(self.min_gpus, request.gpus) if whole else self.min_gpus,
+            min_milli=self.min_milli if whole else min(self.min_milli, request.gpu_milli or NO_WAITER),
+            unspent_priority=max(self.unspent_priority, request.priority),
+        )
 
     def lets_release(self, node: NodeState) -> bool:
         """Whether ``node``, as a release leaves it, still fits no waiting request."""

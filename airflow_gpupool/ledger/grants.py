@@ -35,7 +35,9 @@ from airflow_gpupool.ledger.admission import governed
 from airflow_gpupool.ledger.cache import classes_from_counts
 from airflow_gpupool.ledger.concurrent import ConcurrentPath
 from airflow_gpupool.ledger.cycle import WriteCycle, held_nodes
+from airflow_gpupool.ledger.gate import QueueGate
 from airflow_gpupool.ledger.models import Grant, ReleaseResult, Reservation, ReservationState
+from airflow_gpupool.ledger.preempting import victims_exist
 from airflow_gpupool.ledger.records import GRANTED, HOLDING, ORPHANED, WAITING
 from airflow_gpupool.ledger.store import LOGGER_NAME, LedgerStore, Tx
 from airflow_gpupool.ledger.take import grant_row
@@ -250,7 +252,8 @@ class LedgerGrants:
             if passed is not None:
                 return passed
             self._insert_waiting(tx, args)
-            self._cycle.serve(tx)
+            if not self._waits_past_pass(tx, args):
+                self._cycle.serve(tx)
             if rid in tx.assignments and request.gang is None:
                 assignment = tx.assignments[rid]
                 node_pool = tx.nodes[assignment.node].node_pool
@@ -280,25 +283,50 @@ class LedgerGrants:
         grant_row(tx, args.reservation_id, request, verdict)
         # Passing requests whose budget is not spent counts one overtake each, as a pass would.
         # One that spends its budget here gets its hold from the next pass: the gate closes.
-        tx.gate_kept = not gate.counts(request) or not self._count_overtakes(tx, request.priority)
+        tx.gate_kept = not gate.counts(request) or not self._count_overtakes(tx, request.priority, gate)
         node_pool = tx.nodes[verdict.node].node_pool
         return _granted(args, tx.now, _new_grant(self._store, verdict, args, node_pool, tx.now))
 
-    def _count_overtakes(self, tx: Tx, priority: int) -> bool:
+    def _waits_past_pass(self, tx: Tx, args: ReserveArgs) -> bool:
+        """Whether the request, queued, may wait without a pass over the queue (:mod:`.gate`).
+
+        One that fits no node, held ones included, would be blocked wherever a pass put it, and
+        the pass would change nothing else: every other request stays blocked, the hold stays, and
+        no victim can be offered (the gate is open only while none could be, and a preemptor
+        finds no preemptible grant). The gate then takes in its shape and priority.
+        """
+        gate, request = tx.current_gate, args.request
+        simple = request.mig_profile is None and (request.gpus or request.gpu_milli is not None)
+        # With no overtake allowed, a request is spent as it arrives: a pass holds a node for it.
+        if not (gate.lets_grant(request) and simple and self._cycle.max_overtakes > 0):
+            return False
+        if governed(tx.quota_version) or not isinstance(
+            self._cycle.place(tx.nodes, request, frozenset()), NoFit
+        ):
+            return False
+        if request.preempts and victims_exist(tx.conn):
+            return False
+        self._refuse_if_never_fits(tx, request)
+        tx.gate = gate.queued(request)
+        tx.queued_blocked.append(args.reservation_id)
+        return True
+
+    def _count_overtakes(self, tx: Tx, priority: int, gate: QueueGate) -> bool:
         """Count one overtake of every waiting request at or above ``priority`` whose budget is not spent.
 
-        Return whether one of them spent its budget (the next pass then holds a node for it).
+        Return whether one of them spent its budget ahead of the request the queue holds a node
+        for (or with none held): the next pass then holds a node for it.
         """
         r, bound = schema.reservations.c, self._cycle.max_overtakes
         counted = tx.conn.execute(
             update(schema.reservations)
             .where(r.state == WAITING, r.overtakes < bound, r.priority >= priority)
             .values(overtakes=r.overtakes + 1)
-            .returning(r.overtakes)
-        ).scalars()
-        spent = any(n >= bound for n in counted)
-        tx.spent_changed |= spent
-        return spent
+            .returning(r.overtakes, r.priority, r.seq)
+        ).all()
+        spent = [row for row in counted if row.overtakes >= bound]
+        tx.spent_changed |= bool(spent)
+        return not all(gate.behind_hold(row.priority, row.seq) for row in spent)
 
     def _insert_waiting(self, tx: Tx, args: ReserveArgs) -> None:
         """Queue the request (a pass, or the caller, then grants it or leaves it waiting)."""

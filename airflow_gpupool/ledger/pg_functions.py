@@ -45,6 +45,9 @@ DECLARE
     v_waiting boolean;
     v_bound bigint;
     v_spent bigint;
+    v_ahead bigint;
+    v_hold_priority bigint;
+    v_hold_seq bigint;
     p_deadline double precision;
 BEGIN
     PERFORM pg_advisory_xact_lock_shared(__LOCK_KEY__, hashtext(current_schema()));
@@ -139,20 +142,29 @@ BEGIN
     END IF;
     -- Passing waiting requests whose budget is not spent counts one overtake of each, as a pass
     -- would (rows locked in id order: two grants never wait on each other's rows in a cycle).
-    -- One that spends its budget here closes the gate: the next writer's pass holds a node for it.
+    -- One that spends its budget here ahead of the held request (or with none held) closes the
+    -- gate: the next writer's pass holds a node for it.
     IF v_waiting AND p_priority <= coalesce(
             (SELECT value FROM gpupool_meta WHERE key = 'queue_gate_unspent_priority'), -9223372036854775808) THEN
         v_bound := coalesce((SELECT value FROM gpupool_meta WHERE key = 'queue_gate_bound'), 0);
+        v_hold_priority := coalesce(
+            (SELECT value FROM gpupool_meta WHERE key = 'queue_gate_hold_priority'), -4611686018427387904);
+        v_hold_seq := coalesce((SELECT value FROM gpupool_meta WHERE key = 'queue_gate_hold_seq'), 0);
         WITH counted AS (
             UPDATE gpupool_reservations SET overtakes = overtakes + 1
             WHERE id IN (SELECT id FROM gpupool_reservations
                          WHERE state = 'waiting' AND overtakes < v_bound AND priority >= p_priority
                          ORDER BY id FOR UPDATE)
-            RETURNING overtakes
+            RETURNING overtakes, priority, seq
         )
-        SELECT count(*) INTO v_spent FROM counted WHERE overtakes >= v_bound;
+        SELECT count(*), count(*) FILTER (WHERE priority > v_hold_priority
+                                          OR (priority = v_hold_priority AND seq <= v_hold_seq))
+        INTO v_spent, v_ahead FROM counted WHERE overtakes >= v_bound;
         IF v_spent > 0 THEN
-            UPDATE gpupool_meta SET value = 0 WHERE key = 'queue_gate_open';
+            -- Spent behind the request the queue holds a node for, it changes nothing a pass decides.
+            IF v_ahead > 0 THEN
+                UPDATE gpupool_meta SET value = 0 WHERE key = 'queue_gate_open';
+            END IF;
             INSERT INTO gpupool_meta (key, value) VALUES ('spent_queue_version', v_xid)
             ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value;
         END IF;

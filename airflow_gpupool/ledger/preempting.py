@@ -18,7 +18,7 @@ the lease runs out: a grant still bound to a pod is orphaned, and the controller
 at once (:mod:`airflow_gpupool.controller.reconcile`); one without a pod ends ``preempted``.
 
 A request with victims pending does not preempt again; a victim is told once. Only the first
-few waiting requests are offered victims per pass (``_PREEMPTORS_PER_PASS``), and nothing here
+few waiting requests are offered victims per pass (``PREEMPTORS_PER_PASS``), and nothing here
 runs unless a preemptible grant exists (one indexed read).
 """
 
@@ -29,7 +29,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from sqlalchemy import Row, and_, select, update
+from sqlalchemy import Connection, Row, and_, select, update
 
 from airflow_gpupool.governance.preemption import Preemptor, VictimCandidate, lost_gpu_seconds, may_preempt
 from airflow_gpupool.ledger import schema
@@ -57,12 +57,12 @@ class WriteCycle(Protocol):
     preemption_grace_seconds: float
 
 
-__all__ = ["Victim", "preempt_for_waiting"]
+__all__ = ["PREEMPTORS_PER_PASS", "Victim", "preempt_for_waiting", "victims_exist"]
 
 log = logging.getLogger(LOGGER_NAME)
 
 # Waiting requests offered victims per pass: the queue's head, where preemption matters.
-_PREEMPTORS_PER_PASS = 4
+PREEMPTORS_PER_PASS = 4
 
 _r = schema.reservations.c
 # The stored request text is JSON with sorted keys, so a preemptible request's says exactly this.
@@ -73,6 +73,13 @@ _CANDIDATES = select(schema.reservations).where(
     _r.gang_id.is_(None),
     _r.request.like(_PREEMPTIBLE_TEXT),
 )
+
+
+def victims_exist(conn: Connection) -> bool:
+    """Whether any live grant could be offered as a victim (one indexed read)."""
+    return conn.execute(_CANDIDATES.limit(1)).first() is not None
+
+
 _PENDING = select(schema.reservations).where(_r.state.in_(HOLDING), _r.preempt_deadline.is_not(None))
 
 
@@ -124,7 +131,7 @@ def _offer(
     lowest = min((v.request.priority for v in victims), default=None)
     offered = 0
     for entry in preemptors:
-        if offered >= _PREEMPTORS_PER_PASS or not victims:
+        if offered >= PREEMPTORS_PER_PASS or not victims:
             return
         if entry.request_id in pending:
             continue

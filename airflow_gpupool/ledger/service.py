@@ -121,6 +121,22 @@ class ServiceMemo:
         if found is not None:
             self._committed, self._owner = found, owner
 
+    def note_blocked(self, request_ids: list[str], nodes: Mapping[str, NodeState], owner: object) -> None:
+        """Record requests a committed write found to fit no node of ``nodes``, avoiding none, without a pass.
+
+        Found later than the last pass, they are re-checked on every node changed since that
+        pass: a superset of those changed since they were found. With no pass known, ``nodes``
+        (as the write left them) is what they are checked against.
+        """
+        if not request_ids:
+            return
+        found = dict.fromkeys(request_ids, frozenset[str]())
+        if self._committed is None or owner != self._owner:
+            self._committed, self._owner = (dict(nodes), found, frozenset()), owner
+            return
+        before, blocked, shapes = self._committed
+        self._committed = before, {**blocked, **found}, shapes
+
     def forget(self) -> None:
         """Know nothing: the next pass tries every request."""
         self._committed = None

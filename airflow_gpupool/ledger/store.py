@@ -94,6 +94,9 @@ class Tx:
     spent_changed: bool = False
     # Requests this transaction queued.
     queue_inserted: set[str] = field(default_factory=set)
+    # Requests it queued without a pass, found to fit no node (ledger.gate): a pass need not try them
+    # again until a node changes.
+    queued_blocked: list[str] = field(default_factory=list)
     # Whether a gang admitted in this transaction queued members to grow by: the queue is served again.
     elastic_added: bool = False
     # The quotas' version as this transaction began (None or 0: no quota stored, see ledger.admission).

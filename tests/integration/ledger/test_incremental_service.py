@@ -48,6 +48,8 @@ _OPS = st.lists(
         _RESERVE,
         st.tuples(st.just("release"), st.integers(0, 5), st.booleans()),
         st.tuples(st.just("release"), st.integers(0, 5), st.booleans()),
+        # Copies of the last request: a queue of one shape, of which a pass reads only what may fit.
+        st.tuples(st.just("again"), st.integers(2, 6), st.booleans()),
         st.tuples(st.just("advance"), st.sampled_from([10.0, 40.0, 400.0])),
         st.tuples(st.just("health"), st.integers(0, 3), st.sampled_from(["healthy", "cordoned"])),
     ),
@@ -73,6 +75,12 @@ def _apply(ledger: Ledger, op: tuple[Any, ...], ids: list[str], clock: FakeClock
             rid = f"r{step}"
             ledger.reserve(op[1], f"holder-{step}", ttl=120.0, timeout=op[2], reservation_id=rid)
             ids.append(rid)
+        elif kind == "again" and ids:
+            last = ledger.get(ids[-1])
+            for copy in range(op[1]):
+                rid = f"r{step}-{copy}"
+                ledger.reserve(last.request, f"holder-{step}", ttl=120.0, timeout=300.0, reservation_id=rid)
+                ids.append(rid)
         elif kind == "release" and ids:
             ledger.release(ids[-1 - op[1] % len(ids)])
         elif kind == "advance":

@@ -167,12 +167,14 @@ class ReservingMachine(RuleBasedStateMachine):
     """
 
     database: Database
+    #: The no-starvation bound: small, so budgets are spent and nodes held within a few steps.
+    max_overtakes = 2
 
     def __init__(self) -> None:
         super().__init__()
         self.clock = FakeClock()
         self.ledger = Ledger.create(
-            self.database.new_url(), clock=self.clock, policy="bestfit", max_overtakes=2
+            self.database.new_url(), clock=self.clock, policy="bestfit", max_overtakes=self.max_overtakes
         )
         self.ids: list[str] = []
 

@@ -20,6 +20,8 @@ from hypothesis.stateful import invariant, rule
 from sqlalchemy import select
 
 from airflow_gpupool.ledger import Ledger, ReservationState, schema
+from airflow_gpupool.ledger.gate import QueueGate
+from airflow_gpupool.ledger.store import Tx
 from airflow_gpupool.resources import GpuRequest
 from tests.integration.ledger.test_ledger_properties import ReservingMachine, run_ledger_machine
 from tests.ledger_fixtures import ledger_statements, node
@@ -31,6 +33,8 @@ SHAPES = ({"gpus": 1}, {"gpus": 2}, {"gpus": 4}, {"gpu_milli": 250}, {"gpu_milli
 class QueueGateMachine(ReservingMachine):
     """Random grants, releases, renewals and expiry on three small nodes; the queue stays served."""
 
+    max_overtakes = 1  # every grant past a blocked request spends its budget: holds come often
+
     def __init__(self) -> None:
         super().__init__()
         self.ledger.upsert_nodes([node("a", gpus=4), node("b", gpus=4), node("c", gpus=2)])
@@ -41,12 +45,59 @@ class QueueGateMachine(ReservingMachine):
     def reserve(self, shape: dict[str, int], priority: int, ttl: int) -> None:
         self._reserve(GpuRequest(**shape, priority=priority), "h", ttl, 900)
 
+    @rule(priority=st.sampled_from([0, 3]))
+    def reserve_a_whole_node(self, priority: int) -> None:
+        # Blocked while the pool is busy: spent by the next grant past it, held for, or (at
+        # priority 3) ahead of the request held for.
+        self._reserve(GpuRequest(gpus=4, priority=priority), "big", 600, 900)
+
     @invariant()
     def the_queue_is_served(self) -> None:
         assert self.ledger.check_invariants() == []
         # Nothing is due between calls (time moves only in advance_and_reap, which reaps), so a
-        # pass now may only grant what a write before it should have granted.
-        assert self.ledger.reap().granted == ()
+        # pass now may only grant what a write before it should have granted. The pass is rolled
+        # back: the next call starts from what the last one left, so skips follow one another.
+        assert pass_would_grant(self.ledger) == ()
+
+    @invariant()
+    def an_open_gate_names_the_first_spent_request(self) -> None:
+        gate = QueueGate.from_meta(meta(self.ledger))
+        if not gate.open:
+            return
+        r = schema.reservations.c
+        spent = self.ledger.read(
+            lambda conn: conn.execute(
+                select(r.priority, r.seq).where(r.state == "waiting", r.overtakes >= gate.bound)
+            ).all()
+        )
+        # Open, the gate names the request a pass holds a node for: no spent one comes before it.
+        for priority, seq in spent:
+            assert gate.behind_hold(priority, seq) or (priority, seq) == (gate.hold_priority, gate.hold_seq)
+
+
+class _RolledBack(Exception):
+    def __init__(self, granted: tuple[str, ...]) -> None:
+        super().__init__("rolled back")
+        self.granted = granted
+
+
+def pass_would_grant(ledger: Ledger) -> tuple[str, ...]:
+    """Return what a pass over the queue would grant now, leaving the ledger as it is."""
+
+    def serve(tx: Tx) -> None:
+        ledger._cycle.serve(tx)
+        raise _RolledBack(tuple(tx.granted))
+
+    try:
+        ledger.write(serve)
+    except _RolledBack as e:
+        return e.granted
+    raise AssertionError("the pass was not rolled back")
+
+
+def meta(ledger: Ledger) -> dict[str, int]:
+    m = schema.ledger_meta.c
+    return dict(ledger.read(lambda conn: conn.execute(select(m.key, m.value)).all()))
 
 
 @pytest.mark.parametrize(
@@ -139,3 +190,67 @@ def test_a_preemptible_grant_goes_through_the_queue_and_keeps_it_served_while_re
     with statements(pool, r"ORDER BY gpupool_reservations.priority DESC") as passes:
         pool.release(pool.reserve(GpuRequest(gpus=1), "s", reservation_id="again").id)
     assert passes == []  # no preemptible grant left: the gate lets small grants by again
+
+
+def held_for(ledger: Ledger) -> dict[str, str]:
+    n = schema.nodes.c
+    query = select(n.name, n.held_for).where(n.held_for.is_not(None))
+    return dict(ledger.read(lambda conn: conn.execute(query).all()))
+
+
+PASS_OR_LOCK = r"pg_advisory_xact_lock\(|ORDER BY gpupool_reservations.priority DESC"
+
+
+def test_a_request_that_fits_nowhere_waits_and_spends_its_budget_behind_the_hold_without_a_pass(
+    pool: Ledger,
+) -> None:
+    hold = held_for(pool)
+    with statements(pool, r"ORDER BY gpupool_reservations.priority DESC") as passes:
+        assert pool.reserve(GpuRequest(gpus=8), "big", reservation_id="late").state is WAITING
+    assert passes == []  # it fits no node: a pass would only leave it waiting
+    with statements(pool, PASS_OR_LOCK) as queue_work:
+        for i in range(3):  # the first grant spends its budget of one: behind the held request
+            pool.release(pool.reserve(GpuRequest(gpus=1), "small", reservation_id=f"small-{i}").id)
+    assert queue_work == []
+    assert pool.get("late").state is WAITING and held_for(pool) == hold
+    assert pass_would_grant(pool) == ()
+
+
+def test_a_request_that_spends_its_budget_ahead_of_the_held_one_takes_the_hold(pool: Ledger) -> None:
+    ((node_held, first),) = held_for(pool).items()
+    assert first == "big-0"
+    assert pool.reserve(GpuRequest(gpus=8, priority=5), "urgent", reservation_id="urgent").state is WAITING
+    # A grant past it spends its budget; served before big-0, it gets the hold at the next write.
+    assert pool.reserve(GpuRequest(gpus=1), "small", reservation_id="spends").state is GRANTED
+    assert list(held_for(pool).values()) == ["big-0"]
+    with statements(pool, r"ORDER BY gpupool_reservations.priority DESC") as passes:
+        pool.release("spends")
+    assert passes
+    assert list(held_for(pool).values()) == ["urgent"]
+    assert pass_would_grant(pool) == ()
+
+
+def test_a_request_served_before_the_held_one_may_take_the_held_node(pool: Ledger) -> None:
+    ((node_held, _),) = held_for(pool).items()
+    for i in range(3):  # the one free GPU of every other node
+        assert pool.reserve(GpuRequest(gpus=1), "small", reservation_id=f"s-{i}").state is GRANTED
+    # Only the held node has a GPU free; a request of higher priority than big-0 is served first.
+    urgent = pool.reserve(GpuRequest(gpus=1, priority=5), "urgent", reservation_id="urgent")
+    assert urgent.state is GRANTED and urgent.grant is not None and urgent.grant.node == node_held
+
+
+def test_a_pass_grants_every_copy_of_a_long_queue_of_one_shape_that_fits(
+    make_ledger: Callable[..., Ledger],
+) -> None:
+    # A pass reads of a spent shape only what the free capacity could take (ledger.waiting): a
+    # release that frees room for four must still grant four, the next in line left waiting.
+    ledger = make_ledger(max_overtakes=1)
+    ledger.upsert_nodes([node("a", gpus=8), node("side", gpus=1)])
+    whole = ledger.reserve(GpuRequest(gpus=8), "whole", reservation_id="whole")
+    waiting = [ledger.reserve(GpuRequest(gpus=2), "pair", reservation_id=f"pair-{i:02d}") for i in range(12)]
+    assert {r.state for r in waiting} == {WAITING}
+    ledger.release(ledger.reserve(GpuRequest(gpus=1), "side", reservation_id="spends").id)  # budgets spent
+    ledger.release(whole.id)
+    states = [ledger.get(r.id).state for r in waiting]
+    assert states == [GRANTED] * 4 + [WAITING] * 8
+    assert pass_would_grant(ledger) == ()

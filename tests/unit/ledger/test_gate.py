@@ -76,3 +76,20 @@ def test_without_fractional_waiters_one_free_gpu_of_two_wanted_passes() -> None:
     gate = QueueGate.after_pass([GpuRequest(gpus=2)], [], may_skip=True)
     assert gate.lets_release(node(1000, 0, 0, 0))
     assert not gate.lets_release(node(1000, 1000, 0, 0))
+
+
+def test_the_hold_is_named_by_the_service_order_of_its_request() -> None:
+    gate = QueueGate.after_pass([GpuRequest(gpus=8)], [], may_skip=True, bound=8, hold=(1, 40))
+    assert QueueGate.from_meta(gate.to_meta()) == gate
+    assert gate.behind_hold(0, 1) and gate.behind_hold(1, 41)  # lower priority, or queued later
+    assert not gate.behind_hold(2, 99) and not gate.behind_hold(1, 39)
+    assert not gate.behind_hold(1, 40)  # the same seq: counted ahead (ties go by id, not known here)
+    unheld = QueueGate.after_pass([GpuRequest(gpus=8)], [], may_skip=True, bound=8)
+    assert not unheld.behind_hold(-1_000_000, 10**9)  # with no hold, every spent request closes the gate
+
+
+def test_a_request_queued_without_a_pass_joins_the_gate() -> None:
+    gate = QueueGate.after_pass([GpuRequest(gpus=8)], [0], may_skip=True, bound=8)
+    queued = gate.queued(GpuRequest(gpus=4, priority=3)).queued(GpuRequest(gpu_milli=300))
+    assert (queued.min_gpus, queued.min_milli, queued.unspent_priority) == (4, 300, 3)
+    assert queued.open and queued.bound == 8

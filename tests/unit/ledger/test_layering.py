@@ -20,6 +20,7 @@ LAYERS = [
     {"store"},
     {"explain", "take", "admission"},
     {"gangs", "preempting"},
+    {"waiting"},
     {"cycle"},
     {"heartbeats"},
     {"health"},
