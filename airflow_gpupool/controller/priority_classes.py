@@ -8,6 +8,9 @@ when the pod is created), else the class's ``value`` read from scheduling.k8s.io
 once a pass). It becomes the ledger priority as it is, as Kueue takes a pod's priority, clamped
 to the ledger's range (±1,000,000: system classes are above it). A class that does not exist or
 cannot be read leaves the request's own priority (the default) and says why: the pass goes on.
+gpupool's own workload classes (``[gpupool] workload_priority_classes``) order pods for the
+kube-scheduler, not requests in the ledger: they leave the request's priority as it is, so a plain
+pod that names ``gpupool-training`` does not become urgent work by its value (100000).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from airflow_gpupool import settings
 from airflow_gpupool.labels import PRIORITY_CLASS_ANNOTATION
 from airflow_gpupool.resources import MAX_ABS_PRIORITY
 
@@ -58,7 +62,7 @@ class PodPriorities:
         :param pod: the gated pod, as a JSON dict
         """
         name = ((pod.get("metadata") or {}).get("annotations") or {}).get(PRIORITY_CLASS_ANNOTATION)
-        if not name:
+        if not name or name in settings.workload_priority_classes().values():
             return ResolvedPriority(None)
         filled = (pod.get("spec") or {}).get("priority")
         if isinstance(filled, int) and not isinstance(filled, bool):

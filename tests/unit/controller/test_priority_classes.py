@@ -49,3 +49,10 @@ def test_the_pods_own_spec_priority_is_used_without_reading_the_class() -> None:
 def test_a_spec_priority_that_is_not_an_integer_is_not_taken() -> None:
     with pytest.raises(AssertionError, match="was read"):
         PodPriorities(NoApi()).resolve(pod("team-high", True))
+
+
+def test_gpupool_s_own_workload_classes_leave_the_request_s_priority() -> None:
+    # They order GpuPodOperator's pods for the kube-scheduler; by value (100000) they would be urgent.
+    priorities = PodPriorities(NoApi())
+    assert priorities.resolve(pod("gpupool-training", 100000)) == ResolvedPriority(None)
+    assert priorities.resolve(pod("gpupool-inference")) == ResolvedPriority(None)
