@@ -14,7 +14,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, Row, delete, select, update
+from sqlalchemy import Connection, Row, delete, select
 
 from airflow_gpupool.ledger import gangs, schema
 from airflow_gpupool.ledger import statements as sql
@@ -23,6 +23,7 @@ from airflow_gpupool.ledger.cache import CapacityCache, classes_from_counts
 from airflow_gpupool.ledger.equivalence import EquivalenceIndex
 from airflow_gpupool.ledger.explain import WaitContext, blocked_message
 from airflow_gpupool.ledger.gate import QueueGate
+from airflow_gpupool.ledger.holds import mark_holds
 from airflow_gpupool.ledger.models import ReapResult, ReservationState
 from airflow_gpupool.ledger.preempting import preempt_for_waiting
 from airflow_gpupool.ledger.records import GRANTED, HOLDING, assignment_of, class_delta
@@ -58,32 +59,6 @@ def held_on_node(store: LedgerStore, conn: Connection, node: str) -> list[Held]:
     r = schema.reservations.c
     rows = conn.execute(select(schema.reservations).where(r.node == node, r.state.in_(HOLDING))).all()
     return [Held(row, store.request_of(row), assignment_of(row)) for row in rows]
-
-
-def mark_holds(tx: Tx, holds: dict[str, tuple[str, ...]]) -> None:
-    """Mark the nodes held for waiting requests on their rows, and unmark the others (see ledger.gate).
-
-    A row whose mark changes takes the transaction's version, so every process's capacity copy
-    reads the mark again (the concurrent path places nowhere the queue holds).
-    """
-    n = schema.nodes.c
-    wanted = {node: rid for rid, nodes in holds.items() for node in nodes}
-    marked = dict(tx.conn.execute(select(n.name, n.held_for).where(n.held_for.is_not(None))).all())
-    for node in set(marked) | set(wanted):
-        if marked.get(node) != wanted.get(node):
-            tx.conn.execute(
-                update(schema.nodes)
-                .where(n.name == node)
-                .values(held_for=wanted.get(node), version=tx.version)
-            )
-            tx.dirty = True
-    tx.held = frozenset(wanted)
-
-
-def held_nodes(conn: Connection) -> frozenset[str]:
-    """Return the nodes the queue holds for waiting requests (their grants go through the queue)."""
-    n = schema.nodes.c
-    return frozenset(conn.execute(select(n.name).where(n.held_for.is_not(None))).scalars())
 
 
 def delete_node(tx: Tx, name: str) -> None:

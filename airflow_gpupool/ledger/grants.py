@@ -1,11 +1,10 @@
-"""Grants and their leases: reserve, renew and release.
+"""Grants and their leases: reserve, renew and release, in the serialized write cycle.
 
 A reserve or release takes one of two paths. On PostgreSQL, one that needs no queue
-decision (nothing waits, no lease is overdue) tries :class:`ConcurrentGrants` first: it
-places on this process's copy of the capacity and commits under the shared lock,
-alongside others (see :mod:`airflow_gpupool.ledger.pg_functions`). Anything else, and
-everything on SQLite, runs :class:`LedgerGrants` in the serialized write cycle
-(:mod:`airflow_gpupool.ledger.cycle`).
+decision tries :class:`~airflow_gpupool.ledger.concurrent_grants.ConcurrentGrants` first: it
+places on this process's copy of the capacity and commits under the shared lock, alongside
+others. Anything else, and everything on SQLite, runs :class:`LedgerGrants` here, in the
+serialized write cycle (:mod:`airflow_gpupool.ledger.cycle`).
 """
 
 from __future__ import annotations
@@ -21,27 +20,22 @@ from sqlalchemy import insert, select, update
 
 from airflow_gpupool import settings
 from airflow_gpupool.exceptions import (
-    GpuPoolError,
     GrantPreemptedError,
     InvalidGangError,
     InvalidRequestError,
     LeaseExpiredError,
     NoCapacityError,
-    UnknownReservationError,
 )
 from airflow_gpupool.ledger import gangs, records, schema
-from airflow_gpupool.ledger import statements as sql
 from airflow_gpupool.ledger.admission import governed
-from airflow_gpupool.ledger.cache import classes_from_counts
-from airflow_gpupool.ledger.concurrent import ConcurrentPath
-from airflow_gpupool.ledger.cycle import WriteCycle, held_nodes
+from airflow_gpupool.ledger.cycle import WriteCycle
 from airflow_gpupool.ledger.gate import QueueGate
+from airflow_gpupool.ledger.holds import held_nodes
 from airflow_gpupool.ledger.models import Grant, ReleaseResult, Reservation, ReservationState
 from airflow_gpupool.ledger.preempting import victims_exist
 from airflow_gpupool.ledger.records import GRANTED, HOLDING, ORPHANED, WAITING
 from airflow_gpupool.ledger.store import LOGGER_NAME, LedgerStore, Tx
 from airflow_gpupool.ledger.take import grant_row
-from airflow_gpupool.placement.accounting import allocate, deallocate
 from airflow_gpupool.placement.fit import choices
 from airflow_gpupool.placement.gang import place_gang
 from airflow_gpupool.placement.verdict import Assignment, NoFit, NoFitReason
@@ -53,11 +47,6 @@ log = logging.getLogger(LOGGER_NAME)
 _MAX_HOLDER = 512
 _MAX_SECONDS = 366 * 86400
 _SECONDS = "a number of seconds in (0, 31622400]"
-# Nodes a concurrent grant tries before it takes the serialized path (each try is one round trip).
-_CONCURRENT_ATTEMPTS = 4
-# How old the capacity copy may be when a concurrent grant places on it. Older copies are
-# refreshed first; a wrong guess costs one more try, never a wrong grant.
-_CACHE_FRESH_FOR_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -111,9 +100,10 @@ def released(reservation_id: str, state: ReservationState, reason: str) -> Relea
     return ReleaseResult(reservation_id, True, state, f"{state.value} reservation released: {reason}")
 
 
-def _new_grant(
+def new_grant(
     store: LedgerStore, assignment: Assignment, args: ReserveArgs, node_pool: str, now: float
 ) -> Grant:
+    """Return the grant a reserve made: ``assignment`` with its GPUs' identities and its lease."""
     gpu_info = store.cache.gpu_info
     node = assignment.node
     return records.build_grant(
@@ -126,7 +116,8 @@ def _new_grant(
     )
 
 
-def _granted(args: ReserveArgs, now: float, grant: Grant) -> Reservation:
+def granted(args: ReserveArgs, now: float, grant: Grant) -> Reservation:
+    """Return the reservation a reserve granted at once."""
     return Reservation(
         args.reservation_id,
         args.holder,
@@ -136,96 +127,6 @@ def _granted(args: ReserveArgs, now: float, grant: Grant) -> Reservation:
         now + args.timeout,
         grant,
     )
-
-
-class ConcurrentGrants:
-    """Grants and releases under the shared lock, where no queue decision is needed (PostgreSQL).
-
-    Each call answers None when it changed nothing and the serialized path must decide.
-    """
-
-    def __init__(self, store: LedgerStore, path: ConcurrentPath, cycle: WriteCycle) -> None:
-        self._store = store
-        self._path = path
-        self._cycle = cycle
-
-    def reserve(self, args: ReserveArgs) -> Reservation | None:
-        """Grant the request if it fits now; None: take the serialized path.
-
-        Placement runs on this process's copy of the capacity, refreshed when it is older
-        than ``_CACHE_FRESH_FOR_S``; the database function checks the choice against the
-        node's row. A node the copy had wrong is left out and the request placed again on a
-        refreshed copy, a few times at most.
-        """
-        store = self._store
-        cache = store.cache
-        with store.cache_lock, self._path.connect() as conn:
-            store.check_schema(conn)
-            skipped: set[str] = set()
-            refreshed = False
-            for _ in range(_CONCURRENT_ATTEMPTS):
-                if not refreshed and not cache.fresh(_CACHE_FRESH_FOR_S):
-                    cache.refresh(conn)
-                    refreshed = True
-                if governed(cache.quota_version):
-                    # Under quotas the serialized path admits and orders. A copy older than the
-                    # last quota change has an older inventory generation: its take answers
-                    # ``serialize`` (applying quotas moves the generation).
-                    return None
-                # Not where the queue holds a node for a waiting request: that one drains for it.
-                avoid = skipped | cache.held
-                verdict = self._cycle.place(cache.nodes, args.request, avoid, cache.take_changes())
-                if isinstance(verdict, NoFit):
-                    if refreshed or avoid:
-                        return None  # the serialized path queues it, or says it can never fit
-                    cache.refresh(conn)
-                    refreshed = True
-                    continue
-                # None: the function reads the database's clock, so every client agrees.
-                injected = store.injected_clock() if store.injected_clock is not None else None
-                outcome, taken, now = self._path.take(
-                    conn,
-                    args.reservation_id,
-                    args.holder,
-                    args.request,
-                    verdict,
-                    cache.gpu_model(verdict),
-                    cache.generation,
-                    injected,
-                    args.ttl,
-                    args.timeout,
-                )
-                if taken is not None:
-                    store.requests.put(args.reservation_id, args.request)
-                    node = cache.nodes[verdict.node]
-                    cache.put(allocate(node, args.request, taken))
-                    return _granted(args, now, _new_grant(store, taken, args, node.node_pool, now))
-                if outcome == "serialize":
-                    return None
-                log.debug(
-                    "Node %s no longer fits %s: refreshing and placing again",
-                    verdict.node,
-                    args.reservation_id,
-                )
-                skipped.add(verdict.node)
-                refreshed = False
-        return None
-
-    def release(self, reservation_id: str, reason: str) -> ReleaseResult | None:
-        """Give a grant back; None: the serialized path must (queue, expiry, drain)."""
-        store = self._store
-        with self._path.connect() as conn:
-            store.check_schema(conn)
-            injected = store.injected_clock() if store.injected_clock is not None else None
-            given = self._path.give_back(conn, reservation_id, injected, reason)
-        if given is None:
-            return None
-        with store.cache_lock:
-            node = store.cache.nodes.get(given.assignment.node)
-            if node is not None:  # this process's copy gives it back too, until the next refresh
-                classes = classes_from_counts(given.node_training, given.node_inference)
-                store.cache.put(deallocate(node, given.request, given.assignment, classes))
-        return released(reservation_id, ReservationState.GRANTED, reason)
 
 
 class LedgerGrants:
@@ -257,7 +158,7 @@ class LedgerGrants:
             if rid in tx.assignments and request.gang is None:
                 assignment = tx.assignments[rid]
                 node_pool = tx.nodes[assignment.node].node_pool
-                return _granted(args, tx.now, _new_grant(self._store, assignment, args, node_pool, tx.now))
+                return granted(args, tx.now, new_grant(self._store, assignment, args, node_pool, tx.now))
             self._refuse_if_never_fits(tx, request)
             row = tx.conn.execute(select(schema.reservations).where(schema.reservations.c.id == rid)).one()
             return self._store.reservation(tx.conn, row)
@@ -285,7 +186,7 @@ class LedgerGrants:
         # One that spends its budget here gets its hold from the next pass: the gate closes.
         tx.gate_kept = not gate.counts(request) or not self._count_overtakes(tx, request.priority, gate)
         node_pool = tx.nodes[verdict.node].node_pool
-        return _granted(args, tx.now, _new_grant(self._store, verdict, args, node_pool, tx.now))
+        return granted(args, tx.now, new_grant(self._store, verdict, args, node_pool, tx.now))
 
     def _waits_past_pass(self, tx: Tx, args: ReserveArgs) -> bool:
         """Whether the request, queued, may wait without a pass over the queue (:mod:`.gate`).
@@ -453,117 +354,6 @@ class LedgerGrants:
         """
         state = tx.nodes.get(node)
         return state is not None and not governed(tx.quota_version) and tx.current_gate.lets_release(state)
-
-
-def note_checkpoint(cycle: WriteCycle, reservation_id: str, at: float) -> bool:
-    """Record when a grant's newest valid checkpoint was written; return whether it holds.
-
-    Only a newer time is kept. Preemption ranks victims by the work since it.
-    """
-    if isinstance(at, bool) or not isinstance(at, int | float) or at != at:
-        raise InvalidRequestError("checkpoint time", at, "a number of seconds since the epoch")
-
-    def run(tx: Tx) -> bool:
-        tx.queue_tracked = True
-        row = records.row_by_id(tx.conn, reservation_id)
-        if row.state not in HOLDING:
-            return False
-        if row.checkpoint_at is None or at > row.checkpoint_at:
-            tx.conn.execute(
-                update(schema.reservations)
-                .where(schema.reservations.c.id == reservation_id)
-                .values(checkpoint_at=float(at))
-            )
-        return True
-
-    return cycle.write(run)
-
-
-def bind_pod(cycle: WriteCycle, store: LedgerStore, binding: PodBinding) -> Reservation:
-    """Record the pod of a grant (see :meth:`~airflow_gpupool.ledger.Ledger.bind`)."""
-
-    def run(tx: Tx) -> Reservation:
-        tx.queue_tracked = True
-        return _bind_in(tx, store, binding)
-
-    return cycle.write(run)
-
-
-def bind_pods(
-    cycle: WriteCycle, store: LedgerStore, bindings: list[PodBinding]
-) -> dict[str, Reservation | GpuPoolError]:
-    """Record the pods of many grants in one transaction (see :meth:`~airflow_gpupool.ledger.Ledger.bind_many`)."""
-
-    def run(tx: Tx) -> dict[str, Reservation | GpuPoolError]:
-        tx.queue_tracked = True
-        bound: dict[str, Reservation | GpuPoolError] = {}
-        for binding in bindings:
-            try:
-                bound[binding.reservation_id] = _bind_in(tx, store, binding)
-            except (LeaseExpiredError, UnknownReservationError) as e:  # raised before it writes
-                bound[binding.reservation_id] = e
-        return bound
-
-    return cycle.write(run)
-
-
-def _bind_in(tx: Tx, store: LedgerStore, binding: PodBinding) -> Reservation:
-    """Bind one grant to its pod inside a write transaction.
-
-    :raises LeaseExpiredError: it holds nothing, before anything is written
-    :raises UnknownReservationError: no such id, before anything is written
-    """
-    rid = binding.reservation_id
-    row = records.row_by_id(tx.conn, rid)
-    if row.state not in HOLDING:
-        raise LeaseExpiredError(rid, row.state)
-    same_pod = (row.pod_namespace, row.pod_name) == (binding.namespace, binding.name)
-    if same_pod and (binding.uid is None or row.pod_uid == binding.uid):
-        return store.reservation(tx.conn, row)  # bound already; a name alone never drops a uid
-    if row.pod_name is not None and (not same_pod or row.pod_uid is not None):  # another pod, not its uid
-        log.warning(
-            "Grant %s was bound to pod %s/%s (uid %s); now bound to %s/%s (uid %s)",
-            rid,
-            row.pod_namespace,
-            row.pod_name,
-            row.pod_uid,
-            binding.namespace,
-            binding.name,
-            binding.uid,
-        )
-    tx.conn.execute(
-        sql.BIND_ROW,
-        {
-            "rid": rid,
-            "namespace": binding.namespace,
-            "name": binding.name,
-            "uid": binding.uid,
-            "now": tx.now,
-        },
-    )
-    return store.reservation(tx.conn, records.row_by_id(tx.conn, rid))
-
-
-@dataclass(frozen=True)
-class PodBinding:
-    """The pod a grant is bound to, checked; ``uid`` None while the pod is being created.
-
-    :raises InvalidRequestError: a field is empty, not a string, or too long
-    """
-
-    reservation_id: str
-    namespace: str
-    name: str
-    uid: str | None = None
-
-    def __post_init__(self) -> None:
-        for what, value, most in (
-            ("namespace", self.namespace, 253),
-            ("name", self.name, 253),
-            ("uid", "-" if self.uid is None else self.uid, 64),
-        ):
-            if not isinstance(value, str) or not 0 < len(value) <= most:
-                raise InvalidRequestError(f"pod {what}", value, f"a string of 1 to {most} characters")
 
 
 def _seconds(name: str, value: float | None, default: Callable[[], float]) -> float:

@@ -37,17 +37,11 @@ from airflow_gpupool import settings
 from airflow_gpupool.binding import check_binding_name
 from airflow_gpupool.exceptions import GpuPoolError
 from airflow_gpupool.ledger.agent_report import NodeReport
+from airflow_gpupool.ledger.concurrent_grants import ConcurrentGrants
 from airflow_gpupool.ledger.cycle import WriteCycle
 from airflow_gpupool.ledger.engine import transient_retry
-from airflow_gpupool.ledger.grants import (
-    ConcurrentGrants,
-    LedgerGrants,
-    PodBinding,
-    ReserveArgs,
-    bind_pod,
-    bind_pods,
-    note_checkpoint,
-)
+from airflow_gpupool.ledger.grant_reports import PodBinding, bind_pod, bind_pods, note_checkpoint
+from airflow_gpupool.ledger.grants import LedgerGrants, ReserveArgs
 from airflow_gpupool.ledger.health import HeartbeatCheck, HeartbeatResult, LedgerHealth
 from airflow_gpupool.ledger.inventory import InventoryChange, LedgerInventory
 from airflow_gpupool.ledger.models import (

@@ -18,7 +18,7 @@ import pytest
 from sqlalchemy import Connection, create_engine, select, text
 
 from airflow_gpupool.ledger import Ledger, ReservationState, migrations, schema
-from airflow_gpupool.ledger import grants as ledger_module
+from airflow_gpupool.ledger import concurrent_grants as ledger_module
 from airflow_gpupool.ledger.cache import CapacityCache
 from airflow_gpupool.ledger.concurrent import ConcurrentPath
 from airflow_gpupool.ledger.engine import ADVISORY_LOCK_KEY, normalize_url
