@@ -266,6 +266,8 @@ def pick(
 
     :param prefer: narrows tied rows to the preferred ones (the request's ``prefer_node_labels``)
     """
+    if best.primary.size == 0:  # no node left to place on (every one skipped or held)
+        return None
     low = best.primary.min()
     if not np.isfinite(low):
         return None

@@ -21,6 +21,8 @@ from airflow_gpupool.placement import (
 )
 from airflow_gpupool.placement.accounting import allocate, deallocate
 from airflow_gpupool.placement.frag import shape_key, typical_shapes
+from airflow_gpupool.placement.policy import policy_names
+from airflow_gpupool.placement.verdict import NoFit
 from airflow_gpupool.resources import GpuRequest, WorkloadClass
 
 MODELS = ("A100", "T4", "G2")
@@ -142,3 +144,10 @@ def test_the_fast_path_follows_an_inventory_change() -> None:
     fewer = ClusterSnapshot(tuple(nodes[5:]))  # nodes left the inventory
 
     assert fast.place(fewer, request) == slow.place(fewer, request)
+
+
+@pytest.mark.parametrize("request_", [GpuRequest(gpus=1), GpuRequest(gpus=0), GpuRequest(gpu_milli=250)])
+def test_no_node_to_place_on_is_no_fit_not_an_error(request_: GpuRequest) -> None:
+    # Every node skipped or held (a pass that avoids them all) leaves an empty snapshot.
+    for name in policy_names():
+        assert isinstance(get_policy(name).place(ClusterSnapshot(()), request_), NoFit), name
