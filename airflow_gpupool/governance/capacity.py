@@ -6,6 +6,14 @@ that only urgent requests may use: priority at or above ``urgent_priority``, or 
 pool *lends* its headroom to preemptible work (``lendable``): urgent work then takes it back by
 preemption, so the headroom is not idle while no urgent work waits (what keeps allocation up
 when urgent work is a small part of the load), at the cost of a victim's grace in urgent wait.
+A *non-preemptible* request that keeps its team within its nominal quota (its grants plus this
+one, in every flavor it is counted in) may use the headroom too: it cannot take the loan (no
+urgent work could take it back), and without this rule the headroom lent to preemptible work
+keeps the pool fuller than the headroom, so lower-priority work on loan keeps out work its team
+is entitled to. On the Alibaba trace by QoS class (``benchmarks/README.md``, governance), the
+Guaranteed class's non-preemptible pods got 0.672 of their entitled share at load 1.0 without
+it and every class gets its nominal share with it, urgent p99 unchanged. Preemptible work still
+uses the headroom only on loan.
 
 **Spot.** A node pool is spot or on-demand, read from the labels cloud providers and Karpenter
 set (``karpenter.sh/capacity-type``, ``cloud.google.com/gke-spot``, ``eks.amazonaws.com/capacityType``).
@@ -134,12 +142,17 @@ def fits_headroom(
     *,
     urgent: bool,
     lendable: bool = False,
+    preemptible: bool = False,
+    within_nominal: bool = False,
 ) -> bool:
     """Return whether a request may take ``request_milli`` of a pool with ``free_milli`` free.
 
     :param share: the pool's headroom share, 0 to 1 (0: no headroom)
     :param urgent: the request may use the headroom
     :param lendable: the pool lends its headroom to this request (it is preemptible)
+    :param preemptible: the request may be preempted (it then uses the headroom only on loan)
+    :param within_nominal: the request keeps its team within its nominal quota (its grants plus
+        this one); a non-preemptible one may then use the headroom (the module docstring says why)
     :raises InvalidRequestError: ``share`` outside [0, 1]
     """
     if (
@@ -149,7 +162,7 @@ def fits_headroom(
         or not 0 <= share <= 1
     ):
         raise InvalidRequestError("headroom share", share, "a number from 0 to 1")
-    if urgent or lendable:
+    if urgent or lendable or (within_nominal and not preemptible):
         return request_milli <= free_milli
     return free_milli - request_milli >= math.ceil(share * capacity_milli)
 

@@ -19,8 +19,9 @@ lending everything unused, and a borrowing limit to no limit within the cohort, 
 The same file may declare the pools' **headroom** (:class:`Headroom`): a share of each node
 pool's GPUs that only urgent work (priority at or above ``urgent_priority``, or the ``inference``
 class) may use, 20 % of every pool unless the file says otherwise (``share: 0`` turns it off);
-with ``lend_to_preemptible`` it is lent to preemptible work, which urgent work then preempts
-(:func:`~airflow_gpupool.governance.capacity.fits_headroom`).
+with ``lend_to_preemptible`` it is lent to preemptible work, which urgent work then preempts;
+non-preemptible work that keeps its team within its nominal quota may use it too
+(:func:`~airflow_gpupool.governance.capacity.fits_headroom`, whose module says why).
 
 Parsing is pure (no I/O beyond reading the text): :func:`parse_quota_file` either returns a
 valid :class:`QuotaPlan` or raises :class:`~airflow_gpupool.exceptions.QuotaFileError` naming the

@@ -6,7 +6,8 @@ module only keeps time. Policies compared (:data:`POLICIES`):
 
 - ``gpupool``: admission by quota with borrowing (:class:`QuotaState`), fair order
   (:class:`FairShare`), headroom for urgent work (:func:`fits_headroom`; lent to preemptible
-  work when the teams file says ``headroom_lent``), and preemption of the
+  work when the teams file says ``headroom_lent``, open to non-preemptible work that keeps its
+  team within its nominal quota, as the ledger's admission has it), and preemption of the
   victims that lose the least work (:func:`choose_victims`) with a checkpoint grace: a victim that
   can write a checkpoint on SIGTERM does so and ends, losing only the seconds spent writing it;
   one that cannot runs to the grace's deadline and loses what followed its last periodic checkpoint;
@@ -161,23 +162,28 @@ class TeamsSim(QueueSim):
 
     def _admits(self, job: Job, free: int) -> bool:
         milli = job.request.total_gpu_milli
-        if (
-            self.policy.quotas
-            and not QuotaState(self.plan.quotas, self._used())
-            .admit(job.team, [self.plan.flavor], milli)
-            .admitted
-        ):
+        quota = QuotaState(self.plan.quotas, self._used()) if self.policy.quotas else None
+        if quota is not None and not quota.admit(job.team, [self.plan.flavor], milli).admitted:
             return False
-        if self.policy.headroom:
-            return fits_headroom(
-                self.capacity,
-                free,
-                milli,
-                self.plan.headroom,
-                urgent=self.urgent(job),
-                lendable=self._lends(job),
-            )
-        return True
+        return not self.policy.headroom or self._fits_headroom(job, free)
+
+    def _fits_headroom(self, job: Job, free: int) -> bool:
+        """The ledger's headroom rule (:func:`fits_headroom`) for ``job`` with ``free`` milli-GPU free."""
+        r = job.request
+        return fits_headroom(
+            self.capacity,
+            free,
+            r.total_gpu_milli,
+            self.plan.headroom,
+            urgent=self.urgent(job),
+            lendable=self._lends(job),
+            preemptible=r.preemptible,
+            within_nominal=self._within_nominal(job),
+        )
+
+    def _within_nominal(self, job: Job) -> bool:
+        """Whether ``job`` taking its slice keeps its team within its nominal quota (it reclaims)."""
+        return self.held_by[job.team] + job.request.total_gpu_milli <= self.nominal.get(job.team, 0)
 
     def _saves_on_sigterm(self, job: Job) -> bool:
         """Whether the job writes a checkpoint on SIGTERM within the grace (it opts in)."""
@@ -290,7 +296,7 @@ class TeamsSim(QueueSim):
             return
         if not self._quota_admits(t.job, others_at_nominal=True):
             return  # not even if every other team gave back what it borrows
-        reclaims = self.held_by[t.job.team] + milli <= self.nominal.get(t.job.team, 0)
+        reclaims = self._within_nominal(t.job)
         if not reclaims and not any(
             self.tries[v].job.request.preemptible and self.tries[v].job.request.priority < r.priority
             for v in self.running
@@ -301,18 +307,10 @@ class TeamsSim(QueueSim):
         if best is None:
             return
         _, i, victims = best
-        if self.policy.headroom and not fits_headroom(
-            self.capacity,
-            self.capacity - self.allocated_milli() + sum(self.useful[v] for v in victims),
-            milli,
-            self.plan.headroom,
-            urgent=self.urgent(t.job),
-            lendable=self._lends(t.job),
-        ):
+        free = self.capacity - self.allocated_milli() + sum(self.useful[v] for v in victims)
+        if self.policy.headroom and not self._fits_headroom(t.job, free):
             return
-        t.on_loan = self._on_loan(
-            t.job, self.capacity - self.allocated_milli() + sum(self.useful[v] for v in victims)
-        )
+        t.on_loan = self._on_loan(t.job, free)
         self.pending[k] = (set(victims), i)
         for v in victims:
             self._stop(v, now)

@@ -1,8 +1,10 @@
 """Headroom in the ledger's queue, on SQLite and PostgreSQL: each pool keeps a share for urgent work.
 
 Pool ``a100`` has 10 GPUs (nodes of 8 and 2); the quota file gives the teams room enough that
-only the headroom decides. Urgent work is priority 100 and above (the file says so) or the
-``inference`` class.
+only the headroom decides (team ``ml`` in the tests where it holds more than its nominal quota
+borrows from ``serving``, in one cohort). Urgent work is priority 100 and above (the file says
+so) or the ``inference`` class. Non-preemptible work that keeps its team within its nominal
+quota may use the headroom too; preemptible work only when the file lends it.
 """
 
 from __future__ import annotations
@@ -25,14 +27,17 @@ MIN_RUNTIME = 60.0
 URGENT = 100
 
 
-def quota_file(headroom: str) -> str:
+def quota_file(headroom: str, *, ml: float = 10, more: str = "") -> str:
+    """Teams ``ml`` (nominal ``ml`` GPUs of a100) and ``serving`` (10) in one cohort; ``more``: other quotas."""
     return f"""
 headroom: {headroom}
 teams:
   - name: ml
-    quotas: [{{flavor: {{pool: a100}}, nominal: 10}}]
+    cohort: shared
+    quotas: [{{flavor: {{pool: a100}}, nominal: {ml}}}{more}]
   - name: serving
-    quotas: [{{flavor: {{pool: a100}}, nominal: 10}}]
+    cohort: shared
+    quotas: [{{flavor: {{pool: a100}}, nominal: 10}}{more}]
 """
 
 
@@ -43,8 +48,8 @@ def pool(make_ledger: Callable[..., Ledger]) -> Ledger:
     return ledger
 
 
-def apply(ledger: Ledger, headroom: str) -> None:
-    LedgerQuotas(ledger).apply(parse_quota_file(yaml.safe_load(quota_file(headroom))))
+def apply(ledger: Ledger, headroom: str, *, ml: float = 10) -> None:
+    LedgerQuotas(ledger).apply(parse_quota_file(yaml.safe_load(quota_file(headroom, ml=ml))))
 
 
 def take(
@@ -55,9 +60,9 @@ def take(
 
 
 def test_only_urgent_work_uses_the_share_a_pool_keeps(pool: Ledger) -> None:
-    apply(pool, f"{{share: 0.2, urgent_priority: {URGENT}}}")
-    assert take(pool, "train-8", 8) is GRANTED
-    # 8 of the pool's 10 GPUs held: the last 2 are its 20 % headroom.
+    apply(pool, f"{{share: 0.2, urgent_priority: {URGENT}}}", ml=2)
+    assert take(pool, "train-8", 8) is GRANTED  # 6 borrowed from serving
+    # 8 of the pool's 10 GPUs held: the last 2 are its 20 % headroom, and ml is above its nominal.
     assert take(pool, "train-1", 1) is WAITING
     why = pool.explain("train-1")
     assert (
@@ -81,9 +86,7 @@ def test_a_fraction_counts_its_milli_and_a_pool_may_keep_its_own_share(
     ledger = make_ledger()
     ledger.upsert_nodes([node("a1", gpus=8, pool="a100"), node("a2", gpus=2, pool="a100")])
     ledger.upsert_nodes([node("t1", gpus=4, model="T4", pool="t4")])
-    document = quota_file("{share: 0.25, pools: {t4: 0}}").replace(
-        "nominal: 10}]", "nominal: 10}, {flavor: {pool: t4}, nominal: 4}]"
-    )
+    document = quota_file("{share: 0.25, pools: {t4: 0}}", ml=2, more=", {flavor: {pool: t4}, nominal: 4}")
     LedgerQuotas(ledger).apply(parse_quota_file(yaml.safe_load(document)))
     t4 = frozenset({"T4"})
     assert take(ledger, "t4-all", 4, gpu_models=t4) is GRANTED  # t4 keeps nothing
@@ -99,7 +102,8 @@ def test_lent_headroom_goes_to_preemptible_work_and_urgent_work_takes_it_back(
 ) -> None:
     apply(pool, f"{{share: 0.2, lend_to_preemptible: true, urgent_priority: {URGENT}}}")
     assert take(pool, "train-8", 8) is GRANTED
-    assert take(pool, "steady-1", 1) is WAITING  # not preemptible: the headroom is not lent to it
+    # Not preemptible, of a team with no quota (so within no nominal): the headroom is not lent to it.
+    assert take(pool, "steady-1", 1, team="adhoc") is WAITING
     assert take(pool, "loan-2", 2, preemptible=True) is GRANTED
     assert pool.get("loan-2").headroom_loan and not pool.get("train-8").headroom_loan
 
@@ -161,3 +165,31 @@ def test_quotas_applied_before_schema_v12_keep_no_headroom_once_migrated(
     assert take(ledger, "all-8", 8) is GRANTED
     assert take(ledger, "all-2", 2) is GRANTED
     ledger.close()
+
+
+def test_non_preemptible_work_within_its_teams_nominal_quota_uses_the_headroom(pool: Ledger) -> None:
+    apply(pool, f"{{share: 0.2, urgent_priority: {URGENT}}}", ml=5)
+    assert take(pool, "serving-4", 4, team="serving") is GRANTED
+    assert take(pool, "ml-4", 4) is GRANTED
+    # 8 of 10 held: ml's fifth GPU is in the headroom, and within its nominal of 5.
+    assert take(pool, "ml-5th", 1) is GRANTED
+    assert not pool.get("ml-5th").headroom_loan  # not preemptible: not a loan urgent work takes back
+    # A sixth would take ml above its nominal: the headroom is kept from it.
+    assert take(pool, "ml-6th", 1) is WAITING
+    assert "pool a100 keeps 20% of its GPUs for urgent work" in pool.explain("ml-6th")
+    # Serving is within its nominal, but preemptible work uses the headroom only on loan.
+    assert take(pool, "serving-loan", 1, team="serving", preemptible=True) is WAITING
+    assert take(pool, "serving-5th", 1, team="serving") is GRANTED  # not preemptible: it may
+    assert pool.check_invariants() == []
+    pool.release("serving-5th")
+    assert pool.get("serving-loan").state is WAITING  # still preemptible, still no loan
+    assert pool.get("ml-6th").state is WAITING  # still above ml's nominal
+
+
+def test_a_preemptible_request_within_its_nominal_takes_the_headroom_on_loan(pool: Ledger) -> None:
+    apply(pool, f"{{share: 0.2, lend_to_preemptible: true, urgent_priority: {URGENT}}}", ml=5)
+    assert take(pool, "serving-8", 8, team="serving") is GRANTED
+    assert take(pool, "ml-loan", 1, preemptible=True) is GRANTED
+    assert pool.get("ml-loan").headroom_loan  # within ml's nominal, but preemptible: a loan
+    assert take(pool, "ml-steady", 1) is GRANTED
+    assert not pool.get("ml-steady").headroom_loan

@@ -14,7 +14,10 @@ step, on every governed flavor (the pool and the GPU model each grant draws on, 
   lending limit when lower). A member's lending floor (nominal less lending limit) is never lent.
 
 The file keeps the default headroom (20 % of each pool) and some requests are urgent (priority
-100): work that is not urgent never holds more of a pool than its capacity less the headroom.
+100): work that is not urgent holds more of a pool than its capacity less the headroom only by
+non-preemptible grants that kept their team within its nominal quota (each team's share of the
+excess is at most its nominal in the pool, and at most what its non-preemptible, non-urgent
+grants hold there: both bounds survive every release and admission the rule allows).
 
 Quotas do not move while the machine runs and nothing preempts, so a state the admission rule
 allowed stays allowed: a violation is a grant the ledger should have refused. The ledger's own
@@ -37,7 +40,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from airflow_gpupool.governance.quotas import Flavor, Headroom, QuotaPlan, TeamQuota, parse_quota_file
+from airflow_gpupool.governance.quotas import Flavor, QuotaPlan, TeamQuota, parse_quota_file
 from airflow_gpupool.ledger import ReservationState
 from airflow_gpupool.ledger.models import Grant, Reservation
 from airflow_gpupool.ledger.quotas import LedgerQuotas, grant_milli
@@ -151,24 +154,37 @@ class QuotaMachine(ReservingMachine):
 
     @invariant()
     def headroom_holds(self) -> None:
-        assert headroom_violations(self.quotas.list().headroom, self.ledger.snapshot().grants) == []
+        assert headroom_violations(self.quotas.list(), self.ledger.snapshot().grants) == []
 
 
-def headroom_violations(headroom: Headroom, grants: tuple[Reservation, ...]) -> list[str]:
-    """Say which pool lets work that is not urgent, and not on a headroom loan, into its headroom."""
+def headroom_violations(plan: QuotaPlan, grants: tuple[Reservation, ...]) -> list[str]:
+    """Say which pool lets work that is not urgent into its headroom beyond what the rule allows.
+
+    Allowed there: loans (``headroom_loan``), and per team at most min(its nominal quota in the
+    pool, what its non-preemptible, non-urgent grants hold in it).
+    """
     capacity: dict[str, int] = defaultdict(int)
     for n in NODES:
         capacity[n.node_pool] += len(n.gpus) * 1000
     held: dict[str, int] = defaultdict(int)
+    steady: dict[tuple[str, str], int] = defaultdict(int)  # (pool, team): non-preemptible milli
     for reservation in grants:
         request, grant = reservation.request, reservation.grant
         urgent = request.priority >= URGENT or request.workload_class.value == "inference"
         if grant is not None and not urgent and not reservation.headroom_loan:
             held[grant.node_pool] += grant_milli(grant)
+            if not request.preemptible:
+                steady[(grant.node_pool, request.team)] += grant_milli(grant)
+    nominal = {(q.flavor.name, q.team): q.nominal_milli for q in plan.quotas if q.flavor.kind == "pool"}
+    allowed = {
+        pool: sum(min(milli, nominal.get((p, team), 0)) for (p, team), milli in steady.items() if p == pool)
+        for pool in held
+    }
     return [
         f"pool {pool}: {milli}m held by work that is not urgent, above {capacity[pool]}m less its headroom"
+        f" and {allowed[pool]}m of non-preemptible work within its team's nominal"
         for pool, milli in sorted(held.items())
-        if milli > capacity[pool] - math.ceil(headroom.share(pool) * capacity[pool])
+        if milli > capacity[pool] - math.ceil(plan.headroom.share(pool) * capacity[pool]) + allowed[pool]
     ]
 
 
@@ -176,12 +192,24 @@ def test_the_headroom_check_sees_work_that_is_not_urgent_in_the_headroom() -> No
     plan = parse_quota_file(yaml.safe_load(QUOTAS))
     assert plan.headroom.share("a100") == 0.2  # the default: 2 of a100's 10 GPUs
     four = Grant("a1", "a100", (0, 1, 2, 3), ("u0", "u1", "u2", "u3"), "A100", 1000, 0, None, None, 0.0, 60.0)
-    reservation = Reservation("r", "h", ReservationState.GRANTED, GpuRequest(gpus=4), 0.0, 1.0, four)
-    assert headroom_violations(plan.headroom, (reservation, replace(reservation, id="s"))) == []
-    assert headroom_violations(plan.headroom, (reservation,) * 3) == [
+    ask = GpuRequest(gpus=4, preemptible=True)
+    reservation = Reservation("r", "h", ReservationState.GRANTED, ask, 0.0, 1.0, four)
+    assert headroom_violations(plan, (reservation, replace(reservation, id="s"))) == []
+    assert headroom_violations(plan, (reservation,) * 3) == [
         "pool a100: 12000m held by work that is not urgent, above 10000m less its headroom"
+        " and 0m of non-preemptible work within its team's nominal"
     ]
-    assert headroom_violations(plan.headroom, (replace(reservation, headroom_loan=True),) * 3) == []
+    assert headroom_violations(plan, (replace(reservation, headroom_loan=True),) * 3) == []
+    # Non-preemptible work of team nlp (nominal 4) may hold 4 GPUs of the excess, not 4.5.
+    nlp = replace(reservation, request=GpuRequest(gpus=4, team="nlp"))
+    half = replace(four, gpu_indices=(0,), gpu_uuids=("u0",), milli_per_gpu=500)
+    assert headroom_violations(plan, (reservation, reservation, nlp)) == []
+    (found,) = headroom_violations(plan, (reservation, reservation, nlp, replace(nlp, grant=half)))
+    assert found.endswith(
+        "above 10000m less its headroom and 4000m of non-preemptible work within its team's nominal"
+    )
+    # Preemptible work within its nominal is not let in: it counts in the excess, not in the allowance.
+    assert headroom_violations(plan, (reservation, reservation, replace(nlp, request=ask))) != []
 
 
 def test_the_checks_see_a_team_above_its_ceiling_and_a_cohort_lending_past_its_limits() -> None:

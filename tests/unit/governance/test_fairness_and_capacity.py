@@ -116,6 +116,12 @@ def test_headroom_is_kept_for_urgent_work() -> None:
     # A pool that lends its headroom lets preemptible work in; it must still fit.
     assert fits_headroom(10000, 2500, 1000, 0.2, urgent=False, lendable=True)
     assert not fits_headroom(10000, 500, 1000, 0.2, urgent=False, lendable=True)
+    # Non-preemptible work within its team's nominal quota may use the headroom; it must still fit.
+    assert fits_headroom(10000, 2500, 1000, 0.2, urgent=False, within_nominal=True)
+    assert not fits_headroom(10000, 500, 1000, 0.2, urgent=False, within_nominal=True)
+    # Preemptible work within its nominal does not (only on loan), nor work above its nominal.
+    assert not fits_headroom(10000, 2500, 1000, 0.2, urgent=False, preemptible=True, within_nominal=True)
+    assert not fits_headroom(10000, 2500, 1000, 0.2, urgent=False, within_nominal=False)
     for bad in (-0.1, 1.5, float("nan"), True):
         with pytest.raises(InvalidRequestError, match="headroom share"):
             fits_headroom(10000, 1000, 1000, bad, urgent=False)

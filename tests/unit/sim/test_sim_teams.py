@@ -301,3 +301,31 @@ def test_the_instant_entitlement_does_not_count_demand_above_the_nominal_quota()
     assert data["instant_entitled_share"] == pytest.approx(3.5 / 16, abs=1e-4)
     assert data["share_of_instant_entitled"] == pytest.approx(5 / 3.5, abs=1e-3)
     assert result["teams"]["research"]["share_of_instant_entitled"] is None  # no demand
+
+
+def test_non_preemptible_work_within_its_nominal_quota_uses_the_headroom() -> None:
+    """Research (non-preemptible here) holds 6 of 8 GPUs, the most outside the 1.6 kept; data asks.
+
+    Data's 1-GPU batches that keep it within its nominal 2.5 GPUs start at once in the headroom
+    when they are not preemptible; preemptible ones wait for research to end (the file's headroom
+    not lent); a third batch, above data's nominal, waits though GPUs are free.
+    """
+    plan = replace(scenario("three-teams"), headroom_lent=False)
+    assert plan.cluster is not None
+    generated = generate_jobs(plan, 6 * HOUR, seed=1)
+
+    def job(team: str, seq: int, arrival: float, work_s: float, *, preemptible: bool) -> Any:
+        template = next(j for j in generated if j.team == team)
+        request = replace(template.request, preemptible=preemptible)
+        return replace(template, seq=seq, arrival=arrival, work_s=work_s, request=request)
+
+    def waits(research: int, data: int, *, preemptible: bool) -> dict[str, Any]:
+        jobs = [job("research", i, 0.0, 3 * HOUR, preemptible=False) for i in range(research)]
+        jobs += [job("data", research + i, HOUR / 2, HOUR / 2, preemptible=preemptible) for i in range(data)]
+        result = simulate_teams(plan.cluster.build(), jobs, plan, "gpupool", warmup_s=0.0, window_s=4 * HOUR)
+        return dict(result["teams"]["data"])
+
+    assert waits(3, 2, preemptible=False)["mean_wait_s"] == pytest.approx(0.0)
+    assert waits(3, 2, preemptible=True)["mean_wait_s"] == pytest.approx(2.5 * HOUR, rel=0.01)
+    # Research holds 4: two batches fit outside the headroom, the third would take data to 3 GPUs.
+    assert waits(2, 3, preemptible=False)["mean_wait_s"] == pytest.approx(HOUR / 2 / 3, rel=0.01)
