@@ -251,46 +251,61 @@ def test_a_failing_step_is_logged_and_retried_at_the_next_pass(
         ledger.close()
 
 
-def test_a_pass_longer_than_the_lease_keeps_the_lease_from_a_replica(
-    url: str, k8s: KubernetesEmulatorServer, leases: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import airflow_gpupool.controller.run as run_module
+class SlowStep:
+    """The controller's reconcile step held until released: a pass over a big cluster, longer than the Lease."""
 
-    real_reconcile = run_module.reconcile
-    in_step, finish_step = threading.Event(), threading.Event()
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import airflow_gpupool.controller.run as run_module
 
-    def slow_reconcile(*args: Any, **kwargs: Any) -> Any:
-        in_step.set()
-        finish_step.wait(30)  # a pass over a big cluster, longer than the Lease lasts
-        return real_reconcile(*args, **kwargs)
+        real_reconcile = run_module.reconcile
+        self.started, self.finish = threading.Event(), threading.Event()
 
-    monkeypatch.setattr(run_module, "reconcile", slow_reconcile)
+        def slow_reconcile(*args: Any, **kwargs: Any) -> Any:
+            self.started.set()
+            self.finish.wait(30)
+            return real_reconcile(*args, **kwargs)
+
+        monkeypatch.setattr(run_module, "reconcile", slow_reconcile)
+
+
+def hold_the_lease_through_a_slow_step(
+    url: str, k8s: KubernetesEmulatorServer, leases: Any, leader: LeaderElector, step: SlowStep, ready: Any
+) -> LeaderElector:
+    """Run the controller as ``leader`` while ``step`` runs; assert a replica never gets the Lease for
+    three Lease durations once ``ready()`` says so, and that ``leader`` still leads; return the replica."""
+    name = leader.lease.name
+    replica = LeaderElector(leases, LeaseSettings("default", "waiting", name, lease_duration=LEASE_SECONDS))
     ledger = Ledger(url)
-    core = core_v1_api(k8s.kubeconfig_path)
-    leader = LeaderElector(
-        leases, LeaseSettings("default", "busy", "gpupool-slow", lease_duration=LEASE_SECONDS)
+    controller = GpuPoolController(
+        ledger, core_v1_api(k8s.kubeconfig_path), leader, ControllerIntervals(60, 60)
     )
-    replica = LeaderElector(
-        leases, LeaseSettings("default", "waiting", "gpupool-slow", lease_duration=LEASE_SECONDS)
-    )
-    controller = GpuPoolController(ledger, core, leader, ControllerIntervals(60, 60))
     stop = threading.Event()
     thread = threading.Thread(target=controller.run, args=(stop,), daemon=True)
     thread.start()
     try:
-        assert in_step.wait(30)
-        # For three Lease durations the step runs on; the replica never gets the Lease.
+        assert step.started.wait(30) and ready()
         deadline = time.monotonic() + 3 * LEASE_SECONDS
         while time.monotonic() < deadline:
             assert not replica.try_acquire_or_renew(), "the Lease lapsed while the leader's step ran"
             time.sleep(LEASE_SECONDS / 4)
         assert leader.is_leader()
     finally:
-        finish_step.set()
+        step.finish.set()
         stop.set()
         thread.join(timeout=30)
         ledger.close()
     assert not thread.is_alive()
+    return replica
+
+
+def test_a_pass_longer_than_the_lease_keeps_the_lease_from_a_replica(
+    url: str, k8s: KubernetesEmulatorServer, leases: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    step = SlowStep(monkeypatch)
+    leader = LeaderElector(
+        leases, LeaseSettings("default", "busy", "gpupool-slow", lease_duration=LEASE_SECONDS)
+    )
+    replica = hold_the_lease_through_a_slow_step(url, k8s, leases, leader, step, lambda: True)
     assert replica.try_acquire_or_renew()  # released on the way out
 
 
@@ -316,40 +331,9 @@ def test_one_renewal_slower_than_the_deadline_does_not_hand_a_long_step_s_lease_
     url: str, k8s: KubernetesEmulatorServer, leases: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The CI flake this guards: one slow call ended leadership and the keeper never renewed again.
-    import airflow_gpupool.controller.run as run_module
-
-    real_reconcile = run_module.reconcile
-    in_step, finish_step = threading.Event(), threading.Event()
-
-    def slow_reconcile(*args: Any, **kwargs: Any) -> Any:
-        in_step.set()
-        finish_step.wait(30)
-        return real_reconcile(*args, **kwargs)
-
-    monkeypatch.setattr(run_module, "reconcile", slow_reconcile)
+    step = SlowStep(monkeypatch)
     settings = LeaseSettings("default", "busy", "gpupool-hiccup", lease_duration=LEASE_SECONDS)
     api = _OneSlowRenewal(leases, delay=settings.renew_deadline + 0.2)
     leader = LeaderElector(api, settings)
-    replica = LeaderElector(
-        leases, LeaseSettings("default", "waiting", "gpupool-hiccup", lease_duration=LEASE_SECONDS)
-    )
-    ledger = Ledger(url)
-    controller = GpuPoolController(
-        ledger, core_v1_api(k8s.kubeconfig_path), leader, ControllerIntervals(60, 60)
-    )
-    stop = threading.Event()
-    thread = threading.Thread(target=controller.run, args=(stop,), daemon=True)
-    thread.start()
-    try:
-        assert in_step.wait(30) and api.slowed.wait(30)
-        deadline = time.monotonic() + 3 * LEASE_SECONDS
-        while time.monotonic() < deadline:
-            assert not replica.try_acquire_or_renew(), "the Lease lapsed after one slow renewal"
-            time.sleep(LEASE_SECONDS / 4)
-        assert leader.is_leader()  # the keeper renewed again after the slow call
-    finally:
-        finish_step.set()
-        stop.set()
-        thread.join(timeout=30)
-        ledger.close()
-    assert not thread.is_alive()
+    # The keeper renewed again after the slow call: the leader still leads at the end.
+    hold_the_lease_through_a_slow_step(url, k8s, leases, leader, step, lambda: api.slowed.wait(30))
