@@ -22,6 +22,17 @@ if TYPE_CHECKING:
 
 __all__ = ["LeasedTrigger", "cancel_quietly"]
 
+# How long a wrapped trigger's failure waits for the renewer to say the lease was lost.
+_WORKLOAD_DELETED_S = 10.0
+
+
+def _failed(future: asyncio.Future[Any]) -> bool:
+    """Whether ``future`` ended with an error (its trigger running out of events is none)."""
+    if not future.done() or future.cancelled():
+        return False
+    error = future.exception()
+    return error is not None and not isinstance(error, StopAsyncIteration)
+
 
 async def cancel_quietly(task: asyncio.Future[Any] | None) -> None:
     """Cancel ``task`` (if any) and wait for it to end, ignoring its cancellation or exhaustion."""
@@ -130,7 +141,14 @@ class LeasedTrigger(BaseTrigger):
         :param renewer: :meth:`_renew_until_lost`, running
         """
         await asyncio.wait({following, renewer}, return_when=asyncio.FIRST_COMPLETED)
-        if following.done():
+        if _failed(following) and not renewer.done():
+            # Finding the lease lost, the renewer deletes the workload before it returns: the
+            # wrapped trigger, polling it, may see it gone (404) first. The loss is the news.
+            await asyncio.wait({renewer}, timeout=_WORKLOAD_DELETED_S)
+        if not renewer.done():
             return None
-        await cancel_quietly(following)
+        if not following.done():
+            await cancel_quietly(following)
+        elif not following.cancelled():
+            following.exception()  # seen: asyncio does not warn of an error never retrieved
         return renewer.result()

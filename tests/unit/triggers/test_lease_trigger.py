@@ -151,3 +151,40 @@ def test_each_renewal_reports_the_newest_valid_checkpoint_to_the_ledger(
 
     assert at == written.timestamp()
     assert reservation.state.holds and reservation.grant is not None
+
+
+async def _lost_first_when(following_ends: BaseException, renewer_after_s: float | None) -> Any:
+    """Run ``_lost_first`` with a wrapped trigger that fails at once and a renewer that finds the
+    lease lost after ``renewer_after_s`` (None: never)."""
+    from airflow_gpupool.triggers.leased import LeasedTrigger
+
+    async def follow() -> Any:
+        raise following_ends
+
+    async def renew() -> dict[str, Any]:
+        if renewer_after_s is None:
+            await asyncio.Event().wait()
+        await asyncio.sleep(renewer_after_s or 0)
+        return {"status": LEASE_LOST_STATUS}
+
+    following, renewer = asyncio.ensure_future(follow()), asyncio.create_task(renew())
+    try:
+        return await LeasedTrigger._lost_first(following, renewer)
+    finally:
+        await cancel_quietly(renewer)
+
+
+def test_a_workload_gone_because_the_lease_was_lost_reports_the_lost_lease() -> None:
+    # The renewer deletes the Job before it returns; the Job trigger polling it may see a 404 first
+    # (CI, stop 25): the task must hear of the lost lease, and release the gang, not of the 404.
+    event = asyncio.run(_lost_first_when(RuntimeError("404 Not Found"), renewer_after_s=0.05))
+    assert event == {"status": LEASE_LOST_STATUS}
+
+
+def test_a_workload_that_fails_while_the_lease_holds_reports_its_own_failure(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("airflow_gpupool.triggers.leased._WORKLOAD_DELETED_S", 0.05)
+    assert asyncio.run(_lost_first_when(RuntimeError("500"), renewer_after_s=None)) is None
+    # A wrapped trigger that runs out of events has not failed: no wait for the renewer.
+    assert asyncio.run(_lost_first_when(StopAsyncIteration(), renewer_after_s=None)) is None
