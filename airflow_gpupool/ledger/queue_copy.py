@@ -1,6 +1,6 @@
 """A per-process copy of the spent waiting requests, kept by their version.
 
-Every serialized write reads the queue a pass needs (:meth:`~airflow_gpupool.ledger.cycle.WriteCycle._waiting`):
+Every serialized write reads the queue a pass needs (:class:`~airflow_gpupool.ledger.waiting.WaitingReader`):
 the requests whose overtake budget is not spent, and of the spent ones their shapes, those of
 shapes that fit somewhere, and the first. A long queue is mostly spent requests (each backfill
 grant overtakes them all), and they change rarely: when a budget becomes spent, or a spent

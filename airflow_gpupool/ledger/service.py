@@ -14,7 +14,7 @@ Only ``try_place`` changes: the queue rule itself (:func:`~airflow_gpupool.place
 priority order, overtakes, holds) runs as before on the same answers, so a pass grants what
 a full pass grants (checked by a property test against ``incremental=False``).
 
-The pass also reads less of the queue (``WriteCycle._waiting``): an overtake count is kept at
+The pass also reads less of the queue (:mod:`~airflow_gpupool.ledger.waiting`): an overtake count is kept at
 the bound once spent (spent is spent: no decision changes), and of the spent requests whose
 shape fits no node now only the first is read (it takes the pass's hold, or stops it), so a
 long queue of requests that cannot run costs a few indexed reads, not a row each. Spent shapes
