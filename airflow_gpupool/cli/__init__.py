@@ -10,7 +10,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_gpupool.cli import (
     agent,
@@ -27,6 +27,9 @@ from airflow_gpupool.cli import (
     traces,
 )
 from airflow_gpupool.exceptions import GpuPoolError
+
+if TYPE_CHECKING:
+    from typing import TextIO
 
 __all__ = ["build_parser", "main"]
 
@@ -94,6 +97,22 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, **{**kwargs, "formatter_class": chosen})
 
 
+class _StderrHandler(logging.StreamHandler["TextIO"]):
+    """Write to ``sys.stderr`` as it is when a record is logged, as ``logging.lastResort`` does.
+
+    Run in-process (tests, a notebook), the command leaves this handler on the root logger; holding
+    the stream ``sys.stderr`` was at setup would keep it after its owner closes it (pytest closes
+    each test's capture stream), and every later record would print "--- Logging error ---".
+    """
+
+    def __init__(self) -> None:
+        logging.Handler.__init__(self)  # StreamHandler's would pin the stream
+
+    @property
+    def stream(self) -> TextIO:  # type: ignore[override]  # read-only: always the current stderr
+        return sys.stderr
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Return the argument parser of the ``gpupool`` command."""
     parser = _Parser(prog="gpupool", description=__doc__, formatter_class=_PlainRawDescriptionFormatter)
@@ -112,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
+        handlers=[_StderrHandler()],
         force=True,  # Airflow, when imported first, has configured logging to stdout
     )
     try:
