@@ -29,6 +29,10 @@ _TAKE = (
     "SELECT outcome, taken_indices, taken_slice, taken_at FROM gpupool_take("
     "%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
 )
+_WAIT = (
+    "SELECT outcome, queued_at, queued_seq, ahead FROM gpupool_wait("
+    "%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+)
 _GIVE_BACK = (
     "SELECT outcome, released_request, released_node, released_indices, released_milli, released_gmem,"
     " released_slice, node_training, node_inference FROM gpupool_give_back(%s, %s, %s)"
@@ -130,6 +134,49 @@ class ConcurrentPath:
             replace(assignment, gpu_indices=tuple(indices), mig_slice=mig_slice),
             float(taken_at),
         )
+
+    def wait(
+        self,
+        conn: Connection,
+        reservation_id: str,
+        holder: str,
+        request: GpuRequest,
+        generation: int,
+        now: float | None,
+        ttl: float,
+        timeout: float,
+    ) -> tuple[float, int] | None:
+        """Queue ``request``, which fits no node, where the queue gate stays as it is (whole GPUs or a fraction).
+
+        :returns: when it was queued and how many waiting requests the queue serves before it;
+            None: nothing changed, take the exclusive path (the gate would change, a node may fit
+            it, a victim may exist, a lease is overdue, the inventory is no longer at
+            ``generation``, or the id exists)
+        """
+        whole = request.gpu_milli is None
+        outcome, queued_at, _seq, ahead = _call(
+            self._prepare,
+            conn,
+            _WAIT,
+            (
+                reservation_id,
+                holder,
+                json.dumps(request.to_dict(), sort_keys=True),
+                request.priority,
+                request.team,
+                request.workload_class.value,
+                now,
+                timeout,
+                ttl,
+                generation,
+                request.gpus if whole else 0,
+                None if whole else request.gpu_milli,
+                request.preempts,
+            ),
+        )
+        if outcome != "waiting":
+            return None
+        return float(queued_at), int(ahead)
 
     def give_back(
         self, conn: Connection, reservation_id: str, now: float | None, message: str

@@ -2,7 +2,8 @@
 
 A reserve or release that needs no queue decision (nothing waits, or the queue gate lets it
 pass, and no lease is overdue) places on this process's copy of the capacity and commits under
-the shared lock, alongside others (see :mod:`airflow_gpupool.ledger.pg_functions`). When the
+the shared lock, alongside others (see :mod:`airflow_gpupool.ledger.pg_functions`); so does a
+request that fits no node and joins waiting requests no smaller than it. When the
 database function says the queue must decide, the call answers None and the serialized path
 (:class:`~airflow_gpupool.ledger.grants.LedgerGrants`) runs it.
 """
@@ -11,11 +12,21 @@ from __future__ import annotations
 
 import logging
 
+from sqlalchemy import Connection
+
+from airflow_gpupool.exceptions import NoCapacityError
 from airflow_gpupool.ledger.admission import governed
 from airflow_gpupool.ledger.cache import classes_from_counts
 from airflow_gpupool.ledger.concurrent import ConcurrentPath
 from airflow_gpupool.ledger.cycle import WriteCycle
-from airflow_gpupool.ledger.grants import ReserveArgs, granted, new_grant, released
+from airflow_gpupool.ledger.grants import (
+    ReserveArgs,
+    granted,
+    new_grant,
+    refuse_if_never_fits,
+    released,
+    waits_as_it_is,
+)
 from airflow_gpupool.ledger.models import ReleaseResult, Reservation, ReservationState
 from airflow_gpupool.ledger.store import LOGGER_NAME, LedgerStore
 from airflow_gpupool.placement.accounting import allocate, deallocate
@@ -71,7 +82,9 @@ class ConcurrentGrants:
                 verdict = self._cycle.place(cache.nodes, args.request, avoid, cache.take_changes())
                 if isinstance(verdict, NoFit):
                     if refreshed or avoid:
-                        return None  # the serialized path queues it, or says it can never fit
+                        # Queued here if the gate stays as it is; else the serialized path
+                        # queues it, or says it can never fit.
+                        return None if skipped else self._wait(conn, args, held=bool(avoid))
                     cache.refresh(conn)
                     refreshed = True
                     continue
@@ -104,6 +117,46 @@ class ConcurrentGrants:
                 skipped.add(verdict.node)
                 refreshed = False
         return None
+
+    def _wait(self, conn: Connection, args: ReserveArgs, *, held: bool) -> Reservation | None:
+        """Queue a request that fits no node of the refreshed copy, where the gate stays as it is; None: serialize.
+
+        :param held: the copy was placed on without the held nodes: place once more on every node
+        """
+        store, cache, request = self._store, self._store.cache, args.request
+        if not waits_as_it_is(request, self._cycle.max_overtakes):
+            return None
+        if held and not isinstance(self._cycle.place(cache.nodes, request, frozenset(), set()), NoFit):
+            return None
+        try:  # one that can never fit is the serialized path's to refuse, on the exact inventory
+            refuse_if_never_fits(store, self._cycle, cache.nodes.values(), request)
+        except NoCapacityError:
+            return None
+        injected = store.injected_clock() if store.injected_clock is not None else None
+        queued = self._path.wait(
+            conn,
+            args.reservation_id,
+            args.holder,
+            request,
+            cache.generation,
+            injected,
+            args.ttl,
+            args.timeout,
+        )
+        if queued is None:
+            return None
+        now, ahead = queued
+        store.requests.put(args.reservation_id, request)
+        log.debug("Queued %s without a pass: it fits no node, %d requests ahead", args.reservation_id, ahead)
+        return Reservation(
+            args.reservation_id,
+            args.holder,
+            ReservationState.WAITING,
+            request,
+            now,
+            now + args.timeout,
+            position=ahead + 1,
+        )
 
     def release(self, reservation_id: str, reason: str) -> ReleaseResult | None:
         """Give a grant back; None: the serialized path must (queue, expiry, drain)."""

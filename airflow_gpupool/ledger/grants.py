@@ -13,7 +13,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from sqlalchemy import insert, select, update
@@ -38,6 +38,7 @@ from airflow_gpupool.ledger.store import LOGGER_NAME, LedgerStore, Tx
 from airflow_gpupool.ledger.take import grant_row
 from airflow_gpupool.placement.fit import choices
 from airflow_gpupool.placement.gang import place_gang
+from airflow_gpupool.placement.snapshot import NodeState
 from airflow_gpupool.placement.verdict import Assignment, NoFit, NoFitReason
 from airflow_gpupool.resources import GpuRequest
 from airflow_gpupool.validate import positive_seconds
@@ -129,6 +130,35 @@ def granted(args: ReserveArgs, now: float, grant: Grant) -> Reservation:
     )
 
 
+def refuse_if_never_fits(
+    store: LedgerStore, cycle: WriteCycle, nodes: Iterable[NodeState], request: GpuRequest
+) -> None:
+    """Raise :class:`NoCapacityError` if ``request`` fits none of ``nodes`` even with nothing granted."""
+    empty = store.cache.empty_snapshot(nodes)
+    if request.gang is not None:
+        gang = place_gang(empty, request, request.gang.min_members, cycle.policy, cycle.bindings)
+        if isinstance(gang, NoFit):
+            raise NoCapacityError(request, gang.reasons)
+        return
+    reasons = []
+    for node in empty.nodes:
+        verdict = choices(node, request, cycle.bindings)
+        if not isinstance(verdict, NoFitReason):
+            return
+        reasons.append(verdict)
+    raise NoCapacityError(request, sorted(reasons))
+
+
+def waits_as_it_is(request: GpuRequest, max_overtakes: int) -> bool:
+    """Whether ``request``, fitting no node, may be queued without a pass: whole GPUs or a fraction.
+
+    Gangs, MIG slices and CPU-only requests change what the queue gate can say; with no
+    overtake allowed a request is spent on arrival, and a pass holds a node for it.
+    """
+    simple = request.gang is None and request.mig_profile is None
+    return simple and bool(request.gpus or request.gpu_milli is not None) and max_overtakes > 0
+
+
 class LedgerGrants:
     """Grants, renewals and releases in the serialized write cycle."""
 
@@ -149,11 +179,14 @@ class LedgerGrants:
             if existing is not None:
                 return self._store.reservation(tx.conn, existing)
             tx.queue_tracked = True
-            passed = self._grant_past_queue(tx, args)
-            if passed is not None:
-                return passed
+            # Placed once on every node: fitting none, it fits none outside the held ones either.
+            nowhere = self._fits_nowhere(tx, args)
+            if not nowhere:
+                passed = self._grant_past_queue(tx, args)
+                if passed is not None:
+                    return passed
             self._insert_waiting(tx, args)
-            if not self._waits_past_pass(tx, args):
+            if not (nowhere and self._waits_past_pass(tx, args)):
                 self._cycle.serve(tx)
             if rid in tx.assignments and request.gang is None:
                 assignment = tx.assignments[rid]
@@ -188,8 +221,17 @@ class LedgerGrants:
         node_pool = tx.nodes[verdict.node].node_pool
         return granted(args, tx.now, new_grant(self._store, verdict, args, node_pool, tx.now))
 
+    def _fits_nowhere(self, tx: Tx, args: ReserveArgs) -> bool:
+        """Whether the request may wait without a pass (see :meth:`_waits_past_pass`) and fits no node, held ones included."""
+        gate, request = tx.current_gate, args.request
+        if not (gate.lets_grant(request) and waits_as_it_is(request, self._cycle.max_overtakes)):
+            return False
+        if governed(tx.quota_version):
+            return False
+        return isinstance(self._cycle.place(tx.nodes, request, frozenset()), NoFit)
+
     def _waits_past_pass(self, tx: Tx, args: ReserveArgs) -> bool:
-        """Whether the request, queued, may wait without a pass over the queue (:mod:`.gate`).
+        """Whether the request, queued and fitting no node (:meth:`_fits_nowhere`), may wait without a pass (:mod:`.gate`).
 
         One that fits no node, held ones included, would be blocked wherever a pass put it, and
         the pass would change nothing else: every other request stays blocked, the hold stays, and
@@ -197,14 +239,6 @@ class LedgerGrants:
         finds no preemptible grant). The gate then takes in its shape and priority.
         """
         gate, request = tx.current_gate, args.request
-        simple = request.mig_profile is None and (request.gpus or request.gpu_milli is not None)
-        # With no overtake allowed, a request is spent as it arrives: a pass holds a node for it.
-        if not (gate.lets_grant(request) and simple and self._cycle.max_overtakes > 0):
-            return False
-        if governed(tx.quota_version) or not isinstance(
-            self._cycle.place(tx.nodes, request, frozenset()), NoFit
-        ):
-            return False
         if request.preempts and victims_exist(tx.conn):
             return False
         self._refuse_if_never_fits(tx, request)
@@ -255,21 +289,8 @@ class LedgerGrants:
         tx.dirty = True
 
     def _refuse_if_never_fits(self, tx: Tx, request: GpuRequest) -> None:
-        empty = self._store.cache.empty_snapshot(tx.nodes.values())
-        if request.gang is not None:
-            cycle = self._cycle
-            gang = place_gang(empty, request, request.gang.min_members, cycle.policy, cycle.bindings)
-            if isinstance(gang, NoFit):
-                raise NoCapacityError(request, gang.reasons)
-            return
-        reasons = []
-        for node in empty.nodes:
-            verdict = choices(node, request, self._cycle.bindings)
-            if not isinstance(verdict, NoFitReason):
-                return
-            reasons.append(verdict)
         # Raising rolls the whole transaction back: the request was never queued.
-        raise NoCapacityError(request, sorted(reasons))
+        refuse_if_never_fits(self._store, self._cycle, tx.nodes.values(), request)
 
     def renew(
         self, reservation_id: str, ttl: float | None = None, *, holder: str | None = None

@@ -219,6 +219,11 @@ def _v13(op: Operations, conn: Connection) -> None:
         pg_functions.install(conn)
 
 
+def _v14(op: Operations, conn: Connection) -> None:
+    if conn.dialect.name == "postgresql":  # a request that fits nowhere queues under the shared lock
+        pg_functions.install(conn)
+
+
 def sql_literal(value: object) -> Any:
     """Return the server default that fills a migrated column on existing rows (a SQL literal)."""
     if isinstance(value, bool):
@@ -249,6 +254,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(
         13, "queue gate: held nodes marked; grants and releases that cannot matter to the queue skip it", _v13
     ),
+    Migration(14, "PostgreSQL: a request that fits no node joins the queue without the exclusive lock", _v14),
 )
 LATEST = MIGRATIONS[-1].version
 

@@ -135,6 +135,46 @@ def test_take_checks_the_node_and_leaves_queue_decisions_to_the_exclusive_path(
     assert ledger.check_invariants() == []
 
 
+@pytest.fixture
+def wait(pg_schema_url: str) -> Iterator[Callable[..., str]]:
+    """Call ``gpupool_wait`` directly, as a process that found no node for the request would."""
+    path = ConcurrentPath(normalize_url(pg_schema_url))
+
+    def call(rid: str, request: GpuRequest, *, generation: int = 1, now: float = 1_800_000_000.0) -> str:
+        with path.connect() as conn:
+            queued = path.wait(conn, rid, "direct", request, generation, now, 60.0, 900.0)
+            return "serialize" if queued is None else "waiting"
+
+    yield call
+    path.close()
+
+
+def test_wait_queues_only_what_leaves_the_gate_as_it_is_and_fits_no_node(
+    open_ledger: Callable[..., Ledger], wait: Callable[..., str]
+) -> None:
+    ledger = open_ledger()
+    ledger.upsert_nodes([node("n1", gpus=2), node("n2", gpus=2), node("few-cpus", gpus=2, cpu=1000)])
+    pair = GpuRequest(gpus=2, cpu_milli=4000)
+    assert {ledger.reserve(pair, "full").state for _ in range(2)} == {GRANTED}
+    assert wait("first", pair) == "serialize"  # nothing waits: queueing it sets the gate
+    assert ledger.reserve(pair, "w", reservation_id="w-0").state is ReservationState.WAITING
+    # Two GPUs free on a node with too few CPUs: the function counts GPUs alone, and errs towards
+    # the exclusive path.
+    assert wait("room", pair) == "serialize"
+    assert {ledger.reserve(GpuRequest(gpus=1, cpu_milli=100), "one").state for _ in range(2)} == {GRANTED}
+
+    assert wait("same", pair) == "waiting"
+    assert wait("same", pair) == "serialize"  # the id exists
+    # Either would move the gate's smallest shape (no fraction waits yet).
+    assert wait("smaller", GpuRequest(gpus=1, cpu_milli=4000)) == "serialize"
+    assert wait("fraction", GpuRequest(gpu_milli=500)) == "serialize"
+    assert wait("old-inventory", pair, generation=2) == "serialize"
+    # Leases are due: the exclusive path expires them first.
+    assert wait("overdue", pair, now=1_800_000_000.0 + 86400) == "serialize"
+    assert ledger.get("same").state is ReservationState.WAITING and ledger.get("same").position == 2
+    assert ledger.check_invariants() == []
+
+
 def test_a_process_with_a_stale_copy_places_again_elsewhere(
     open_ledger: Callable[..., Ledger], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -205,9 +205,14 @@ def test_a_request_that_fits_nowhere_waits_and_spends_its_budget_behind_the_hold
     pool: Ledger,
 ) -> None:
     hold = held_for(pool)
-    with statements(pool, r"ORDER BY gpupool_reservations.priority DESC") as passes:
-        assert pool.reserve(GpuRequest(gpus=8), "big", reservation_id="late").state is WAITING
-    assert passes == []  # it fits no node: a pass would only leave it waiting
+    # PostgreSQL: no larger than the requests waiting, it joins them under the shared lock.
+    on_postgres = pool._store.engine.dialect.name == "postgresql"
+    with statements(
+        pool, PASS_OR_LOCK if on_postgres else r"ORDER BY gpupool_reservations.priority DESC"
+    ) as work:
+        late = pool.reserve(GpuRequest(gpus=8), "big", reservation_id="late")
+    assert late.state is WAITING and late.position == 4
+    assert work == []  # it fits no node: a pass would only leave it waiting
     with statements(pool, PASS_OR_LOCK) as queue_work:
         for i in range(3):  # the first grant spends its budget of one: behind the held request
             pool.release(pool.reserve(GpuRequest(gpus=1), "small", reservation_id=f"small-{i}").id)
@@ -253,4 +258,22 @@ def test_a_pass_grants_every_copy_of_a_long_queue_of_one_shape_that_fits(
     ledger.release(whole.id)
     states = [ledger.get(r.id).state for r in waiting]
     assert states == [GRANTED] * 4 + [WAITING] * 8
+    assert pass_would_grant(ledger) == ()
+
+
+def test_a_request_smaller_than_those_waiting_is_served_by_the_release_that_makes_it_fit(
+    make_ledger: Callable[..., Ledger],
+) -> None:
+    # Queued, it lowers the gate's smallest shape (on PostgreSQL through the exclusive path), so a
+    # release that frees room for it, but not for the larger one, still serves the queue.
+    ledger = make_ledger()
+    ledger.upsert_nodes([node("a", gpus=4), node("b", gpus=4)])
+    ones = [ledger.reserve(GpuRequest(gpus=1), "one", reservation_id=f"one-{i}") for i in range(8)]
+    assert ledger.reserve(GpuRequest(gpus=4), "big", reservation_id="big").state is WAITING
+    assert ledger.reserve(GpuRequest(gpus=2), "pair", reservation_id="pair").state is WAITING
+    on_a = [r.id for r in ones if r.grant is not None and r.grant.node == "a"]
+    ledger.release(on_a[0])
+    assert ledger.get("pair").state is WAITING  # one GPU free: it fits neither
+    ledger.release(on_a[1])
+    assert ledger.get("pair").state is GRANTED and ledger.get("big").state is WAITING
     assert pass_would_grant(ledger) == ()
