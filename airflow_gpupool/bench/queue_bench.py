@@ -10,10 +10,14 @@ filler, and ``waiters`` requests for a whole node wait in the queue. Then, for
   waiting request, in one asyncio loop, the way Airflow's triggerer runs them (each trigger
   reads only its own reservation; the process shares one ledger and one wait room);
 * ``clients`` processes do reserve → hold → release cycles of one GPU on the free ones;
-* a few times a second the bench frees a whole node (a filler node, or the node of a
-  waiter granted before), so the first waiter is granted: the time from that grant to its
-  trigger's event is a wake-up; the waiter process queues a new request in its place, so
-  ``waiters`` keep waiting.
+* a few times a second a whole node changes hands: the bench frees one (a filler node, or the
+  node of a whole-node task granted before) and a whole-node task takes it. With waiters, the
+  first waiter is granted it: the time from that grant to its trigger's event is a wake-up, and
+  the waiter process queues a new request in its place, so ``waiters`` keep waiting. Without
+  waiters, the bench reserves the whole node itself, as a task arriving then would: both runs
+  turn over the same capacity at the same rate, so the ratio of their client cycles is what the
+  waiting requests cost, not what a node changing hands costs. (Until 2026-12-03 the run
+  without waiters freed no node at all.)
 
 After the clients stop, the bench waits a second for the last wake-ups; with ``min_wakeups``
 it goes on freeing nodes (clients stopped) until the waiters have been woken that many times,
@@ -23,8 +27,8 @@ wake-ups, and a run that sees none has found wake-ups broken, not the window too
 It reports the clients' ``cycles_per_s``, ``wakeup_p50_ms``/``wakeup_p99_ms`` (from the
 grant's time on the ledger's clock, taken as its transaction took the lock, to the event),
 ``connections_max`` (PostgreSQL: the most sessions of the bench's processes at once, from
-``pg_stat_activity``), ``waiter_cpu_percent`` (the waiter process's CPU, in % of one core)
-and the invariants, checked during and after the run.
+``pg_stat_activity``), ``waiter_cpu_percent`` (the waiter process's CPU, in % of one core),
+``nodes_turned_over`` and the invariants, checked during and after the run.
 """
 
 from __future__ import annotations
@@ -260,8 +264,8 @@ def _fill(ledger: Ledger, nodes: int) -> dict[str, list[str]]:
     return fillers
 
 
-def _free_a_node(ledger: Ledger, fillers: dict[str, list[str]], granted_nodes: list[str]) -> None:
-    """Free one whole node: the node a waiter was granted before, else a filler node."""
+def _free_a_node(ledger: Ledger, fillers: dict[str, list[str]], granted_nodes: list[str]) -> bool:
+    """Free one whole node: the node a waiter was granted before, else a filler node; False: none left."""
     r = schema.reservations.c
     # The waiters' grants only, read as rows: the bench's own reads stay small beside the clients'.
     query = select(r.id, r.node).where(r.state == ReservationState.GRANTED.value, r.holder == "bench-waiter")
@@ -274,14 +278,25 @@ def _free_a_node(ledger: Ledger, fillers: dict[str, list[str]], granted_nodes: l
         for row in granted:
             if row.node == node:
                 ledger.release(row.id, reason="bench: the waiter's work is done")
-        return
+        return True
     for node, ids in fillers.items():
         if ids:
             for rid in ids:
                 ledger.release(rid, reason="bench: node freed for a waiter")
             ids.clear()
             del fillers[node]
-            return
+            return True
+    return False
+
+
+def _turn_over_a_node(ledger: Ledger, fillers: dict[str, list[str]], granted_nodes: list[str]) -> bool:
+    """Free a whole node and take it with a whole-node task, as a run with waiters does (no queue)."""
+    if not _free_a_node(ledger, fillers, granted_nodes):
+        return False
+    task = ledger.reserve(WAITER_SHAPE, "bench-waiter", ttl=_WAIT_S, timeout=_WAIT_S)
+    if task.state is not ReservationState.GRANTED:  # a client took a GPU of it first: no waiting here
+        ledger.release(task.id, reason="bench: the node was taken first")
+    return True
 
 
 def _await_wakeups(
@@ -352,9 +367,10 @@ def run_queue_bench(
         granted_nodes: list[str] = []
         started = time.time()
         next_check = started
+        turned_over = 0
         while time.time() - started < seconds:
-            if waiters:
-                _free_a_node(ledger, fillers, granted_nodes)
+            turn_over = _free_a_node if waiters else _turn_over_a_node
+            turned_over += turn_over(ledger, fillers, granted_nodes)
             if time.time() >= next_check:
                 violations += ledger.check_invariants()
                 next_check += 1.0
@@ -385,6 +401,8 @@ def run_queue_bench(
         "cycles": cycles,
         "cycles_per_s": round(cycles / wall, 1),
         "queued": sum(r["queued"] for r in results),
+        # Whole nodes freed and taken again while the clients ran (the same rate with or without waiters).
+        "nodes_turned_over": turned_over,
         "wakeups": len(wakeups),
         # Seconds waited after the clients stopped: 1, or more while fewer than min_wakeups came.
         "wakeup_wait_s": round(wakeup_wait, 2),

@@ -45,6 +45,19 @@ def test_bench_queue_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert 1.0 <= result["wakeup_wait_s"] < 120
 
 
+def test_bench_queue_turns_nodes_over_without_waiters_as_with_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The run the ratio divides by frees nodes and takes them with whole-node tasks at the same
+    # rate: what it leaves out is the waiting requests alone.
+    url = f"sqlite:///{tmp_path / 'turnover.db'}"
+    args = ["bench", "queue", "--url", url, "--waiters", "0", "--clients", "1", "--seconds", "2"]
+    assert main([*args, "--nodes", "4", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["cycles"] > 0 and result["violations"] == 0 and result["wakeups"] == 0
+    assert result["nodes_turned_over"] >= 2  # four a second for about 2 s, on a loaded machine
+
+
 @pytest.mark.parametrize(
     ("flag", "value"),
     [("--waiters", "-1"), ("--clients", "0"), ("--seconds", "0"), ("--nodes", "0"), ("--min-wakeups", "-1")],
