@@ -147,6 +147,10 @@ def _waiters(url: str, ids: list[str], ready: Any, stop: Any, out: Any, woken: A
         started = time.monotonic()
         # The clock starts once every trigger has read its request and waits in the room.
         while len(room) < len(ids) and time.monotonic() - started < _WAIT_S:
+            ended = [t for t in tasks if t.done()]
+            if ended:  # a trigger that failed or fired before the clock would leave the room short forever
+                ended[0].result()
+                raise RuntimeError(f"{len(ended)} of {len(ids)} triggers fired before the clock started")
             await asyncio.sleep(0.2)
         await asyncio.sleep(1.0)
         ready.put(len(tasks))

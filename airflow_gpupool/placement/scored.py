@@ -8,6 +8,7 @@ ties between nodes by a fixed seeded random order of nodes, and explains a ``NoF
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -203,6 +204,9 @@ class ScoredPolicy:
         self.fast = self.fast_default if fast is None else bool(fast)
         self._shapes = ShapeCache()
         self._classes = NodeClasses()
+        # The table and caches are updated in place by each call: one policy serves one ledger's
+        # threads (a triggerer's explain next to its reserves), one call at a time.
+        self._lock = threading.Lock()
 
     def sync(self, snapshot: ClusterSnapshot) -> np.ndarray | None:
         """Update the table (and the subclass's per-node state); return the rows changed."""
@@ -229,16 +233,17 @@ class ScoredPolicy:
         :param explain_no_fit: build the NoFit reasons (a scan of every node); the
             simulator turns it off for speed
         """
-        changed = self.sync(snapshot)
-        if self.fast:
-            return self._place_fast(snapshot, request, changed, explain_no_fit)
-        cand = find_candidates(self.table, request)
-        if len(cand) == 0:
-            return explain(snapshot, request) if explain_no_fit else NoFit(())
-        cand = self.reduce(cand)
-        primary, secondary = self.costs(request, cand)
-        pick = self._select(cand, primary, secondary, request)
-        return self._assignment(request, cand, pick, float(primary[pick]))
+        with self._lock:
+            changed = self.sync(snapshot)
+            if self.fast:
+                return self._place_fast(snapshot, request, changed, explain_no_fit)
+            cand = find_candidates(self.table, request)
+            if len(cand) == 0:
+                return explain(snapshot, request) if explain_no_fit else NoFit(())
+            cand = self.reduce(cand)
+            primary, secondary = self.costs(request, cand)
+            pick = self._select(cand, primary, secondary, request)
+            return self._assignment(request, cand, pick, float(primary[pick]))
 
     def few_rows(self, request: GpuRequest) -> FewScorer | None:
         """Return a scorer of a few rows without numpy for ``request``, or None (the default)."""
