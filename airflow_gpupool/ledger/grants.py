@@ -179,14 +179,11 @@ class LedgerGrants:
             if existing is not None:
                 return self._store.reservation(tx.conn, existing)
             tx.queue_tracked = True
-            # Placed once on every node: fitting none, it fits none outside the held ones either.
-            nowhere = self._fits_nowhere(tx, args)
-            if not nowhere:
-                passed = self._grant_past_queue(tx, args)
-                if passed is not None:
-                    return passed
+            placed = self._place_past_queue(tx, args)
+            if placed is not None and isinstance(placed[0], Assignment):
+                return self._grant_past_queue(tx, args, placed[0])
             self._insert_waiting(tx, args)
-            if not (nowhere and self._waits_past_pass(tx, args)):
+            if not self._waits_past_pass(tx, args, placed):
                 self._cycle.serve(tx)
             if rid in tx.assignments and request.gang is None:
                 assignment = tx.assignments[rid]
@@ -198,47 +195,61 @@ class LedgerGrants:
 
         return self._cycle.write(run)
 
-    def _grant_past_queue(self, tx: Tx, args: ReserveArgs) -> Reservation | None:
-        """Grant the request without a pass over the queue, where the gate lets it (:mod:`.gate`); else None.
+    def _place_past_queue(
+        self, tx: Tx, args: ReserveArgs
+    ) -> tuple[Assignment | NoFit, frozenset[str]] | None:
+        """Place the request outside the held nodes, where the gate lets it be granted without a pass (:mod:`.gate`).
 
-        Every waiting request is blocked, so a pass would place this one the same way (on a node
-        the queue does not hold) and count its overtakes of the requests it passes. A preemptible
-        grant while requests wait goes through a pass, which offers it to them as a victim.
+        :returns: the verdict and the held nodes it avoided; None where a pass must decide (the
+            gate is closed, quotas govern, or a preemptible request would pass waiting ones: a
+            pass offers it to them as a victim)
         """
         request, gate = args.request, tx.current_gate
         if not gate.lets_grant(request) or governed(tx.quota_version):
             return None
         if request.preemptible and gate.has_waiters:
             return None
-        verdict = self._cycle.place(tx.nodes, request, held_nodes(tx.conn))
-        if not isinstance(verdict, Assignment):
-            return None
+        held = held_nodes(tx.conn)
+        return self._cycle.place(tx.nodes, request, held), held
+
+    def _grant_past_queue(self, tx: Tx, args: ReserveArgs, assignment: Assignment) -> Reservation:
+        """Grant the request on ``assignment`` without a pass over the queue (:meth:`_place_past_queue`).
+
+        Every waiting request is blocked, so a pass would place this one the same way (on a node
+        the queue does not hold) and count its overtakes of the requests it passes.
+        """
+        request, gate = args.request, tx.current_gate
         self._insert_waiting(tx, args)
-        grant_row(tx, args.reservation_id, request, verdict)
+        grant_row(tx, args.reservation_id, request, assignment)
         # Passing requests whose budget is not spent counts one overtake each, as a pass would.
         # One that spends its budget here gets its hold from the next pass: the gate closes.
         tx.gate_kept = not gate.counts(request) or not self._count_overtakes(tx, request.priority, gate)
-        node_pool = tx.nodes[verdict.node].node_pool
-        return granted(args, tx.now, new_grant(self._store, verdict, args, node_pool, tx.now))
+        node_pool = tx.nodes[assignment.node].node_pool
+        return granted(args, tx.now, new_grant(self._store, assignment, args, node_pool, tx.now))
 
-    def _fits_nowhere(self, tx: Tx, args: ReserveArgs) -> bool:
-        """Whether the request may wait without a pass (see :meth:`_waits_past_pass`) and fits no node, held ones included."""
-        gate, request = tx.current_gate, args.request
-        if not (gate.lets_grant(request) and waits_as_it_is(request, self._cycle.max_overtakes)):
-            return False
-        if governed(tx.quota_version):
-            return False
-        return isinstance(self._cycle.place(tx.nodes, request, frozenset()), NoFit)
-
-    def _waits_past_pass(self, tx: Tx, args: ReserveArgs) -> bool:
-        """Whether the request, queued and fitting no node (:meth:`_fits_nowhere`), may wait without a pass (:mod:`.gate`).
+    def _waits_past_pass(
+        self, tx: Tx, args: ReserveArgs, placed: tuple[Assignment | NoFit, frozenset[str]] | None
+    ) -> bool:
+        """Whether the request, queued, may wait without a pass over the queue (:mod:`.gate`).
 
         One that fits no node, held ones included, would be blocked wherever a pass put it, and
         the pass would change nothing else: every other request stays blocked, the hold stays, and
         no victim can be offered (the gate is open only while none could be, and a preemptor
         finds no preemptible grant). The gate then takes in its shape and priority.
+
+        :param placed: what :meth:`_place_past_queue` found; with no node held, it was placed on
+            every node already
         """
         gate, request = tx.current_gate, args.request
+        if not (gate.lets_grant(request) and waits_as_it_is(request, self._cycle.max_overtakes)):
+            return False
+        if governed(tx.quota_version):
+            return False
+        verdict = placed[0] if placed is not None and not placed[1] else None
+        if verdict is None:
+            verdict = self._cycle.place(tx.nodes, request, frozenset())
+        if not isinstance(verdict, NoFit):
+            return False
         if request.preempts and victims_exist(tx.conn):
             return False
         self._refuse_if_never_fits(tx, request)

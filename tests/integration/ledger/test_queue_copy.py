@@ -2,7 +2,9 @@
 
 On both backends, with real ledgers: the spent requests' version in ``gpupool_meta`` moves
 with each write that makes a budget spent or grants or ends a spent request, and a ledger
-whose copy carries the current version reads no spent row on a pass.
+whose copy carries the current version reads no spent row on a pass. A copy is read only once
+its version holds still: where budgets are spent between any two passes, a pass reads the few
+rows it needs instead.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from sqlalchemy import Connection, event, select
 
 from airflow_gpupool.ledger import Ledger, ReservationState, schema
 from airflow_gpupool.ledger import statements as sql
+from airflow_gpupool.ledger.queue_copy import QueueCopy, SpentRows
 from airflow_gpupool.resources import GpuRequest
 from tests.ledger_fixtures import node
 
@@ -95,3 +98,31 @@ def test_the_version_moves_when_a_budget_is_spent_not_when_a_request_queues(ledg
     _backfill(ledger, 1)
     assert ledger.get(waiter.id).state is ReservationState.WAITING
     assert spent_version(ledger) not in (None, stamped)
+
+
+def test_a_copy_is_read_once_its_version_holds_still(make_ledger: Callable[..., Ledger]) -> None:
+    ledger = make_ledger(max_overtakes=1)
+    ledger.upsert_nodes([node("a", gpus=2)])
+    ledger.reserve(GpuRequest(gpus=1), "one", reservation_id="one")
+    for i in range(3):
+        assert (
+            ledger.reserve(GpuRequest(gpus=2), "big", reservation_id=f"big-{i}").state
+            is ReservationState.WAITING
+        )
+    ledger.release(ledger.reserve(GpuRequest(gpus=1), "spends", reservation_id="spends").id)  # budgets spent
+    copy = QueueCopy()
+
+    def rows(version: int) -> SpentRows | None:
+        return ledger.read(lambda conn: copy.rows(conn, version, 1))
+
+    assert rows(5) is None and copy.reads == 0  # first seen: the pass reads what it needs
+    held = rows(5)
+    assert held is not None and copy.reads == 1
+    assert [row.id for rows_of in held.spent_by_shape.values() for row in rows_of] == [
+        "big-0",
+        "big-1",
+        "big-2",
+    ]
+    assert rows(5) is held and copy.reads == 1
+    assert rows(6) is None and rows(7) is None and copy.reads == 1  # changing at every pass
+    assert rows(7) is not None and copy.reads == 2
