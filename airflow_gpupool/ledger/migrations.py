@@ -219,7 +219,14 @@ def _v13(op: Operations, conn: Connection) -> None:
         pg_functions.install(conn)
 
 
+_V14_INDEXES = ("ix_gpupool_reservations_deadline", "ix_gpupool_reservations_unspent")
+
+
 def _v14(op: Operations, conn: Connection) -> None:
+    present = {i["name"] for i in inspect(conn).get_indexes(schema.reservations.name)}
+    for index in schema.reservations.indexes:
+        if index.name in _V14_INDEXES and index.name not in present:
+            index.create(conn)
     if conn.dialect.name == "postgresql":  # a request that fits nowhere queues under the shared lock
         pg_functions.install(conn)
 
@@ -254,7 +261,12 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(
         13, "queue gate: held nodes marked; grants and releases that cannot matter to the queue skip it", _v13
     ),
-    Migration(14, "PostgreSQL: a request that fits no node joins the queue without the exclusive lock", _v14),
+    Migration(
+        14,
+        "the queue's deadlines and unspent requests indexed; PostgreSQL: a request that fits no node joins "
+        "the queue without the exclusive lock",
+        _v14,
+    ),
 )
 LATEST = MIGRATIONS[-1].version
 

@@ -155,6 +155,10 @@ Index("ix_gpupool_reservations_queue", reservations.c.state, reservations.c.prio
 Index("ix_gpupool_reservations_expiry", reservations.c.state, reservations.c.expires_at)
 Index("ix_gpupool_reservations_node", reservations.c.node, reservations.c.state)
 Index("ix_gpupool_reservations_gang", reservations.c.gang_id)
+# Schema v14: every write looks for overdue waits, and every grant past the queue counts the
+# overtakes of the unspent requests; without these, both read every waiting row.
+Index("ix_gpupool_reservations_deadline", reservations.c.state, reservations.c.deadline)
+Index("ix_gpupool_reservations_unspent", reservations.c.state, reservations.c.overtakes)
 
 # One row per failed task try (schema v2): how it failed, what it ran with, what the next try
 # must ask for, and whether a person was told. Keyed by the task instance (without the try),
