@@ -18,10 +18,10 @@ STAMP = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}"
 @pytest.mark.parametrize(
     ("flags", "expected"),
     [
-        pytest.param([], ["WARNING airflow_gpupool.test: a warning"], id="default"),
+        pytest.param([], ["WARNING gpupool_cli_test: a warning"], id="default"),
         pytest.param(
             ["-v"],
-            ["INFO airflow_gpupool.test: some info", "WARNING airflow_gpupool.test: a warning"],
+            ["INFO gpupool_cli_test: some info", "WARNING gpupool_cli_test: a warning"],
             id="verbose",
         ),
     ],
@@ -38,7 +38,9 @@ def test_a_record_logged_after_the_command_goes_to_the_stderr_of_its_time(
     after = io.StringIO()
     monkeypatch.setattr(sys, "stderr", after)
 
-    log = logging.getLogger("airflow_gpupool.test")
+    # A logger of its own: the controller and agent commands, run in-process by other tests, set
+    # the level of ``airflow_gpupool`` for good; this one takes the root's, which main() set.
+    log = logging.getLogger("gpupool_cli_test")
     log.info("some info")
     log.warning("a warning")
 
