@@ -10,7 +10,7 @@ import threading
 from typing import Any
 
 from airflow_gpupool import settings
-from airflow_gpupool.cli.common import open_ledger, print_json, url_arg
+from airflow_gpupool.cli.common import logger_level, open_ledger, print_json, url_arg
 from airflow_gpupool.exceptions import ConfigurationError, NoGpuError
 
 __all__ = ["EXIT_NO_GPU", "cmd_agent_run", "make_collector", "register"]
@@ -48,9 +48,13 @@ def cmd_agent_run(args: argparse.Namespace) -> int:
     heartbeats stop. With --once it samples and writes once; --json prints the report. A node
     with no GPU or driver exits 3 with a message.
     """
+    with logger_level("airflow_gpupool", logging.INFO):
+        return _run_agent(args)
+
+
+def _run_agent(args: argparse.Namespace) -> int:
     from airflow_gpupool.agent.run import NodeAgent
 
-    logging.getLogger("airflow_gpupool").setLevel(logging.INFO)
     interval = args.interval if args.interval is not None else settings.agent_interval_seconds()
     collector = make_collector(args.backend, args.node, args.fake_spec)
     try:

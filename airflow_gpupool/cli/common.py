@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-from collections.abc import Sequence
+import logging
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +20,7 @@ __all__ = [
     "cluster_args",
     "kubernetes_api_errors",
     "ledger_url",
+    "logger_level",
     "open_ledger",
     "print_json",
     "require_extra",
@@ -100,6 +103,22 @@ def open_ledger(args: argparse.Namespace, create: bool = False, *, must_exist: b
     if must_exist:
         _require_sqlite_file(url)
     return Ledger(url)
+
+
+@contextmanager
+def logger_level(name: str, level: int | str) -> Iterator[None]:
+    """Set a logger's level for a command only: run in-process (tests, a notebook), it must not leak.
+
+    :param name: the logger, such as ``airflow_gpupool``
+    :param level: its level while the command runs
+    """
+    logger = logging.getLogger(name)
+    previous = logger.level
+    logger.setLevel(level)
+    try:
+        yield
+    finally:
+        logger.setLevel(previous)
 
 
 def print_json(data: Any) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_gpupool.argtypes import non_empty, number
-from airflow_gpupool.cli.common import open_ledger, url_arg
+from airflow_gpupool.cli.common import logger_level, open_ledger, url_arg
 from airflow_gpupool.controller.leader import DEFAULT_LEASE_DURATION, DEFAULT_LEASE_NAME
 from airflow_gpupool.controller.run import (
     DEFAULT_GATE_INTERVAL,
@@ -43,13 +43,17 @@ def cmd_controller_run(args: argparse.Namespace) -> int:
     Replicas elect one leader through a Kubernetes Lease; only the leader acts. SIGTERM or SIGINT
     stops the loop and releases the Lease.
     """
+    with logger_level("airflow_gpupool", args.log_level):
+        return _run_controller(args)
+
+
+def _run_controller(args: argparse.Namespace) -> int:
     from kubernetes import client
 
     from airflow_gpupool.controller.leader import LeaderElector, LeaseSettings
     from airflow_gpupool.controller.run import ControllerIntervals, GpuPoolController
     from airflow_gpupool.inventory.sync import core_v1_api
 
-    logging.getLogger("airflow_gpupool").setLevel(args.log_level)
     # Bad configuration fails here, before the loop: exit 2 (GpuPoolError) or a traceback.
     intervals = ControllerIntervals(
         sync=args.sync_interval, reconcile=args.reconcile_interval, gate=args.gate_interval

@@ -38,8 +38,8 @@ def test_a_record_logged_after_the_command_goes_to_the_stderr_of_its_time(
     after = io.StringIO()
     monkeypatch.setattr(sys, "stderr", after)
 
-    # A logger of its own: the controller and agent commands, run in-process by other tests, set
-    # the level of ``airflow_gpupool`` for good; this one takes the root's, which main() set.
+    # A logger of its own: it takes the root's level, which main() set, whatever other tests did to
+    # the level of ``airflow_gpupool``.
     log = logging.getLogger("gpupool_cli_test")
     log.info("some info")
     log.warning("a warning")
@@ -48,3 +48,26 @@ def test_a_record_logged_after_the_command_goes_to_the_stderr_of_its_time(
     assert len(lines) == len(expected), after.getvalue()
     for line, want in zip(lines, expected, strict=True):
         assert re.fullmatch(f"{STAMP} {re.escape(want)}", line), after.getvalue()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        # Each fails on its configuration (exit 2) after setting the level: quick, no cluster, no GPU.
+        pytest.param(["agent", "run", "--node", "n1", "--once", "--backend", "fake"], id="agent"),
+        pytest.param(["controller", "run", "--once", "--kubeconfig", "no-kubeconfig"], id="controller"),
+    ],
+)
+def test_a_daemon_command_run_in_process_restores_the_level_of_the_package_logger(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, argv: list[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    logger = logging.getLogger("airflow_gpupool")
+    before = logger.level
+    logger.setLevel(logging.ERROR)  # neither command's level, so a leak shows
+    try:
+        assert main(argv) == 2
+        assert logger.level == logging.ERROR
+    finally:
+        logger.setLevel(before)
