@@ -23,7 +23,7 @@ from sqlalchemy.exc import DBAPIError
 from airflow_gpupool import settings
 from airflow_gpupool.ledger.engine import make_engine
 from airflow_gpupool.placement.verdict import Assignment
-from airflow_gpupool.resources import GpuRequest
+from airflow_gpupool.resources import MILLI_PER_GPU, GpuRequest
 
 _TAKE = (
     "SELECT outcome, taken_indices, taken_slice, taken_at FROM gpupool_take("
@@ -35,7 +35,8 @@ _WAIT = (
 )
 _GIVE_BACK = (
     "SELECT outcome, released_request, released_node, released_indices, released_milli, released_gmem,"
-    " released_slice, node_training, node_inference FROM gpupool_give_back(%s, %s, %s)"
+    " released_slice, node_training, node_inference, handed_to, handed_request, handed_indices, handed_gmem"
+    " FROM gpupool_give_back(%s, %s, %s)"
 )
 
 
@@ -47,6 +48,8 @@ class GivenBack:
     assignment: Assignment
     node_training: int
     node_inference: int
+    #: The queue's first request, granted the node the release emptied (:mod:`.hand_over`), and what it took.
+    handed_to: tuple[str, GpuRequest, Assignment] | None = None
 
 
 class ConcurrentPath:
@@ -181,16 +184,22 @@ class ConcurrentPath:
     def give_back(
         self, conn: Connection, reservation_id: str, now: float | None, message: str
     ) -> GivenBack | None:
-        """End a grant and return its capacity; None: nothing changed, take the exclusive path.
+        """End a grant and return its capacity, or hand an emptied node to the queue's first request;
+        None: nothing changed, take the exclusive path.
 
         :param now: the injected clock's time; None: the database's clock, read in the call
         """
         row = _call(self._prepare, conn, _GIVE_BACK, (reservation_id, now, message))
         if row[0] != "released":
             return None
-        _, request, node, indices, milli, gmem, mig_slice, training, inference = row
+        _, request, node, indices, milli, gmem, mig_slice, training, inference, *handed = row
         assignment = Assignment(node, tuple(json.loads(indices or "[]")), milli or 0, gmem or 0, mig_slice)
-        return GivenBack(GpuRequest.from_dict(json.loads(request)), assignment, training, inference)
+        given = GivenBack(GpuRequest.from_dict(json.loads(request)), assignment, training, inference)
+        handed_to, handed_request, handed_indices, handed_gmem = handed
+        if handed_to is None:
+            return given
+        taken = Assignment(node, tuple(json.loads(handed_indices)), MILLI_PER_GPU, handed_gmem)
+        return replace(given, handed_to=(handed_to, GpuRequest.from_dict(json.loads(handed_request)), taken))
 
 
 def _call(prepare: bool, conn: Connection, statement: str, params: tuple[Any, ...]) -> tuple[Any, ...]:

@@ -171,5 +171,17 @@ class ConcurrentGrants:
             node = store.cache.nodes.get(given.assignment.node)
             if node is not None:  # this process's copy gives it back too, until the next refresh
                 classes = classes_from_counts(given.node_training, given.node_inference)
-                store.cache.put(deallocate(node, given.request, given.assignment, classes))
+                node = deallocate(node, given.request, given.assignment, classes)
+                if given.handed_to is not None:
+                    _, request, taken = given.handed_to
+                    node = allocate(node, request, taken)
+                store.cache.put(node)
+        if given.handed_to is not None:
+            handed, _, taken = given.handed_to
+            log.info(
+                "Released %s: node %s handed to %s, the queue's first request, without a pass",
+                reservation_id,
+                taken.node,
+                handed,
+            )
         return released(reservation_id, ReservationState.GRANTED, reason)

@@ -23,6 +23,7 @@ from airflow_gpupool.ledger.cache import CapacityCache, classes_from_counts
 from airflow_gpupool.ledger.equivalence import EquivalenceIndex
 from airflow_gpupool.ledger.explain import WaitContext, blocked_message
 from airflow_gpupool.ledger.gate import QueueGate
+from airflow_gpupool.ledger.hand_over import publish_head
 from airflow_gpupool.ledger.holds import mark_holds
 from airflow_gpupool.ledger.models import ReapResult, ReservationState
 from airflow_gpupool.ledger.preempting import preempt_for_waiting
@@ -344,11 +345,23 @@ class WriteCycle:
         self._record_pass(tx, entries, outcome)
         preemption_possible = preempt_for_waiting(self, tx, entries, quota)
         mark_holds(tx, outcome.holds)
+        if tx.conn.dialect.name == "postgresql":  # for a release that empties a node (ledger.hand_over)
+            self._publish_head(tx, entries, outcome, governed=quota is not None)
         tx.gate = self._gate_after(
             entries, outcome, spent_shapes, may_skip=not (under_quotas or preemption_possible)
         )
         if tx.elastic_added:  # an elastic gang was admitted: its growth may fit what is left now
             self.serve(tx)
+
+    def _publish_head(
+        self, tx: Tx, entries: list[QueueEntry], outcome: ServeOutcome, *, governed: bool
+    ) -> None:
+        granted = {entry.request_id for entry, _ in outcome.granted}
+        # Entries are in service order; under quotas the order is the teams' (and the gate closed).
+        head = None if governed else next((e for e in entries if e.request_id not in granted), None)
+        current = list(tx.nodes.values())
+        empty = self.store.cache.empty_snapshot(current).nodes
+        publish_head(tx, head, current, empty, self.bindings, self.store.cache.generation)
 
     def _hold_for_the_first_spent(
         self,

@@ -32,8 +32,11 @@ on the held node only brings it closer, so the hold stays the node a pass would 
 release elsewhere may bring another node closer than the held one; the hold stays where it is
 until the next pass, still a node that drains for its request.)
 
-Writers that change the queue or capacity in other ways run a pass (which publishes the gate
-anew) or close it; the concurrent path on PostgreSQL (:mod:`~airflow_gpupool.ledger.pg_functions`)
+A release that empties a node the first waiting request fits grants it there without a pass on
+PostgreSQL (:mod:`~airflow_gpupool.ledger.hand_over`), moving the hold to the next request of its
+shape; the gate's shape keys then err towards serving (a request granted may have been the
+smallest), the rest stays exact. Writers that change the queue or capacity in other ways run a
+pass (which publishes the gate anew) or close it; the concurrent path on PostgreSQL (:mod:`~airflow_gpupool.ledger.pg_functions`)
 and the serialized grant and release (:mod:`~airflow_gpupool.ledger.grants`) apply the same test.
 """
 

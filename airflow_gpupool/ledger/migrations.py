@@ -231,6 +231,12 @@ def _v14(op: Operations, conn: Connection) -> None:
         pg_functions.install(conn)
 
 
+def _v15(op: Operations, conn: Connection) -> None:
+    _add_reservation_columns(op, conn, ("head_fits",), schema.nodes)
+    if conn.dialect.name == "postgresql":  # gpupool_give_back returns what it handed over: a new signature
+        pg_functions.reinstall(conn)
+
+
 def sql_literal(value: object) -> Any:
     """Return the server default that fills a migrated column on existing rows (a SQL literal)."""
     if isinstance(value, bool):
@@ -266,6 +272,12 @@ MIGRATIONS: tuple[Migration, ...] = (
         "the queue's deadlines and unspent requests indexed; PostgreSQL: a request that fits no node joins "
         "the queue without the exclusive lock",
         _v14,
+    ),
+    Migration(
+        15,
+        "PostgreSQL: a release that empties a node the queue's first request fits hands it over without "
+        "the exclusive lock",
+        _v15,
     ),
 )
 LATEST = MIGRATIONS[-1].version

@@ -1,6 +1,7 @@
 """PostgreSQL functions of the ledger's concurrent path (schema v3; v5 measures on the database's clock;
 v7 skips quarantined GPUs; v13 passes waiting requests as the queue gate allows, :mod:`.gate`;
-v14 queues a request that fits no node and leaves the gate as it is).
+v14 queues a request that fits no node and leaves the gate as it is; v15 hands an emptied node to
+the queue's first request).
 
 A grant or release that needs no queue decision does not have to wait for every other
 writer: it takes the ledger lock in *shared* mode, locks only its node's row, and commits
@@ -26,6 +27,14 @@ Why this is safe:
   new request. The function checks that no node has what it asks for, on the committed rows
   under the shared lock: a release running meanwhile either passes the gate (its node then
   fits no waiting request of that size) or waits for the exclusive lock, behind this commit.
+* A release that empties a node the queue's first request fits (the last pass marked the nodes
+  it fits empty, ``head_fits``, for that request's shape, ``queue_head_shape``) grants it there
+  (``gpupool_give_back``), as a pass would: no other node fits a waiting request (the gate), what
+  it leaves of the node fits none either, and it overtakes nobody. If the pass held a node for
+  it, the hold passes to the next request when a pass would hold that node for it too (spent, of
+  the same shape). The first two requests are locked before the hold's meta row, and a grant
+  that spends a budget reads the hold ``FOR SHARE`` once its counted rows are locked, so the two
+  commit one after the other, never across.
 * Rows are stamped with the writer's transaction id (``version``), so a reader finds what
   changed since its last look from the oldest transaction running then
   (:class:`airflow_gpupool.ledger.cache.CapacityCache`).
@@ -52,7 +61,8 @@ DECLARE
     v_waiting boolean;
     v_bound bigint;
     v_spent bigint;
-    v_ahead bigint;
+    v_first_priority bigint;
+    v_first_seq bigint;
     v_hold_priority bigint;
     v_hold_seq bigint;
     p_deadline double precision;
@@ -154,22 +164,28 @@ BEGIN
     IF v_waiting AND p_priority <= coalesce(
             (SELECT value FROM gpupool_meta WHERE key = 'queue_gate_unspent_priority'), -9223372036854775808) THEN
         v_bound := coalesce((SELECT value FROM gpupool_meta WHERE key = 'queue_gate_bound'), 0);
-        v_hold_priority := coalesce(
-            (SELECT value FROM gpupool_meta WHERE key = 'queue_gate_hold_priority'), -4611686018427387904);
-        v_hold_seq := coalesce((SELECT value FROM gpupool_meta WHERE key = 'queue_gate_hold_seq'), 0);
         WITH counted AS (
             UPDATE gpupool_reservations SET overtakes = overtakes + 1
+            -- (priority + 0: along the index of the unspent ones, statistics or not; a long queue of
+            -- spent requests is otherwise walked row by row while the table has none.)
             WHERE id IN (SELECT id FROM gpupool_reservations
-                         WHERE state = 'waiting' AND overtakes < v_bound AND priority >= p_priority
+                         WHERE state = 'waiting' AND overtakes < v_bound AND (priority + 0) >= p_priority
                          ORDER BY id FOR UPDATE)
             RETURNING overtakes, priority, seq
         )
-        SELECT count(*), count(*) FILTER (WHERE priority > v_hold_priority
-                                          OR (priority = v_hold_priority AND seq <= v_hold_seq))
-        INTO v_spent, v_ahead FROM counted WHERE overtakes >= v_bound;
+        SELECT count(*), (array_agg(priority ORDER BY priority DESC, seq))[1],
+               (array_agg(seq ORDER BY priority DESC, seq))[1]
+        INTO v_spent, v_first_priority, v_first_seq FROM counted WHERE overtakes >= v_bound;
         IF v_spent > 0 THEN
+            -- The hold is read once the counted rows are locked, and FOR SHARE: a release that hands
+            -- the held request a node and moves the hold (gpupool_give_back) commits wholly before
+            -- or after this grant.
+            SELECT value INTO v_hold_seq FROM gpupool_meta WHERE key = 'queue_gate_hold_seq' FOR SHARE;
+            v_hold_priority := coalesce(
+                (SELECT value FROM gpupool_meta WHERE key = 'queue_gate_hold_priority'), -4611686018427387904);
             -- Spent behind the request the queue holds a node for, it changes nothing a pass decides.
-            IF v_ahead > 0 THEN
+            IF v_first_priority > v_hold_priority
+               OR (v_first_priority = v_hold_priority AND v_first_seq <= coalesce(v_hold_seq, 0)) THEN
                 UPDATE gpupool_meta SET value = 0 WHERE key = 'queue_gate_open';
             END IF;
             INSERT INTO gpupool_meta (key, value) VALUES ('spent_queue_version', v_xid)
@@ -186,7 +202,8 @@ CREATE OR REPLACE FUNCTION gpupool_give_back(
     p_id text, p_now double precision, p_message text,
     OUT outcome text, OUT released_request text, OUT released_node text, OUT released_indices text,
     OUT released_milli integer, OUT released_gmem bigint, OUT released_slice text,
-    OUT node_training integer, OUT node_inference integer
+    OUT node_training integer, OUT node_inference integer,
+    OUT handed_to text, OUT handed_request text, OUT handed_indices text, OUT handed_gmem bigint
 ) LANGUAGE plpgsql AS $$
 DECLARE
     v_res record;
@@ -195,6 +212,13 @@ DECLARE
     v_xid bigint;
     v_whole bigint;
     v_largest bigint;
+    v_head record;
+    v_next record;
+    v_head_request json;
+    v_spent boolean;
+    v_held text;
+    v_usable integer;
+    v_taken integer[];
 BEGIN
     PERFORM pg_advisory_xact_lock_shared(__LOCK_KEY__, hashtext(current_schema()));
     p_now := coalesce(p_now, extract(epoch FROM clock_timestamp())::float8);
@@ -232,8 +256,75 @@ BEGIN
         ) AS freed;
         IF v_whole >= coalesce((SELECT value FROM gpupool_meta WHERE key = 'queue_gate_min_gpus'), 0)
            OR v_largest >= coalesce((SELECT value FROM gpupool_meta WHERE key = 'queue_gate_min_milli'), 0) THEN
-            outcome := 'serialize';
-            RETURN;
+            -- A waiting request may fit the node now. If the release empties it and the queue's first
+            -- request fits it empty, the release hands it over, as the pass would; else a pass decides.
+            v_request := v_res.request::json;
+            IF NOT coalesce(v_node.head_fits, false) OR v_node.health <> 'healthy'
+               OR (SELECT value FROM gpupool_meta WHERE key = 'queue_head_generation')
+                  IS DISTINCT FROM (SELECT value FROM gpupool_meta WHERE key = 'inventory_generation')
+               OR v_node.cpu_free + (v_request ->> 'cpu_milli')::bigint <> v_node.cpu_milli
+               OR v_node.memory_free + (v_request ->> 'memory_mib')::bigint <> v_node.memory_mib
+               OR v_res.mig_slice IS NOT NULL
+               OR EXISTS (SELECT 1 FROM gpupool_gpus WHERE node = v_res.node AND (
+                      partitioned OR health <> 'healthy'
+                      OR free_milli + CASE WHEN idx IN (
+                             SELECT value::integer FROM json_array_elements_text(v_res.gpu_indices::json))
+                         THEN v_res.milli_per_gpu ELSE 0 END <> 1000
+                      OR free_memory_mib + CASE WHEN idx IN (
+                             SELECT value::integer FROM json_array_elements_text(v_res.gpu_indices::json))
+                         THEN v_res.gpu_memory_mib ELSE 0 END <> memory_mib)) THEN
+                outcome := 'serialize';
+                RETURN;
+            END IF;
+            -- The queue's first two requests, locked before the hold (as grants passing the queue
+            -- lock what they count before reading the hold): the first is granted, the second may
+            -- take over its hold.
+            SELECT id, request, priority, seq, overtakes, deadline, ttl, workload_class INTO v_head
+            FROM gpupool_reservations WHERE state = 'waiting'
+            ORDER BY priority DESC, seq, id LIMIT 1 FOR UPDATE;
+            SELECT id, request, priority, seq, overtakes, deadline INTO v_next
+            FROM gpupool_reservations WHERE state = 'waiting' AND id <> v_head.id
+            ORDER BY priority DESC, seq, id LIMIT 1 FOR UPDATE;
+            PERFORM 1 FROM gpupool_meta WHERE key = 'queue_gate_hold_seq' FOR UPDATE;
+            v_spent := v_head.overtakes >= coalesce((SELECT value FROM gpupool_meta WHERE key = 'queue_gate_bound'), 0);
+            v_head_request := v_head.request::json;
+            v_usable := (SELECT count(*) FROM gpupool_gpus WHERE node = v_res.node);
+            -- The pass published which nodes the first request fits empty, for this request's shape.
+            IF coalesce((SELECT value FROM gpupool_meta WHERE key = 'queue_gate_open'), 0) <> 1
+               OR hashtext(v_head.request) IS DISTINCT FROM
+                  (SELECT value FROM gpupool_meta WHERE key = 'queue_head_shape')
+               OR v_head.deadline <= p_now
+               -- What it leaves of the node fits no waiting request: the pass would grant nothing more.
+               OR v_usable - (v_head_request ->> 'gpus')::integer >= coalesce(
+                      (SELECT value FROM gpupool_meta WHERE key = 'queue_gate_min_gpus'), 0)
+               OR (v_usable > (v_head_request ->> 'gpus')::integer AND coalesce(
+                      (SELECT value FROM gpupool_meta WHERE key = 'queue_gate_min_milli'), 0) <= 1000) THEN
+                outcome := 'serialize';
+                RETURN;
+            END IF;
+            IF v_spent THEN
+                -- The pass held a node for it; the hold passes to the next request if a pass would
+                -- hold that node for it too: spent, of the same shape, not overdue (or none waits).
+                IF (SELECT value FROM gpupool_meta WHERE key = 'queue_gate_hold_priority') IS DISTINCT FROM v_head.priority
+                   OR (SELECT value FROM gpupool_meta WHERE key = 'queue_gate_hold_seq') IS DISTINCT FROM v_head.seq
+                   OR (v_next.id IS NOT NULL AND (
+                        v_next.request <> v_head.request OR v_next.deadline <= p_now
+                        OR v_next.overtakes < (SELECT value FROM gpupool_meta WHERE key = 'queue_gate_bound'))) THEN
+                    outcome := 'serialize';
+                    RETURN;
+                END IF;
+                -- (Skipped while another writer holds its row: no two writers wait on each other's.)
+                SELECT name INTO v_held FROM gpupool_nodes WHERE held_for = v_head.id FOR UPDATE SKIP LOCKED;
+                IF NOT FOUND OR v_held = v_res.node THEN
+                    outcome := 'serialize';
+                    RETURN;
+                END IF;
+            END IF;
+            SELECT array_agg(idx ORDER BY idx), min(memory_mib) INTO v_taken, handed_gmem FROM (
+                SELECT idx, memory_mib FROM gpupool_gpus WHERE node = v_res.node
+                ORDER BY idx LIMIT (v_head_request ->> 'gpus')::integer
+            ) AS first_free;
+            handed_to := v_head.id;
         END IF;
     END IF;
     UPDATE gpupool_reservations SET state = 'released', ended_at = p_now, message = p_message
@@ -260,6 +351,35 @@ BEGIN
             free_memory_mib = free_memory_mib + v_res.gpu_memory_mib
         WHERE node = v_res.node
           AND idx IN (SELECT value::integer FROM json_array_elements_text(v_res.gpu_indices::json));
+    END IF;
+    -- Handed over: the queue's first request takes the emptied node, and its hold passes on.
+    IF handed_to IS NOT NULL THEN
+        UPDATE gpupool_nodes SET
+            cpu_free = cpu_free - (v_head_request ->> 'cpu_milli')::bigint,
+            memory_free = memory_free - (v_head_request ->> 'memory_mib')::bigint,
+            n_training = n_training + (v_head.workload_class = 'training')::integer,
+            n_inference = n_inference + (v_head.workload_class = 'inference')::integer
+        WHERE name = v_res.node
+        RETURNING n_training, n_inference INTO node_training, node_inference;
+        UPDATE gpupool_gpus SET free_milli = free_milli - 1000, free_memory_mib = free_memory_mib - handed_gmem
+        WHERE node = v_res.node AND idx = ANY (v_taken);
+        UPDATE gpupool_reservations SET
+            state = 'granted', granted_at = p_now, expires_at = p_now + ttl, node = v_res.node,
+            gpu_indices = array_to_json(v_taken)::text, milli_per_gpu = 1000, gpu_memory_mib = handed_gmem,
+            mig_slice = NULL, message = NULL
+        WHERE id = v_head.id;
+        IF v_spent THEN
+            UPDATE gpupool_nodes SET held_for = v_next.id, version = v_xid WHERE name = v_held;
+            UPDATE gpupool_meta SET value = CASE key
+                WHEN 'queue_gate_hold_priority' THEN coalesce(v_next.priority, -4611686018427387904)
+                ELSE coalesce(v_next.seq, 0) END
+            WHERE key IN ('queue_gate_hold_priority', 'queue_gate_hold_seq');
+            INSERT INTO gpupool_meta (key, value) VALUES ('spent_queue_version', v_xid)
+            ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value;
+        END IF;
+        PERFORM pg_notify('gpupool_' || current_schema(), v_head.id);
+        handed_request := v_head.request;
+        handed_indices := array_to_json(v_taken)::text;
     END IF;
     -- What was given back, so the caller's copy of the capacity can give it back too.
     outcome := 'released';

@@ -70,6 +70,9 @@ nodes = Table(
     # Schema v13 (the queue gate): the waiting request the queue holds this node for, if any;
     # grants on it and releases from it go through the queue (see ledger.gate).
     Column("held_for", String(64), nullable=True),
+    # Schema v15 (PostgreSQL): whether the queue's first request, as the last pass saw it, fits
+    # this node empty: a release that empties it hands it over (see ledger.pg_functions).
+    Column("head_fits", Boolean, nullable=False, default=False),
 )
 Index("ix_gpupool_nodes_version", nodes.c.version)
 Index("ix_gpupool_nodes_held_for", nodes.c.held_for)

@@ -34,10 +34,11 @@ class QueueGateMachine(ReservingMachine):
     """Random grants, releases, renewals and expiry on three small nodes; the queue stays served."""
 
     max_overtakes = 1  # every grant past a blocked request spends its budget: holds come often
+    inventory = (node("a", gpus=4), node("b", gpus=4), node("c", gpus=2))
 
     def __init__(self) -> None:
         super().__init__()
-        self.ledger.upsert_nodes([node("a", gpus=4), node("b", gpus=4), node("c", gpus=2)])
+        self.ledger.upsert_nodes(self.inventory)
 
     @rule(
         shape=st.sampled_from(SHAPES), priority=st.sampled_from([0, 0, 1, 2]), ttl=st.sampled_from([30, 600])
