@@ -109,16 +109,7 @@ class ConcurrentPath:
             conn,
             _TAKE,
             (
-                reservation_id,
-                holder,
-                json.dumps(request.to_dict(), sort_keys=True),
-                request.priority,
-                request.team,
-                request.workload_class.value,
-                now,
-                timeout,
-                ttl,
-                generation,
+                *_request_row(reservation_id, holder, request, now, timeout, ttl, generation),
                 assignment.node,
                 request.cpu_milli,
                 request.memory_mib,
@@ -162,16 +153,7 @@ class ConcurrentPath:
             conn,
             _WAIT,
             (
-                reservation_id,
-                holder,
-                json.dumps(request.to_dict(), sort_keys=True),
-                request.priority,
-                request.team,
-                request.workload_class.value,
-                now,
-                timeout,
-                ttl,
-                generation,
+                *_request_row(reservation_id, holder, request, now, timeout, ttl, generation),
                 request.gpus if whole else 0,
                 None if whole else request.gpu_milli,
                 request.preempts,
@@ -200,6 +182,21 @@ class ConcurrentPath:
             return given
         taken = Assignment(node, tuple(json.loads(handed_indices)), MILLI_PER_GPU, handed_gmem)
         return replace(given, handed_to=(handed_to, GpuRequest.from_dict(json.loads(handed_request)), taken))
+
+
+def _request_row(
+    reservation_id: str,
+    holder: str,
+    request: GpuRequest,
+    now: float | None,
+    timeout: float,
+    ttl: float,
+    generation: int,
+) -> tuple[Any, ...]:
+    """The arguments ``gpupool_take`` and ``gpupool_wait`` begin with: the request's row, the clock, the inventory."""
+    text = json.dumps(request.to_dict(), sort_keys=True)
+    row = (reservation_id, holder, text, request.priority, request.team, request.workload_class.value)
+    return (*row, now, timeout, ttl, generation)
 
 
 def _call(prepare: bool, conn: Connection, statement: str, params: tuple[Any, ...]) -> tuple[Any, ...]:
