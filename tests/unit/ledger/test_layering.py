@@ -20,7 +20,7 @@ LAYERS = [
     {"store"},
     {"explain", "take", "admission"},
     {"gangs", "preempting"},
-    {"waiting", "holds"},
+    {"waiting", "holds", "hand_over"},
     {"cycle"},
     {"heartbeats"},
     {"health"},
