@@ -107,6 +107,8 @@ def test_a_release_that_leaves_room_for_more_than_the_first_request_serves_the_q
     assert ledger.reserve(WHOLE, "task", reservation_id="task").state is GRANTED
     halves = [ledger.reserve(GpuRequest(gpus=4), "half", reservation_id=f"half-{i}") for i in range(2)]
     assert {r.state for r in halves} == {WAITING}
+    ledger.reap()  # a pass: it marks the nodes the first request fits empty (a first waiter queues without one)
+    assert meta(ledger).get("queue_head_generation", -1) >= 0 or not on_postgres(ledger)
     with statements(ledger, EXCLUSIVE_LOCK) as locked:
         ledger.release("task")
     # The empty node takes both: a pass grants the second too, which a hand-over alone would not.
@@ -119,12 +121,16 @@ def test_a_release_that_leaves_room_for_more_than_the_first_request_serves_the_q
 def test_a_release_that_does_not_empty_its_node_serves_the_queue(make_ledger: Callable[..., Ledger]) -> None:
     ledger = make_ledger(max_overtakes=1)
     ledger.upsert_nodes([node("a", gpus=8)])
-    first = ledger.reserve(GpuRequest(gpus=4), "t", reservation_id="first")
-    ledger.reserve(GpuRequest(gpus=4), "t", reservation_id="second")
-    assert ledger.reserve(GpuRequest(gpus=4), "w", reservation_id="waits").state is WAITING
+    ledger.reserve(GpuRequest(gpus=2), "t", reservation_id="first")
+    second = ledger.reserve(GpuRequest(gpus=6), "t", reservation_id="second")
+    assert second.grant is not None and second.grant.gpu_indices == (2, 3, 4, 5, 6, 7)
+    assert ledger.reserve(GpuRequest(gpus=6), "w", reservation_id="waits").state is WAITING
+    ledger.reap()  # a pass marks the node: it fits the first request empty
     with statements(ledger, EXCLUSIVE_LOCK) as locked:
-        ledger.release(first.id)
+        ledger.release(second.id)
+    # The first request is granted the GPUs the release freed, beside the grant left on the others.
     assert ledger.get("waits").state is GRANTED
+    assert ledger.get("waits").grant.gpu_indices == (2, 3, 4, 5, 6, 7)  # type: ignore[union-attr]
     if on_postgres(ledger):
         assert locked
     assert ledger.check_invariants() == []
