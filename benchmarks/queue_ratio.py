@@ -5,10 +5,17 @@ shared, noisy machine; one pair says little. This script runs rounds of three ru
 waiter, N waiters; the order alternates between rounds) and prints each round's cycles per
 second and ratios, then their median and mean.
 
+With ``--interleaved`` each round is instead two interleaved runs (``bench queue --baseline``:
+the run and its baseline without waiters in turns on two ledgers, so both see the machine's
+load alike): N waiters against none, and none against none, whose ratio shows what is left of
+the noise (it should be 1).
+
 Usage (``PYTHONPATH`` names the tree to measure)::
 
     PYTHONPATH=. python benchmarks/queue_ratio.py --url postgresql://postgres@127.0.0.1:5432/test_queue --clients 8
     PYTHONPATH=. python benchmarks/queue_ratio.py --url sqlite:////tmp/qr.db --clients 4
+    PYTHONPATH=. python benchmarks/queue_ratio.py --url postgresql://postgres@127.0.0.1:5432/test_queue \
+        --clients 8 --seconds 20 --interleaved
 """
 
 from __future__ import annotations
@@ -24,12 +31,13 @@ from pathlib import Path
 from typing import Any
 
 
-def _run(url: str, waiters: int, clients: int, seconds: float) -> dict[str, Any]:
+def _run(url: str, waiters: int, clients: int, seconds: float, *extra: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as scratch:
         if url.startswith("sqlite"):  # the bench wants a new file each run
             url = f"sqlite:///{Path(scratch) / 'queue.db'}"
         command = [sys.executable, "-m", "airflow_gpupool.cli", "bench", "queue", "--url", url]
         command += ["--waiters", str(waiters), "--clients", str(clients), "--seconds", str(seconds), "--json"]
+        command += extra
         done = subprocess.run(command, capture_output=True, text=True, check=True, env=os.environ)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -43,7 +51,11 @@ def main() -> None:
     parser.add_argument("--waiters", type=int, default=1000)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--interleaved", action="store_true", help="each round: two runs with --baseline")
     args = parser.parse_args()
+    if args.interleaved:
+        _interleaved(args)
+        return
     many = args.waiters
     ratios: list[float] = []
     for k in range(args.rounds):
@@ -68,6 +80,32 @@ def main() -> None:
             }
         )
     )
+
+
+def _interleaved(args: argparse.Namespace) -> None:
+    many, ratios, noise = args.waiters, [], []
+    for _ in range(args.rounds):
+        runs = {w: _run(args.url, w, args.clients, args.seconds, "--baseline") for w in (many, 0)}
+        ratios.append(runs[many]["ratio"])
+        noise.append(runs[0]["ratio"])
+        line = {
+            "cycles_per_s": {w: [runs[w]["cycles_per_s"], runs[w]["baseline_cycles_per_s"]] for w in runs},
+            f"ratio_{many}": ratios[-1],
+            "ratio_0_against_0": noise[-1],
+            "nodes_turned_over": {
+                w: [runs[w]["nodes_turned_over"], runs[w]["baseline_nodes_turned_over"]] for w in runs
+            },
+            "waiter_cpu_percent": runs[many]["waiter_cpu_percent"],
+            "violations": sum(r["violations"] for r in runs.values()),
+        }
+        print(json.dumps(line), flush=True)
+    summary = {
+        f"median_ratio_{many}": round(statistics.median(ratios), 3),
+        "mean": round(statistics.mean(ratios), 3),
+        "min": min(ratios),
+        "median_ratio_0_against_0": round(statistics.median(noise), 3),
+    }
+    print(json.dumps(summary))
 
 
 if __name__ == "__main__":

@@ -29,6 +29,15 @@ grant's time on the ledger's clock, taken as its transaction took the lock, to t
 ``connections_max`` (PostgreSQL: the most sessions of the bench's processes at once, from
 ``pg_stat_activity``), ``waiter_cpu_percent`` (the waiter process's CPU, in % of one core),
 ``nodes_turned_over`` and the invariants, checked during and after the run.
+
+With ``baseline`` the run without waiters is made in the same run, on a second ledger (its own
+schema, or a file beside the first), and the clients cycle on the two in turns of ``phase_s``
+(:mod:`~airflow_gpupool.bench.phases`: one warm-up phase each, then A B B A over and over,
+``seconds`` each in all). The waiter process is stopped during the baseline's phases, so all its
+work is charged to its own run. Both runs then see the machine's load alike: two runs one after
+the other on a shared machine differ by a factor 1.3 or more, two interleaved ones without waiters
+by a few points. It adds ``baseline_cycles_per_s``, ``baseline_nodes_turned_over`` and
+``ratio``; the wake-ups then include the waiter process's pauses (measure them without it).
 """
 
 from __future__ import annotations
@@ -42,6 +51,7 @@ import statistics
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import create_engine, insert, select, text
@@ -49,6 +59,7 @@ from sqlalchemy.engine import make_url
 
 from airflow_gpupool import settings
 from airflow_gpupool.bench.ledger_bench import fresh_bench_url, gather, percentile, pg_bench_schema
+from airflow_gpupool.bench.phases import Pause, Side, run_phases
 from airflow_gpupool.exceptions import ConfigurationError
 from airflow_gpupool.ledger import Ledger, ReservationState, schema
 from airflow_gpupool.ledger.engine import normalize_url
@@ -201,23 +212,28 @@ def _log_warnings_to_stderr() -> None:
     )
 
 
-def _client(url: str, index: int, seconds: float, hold_s: float, ready: Any, go: Any, out: Any) -> None:
+def _client(urls: list[str], index: int, hold_s: float, phase: Any, ready: Any, go: Any, out: Any) -> None:
+    """Cycle on ``urls[phase.value]`` until the phase turns negative; count the cycles per phase."""
     _log_warnings_to_stderr()
     rng = random.Random(index)
-    ledger = Ledger(url)
-    ledger.reap()  # connected, schema checked, capacity cached before the clock starts
+    ledgers = [Ledger(url) for url in urls]
+    for ledger in ledgers:
+        ledger.reap()  # connected, schema checked, capacity cached before the clock starts
     ready.put(index)
     go.wait()
-    cycles, queued = 0, 0
+    # Phases 0..n-1 are measured, n..2n-1 warm-ups on ledger phase - n: counted apart.
+    cycles, queued = [0] * (2 * len(urls)), 0
     started = time.perf_counter()
-    while time.perf_counter() - started < seconds:
+    while (side := phase.value) >= 0:
+        ledger = ledgers[side % len(urls)]
         reservation = ledger.reserve(rng.choice(CLIENT_SHAPES), f"bench-client-{index}", ttl=60, timeout=30)
         queued += reservation.state is not ReservationState.GRANTED
         time.sleep(hold_s)
         ledger.release(reservation.id)
-        cycles += 1
+        cycles[side] += 1
     elapsed = time.perf_counter() - started
-    ledger.close()
+    for ledger in ledgers:
+        ledger.close()
     out.put({"cycles": cycles, "queued": queued, "elapsed": elapsed})
 
 
@@ -334,88 +350,159 @@ def run_queue_bench(
     hold_ms: float = 2.0,
     frees_per_s: float = 4.0,
     min_wakeups: int = 0,
+    baseline: bool = False,
+    phase_s: float = 1.0,
 ) -> dict[str, Any]:
     """Run the benchmark and return its numbers (see the module docstring).
 
     :param min_wakeups: after the clients stop, wait (freeing nodes) until this many waiters were
         woken, at most :data:`MIN_WAKEUPS_CEILING_S`; needs ``waiters``
+    :param baseline: interleave a run without waiters on a second ledger, ``phase_s`` seconds
+        at a time (``seconds`` each in all), and report its cycles and the ratio
     """
     if min_wakeups and not waiters:
         raise ConfigurationError("bench queue: --min-wakeups needs --waiters > 0 (someone to wake)")
     bench_schema = f"gpupool_qbench_{os.getpid()}"
-    bench_url = fresh_bench_url(url, bench_schema)
-    backend = make_url(bench_url).get_backend_name()
+    urls = [fresh_bench_url(url, bench_schema)]
+    if baseline:
+        urls.append(_baseline_url(url, urls[0], bench_schema))
+    backend = make_url(urls[0]).get_backend_name()
+    schemas = [bench_schema, f"{bench_schema}_baseline"][: len(urls)]
     if backend == "postgresql":
-        pg_bench_schema(url, bench_schema, create=True)
+        for name in schemas:
+            pg_bench_schema(url, name, create=True)
     try:
-        ledger = Ledger.create(bench_url)
-        ledger.upsert_nodes(_inventory(nodes))
-        fillers = _fill(ledger, nodes)
-        ids = _queue_waiters(ledger, waiters)
+        sides = _open_sides(urls, nodes, waiters)
+        ids = _queue_waiters(sides[0].ledger, waiters)
         ctx = mp.get_context("spawn")
         ready, out, go, stop = ctx.Queue(), ctx.Queue(), ctx.Event(), ctx.Event()
+        phase = ctx.Value("i", 0)
         woken_count = ctx.Value("i", 0)
-        waiting = ctx.Process(target=_waiters, args=(bench_url, ids, ready, stop, out, woken_count))
+        waiting = ctx.Process(target=_waiters, args=(urls[0], ids, ready, stop, out, woken_count))
         waiting.start()
         gather(ready, [waiting], timeout=600)
         procs = [
-            ctx.Process(target=_client, args=(bench_url, i, seconds, hold_ms / 1000, ready, go, out))
+            ctx.Process(target=_client, args=(urls, i, hold_ms / 1000, phase, ready, go, out))
             for i in range(clients)
         ]
         for p in procs:
             p.start()
         gather(ready, procs)
-        sessions = _Sessions(bench_url, backend)
+        sessions = _Sessions(urls[0], backend)
         go.set()
-        violations: list[str] = []
-        granted_nodes: list[str] = []
-        started = time.time()
-        next_check = started
-        turned_over = 0
-        while time.time() - started < seconds:
-            turn_over = _free_a_node if waiters else _turn_over_a_node
-            turned_over += turn_over(ledger, fillers, granted_nodes)
-            if time.time() >= next_check:
-                violations += ledger.check_invariants()
-                next_check += 1.0
-            time.sleep(1.0 / frees_per_s)
+        pause = Pause(waiting.pid if baseline else None)
+        violations = run_phases(
+            sides, phase, pause, seconds=seconds, phase_s=phase_s, frees_per_s=frees_per_s
+        )
         results = gather(out, procs)
+        first = sides[0]
         wakeup_wait = _await_wakeups(
-            ledger, fillers, granted_nodes, woken_count, min_wakeups=min_wakeups, frees_per_s=frees_per_s
+            first.ledger,
+            first.fillers,
+            first.granted_nodes,
+            woken_count,
+            min_wakeups=min_wakeups,
+            frees_per_s=frees_per_s,
         )
         stop.set()
         woken = gather(out, [waiting])[0]
         for p in [*procs, waiting]:
             p.join()
         connections = sessions.stop()
-        violations += ledger.check_invariants()
-        ledger.close()
+        for side in sides:
+            violations += side.ledger.check_invariants()
+            side.ledger.close()
     finally:
         if backend == "postgresql":
-            pg_bench_schema(url, bench_schema, create=False)
-    cycles = sum(r["cycles"] for r in results)
-    wall = max([r["elapsed"] for r in results] or [seconds])
+            for name in schemas:
+                pg_bench_schema(url, name, create=False)
+    return _answer(
+        sides,
+        results,
+        woken,
+        backend=backend,
+        waiters=waiters,
+        clients=clients,
+        nodes=nodes,
+        seconds=seconds,
+        waiter_wall_s=woken["wall_s"] - pause.stopped_s,
+        wakeup_wait_s=wakeup_wait,
+        connections=connections,
+        violations=violations,
+        phase_s=phase_s if baseline else None,
+    )
+
+
+def _answer(
+    sides: list[Side],
+    results: list[dict[str, Any]],
+    woken: dict[str, Any],
+    *,
+    backend: str,
+    waiters: int,
+    clients: int,
+    nodes: int,
+    seconds: float,
+    waiter_wall_s: float,
+    wakeup_wait_s: float,
+    connections: int | None,
+    violations: list[str],
+    phase_s: float | None,
+) -> dict[str, Any]:
+    cycles = [sum(r["cycles"][k] for r in results) for k in range(len(sides))]
+    # One run alone: the clients' own clocks, as before phases; interleaved: the phases' time.
+    wall = sides[0].spent if phase_s else max([r["elapsed"] for r in results] or [seconds])
     wakeups = woken["wakeups_ms"]
-    return {
+    answer = {
         "backend": backend,
         "waiters": waiters,
         "clients": clients,
         "nodes": nodes,
         "seconds": round(wall, 2),
-        "cycles": cycles,
-        "cycles_per_s": round(cycles / wall, 1),
+        "cycles": cycles[0],
+        "cycles_per_s": round(cycles[0] / wall, 1),
         "queued": sum(r["queued"] for r in results),
         # Whole nodes freed and taken again while the clients ran (the same rate with or without waiters).
-        "nodes_turned_over": turned_over,
+        "nodes_turned_over": sides[0].turned_over,
         "wakeups": len(wakeups),
         # Seconds waited after the clients stopped: 1, or more while fewer than min_wakeups came.
-        "wakeup_wait_s": round(wakeup_wait, 2),
+        "wakeup_wait_s": round(wakeup_wait_s, 2),
         "wakeup_p50_ms": round(statistics.median(wakeups), 1) if wakeups else None,
         "wakeup_p99_ms": round(percentile(wakeups, 0.99), 1) if wakeups else None,
         "connections_max": connections,
-        # The waiter process's CPU over the run, in % of one core (re-queueing granted waiters included).
-        "waiter_cpu_percent": round(100 * woken["cpu_s"] / woken["wall_s"], 1) if woken["wall_s"] else None,
+        # The waiter process's CPU while it ran, in % of one core (re-queueing granted waiters included).
+        "waiter_cpu_percent": round(100 * woken["cpu_s"] / waiter_wall_s, 1) if waiter_wall_s > 0 else None,
         "violations": len(violations),
         "violation_examples": violations[:5],
         "cpu_count": os.cpu_count(),
     }
+    if phase_s:
+        rest = sides[1]
+        answer["baseline_cycles_per_s"] = round(cycles[1] / rest.spent, 1)
+        answer["baseline_nodes_turned_over"] = rest.turned_over
+        answer["ratio"] = round(cycles[0] / wall / (cycles[1] / rest.spent), 3) if cycles[1] else None
+        answer["phase_s"] = phase_s
+    return answer
+
+
+def _open_sides(urls: list[str], nodes: int, waiters: int) -> list[Side]:
+    """A ledger per URL, filled; with waiters a freed node goes to the first of them (first URL
+    only), without, a whole-node task takes it."""
+    sides = []
+    for k, side_url in enumerate(urls):
+        ledger = Ledger.create(side_url)
+        ledger.upsert_nodes(_inventory(nodes))
+        turn_over = _free_a_node if waiters and k == 0 else _turn_over_a_node
+        sides.append(Side(ledger, _fill(ledger, nodes), turn_over))
+    return sides
+
+
+def _baseline_url(url: str, bench_url: str, bench_schema: str) -> str:
+    """The second ledger of an interleaved run: a schema of its own, or a file beside the first."""
+    parsed = make_url(bench_url)
+    if parsed.get_backend_name() == "postgresql":
+        return fresh_bench_url(url, f"{bench_schema}_baseline")
+    path = Path(parsed.database or "")
+    return fresh_bench_url(
+        str(parsed.set(database=str(path.with_name(f"{path.stem}-baseline{path.suffix}")))), ""
+    )

@@ -68,12 +68,14 @@ def cmd_bench_queue(args: argparse.Namespace) -> int:
         seconds=args.seconds,
         nodes=args.nodes,
         min_wakeups=args.min_wakeups,
+        baseline=args.baseline,
+        phase_s=args.phase_s,
     )
     if args.json:
         print(json.dumps(result, sort_keys=True))
     else:
         for key, value in result.items():
-            print(f"{key:>20}: {value}")
+            print(f"{key:>22}: {value}")
     return 1 if result["violations"] else 0
 
 
@@ -173,6 +175,15 @@ def register(subparsers: Any) -> None:
         default=0,
         help="after the measured window, keep freeing nodes (clients stopped) until this many waiters "
         "were woken, at most 120 s more; wakeup_wait_s says how long (default: 0, wait 1 s)",
+    )
+    p.add_argument(
+        "--baseline",
+        action="store_true",
+        help="interleave a run without waiters on a second ledger, in phases of --phase-s, and report "
+        "baseline_cycles_per_s and ratio: both runs see the machine's load alike (--seconds each)",
+    )
+    p.add_argument(
+        "--phase-s", type=number(0, above=True), default=1.0, help="seconds per phase with --baseline (> 0)"
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_bench_queue)

@@ -58,9 +58,35 @@ def test_bench_queue_turns_nodes_over_without_waiters_as_with_them(
     assert result["nodes_turned_over"] >= 2  # four a second for about 2 s, on a loaded machine
 
 
+def test_bench_queue_baseline_interleaves_a_run_without_waiters_on_a_second_ledger(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"sqlite:///{tmp_path / 'paired.db'}"
+    args = ["bench", "queue", "--url", url, "--waiters", "10", "--clients", "1", "--seconds", "2"]
+    assert main([*args, "--nodes", "4", "--baseline", "--phase-s", "0.5", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (tmp_path / "paired-baseline.db").exists()  # the baseline's own ledger, beside the first
+    assert result["violations"] == 0  # both ledgers checked
+    assert result["phase_s"] == 0.5
+    # Each run measured for its 2 s (warm-up phases not counted), cycles on both.
+    assert 2.0 <= result["seconds"] < 3.0
+    assert result["cycles"] > 0 and result["baseline_cycles_per_s"] > 0
+    assert result["ratio"] == pytest.approx(
+        result["cycles_per_s"] / result["baseline_cycles_per_s"], rel=0.01
+    )
+    assert result["nodes_turned_over"] >= 2 and result["baseline_nodes_turned_over"] >= 2
+
+
 @pytest.mark.parametrize(
     ("flag", "value"),
-    [("--waiters", "-1"), ("--clients", "0"), ("--seconds", "0"), ("--nodes", "0"), ("--min-wakeups", "-1")],
+    [
+        ("--waiters", "-1"),
+        ("--clients", "0"),
+        ("--seconds", "0"),
+        ("--nodes", "0"),
+        ("--min-wakeups", "-1"),
+        ("--phase-s", "0"),
+    ],
 )
 def test_bench_queue_refuses_out_of_range_arguments(
     tmp_path: Path, flag: str, value: str, capsys: pytest.CaptureFixture[str]
