@@ -8,14 +8,15 @@ second and ratios, then their median and mean.
 With ``--interleaved`` each round is instead two interleaved runs (``bench queue --baseline``:
 the run and its baseline without waiters in turns on two ledgers, so both see the machine's
 load alike): N waiters against none, and none against none, whose ratio shows what is left of
-the noise (it should be 1).
+the noise (it should be 1). Its phases last ``--phase-s`` (5 s: about 20 nodes turned over each,
+so a phase spans many of the waiters' grant, wake-up and new-request turns).
 
 Usage (``PYTHONPATH`` names the tree to measure)::
 
     PYTHONPATH=. python benchmarks/queue_ratio.py --url postgresql://postgres@127.0.0.1:5432/test_queue --clients 8
     PYTHONPATH=. python benchmarks/queue_ratio.py --url sqlite:////tmp/qr.db --clients 4
     PYTHONPATH=. python benchmarks/queue_ratio.py --url postgresql://postgres@127.0.0.1:5432/test_queue \
-        --clients 8 --seconds 20 --interleaved
+        --clients 8 --seconds 20 --interleaved --phase-s 5
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--interleaved", action="store_true", help="each round: two runs with --baseline")
+    parser.add_argument("--phase-s", type=float, default=5.0, help="seconds per phase with --interleaved")
     args = parser.parse_args()
     if args.interleaved:
         _interleaved(args)
@@ -85,7 +87,8 @@ def main() -> None:
 def _interleaved(args: argparse.Namespace) -> None:
     many, ratios, noise = args.waiters, [], []
     for _ in range(args.rounds):
-        runs = {w: _run(args.url, w, args.clients, args.seconds, "--baseline") for w in (many, 0)}
+        phases = ("--baseline", "--phase-s", str(args.phase_s))
+        runs = {w: _run(args.url, w, args.clients, args.seconds, *phases) for w in (many, 0)}
         ratios.append(runs[many]["ratio"])
         noise.append(runs[0]["ratio"])
         line = {

@@ -4,19 +4,23 @@ On a shared machine two runs of one tree, one after the other, differ by a facto
 a ratio of two such runs says little. Runs in phases of a second or two, A B B A over and over,
 see the same load over time, and their ratio moves by a few points (`gpupool bench queue
 --baseline`, which compares a run with waiters to one without).
+
+Whatever else a run starts (the bench's waiter process) runs through both runs' phases: stopping
+it outside its own (SIGSTOP, tried until 2026-12-04) changed what it measured. The waiters then
+answered a phase's grants in bursts as the next of their phases began, and with one waiter the
+run turned over 51 nodes in 20 s instead of 75: the ratio came out 1.0 where runs without the
+pause gave 0.85-0.94.
 """
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from airflow_gpupool.ledger import Ledger
 
-__all__ = ["Pause", "Side", "TurnOver", "run_phases"]
+__all__ = ["Side", "TurnOver", "run_phases"]
 
 #: Frees a whole node of the ledger (from the fillers, or a node granted before): False if none is left.
 TurnOver = Callable[[Ledger, dict[str, list[str]], list[str]], bool]
@@ -52,26 +56,8 @@ def phases(sides: int) -> Iterator[tuple[int, bool]]:
         yield from ((0, True), (1, True), (1, True), (0, True))
 
 
-class Pause:
-    """Stops the waiter process outside its run's phases (interleaved runs only), so all its work
-    counts there; counts the seconds it was stopped."""
-
-    def __init__(self, pid: int | None) -> None:
-        self._pid = pid
-        self._stopped = False
-        self.stopped_s = 0.0
-
-    def run_only(self, running: bool) -> None:
-        if self._pid is not None:
-            os.kill(self._pid, signal.SIGCONT if running else signal.SIGSTOP)
-            self._stopped = not running
-
-    def count(self, seconds: float) -> None:
-        self.stopped_s += seconds * self._stopped
-
-
 def run_phases(
-    sides: list[Side], phase: Any, pause: Pause, *, seconds: float, phase_s: float, frees_per_s: float
+    sides: list[Side], phase: Any, *, seconds: float, phase_s: float, frees_per_s: float
 ) -> list[str]:
     """Let the clients cycle on each side in its turns (``seconds`` each in all), turning nodes
     over there meanwhile; return the invariant violations seen once a second."""
@@ -83,7 +69,6 @@ def run_phases(
             break
         if measured and side.spent >= seconds:
             continue
-        pause.run_only(turn == 0)
         phase.value = turn if measured else turn + len(sides)
         began = time.time()
         end = began + min(phase_s if len(sides) > 1 else seconds, seconds - side.spent)
@@ -95,7 +80,5 @@ def run_phases(
                 next_check += 1.0
             time.sleep(max(0.0, min(1.0 / frees_per_s, end - time.time())))
         side.spent += (time.time() - began) * measured
-        pause.count(time.time() - began)
     phase.value = -1
-    pause.run_only(True)
     return violations
