@@ -56,76 +56,24 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import create_engine, insert, select, text
+from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from airflow_gpupool import settings
 from airflow_gpupool.bench.ledger_bench import fresh_bench_url, gather, percentile, pg_bench_schema
 from airflow_gpupool.bench.phases import Side, run_phases
+from airflow_gpupool.bench.queue_pool import WAIT_S, WAITER_SHAPE, free_a_node, open_sides, queue_waiters
 from airflow_gpupool.exceptions import ConfigurationError
-from airflow_gpupool.ledger import Ledger, ReservationState, schema
+from airflow_gpupool.ledger import Ledger, ReservationState
 from airflow_gpupool.ledger.engine import normalize_url
-from airflow_gpupool.ledger.ledger import Tx
-from airflow_gpupool.resources import GpuDevice, GpuRequest, NodeInventory
+from airflow_gpupool.resources import GpuRequest
 
 __all__ = ["run_queue_bench"]
 
-GPUS_PER_NODE = 8
 #: What the clients cycle: one GPU, or half of one.
 CLIENT_SHAPES = (GpuRequest(gpus=1, cpu_milli=4000, memory_mib=16384), GpuRequest(gpu_milli=500))
-#: What waits: a whole node, which only a freed node can take.
-WAITER_SHAPE = GpuRequest(gpus=GPUS_PER_NODE, cpu_milli=32000, memory_mib=131072)
-_NODE_LABEL = "bench.gpupool.io/node"
-_WAIT_S = 3600.0
 #: How long past the measured window the bench waits for ``min_wakeups`` wake-ups at most.
 MIN_WAKEUPS_CEILING_S = 120.0
-
-
-def _inventory(count: int) -> list[NodeInventory]:
-    return [
-        NodeInventory(
-            f"q-{i:04d}",
-            128000,
-            1048576,
-            tuple(GpuDevice(g, f"GPU-q{i}-{g}", "A100-SXM4-80GB", 81920) for g in range(GPUS_PER_NODE)),
-            labels=((_NODE_LABEL, f"q-{i:04d}"),),
-        )
-        for i in range(count)
-    ]
-
-
-def _queue_waiters(ledger: Ledger, count: int) -> list[str]:
-    """Queue ``count`` whole-node requests in one transaction: what ``count`` reserves on a full
-    pool leave (waiting, no overtakes), without the setup costing one reserve per request."""
-    ids = [f"waiter-{i:06d}" for i in range(count)]
-    request = WAITER_SHAPE.to_dict()
-
-    def run(tx: Tx) -> None:
-        import json
-
-        rows = [
-            {
-                "id": rid,
-                "holder": "bench-waiter",
-                "request": json.dumps(request, sort_keys=True),
-                "priority": 0,
-                "seq": tx.version,
-                "state": "waiting",
-                "team": WAITER_SHAPE.team,
-                "workload_class": WAITER_SHAPE.workload_class.value,
-                "created_at": tx.now,
-                "deadline": tx.now + _WAIT_S,
-                "ttl": _WAIT_S,
-                "overtakes": 0,
-            }
-            for rid in ids
-        ]
-        if rows:
-            tx.conn.execute(insert(schema.reservations), rows)
-        tx.dirty = True
-
-    ledger.write(run)
-    return ids
 
 
 def _waiters(url: str, ids: list[str], ready: Any, stop: Any, out: Any, woken: Any) -> None:
@@ -159,7 +107,7 @@ def _waiters(url: str, ids: list[str], ready: Any, stop: Any, out: Any, woken: A
         tasks = {asyncio.create_task(watch(rid)) for rid in ids}
         started = time.monotonic()
         # The clock starts once every trigger has read its request and waits in the room.
-        while len(room) < len(ids) and time.monotonic() - started < _WAIT_S:
+        while len(room) < len(ids) and time.monotonic() - started < WAIT_S:
             ended = [t for t in tasks if t.done()]
             if ended:  # a trigger that failed or fired before the clock would leave the room short forever
                 ended[0].result()
@@ -179,8 +127,8 @@ def _waiters(url: str, ids: list[str], ready: Any, stop: Any, out: Any, woken: A
                     ledger.reserve,
                     WAITER_SHAPE,
                     "bench-waiter",
-                    ttl=_WAIT_S,
-                    timeout=_WAIT_S,
+                    ttl=WAIT_S,
+                    timeout=WAIT_S,
                     reservation_id=rid,
                 )
                 tasks.add(asyncio.create_task(watch(rid)))
@@ -276,51 +224,6 @@ class _Sessions:
         return self.most
 
 
-def _fill(ledger: Ledger, nodes: int) -> dict[str, list[str]]:
-    """Hold all GPUs but one of every node, whatever the policy; return the fillers by node."""
-    fillers: dict[str, list[str]] = {}
-    for node in _inventory(nodes):
-        filler = GpuRequest(gpus=1, cpu_milli=1000, memory_mib=1024, node_labels=node.labels)
-        for _ in range(GPUS_PER_NODE - 1):
-            fillers.setdefault(node.name, []).append(ledger.reserve(filler, "bench-filler", ttl=_WAIT_S).id)
-    return fillers
-
-
-def _free_a_node(ledger: Ledger, fillers: dict[str, list[str]], granted_nodes: list[str]) -> bool:
-    """Free one whole node: the node a waiter was granted before, else a filler node; False: none left."""
-    r = schema.reservations.c
-    # The waiters' grants only, read as rows: the bench's own reads stay small beside the clients'.
-    query = select(r.id, r.node).where(r.state == ReservationState.GRANTED.value, r.holder == "bench-waiter")
-    granted = ledger.read(lambda conn: conn.execute(query).all())
-    for row in granted:
-        if row.node not in granted_nodes:
-            granted_nodes.append(row.node)
-    if len(granted_nodes) > 1:  # keep the newest waiter's node held a while: it is being woken
-        node = granted_nodes.pop(0)
-        for row in granted:
-            if row.node == node:
-                ledger.release(row.id, reason="bench: the waiter's work is done")
-        return True
-    for node, ids in fillers.items():
-        if ids:
-            for rid in ids:
-                ledger.release(rid, reason="bench: node freed for a waiter")
-            ids.clear()
-            del fillers[node]
-            return True
-    return False
-
-
-def _turn_over_a_node(ledger: Ledger, fillers: dict[str, list[str]], granted_nodes: list[str]) -> bool:
-    """Free a whole node and take it with a whole-node task, as a run with waiters does (no queue)."""
-    if not _free_a_node(ledger, fillers, granted_nodes):
-        return False
-    task = ledger.reserve(WAITER_SHAPE, "bench-waiter", ttl=_WAIT_S, timeout=_WAIT_S)
-    if task.state is not ReservationState.GRANTED:  # a client took a GPU of it first: no waiting here
-        ledger.release(task.id, reason="bench: the node was taken first")
-    return True
-
-
 def _await_wakeups(
     ledger: Ledger,
     fillers: dict[str, list[str]],
@@ -338,7 +241,7 @@ def _await_wakeups(
         if waited >= 1.0 and (woken.value >= min_wakeups or waited >= MIN_WAKEUPS_CEILING_S):
             return waited
         if woken.value < min_wakeups:
-            _free_a_node(ledger, fillers, granted_nodes)
+            free_a_node(ledger, fillers, granted_nodes)
         time.sleep(1.0 / frees_per_s)
 
 
@@ -374,8 +277,8 @@ def run_queue_bench(
         for name in schemas:
             pg_bench_schema(url, name, create=True)
     try:
-        sides = _open_sides(urls, nodes, waiters)
-        ids = _queue_waiters(sides[0].ledger, waiters)
+        sides = open_sides(urls, nodes, waiters)
+        ids = queue_waiters(sides[0].ledger, waiters)
         ctx = mp.get_context("spawn")
         ready, out, go, stop = ctx.Queue(), ctx.Queue(), ctx.Event(), ctx.Event()
         phase = ctx.Value("i", 0)
@@ -482,18 +385,6 @@ def _answer(
         answer["ratio"] = round(cycles[0] / wall / (cycles[1] / rest.spent), 3) if cycles[1] else None
         answer["phase_s"] = phase_s
     return answer
-
-
-def _open_sides(urls: list[str], nodes: int, waiters: int) -> list[Side]:
-    """A ledger per URL, filled; with waiters a freed node goes to the first of them (first URL
-    only), without, a whole-node task takes it."""
-    sides = []
-    for k, side_url in enumerate(urls):
-        ledger = Ledger.create(side_url)
-        ledger.upsert_nodes(_inventory(nodes))
-        turn_over = _free_a_node if waiters and k == 0 else _turn_over_a_node
-        sides.append(Side(ledger, _fill(ledger, nodes), turn_over))
-    return sides
 
 
 def _baseline_url(url: str, bench_url: str, bench_schema: str) -> str:
