@@ -19,7 +19,9 @@ the queue alone:
   spent. A grant of a request at or below it overtakes that request: the grant counts one
   overtake of each waiting request at or above its priority whose budget is not spent, as a
   pass would (``bound`` overtakes spend a budget). One above it overtakes only spent requests,
-  whose count no longer moves;
+  whose count no longer moves. A grant that spends a budget lowers it to the highest priority
+  still unspent (a request queued without a pass raises it), so once every budget is spent,
+  grants stop counting;
 - ``hold_priority`` and ``hold_seq``: the service order of the request the pass held a node for.
   A request that spends its budget behind it changes nothing a pass decides (a pass holds one
   node, for the first spent request in service order), so the gate stays open; one that spends
@@ -48,7 +50,7 @@ from dataclasses import dataclass, replace
 from airflow_gpupool.placement.snapshot import NodeState
 from airflow_gpupool.resources import MILLI_PER_GPU, GpuRequest
 
-__all__ = ["GATE_KEYS", "NO_WAITER", "QueueGate"]
+__all__ = ["ALL_SPENT", "GATE_KEYS", "NO_WAITER", "QueueGate"]
 
 #: ``min_gpus`` and ``min_milli`` when no waiting request asks for whole GPUs, or a fraction.
 NO_WAITER = 1 << 30

@@ -14,9 +14,9 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import func, insert, select, update
 
 from airflow_gpupool import settings
 from airflow_gpupool.exceptions import (
@@ -29,7 +29,7 @@ from airflow_gpupool.exceptions import (
 from airflow_gpupool.ledger import gangs, records, schema
 from airflow_gpupool.ledger.admission import governed
 from airflow_gpupool.ledger.cycle import WriteCycle
-from airflow_gpupool.ledger.gate import QueueGate
+from airflow_gpupool.ledger.gate import ALL_SPENT, QueueGate
 from airflow_gpupool.ledger.holds import held_nodes
 from airflow_gpupool.ledger.models import Grant, ReleaseResult, Reservation, ReservationState
 from airflow_gpupool.ledger.preempting import victims_exist
@@ -272,7 +272,15 @@ class LedgerGrants:
         ).all()
         spent = [row for row in counted if row.overtakes >= bound]
         tx.spent_changed |= bool(spent)
-        return not all(gate.behind_hold(row.priority, row.seq) for row in spent)
+        ahead = not all(gate.behind_hold(row.priority, row.seq) for row in spent)
+        if spent and not ahead:
+            # The gate stays open: its unspent priority comes down to what is left unspent, so
+            # later grants skip the count while nothing is (as ``gpupool_take`` does).
+            left = tx.conn.execute(
+                select(func.max(r.priority)).where(r.state == WAITING, r.overtakes < bound)
+            ).scalar_one()
+            tx.gate = replace(gate, unspent_priority=ALL_SPENT if left is None else int(left))
+        return ahead
 
     def _insert_waiting(self, tx: Tx, args: ReserveArgs) -> None:
         """Queue the request (a pass, or the caller, then grants it or leaves it waiting)."""

@@ -237,6 +237,11 @@ def _v15(op: Operations, conn: Connection) -> None:
         pg_functions.reinstall(conn)
 
 
+def _v16(op: Operations, conn: Connection) -> None:
+    if conn.dialect.name == "postgresql":  # a grant that spends the last unspent budget lowers the gate's key
+        pg_functions.install(conn)
+
+
 def sql_literal(value: object) -> Any:
     """Return the server default that fills a migrated column on existing rows (a SQL literal)."""
     if isinstance(value, bool):
@@ -278,6 +283,11 @@ MIGRATIONS: tuple[Migration, ...] = (
         "PostgreSQL: a release that empties a node the queue's first request fits hands it over without "
         "the exclusive lock",
         _v15,
+    ),
+    Migration(
+        16,
+        "PostgreSQL: grants stop counting overtakes once no waiting request's budget is left unspent",
+        _v16,
     ),
 )
 LATEST = MIGRATIONS[-1].version

@@ -1,7 +1,8 @@
 """PostgreSQL functions of the ledger's concurrent path (schema v3; v5 measures on the database's clock;
 v7 skips quarantined GPUs; v13 passes waiting requests as the queue gate allows, :mod:`.gate`;
 v14 queues a request that fits no node and leaves the gate as it is; v15 hands an emptied node to
-the queue's first request).
+the queue's first request; v16 lowers the gate's unspent priority when a grant spends the last
+unspent budget).
 
 A grant or release that needs no queue decision does not have to wait for every other
 writer: it takes the ledger lock in *shared* mode, locks only its node's row, and commits
@@ -190,6 +191,14 @@ BEGIN
             END IF;
             INSERT INTO gpupool_meta (key, value) VALUES ('spent_queue_version', v_xid)
             ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value;
+            -- The gate's unspent priority comes down to what is left unspent, so later grants skip
+            -- the count while nothing is. Read once its row is locked: a request queued meanwhile
+            -- (gpupool_wait raises the key after its row) is then seen, or raises it after this.
+            PERFORM 1 FROM gpupool_meta WHERE key = 'queue_gate_unspent_priority' FOR UPDATE;
+            UPDATE gpupool_meta SET value = coalesce(
+                (SELECT max(priority) FROM gpupool_reservations WHERE state = 'waiting' AND overtakes < v_bound),
+                -4611686018427387904)
+            WHERE key = 'queue_gate_unspent_priority';
         END IF;
     END IF;
     outcome := 'granted';

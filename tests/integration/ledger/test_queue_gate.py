@@ -20,7 +20,7 @@ from hypothesis.stateful import invariant, rule
 from sqlalchemy import select
 
 from airflow_gpupool.ledger import Ledger, ReservationState, schema
-from airflow_gpupool.ledger.gate import QueueGate
+from airflow_gpupool.ledger.gate import ALL_SPENT, QueueGate
 from airflow_gpupool.ledger.store import Tx
 from airflow_gpupool.resources import GpuRequest
 from tests.integration.ledger.test_ledger_properties import ReservingMachine, run_ledger_machine
@@ -74,6 +74,22 @@ class QueueGateMachine(ReservingMachine):
         # Open, the gate names the request a pass holds a node for: no spent one comes before it.
         for priority, seq in spent:
             assert gate.behind_hold(priority, seq) or (priority, seq) == (gate.hold_priority, gate.hold_seq)
+
+    @invariant()
+    def an_open_gate_counts_overtakes_of_every_unspent_request(self) -> None:
+        gate = QueueGate.from_meta(meta(self.ledger))
+        if not gate.open:
+            return
+        r = schema.reservations.c
+        unspent = self.ledger.read(
+            lambda conn: (
+                conn.execute(select(r.priority).where(r.state == "waiting", r.overtakes < gate.bound))
+                .scalars()
+                .all()
+            )
+        )
+        # Grants past the queue count overtakes only at or below the gate's unspent priority.
+        assert all(priority <= gate.unspent_priority for priority in unspent)
 
 
 class _RolledBack(Exception):
@@ -219,6 +235,21 @@ def test_a_request_that_fits_nowhere_waits_and_spends_its_budget_behind_the_hold
             pool.release(pool.reserve(GpuRequest(gpus=1), "small", reservation_id=f"small-{i}").id)
     assert queue_work == []
     assert pool.get("late").state is WAITING and held_for(pool) == hold
+    assert pass_would_grant(pool) == ()
+
+
+def test_a_grant_that_spends_the_last_unspent_budget_tells_later_grants_to_stop_counting(
+    pool: Ledger,
+) -> None:
+    assert QueueGate.from_meta(meta(pool)).unspent_priority == ALL_SPENT  # the fixture's grants spent all
+    assert pool.reserve(GpuRequest(gpus=8), "big", reservation_id="late").state is WAITING
+    assert QueueGate.from_meta(meta(pool)).unspent_priority == 0  # queued unspent: grants count it
+    pool.release(pool.reserve(GpuRequest(gpus=1), "small", reservation_id="spends").id)
+    r = schema.reservations.c
+    overtakes = pool.read(lambda conn: conn.execute(select(r.overtakes).where(r.id == "late")).scalar_one())
+    assert overtakes == 1  # its budget of one, spent behind the held request: the gate stays open
+    gate = QueueGate.from_meta(meta(pool))
+    assert gate.open and gate.unspent_priority == ALL_SPENT
     assert pass_would_grant(pool) == ()
 
 
