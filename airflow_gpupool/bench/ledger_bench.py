@@ -21,7 +21,7 @@ from sqlalchemy.engine import make_url
 
 from airflow_gpupool.exceptions import ConfigurationError
 from airflow_gpupool.ledger import Ledger, ReservationState
-from airflow_gpupool.ledger.engine import normalize_url
+from airflow_gpupool.ledger.engine import normalize_url, transient_retry
 from airflow_gpupool.resources import GpuDevice, GpuRequest, MigSlice, NodeInventory, WorkloadClass
 
 #: Mixed request shapes: whole GPUs, fractions (with and without GPU memory) and MIG slices.
@@ -81,6 +81,7 @@ def fresh_bench_url(url: str, bench_schema: str) -> str:
     return url
 
 
+@transient_retry  # a URL the server turns away says so, typed, instead of a driver's traceback
 def pg_bench_schema(url: str, bench_schema: str, create: bool) -> None:
     engine = create_engine(normalize_url(url))
     with engine.begin() as conn:

@@ -24,6 +24,7 @@ from :class:`KeyError`), so ``except ValueError`` keeps working::
     ├── LedgerSchemaError                  the ledger database is missing or at another schema version
     ├── LedgerBusyError                    the ledger: the write lock was not free within ``lock_timeout_seconds``
     ├── LedgerUnavailableError             the ledger: the database stayed unreachable past the retry budget
+    ├── LedgerConnectionRefusedError       the ledger: the server refused the connection (no such database or role)
     ├── StaleCacheError                    inside a ledger write only: the capacity copy was wrong; redone
     ├── CheckpointStalledError             CheckpointSensor: no new checkpoint within ``max_interval``
     ├── UnverifiedGpuUuidError             the ``device`` binding: no node agent has reported the GPUs' UUIDs yet
@@ -62,6 +63,7 @@ from airflow_gpupool.exceptions.ledger import (
     GrantPreemptedError,
     LeaseExpiredError,
     LedgerBusyError,
+    LedgerConnectionRefusedError,
     LedgerSchemaError,
     LedgerUnavailableError,
     NoCapacityError,
@@ -112,6 +114,7 @@ __all__ = [
     "LeaseExpiredError",
     "LeaseLostError",
     "LedgerBusyError",
+    "LedgerConnectionRefusedError",
     "LedgerSchemaError",
     "LedgerUnavailableError",
     "NoCapacityError",

@@ -144,6 +144,22 @@ class LedgerUnavailableError(GpuPoolError):
         )
 
 
+class LedgerConnectionRefusedError(GpuPoolError):
+    """The ledger's database server refused the connection for a reason no retry changes: the
+    database or the role does not exist, or the server did not accept the credentials.
+
+    :param cause: the server's answer, in words (never the password)
+    """
+
+    def __init__(self, cause: str) -> None:
+        self.cause = cause
+        super().__init__(
+            f"the GPU ledger's database refused the connection: {cause}. Fix the ledger URL "
+            "(--url, GPUPOOL_LEDGER_URL, the gpupool_default connection or [gpupool] ledger_url), "
+            "or create what it names (for a database: createdb); retrying would not help"
+        )
+
+
 class StaleCacheError(GpuPoolError):
     """A conditional update found less capacity than this process's copy said.
 

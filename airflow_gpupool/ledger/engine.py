@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import re
 import socket
 import sqlite3
 from collections.abc import Callable, Iterator
@@ -20,7 +21,12 @@ from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from tenacity import Retrying, before_sleep_log, retry_if_exception, stop_after_delay, wait_exponential_jitter
 
 from airflow_gpupool import settings
-from airflow_gpupool.exceptions import ConfigurationError, LedgerBusyError, LedgerUnavailableError
+from airflow_gpupool.exceptions import (
+    ConfigurationError,
+    LedgerBusyError,
+    LedgerConnectionRefusedError,
+    LedgerUnavailableError,
+)
 from airflow_gpupool.redact import redact_url
 
 log = logging.getLogger(__name__)
@@ -38,6 +44,11 @@ _SQLITE_BUSY_CODES = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
 _PG_TRANSIENT = ("40001", "40P01", "57P01", "57P02", "57P03", "25P03", "08")
 # lock_not_available (lock_timeout), query_canceled (statement_timeout)
 _PG_BUSY = {"55P03", "57014"}
+# What the server answers a connection no retry will let in (libpq gives these no SQLSTATE).
+_PG_REFUSED = re.compile(
+    r"FATAL:\s+(database \"[^\"]*\" does not exist|role \"[^\"]*\" does not exist"
+    r"|password authentication failed[^\n]*|no pg_hba\.conf entry[^\n]*)"
+)
 
 
 def normalize_url(url: str) -> str:
@@ -271,6 +282,8 @@ class Kind(Enum):
     BUSY = "busy"
     #: a lost or refused connection, a server restarting, a serialization failure: run it again
     TRANSIENT = "transient"
+    #: the server turned the connection away: no such database or role, or bad credentials
+    REFUSED = "refused"
 
 
 def classify(error: BaseException) -> Kind | None:
@@ -285,7 +298,9 @@ def classify(error: BaseException) -> Kind | None:
         return Kind.BUSY
     if error.connection_invalidated or sqlstate.startswith(_PG_TRANSIENT):
         return Kind.TRANSIENT
-    return Kind.TRANSIENT if isinstance(error, OperationalError) and not sqlstate else None
+    if isinstance(error, OperationalError) and not sqlstate:
+        return Kind.REFUSED if _PG_REFUSED.search(str(orig)) else Kind.TRANSIENT
+    return None
 
 
 def is_transient(error: BaseException) -> bool:
@@ -308,14 +323,20 @@ def _cause(error: BaseException) -> str:
     return f"{type(orig).__name__}: {text[0] if text else ''}"
 
 
+def _refused(error: DBAPIError) -> LedgerConnectionRefusedError:
+    found = _PG_REFUSED.search(str(error.orig))
+    return LedgerConnectionRefusedError(found.group(1) if found else _cause(error))
+
+
 def transient_retry(fn: Callable[P, T]) -> Callable[P, T]:
     """Retry ``fn`` on transient database errors, with jittered backoff, for a bounded time.
 
     Errors come out typed, never as SQLAlchemy's or the driver's: a lock that stays taken
     past ``[gpupool] lock_timeout_seconds`` is :class:`LedgerBusyError` (not retried: the
     wait was already that long); a connection that stays lost for ``[gpupool]
-    ledger_retry_seconds`` is :class:`LedgerUnavailableError`. The first call runs bare: on
-    the hot path a retry policy costs more than the call.
+    ledger_retry_seconds`` is :class:`LedgerUnavailableError`; one the server turns away for good
+    (no such database or role, bad credentials) is :class:`LedgerConnectionRefusedError` at once.
+    The first call runs bare: on the hot path a retry policy costs more than the call.
     """
 
     @functools.wraps(fn)
@@ -328,6 +349,8 @@ def transient_retry(fn: Callable[P, T]) -> Callable[P, T]:
                 raise
             if kind is Kind.BUSY:
                 raise _busy(error, args[0] if args else None) from error
+            if kind is Kind.REFUSED:
+                raise _refused(error) from error
             log.warning("Transient database error in %s, retrying: %s", fn.__qualname__, _cause(error))
         return _retrying(fn, *args, **kwargs)
 
@@ -351,4 +374,6 @@ def _retrying(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
             raise _busy(error, args[0] if args else None) from error
         if kind is Kind.TRANSIENT:
             raise LedgerUnavailableError(budget, _cause(error)) from error
+        if kind is Kind.REFUSED:
+            raise _refused(error) from error
         raise

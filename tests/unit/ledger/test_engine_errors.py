@@ -46,3 +46,18 @@ def test_errors_of_the_callers_own_making_are_neither() -> None:
     assert classify(wrapped(pg_errors.UniqueViolation("duplicate key"))) is None
     assert classify(wrapped(sqlite_error("no such table: x", sqlite3.SQLITE_ERROR))) is None
     assert classify(ValueError("not a database error")) is None
+
+
+def test_a_server_that_turns_the_connection_away_for_good_is_refused_not_retried() -> None:
+    for answer in (
+        'FATAL:  database "ledger" does not exist',
+        'FATAL:  role "airflow" does not exist',
+        'FATAL:  password authentication failed for user "airflow"',
+        'FATAL:  no pg_hba.conf entry for host "10.0.0.7", user "airflow", database "ledger", no encryption',
+    ):
+        message = f'connection failed: connection to server at "10.0.0.5", port 5432 failed: {answer}'
+        assert classify(wrapped(psycopg.OperationalError(message))) is Kind.REFUSED
+        assert not is_transient(wrapped(psycopg.OperationalError(message)))
+    # The server not up yet (or restarting) is worth the retries.
+    starting = "connection failed: FATAL:  the database system is starting up"
+    assert classify(wrapped(psycopg.OperationalError(starting))) is Kind.TRANSIENT
