@@ -46,10 +46,10 @@ class QueueGateMachine(ReservingMachine):
     def reserve(self, shape: dict[str, int], priority: int, ttl: int) -> None:
         self._reserve(GpuRequest(**shape, priority=priority), "h", ttl, 900)
 
-    @rule(priority=st.sampled_from([0, 3]))
+    @rule(priority=st.sampled_from([-1, 0, 3]))
     def reserve_a_whole_node(self, priority: int) -> None:
-        # Blocked while the pool is busy: spent by the next grant past it, held for, or (at
-        # priority 3) ahead of the request held for.
+        # Blocked while the pool is busy: spent by the next grant past it, held for, (at
+        # priority 3) ahead of the request held for, or (at -1) left unspent by grants at 0.
         self._reserve(GpuRequest(gpus=4, priority=priority), "big", 600, 900)
 
     @invariant()
@@ -61,35 +61,26 @@ class QueueGateMachine(ReservingMachine):
         assert pass_would_grant(self.ledger) == ()
 
     @invariant()
-    def an_open_gate_names_the_first_spent_request(self) -> None:
+    def an_open_gate_agrees_with_the_waiting_requests(self) -> None:
         gate = QueueGate.from_meta(meta(self.ledger))
         if not gate.open:
             return
         r = schema.reservations.c
-        spent = self.ledger.read(
+        waiting = self.ledger.read(
             lambda conn: conn.execute(
-                select(r.priority, r.seq).where(r.state == "waiting", r.overtakes >= gate.bound)
+                select(r.priority, r.seq, r.overtakes).where(r.state == "waiting")
             ).all()
         )
-        # Open, the gate names the request a pass holds a node for: no spent one comes before it.
-        for priority, seq in spent:
-            assert gate.behind_hold(priority, seq) or (priority, seq) == (gate.hold_priority, gate.hold_seq)
-
-    @invariant()
-    def an_open_gate_counts_overtakes_of_every_unspent_request(self) -> None:
-        gate = QueueGate.from_meta(meta(self.ledger))
-        if not gate.open:
-            return
-        r = schema.reservations.c
-        unspent = self.ledger.read(
-            lambda conn: (
-                conn.execute(select(r.priority).where(r.state == "waiting", r.overtakes < gate.bound))
-                .scalars()
-                .all()
-            )
-        )
-        # Grants past the queue count overtakes only at or below the gate's unspent priority.
-        assert all(priority <= gate.unspent_priority for priority in unspent)
+        for priority, seq, overtakes in waiting:
+            if overtakes >= gate.bound:
+                # The gate names the request a pass holds a node for: no spent one comes before it.
+                assert gate.behind_hold(priority, seq) or (priority, seq) == (
+                    gate.hold_priority,
+                    gate.hold_seq,
+                )
+            else:
+                # Grants past the queue count overtakes only at or below the gate's unspent priority.
+                assert priority <= gate.unspent_priority
 
 
 class _RolledBack(Exception):
@@ -245,12 +236,32 @@ def test_a_grant_that_spends_the_last_unspent_budget_tells_later_grants_to_stop_
     assert pool.reserve(GpuRequest(gpus=8), "big", reservation_id="late").state is WAITING
     assert QueueGate.from_meta(meta(pool)).unspent_priority == 0  # queued unspent: grants count it
     pool.release(pool.reserve(GpuRequest(gpus=1), "small", reservation_id="spends").id)
-    r = schema.reservations.c
-    overtakes = pool.read(lambda conn: conn.execute(select(r.overtakes).where(r.id == "late")).scalar_one())
-    assert overtakes == 1  # its budget of one, spent behind the held request: the gate stays open
+    assert (
+        overtakes(pool, "late") == 1
+    )  # its budget of one, spent behind the held request: the gate stays open
     gate = QueueGate.from_meta(meta(pool))
     assert gate.open and gate.unspent_priority == ALL_SPENT
     assert pass_would_grant(pool) == ()
+
+
+def test_a_grant_that_spends_a_budget_keeps_counting_the_unspent_ones_below_it(pool: Ledger) -> None:
+    # Two requests queue unspent, at priorities 0 and -1; a grant at priority 0 passes only the first.
+    for rid, priority in (("late", 0), ("lower", -1)):
+        assert pool.reserve(GpuRequest(gpus=8, priority=priority), "big", reservation_id=rid).state is WAITING
+    pool.release(pool.reserve(GpuRequest(gpus=1), "small", reservation_id="spends").id)
+    assert (overtakes(pool, "late"), overtakes(pool, "lower")) == (1, 0)
+    assert QueueGate.from_meta(meta(pool)).unspent_priority == -1
+    # A grant at priority -1 passes the lower one too: counted, as a pass would.
+    pool.release(pool.reserve(GpuRequest(gpus=1, priority=-1), "small", reservation_id="passes").id)
+    assert overtakes(pool, "lower") == 1
+    assert QueueGate.from_meta(meta(pool)).unspent_priority == ALL_SPENT
+    assert pass_would_grant(pool) == ()
+
+
+def overtakes(ledger: Ledger, reservation_id: str) -> int:
+    r = schema.reservations.c
+    query = select(r.overtakes).where(r.id == reservation_id)
+    return int(ledger.read(lambda conn: conn.execute(query).scalar_one()))
 
 
 def test_a_request_that_spends_its_budget_ahead_of_the_held_one_takes_the_hold(pool: Ledger) -> None:
