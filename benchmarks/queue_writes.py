@@ -28,7 +28,8 @@ from sqlalchemy import event, select
 
 from airflow_gpupool.bench import queue_bench as bench
 from airflow_gpupool.bench.ledger_bench import fresh_bench_url, pg_bench_schema
-from airflow_gpupool.ledger import Ledger, schema
+from airflow_gpupool.ledger import Ledger
+from airflow_gpupool.ledger.db import schema
 
 
 def _exclusive(statement: str) -> bool:

@@ -3,7 +3,7 @@
 ``gpupool agent run`` samples every GPU through ``nvidia-ml-py`` (:mod:`~airflow_gpupool.agent.collect`)
 and writes a heartbeat with the report to the ledger each interval (:mod:`~airflow_gpupool.agent.run`).
 The ledger verifies the GPUs' UUIDs from it, quarantines a failing GPU, finds memory leaks and
-idle grants (:mod:`airflow_gpupool.ledger.health`); the controller quarantines a node whose
+idle grants (:mod:`airflow_gpupool.ledger.nodes.health`); the controller quarantines a node whose
 heartbeats stop.
 """
 

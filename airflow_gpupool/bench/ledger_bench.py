@@ -21,7 +21,7 @@ from sqlalchemy.engine import make_url
 
 from airflow_gpupool.exceptions import ConfigurationError
 from airflow_gpupool.ledger import Ledger, ReservationState
-from airflow_gpupool.ledger.engine import normalize_url, transient_retry
+from airflow_gpupool.ledger.db.engine import normalize_url, transient_retry
 from airflow_gpupool.resources import GpuDevice, GpuRequest, MigSlice, NodeInventory, WorkloadClass
 
 #: Mixed request shapes: whole GPUs, fractions (with and without GPU memory) and MIG slices.

@@ -65,7 +65,7 @@ from airflow_gpupool.bench.phases import Side, run_phases
 from airflow_gpupool.bench.queue_pool import WAIT_S, WAITER_SHAPE, free_a_node, open_sides, queue_waiters
 from airflow_gpupool.exceptions import ConfigurationError
 from airflow_gpupool.ledger import Ledger, ReservationState
-from airflow_gpupool.ledger.engine import normalize_url
+from airflow_gpupool.ledger.db.engine import normalize_url
 from airflow_gpupool.resources import GpuRequest
 
 __all__ = ["run_queue_bench"]

@@ -8,7 +8,8 @@ import json
 from sqlalchemy import insert, select
 
 from airflow_gpupool.bench.phases import Side
-from airflow_gpupool.ledger import Ledger, ReservationState, schema
+from airflow_gpupool.ledger import Ledger, ReservationState
+from airflow_gpupool.ledger.db import schema
 from airflow_gpupool.ledger.ledger import Tx
 from airflow_gpupool.resources import GpuDevice, GpuRequest, NodeInventory
 

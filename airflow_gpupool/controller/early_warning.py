@@ -2,7 +2,7 @@
 
 The node agent's heartbeat records, per GPU, the warning signs it saw (correctable ECC errors
 rising, a non-fatal XID such as 92 or 94, a temperature near the slowdown threshold; see
-:mod:`airflow_gpupool.ledger.agent_report`). Each reconcile interval the controller finds the
+:mod:`airflow_gpupool.ledger.nodes.agent_report`). Each reconcile interval the controller finds the
 grants on such GPUs, reads their pods' ``GPUPOOL_CHECKPOINT_DIR`` and writes the
 ``CHECKPOINT_NOW`` flag there (:func:`~airflow_gpupool.checkpoints.store.request_checkpoint`): the
 training checkpoints at its next safe point, before the GPU fails for good. Once the governance

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from airflow_gpupool.ledger import Ledger
-    from airflow_gpupool.ledger.health import HeartbeatCheck
+    from airflow_gpupool.ledger.nodes.health import HeartbeatCheck
 
 __all__ = ["QUARANTINE_EVENT_REASON", "RELEASE_EVENT_REASON", "check_heartbeats", "node_event"]
 

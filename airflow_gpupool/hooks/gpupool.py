@@ -42,8 +42,8 @@ from airflow_gpupool.hooks.options import (
 if TYPE_CHECKING:
     from airflow_gpupool.checkpoints.store import CheckpointStore
     from airflow_gpupool.ledger import Ledger, ReapResult, ReleaseResult, Reservation
-    from airflow_gpupool.ledger.attempts import TaskAttempt, TaskAttempts
-    from airflow_gpupool.ledger.models import Gang
+    from airflow_gpupool.ledger.db.models import Gang
+    from airflow_gpupool.ledger.grants.attempts import TaskAttempt, TaskAttempts
     from airflow_gpupool.placement.snapshot import ClusterSnapshot
     from airflow_gpupool.resources import GpuRequest
 
@@ -274,7 +274,7 @@ class GpuPoolHook(BaseHook):
 
     @cached_property
     def _attempts(self) -> TaskAttempts:
-        from airflow_gpupool.ledger.attempts import TaskAttempts
+        from airflow_gpupool.ledger.grants.attempts import TaskAttempts
 
         return TaskAttempts(self.ledger)
 
@@ -284,7 +284,7 @@ class GpuPoolHook(BaseHook):
 
     def typical_run_seconds(self, dag_id: str, task_id: str) -> tuple[float, int] | None:
         """Return the median seconds of a task's recent successful runs and their count (None: none yet)."""
-        from airflow_gpupool.ledger.history import LedgerHistory
+        from airflow_gpupool.ledger.views.history import LedgerHistory
 
         return LedgerHistory(self.ledger).typical_run_seconds(dag_id, task_id)
 

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from airflow_gpupool.ledger.ledger import InventoryChange, Ledger
-from airflow_gpupool.ledger.models import (
+from airflow_gpupool.ledger.db.models import (
     Gang,
     Grant,
     LedgerSnapshot,
@@ -13,6 +12,7 @@ from airflow_gpupool.ledger.models import (
     Reservation,
     ReservationState,
 )
+from airflow_gpupool.ledger.ledger import InventoryChange, Ledger
 
 __all__ = [
     "Gang",

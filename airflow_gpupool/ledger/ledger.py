@@ -8,16 +8,16 @@ long as anyone uses it; :meth:`Ledger.reap` does the same on demand.
 
 On PostgreSQL, a grant or release that needs no queue decision (nothing waits, no lease
 is overdue) takes the lock in shared mode instead and commits alongside others: see
-:mod:`airflow_gpupool.ledger.pg_functions`. Anything else takes it exclusively.
+:mod:`airflow_gpupool.ledger.postgres.functions`. Anything else takes it exclusively.
 
 :class:`Ledger` is the one public face of rooms that each do one job, layered bottom up
 (each imports only the layers below it):
 
-* :mod:`~airflow_gpupool.ledger.records`: rows made into reservations and grants;
-* :mod:`~airflow_gpupool.ledger.store`: connections, transactions, per-process caches;
-* :mod:`~airflow_gpupool.ledger.cycle`: expire what is due, apply, serve the queue;
-* :mod:`~airflow_gpupool.ledger.inventory`, :mod:`~airflow_gpupool.ledger.grants` and
-  :mod:`~airflow_gpupool.ledger.views`: nodes; grants and leases; what can be read.
+* :mod:`~airflow_gpupool.ledger.db.records`: rows made into reservations and grants;
+* :mod:`~airflow_gpupool.ledger.store.transactions`: connections, transactions, per-process caches;
+* :mod:`~airflow_gpupool.ledger.queue.cycle`: expire what is due, apply, serve the queue;
+* :mod:`~airflow_gpupool.ledger.nodes.inventory`, :mod:`~airflow_gpupool.ledger.grants.serialized` and
+  :mod:`~airflow_gpupool.ledger.views.ledger_views`: nodes; grants and leases; what can be read.
 
 The facade composes them and picks the path of each grant and release: the concurrent
 one where the database has it, the serialized cycle when that one declines.
@@ -36,15 +36,8 @@ from sqlalchemy import Connection
 from airflow_gpupool import settings
 from airflow_gpupool.binding import check_binding_name
 from airflow_gpupool.exceptions import GpuPoolError
-from airflow_gpupool.ledger.agent_report import NodeReport
-from airflow_gpupool.ledger.concurrent_grants import ConcurrentGrants
-from airflow_gpupool.ledger.cycle import WriteCycle
-from airflow_gpupool.ledger.engine import transient_retry
-from airflow_gpupool.ledger.grant_reports import PodBinding, bind_pod, bind_pods, note_checkpoint
-from airflow_gpupool.ledger.grants import LedgerGrants, ReserveArgs
-from airflow_gpupool.ledger.health import HeartbeatCheck, HeartbeatResult, LedgerHealth
-from airflow_gpupool.ledger.inventory import InventoryChange, LedgerInventory
-from airflow_gpupool.ledger.models import (
+from airflow_gpupool.ledger.db.engine import transient_retry
+from airflow_gpupool.ledger.db.models import (
     Gang,
     LedgerSnapshot,
     ReapResult,
@@ -52,8 +45,15 @@ from airflow_gpupool.ledger.models import (
     Reservation,
     ReservationState,
 )
-from airflow_gpupool.ledger.store import LedgerStore, Tx
-from airflow_gpupool.ledger.views import LedgerViews
+from airflow_gpupool.ledger.grants.concurrent_grants import ConcurrentGrants
+from airflow_gpupool.ledger.grants.grant_reports import PodBinding, bind_pod, bind_pods, note_checkpoint
+from airflow_gpupool.ledger.grants.serialized import LedgerGrants, ReserveArgs
+from airflow_gpupool.ledger.nodes.agent_report import NodeReport
+from airflow_gpupool.ledger.nodes.health import HeartbeatCheck, HeartbeatResult, LedgerHealth
+from airflow_gpupool.ledger.nodes.inventory import InventoryChange, LedgerInventory
+from airflow_gpupool.ledger.queue.cycle import WriteCycle
+from airflow_gpupool.ledger.store.transactions import LedgerStore, Tx
+from airflow_gpupool.ledger.views.ledger_views import LedgerViews
 from airflow_gpupool.placement.policy import PlacementPolicy, get_policy
 from airflow_gpupool.placement.pools import PoolBinding, PoolBindings
 from airflow_gpupool.placement.snapshot import ClusterSnapshot
@@ -92,7 +92,7 @@ class Ledger:
         client agrees, whatever its own clock says) and on this machine's clock on SQLite
     :param max_overtakes: the no-starvation bound, see :mod:`airflow_gpupool.placement.queue`
     :param concurrent: on PostgreSQL, grant and release under the shared lock when no queue
-        decision is needed (see :mod:`airflow_gpupool.ledger.pg_functions`); False makes
+        decision is needed (see :mod:`airflow_gpupool.ledger.postgres.functions`); False makes
         every write take the exclusive lock, as on SQLite
     :param binding: the slice binding of node pools not in ``node_pool_bindings``
         (:mod:`airflow_gpupool.binding`); a request is placed only on a pool whose binding
@@ -102,12 +102,12 @@ class Ledger:
         max_connections_per_process``); hooks and triggers share one ledger per process
         (:func:`airflow_gpupool.ledger.shared.shared_ledger`)
     :param incremental_service: a pass over the queue tries only the requests that could fit
-        what changed (:mod:`airflow_gpupool.ledger.service`); False tries every request, as
+        what changed (:mod:`airflow_gpupool.ledger.queue.service`); False tries every request, as
         the property test compares
     :param min_runtime_seconds: a grant younger than this is never preempted (default
         ``[gpupool] min_runtime_seconds``)
     :param preemption_grace_seconds: a preemption victim's grace when its request names none
-        (default ``[gpupool] preemption_grace_seconds``); see :mod:`~airflow_gpupool.ledger.preempting`
+        (default ``[gpupool] preemption_grace_seconds``); see :mod:`~airflow_gpupool.ledger.teams.preempting`
     """
 
     def __init__(
@@ -254,7 +254,7 @@ class Ledger:
         """Set a node's health as ``source``; only ``healthy`` nodes take new grants.
 
         A source changes only a health set by a source of its rank or lower (admin > agent and
-        controller > inventory, see :mod:`~airflow_gpupool.ledger.health`).
+        controller > inventory, see :mod:`~airflow_gpupool.ledger.nodes.health`).
 
         :returns: whether it changed; False when a higher source set the health
         :raises InvalidInventoryError: unknown node, health value or source
@@ -321,7 +321,7 @@ class Ledger:
         Idempotent by ``reservation_id``: reserving an id that exists returns its state.
 
         A request with a ``gang`` waits as one entry and is granted its ``min_members`` all
-        or nothing (:mod:`~airflow_gpupool.ledger.gangs`); the reservation returned is its
+        or nothing (:mod:`~airflow_gpupool.ledger.queue.gangs`); the reservation returned is its
         leader's (member 0), and :meth:`gang` lists the members.
 
         :param holder: who holds it (task instance, host, process), for operators and the UI

@@ -1,7 +1,7 @@
 """Metrics of the node agents' reports: GPU use, health, leaks, and used versus reserved per grant.
 
 Read from the same snapshot as :mod:`~airflow_gpupool.metrics.collector` (the GPUs' last observed
-state that each heartbeat stores, see :mod:`airflow_gpupool.ledger.health`). Names and labels are
+state that each heartbeat stores, see :mod:`airflow_gpupool.ledger.nodes.health`). Names and labels are
 a contract with ``docker/prometheus/rules.yaml``:
 
 =================================================================  ===============================

@@ -58,7 +58,7 @@ if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
     from airflow_gpupool.ledger import Ledger, LedgerSnapshot
-    from airflow_gpupool.ledger.usage import PreemptionLoss, QuotaUse
+    from airflow_gpupool.ledger.teams.usage import PreemptionLoss, QuotaUse
     from airflow_gpupool.metrics.stats import LedgerTotals
 
 log = logging.getLogger(__name__)
@@ -293,7 +293,7 @@ def ledger_metrics(snapshot: LedgerSnapshot, totals: LedgerTotals) -> list[Metri
 def quota_metrics(uses: Sequence[QuotaUse]) -> list[Metric]:
     """Return the quota gauges, one series per stored quota (no family at all without quotas).
 
-    :param uses: each quota beside its team's use now (:func:`~airflow_gpupool.ledger.usage.quota_uses`)
+    :param uses: each quota beside its team's use now (:func:`~airflow_gpupool.ledger.teams.usage.quota_uses`)
     """
     from prometheus_client.core import GaugeMetricFamily
 
@@ -328,7 +328,7 @@ def quota_metrics(uses: Sequence[QuotaUse]) -> list[Metric]:
 def preemption_metrics(losses: Mapping[str, PreemptionLoss]) -> list[Metric]:
     """Return the per-team preemption counters (families without series before any preemption).
 
-    :param losses: per team, from :func:`~airflow_gpupool.ledger.usage.preemption_losses`
+    :param losses: per team, from :func:`~airflow_gpupool.ledger.teams.usage.preemption_losses`
     """
     from prometheus_client.core import CounterMetricFamily
 
@@ -371,7 +371,7 @@ class GpuPoolCollector:
         """Read one snapshot and yield every metric family."""
         from prometheus_client.core import GaugeMetricFamily
 
-        from airflow_gpupool.ledger.usage import preemption_losses, quota_uses
+        from airflow_gpupool.ledger.teams.usage import preemption_losses, quota_uses
         from airflow_gpupool.metrics.stats import ledger_totals
 
         up = GaugeMetricFamily("gpupool_ledger_up", "1 when the ledger answered this scrape")

@@ -3,7 +3,7 @@
 The cumulative counts (:func:`ledger_totals`) are counted from the table rather than kept in
 an exporter's memory, so every exporter of one ledger reports the same values and they survive
 exporter restarts; they only grow: pruning old history first carries what the pruned rows
-counted over (:func:`airflow_gpupool.ledger.history.cumulative_counts`).
+counted over (:func:`airflow_gpupool.ledger.views.history.cumulative_counts`).
 
 :class:`~airflow_gpupool.ledger.Ledger` returns live reservations and a bounded history;
 metrics and the UI chart need counts over every ended reservation and the times slices
@@ -22,8 +22,8 @@ if TYPE_CHECKING:
     from sqlalchemy import Engine
 
 # Re-exported: the collector and older callers read them here.
-from airflow_gpupool.ledger.history import ENDED_STATES as ENDED_STATES
-from airflow_gpupool.ledger.history import WAIT_BUCKETS as WAIT_BUCKETS
+from airflow_gpupool.ledger.views.history import ENDED_STATES as ENDED_STATES
+from airflow_gpupool.ledger.views.history import WAIT_BUCKETS as WAIT_BUCKETS
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class HeldSpan:
 
 @functools.lru_cache(maxsize=8)
 def _engine(url: str) -> Engine:
-    from airflow_gpupool.ledger.engine import make_engine
+    from airflow_gpupool.ledger.db.engine import make_engine
 
     return make_engine(url)
 
@@ -50,8 +50,8 @@ def held_spans(url: str, since: float) -> list[HeldSpan]:
     """
     from sqlalchemy import or_, select
 
-    from airflow_gpupool.ledger import schema
-    from airflow_gpupool.ledger.engine import read_transaction
+    from airflow_gpupool.ledger.db import schema
+    from airflow_gpupool.ledger.db.engine import read_transaction
     from airflow_gpupool.resources import GpuRequest
 
     r = schema.reservations.c
@@ -136,8 +136,8 @@ def ledger_totals(url: str) -> LedgerTotals:
 
     :param url: the ledger's SQLAlchemy URL
     """
-    from airflow_gpupool.ledger.engine import read_transaction
-    from airflow_gpupool.ledger.history import cumulative_counts
+    from airflow_gpupool.ledger.db.engine import read_transaction
+    from airflow_gpupool.ledger.views.history import cumulative_counts
 
     with read_transaction(_engine(url)) as conn:
         counts = cumulative_counts(conn)

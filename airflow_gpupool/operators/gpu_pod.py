@@ -14,7 +14,7 @@ from airflow_gpupool import settings
 from airflow_gpupool.binding import SliceFacts, binding_for, check_binding_name
 from airflow_gpupool.exceptions import ConfigurationError, GpuPoolError, ReservationTimeoutError
 from airflow_gpupool.hooks.gpupool import GpuPoolHook
-from airflow_gpupool.ledger.models import Grant, ReservationState
+from airflow_gpupool.ledger.db.models import Grant, ReservationState
 from airflow_gpupool.operators.capacity import check_capacity, duration_matters, typical_run, with_capacity
 from airflow_gpupool.operators.escalation import EscalationPolicy
 from airflow_gpupool.operators.links import GpuReservationLink  # kit (issue 15)
@@ -72,7 +72,7 @@ class GpuPodOperator(UnschedulableFailFast, GpuPodLease, GpuPodTries):
     :param team: the team the slice is accounted to
     :param preemptible: whether higher-priority work may take the slice back; a victim's pod
         gets SIGTERM and ``preemption_grace_seconds`` to write a checkpoint and exit, and its
-        retry resumes from the newest checkpoint (see :mod:`airflow_gpupool.ledger.preempting`)
+        retry resumes from the newest checkpoint (see :mod:`airflow_gpupool.ledger.teams.preempting`)
     :param preemption_grace_seconds: that grace (default ``[gpupool] preemption_grace_seconds``)
     :param checkpoint_on_sigterm: the container writes a checkpoint to ``checkpoint_dir`` on SIGTERM
         within that grace, then exits; the ledger then ranks it, as a preemption victim, as losing

@@ -13,14 +13,14 @@ from html import escape
 from typing import TYPE_CHECKING
 from urllib.parse import urlencode
 
-from airflow_gpupool.ledger.history import HistoryFilter
-from airflow_gpupool.ledger.models import ReservationState
-from airflow_gpupool.ledger.usage import RANGES
+from airflow_gpupool.ledger.db.models import ReservationState
+from airflow_gpupool.ledger.teams.usage import RANGES
+from airflow_gpupool.ledger.views.history import HistoryFilter
 from airflow_gpupool.plugins.page import duration, holder_html, table_html, team_colour
 
 if TYPE_CHECKING:
-    from airflow_gpupool.ledger.history import HistoryEntry
-    from airflow_gpupool.ledger.usage import PreemptionLoss, UsageReport
+    from airflow_gpupool.ledger.teams.usage import PreemptionLoss, UsageReport
+    from airflow_gpupool.ledger.views.history import HistoryEntry
 
 #: History rows per page.
 PAGE_SIZE = 50

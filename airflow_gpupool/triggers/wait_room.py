@@ -5,7 +5,7 @@ at once. Were each to read its reservation every few seconds, the reads would gr
 queue; here they wait in one room per (event loop, ledger), which
 
 * on PostgreSQL listens on one connection for the ids of settled requests (the writer that
-  grants or ends a queued request notifies at commit, :mod:`airflow_gpupool.ledger.notify`)
+  grants or ends a queued request notifies at commit, :mod:`airflow_gpupool.ledger.postgres.notify`)
   and wakes exactly the waiters of those ids;
 * reads, in one query per poll for all its waiters, the queue's order: who no longer waits
   (woken) and where the others stand (:attr:`WaitRoom.positions`) (every
@@ -29,7 +29,7 @@ import weakref
 from typing import TYPE_CHECKING
 
 from airflow_gpupool import settings
-from airflow_gpupool.ledger.notify import GrantListener
+from airflow_gpupool.ledger.postgres.notify import GrantListener
 
 if TYPE_CHECKING:
     from airflow_gpupool.ledger import Ledger

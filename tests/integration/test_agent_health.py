@@ -14,8 +14,9 @@ from sqlalchemy import create_engine, text
 
 from airflow_gpupool.agent.collect import NvmlCollector
 from airflow_gpupool.exceptions import InvalidInventoryError
-from airflow_gpupool.ledger import Ledger, ReservationState, migrations
-from airflow_gpupool.ledger.engine import normalize_url
+from airflow_gpupool.ledger import Ledger, ReservationState
+from airflow_gpupool.ledger.db.engine import normalize_url
+from airflow_gpupool.ledger.store import migrations
 from airflow_gpupool.resources import GpuRequest
 from airflow_gpupool.testing.fake_nvml import FakeNvml, fake_gpu_uuid, node_spec
 from tests.ledger_fixtures import FakeClock, node

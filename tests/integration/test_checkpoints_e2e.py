@@ -13,7 +13,7 @@ import pytest
 
 from airflow_gpupool.checkpoints import CheckpointStore
 from airflow_gpupool.ledger import Ledger
-from airflow_gpupool.ledger.attempts import TaskAttempts
+from airflow_gpupool.ledger.grants.attempts import TaskAttempts
 from airflow_gpupool.testing import KubernetesEmulatorServer
 
 ESCALATIONS = Path(os.environ["AIRFLOW_HOME"]) / "escalations.jsonl"

@@ -201,8 +201,8 @@ def test_an_unreachable_ledger_fails_the_pass_and_deletes_nothing(
 @pytest.fixture
 def ledger_writes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Record each ledger write: a serialized write transaction or a concurrent-path attempt."""
-    from airflow_gpupool.ledger import store as store_module
-    from airflow_gpupool.ledger.concurrent import ConcurrentPath
+    from airflow_gpupool.ledger.postgres.concurrent import ConcurrentPath
+    from airflow_gpupool.ledger.store import transactions as store_module
 
     writes: list[str] = []
     real_write, real_connect = store_module.write_transaction, ConcurrentPath.connect

@@ -9,8 +9,9 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from airflow_gpupool.exceptions import InvalidRequestError, LeaseExpiredError, UnknownReservationError
-from airflow_gpupool.ledger import Ledger, ReservationState, migrations
-from airflow_gpupool.ledger.engine import normalize_url
+from airflow_gpupool.ledger import Ledger, ReservationState
+from airflow_gpupool.ledger.db.engine import normalize_url
+from airflow_gpupool.ledger.store import migrations
 from airflow_gpupool.resources import GpuRequest
 from tests.ledger_fixtures import FakeClock, node
 
@@ -169,7 +170,7 @@ def test_a_v3_ledger_migrates_to_v4_and_keeps_its_rows(
 def test_bind_many_binds_in_one_transaction_and_reports_what_it_could_not(
     ledger: Ledger, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from airflow_gpupool.ledger import store as store_module
+    from airflow_gpupool.ledger.store import transactions as store_module
 
     ledger.upsert_nodes([node("n1", gpus=2)])
     for rid in ("gp-1", "gp-2", "gp-ended"):

@@ -9,8 +9,10 @@ import pytest
 from sqlalchemy import create_engine, select, update
 
 from airflow_gpupool.labels import CAPACITY_TYPE_LABEL
-from airflow_gpupool.ledger import Ledger, ReservationState, migrations, schema
-from airflow_gpupool.ledger.engine import normalize_url
+from airflow_gpupool.ledger import Ledger, ReservationState
+from airflow_gpupool.ledger.db import schema
+from airflow_gpupool.ledger.db.engine import normalize_url
+from airflow_gpupool.ledger.store import migrations
 from airflow_gpupool.resources import GpuRequest
 from tests.ledger_fixtures import node
 

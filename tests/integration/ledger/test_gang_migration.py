@@ -7,8 +7,9 @@ from collections.abc import Callable
 import pytest
 from sqlalchemy import create_engine, inspect, text
 
-from airflow_gpupool.ledger import Ledger, ReservationState, migrations
-from airflow_gpupool.ledger.engine import normalize_url
+from airflow_gpupool.ledger import Ledger, ReservationState
+from airflow_gpupool.ledger.db.engine import normalize_url
+from airflow_gpupool.ledger.store import migrations
 from airflow_gpupool.resources import GpuRequest
 from tests.ledger_fixtures import node
 

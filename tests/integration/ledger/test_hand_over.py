@@ -1,7 +1,7 @@
 """A release that empties a node hands it to the queue's first request, on SQLite and PostgreSQL.
 
 On PostgreSQL the release does it in its own call under the shared lock (``gpupool_give_back``,
-:mod:`airflow_gpupool.ledger.hand_over`); on SQLite, and wherever a pass might decide otherwise,
+:mod:`airflow_gpupool.ledger.queue.hand_over`); on SQLite, and wherever a pass might decide otherwise,
 the release serves the queue under the exclusive lock. Both must leave what a pass would: the
 same grant, the hold passed to the next spent request, nothing more a pass would grant.
 """
@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import rule
 
 from airflow_gpupool.ledger import Ledger, ReservationState
-from airflow_gpupool.ledger.gate import QueueGate
+from airflow_gpupool.ledger.store.gate import QueueGate
 from airflow_gpupool.resources import GpuRequest
 from tests.integration.ledger.test_ledger_properties import run_ledger_machine
 from tests.integration.ledger.test_queue_gate import (

@@ -17,7 +17,7 @@ from airflow_gpupool.exceptions import (
     UnknownReservationError,
 )
 from airflow_gpupool.ledger import Ledger, ReservationState
-from airflow_gpupool.ledger.engine import normalize_url
+from airflow_gpupool.ledger.db.engine import normalize_url
 from airflow_gpupool.resources import GpuRequest
 from tests.ledger_fixtures import node
 
@@ -77,7 +77,7 @@ def test_failure_inside_the_transaction_leaves_ledger_unchanged(
         raise RuntimeError("worker died mid-grant")
 
     # The grant's SQL has run when the in-memory copy is updated; the crash must undo it.
-    monkeypatch.setattr("airflow_gpupool.ledger.take.allocate", crash)
+    monkeypatch.setattr("airflow_gpupool.ledger.store.take.allocate", crash)
     with pytest.raises(RuntimeError):
         ledger.reserve(GpuRequest(gpus=2), "b")
     monkeypatch.undo()
@@ -386,7 +386,7 @@ def test_two_ledgers_in_one_postgres_database_do_not_share_a_lock(pg_schema_url:
 
     from sqlalchemy import create_engine
 
-    from airflow_gpupool.ledger.engine import normalize_url, write_transaction
+    from airflow_gpupool.ledger.db.engine import normalize_url, write_transaction
 
     first = Ledger.create(pg_schema_url)
     engine = create_engine(normalize_url(pg_schema_url))

@@ -22,7 +22,7 @@ from sqlalchemy import create_engine
 
 from airflow_gpupool.exceptions import GpuPoolError, LedgerBusyError
 from airflow_gpupool.ledger import Ledger, ReservationState
-from airflow_gpupool.ledger.engine import normalize_url
+from airflow_gpupool.ledger.db.engine import normalize_url
 from airflow_gpupool.resources import GpuRequest
 from tests.ledger_fixtures import node
 

@@ -17,12 +17,14 @@ from typing import TypeVar
 import pytest
 from sqlalchemy import Connection, create_engine, select, text
 
-from airflow_gpupool.ledger import Ledger, ReservationState, migrations, schema
-from airflow_gpupool.ledger import concurrent_grants as ledger_module
-from airflow_gpupool.ledger.cache import CapacityCache
-from airflow_gpupool.ledger.concurrent import ConcurrentPath
-from airflow_gpupool.ledger.engine import ADVISORY_LOCK_KEY, normalize_url
-from airflow_gpupool.ledger.gate import QueueGate
+from airflow_gpupool.ledger import Ledger, ReservationState
+from airflow_gpupool.ledger.db import schema
+from airflow_gpupool.ledger.db.engine import ADVISORY_LOCK_KEY, normalize_url
+from airflow_gpupool.ledger.grants import concurrent_grants as ledger_module
+from airflow_gpupool.ledger.postgres.concurrent import ConcurrentPath
+from airflow_gpupool.ledger.store import migrations
+from airflow_gpupool.ledger.store.cache import CapacityCache
+from airflow_gpupool.ledger.store.gate import QueueGate
 from airflow_gpupool.placement.verdict import Assignment
 from airflow_gpupool.resources import GangSpec, GpuDevice, GpuRequest, MigSlice, NodeInventory
 from tests.ledger_fixtures import FakeClock, node
@@ -293,7 +295,7 @@ def test_a_lost_connection_is_replaced_and_the_call_retried(
     admin.dispose()
     assert killed >= 1
 
-    with caplog.at_level(logging.WARNING, logger="airflow_gpupool.ledger.engine"):
+    with caplog.at_level(logging.WARNING, logger="airflow_gpupool.ledger.db.engine"):
         second = ledger.reserve(GpuRequest(gpus=1), "after")
         released = ledger.release(first.id)
 

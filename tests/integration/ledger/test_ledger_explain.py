@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from airflow_gpupool.ledger import Ledger
-from airflow_gpupool.ledger.models import ReservationState
+from airflow_gpupool.ledger.db.models import ReservationState
 from airflow_gpupool.resources import GpuRequest, NodeHealth, NodeInventory, WorkloadClass
 from tests.ledger_fixtures import node
 

@@ -18,9 +18,9 @@ import pytest
 from sqlalchemy import create_engine, func, select
 
 from airflow_gpupool.ledger import Ledger, ReservationState
-from airflow_gpupool.ledger import schema as ledger_schema
-from airflow_gpupool.ledger.engine import normalize_url
-from airflow_gpupool.ledger.migrations import LATEST
+from airflow_gpupool.ledger.db import schema as ledger_schema
+from airflow_gpupool.ledger.db.engine import normalize_url
+from airflow_gpupool.ledger.store.migrations import LATEST
 from airflow_gpupool.resources import GpuRequest
 from tests.ledger_fixtures import node
 

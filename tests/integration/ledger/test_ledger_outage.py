@@ -18,7 +18,7 @@ from sqlalchemy.engine import make_url
 
 from airflow_gpupool.exceptions import LedgerUnavailableError
 from airflow_gpupool.ledger import Ledger, ReservationState
-from airflow_gpupool.ledger.engine import normalize_url
+from airflow_gpupool.ledger.db.engine import normalize_url
 from airflow_gpupool.resources import GpuRequest
 from tests.integration.ledger.pg_cluster import ThrowawayCluster, throwaway_pg
 from tests.ledger_fixtures import node

@@ -29,8 +29,8 @@ from sqlalchemy.engine import make_url
 
 from airflow_gpupool.exceptions import InvalidInventoryError, LeaseExpiredError, NoCapacityError
 from airflow_gpupool.ledger import Ledger, Reservation, ReservationState
-from airflow_gpupool.ledger import schema as ledger_schema
-from airflow_gpupool.ledger.engine import normalize_url
+from airflow_gpupool.ledger.db import schema as ledger_schema
+from airflow_gpupool.ledger.db.engine import normalize_url
 from airflow_gpupool.resources import GpuKind, GpuRequest, NodeHealth, NodeInventory
 from tests.ledger_fixtures import POSTGRES_URL, FakeClock, node, require_postgres
 

@@ -10,8 +10,9 @@ import pytest
 from sqlalchemy import func, select
 
 from airflow_gpupool.exceptions import InvalidRequestError
-from airflow_gpupool.ledger import Ledger, ReservationState, schema
-from airflow_gpupool.ledger import store as store_module
+from airflow_gpupool.ledger import Ledger, ReservationState
+from airflow_gpupool.ledger.db import schema
+from airflow_gpupool.ledger.store import transactions as store_module
 from airflow_gpupool.resources import GpuRequest
 from tests.ledger_fixtures import FakeClock, node
 

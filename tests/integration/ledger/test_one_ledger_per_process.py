@@ -13,8 +13,8 @@ import pytest
 
 from airflow_gpupool.hooks.gpupool import GpuPoolHook
 from airflow_gpupool.ledger import Ledger
-from airflow_gpupool.ledger.engine import ConnectionBudget
-from airflow_gpupool.ledger.notify import libpq_url
+from airflow_gpupool.ledger.db.engine import ConnectionBudget
+from airflow_gpupool.ledger.postgres.notify import libpq_url
 from airflow_gpupool.resources import GpuRequest
 from airflow_gpupool.triggers import ReservationTrigger
 from tests.ledger_fixtures import node

@@ -26,7 +26,7 @@ from sqlalchemy.engine import make_url
 
 from airflow_gpupool.bench.ledger_bench import run_ledger_bench
 from airflow_gpupool.ledger import Ledger, ReservationState
-from airflow_gpupool.ledger.notify import libpq_url
+from airflow_gpupool.ledger.postgres.notify import libpq_url
 from airflow_gpupool.resources import GpuRequest
 from tests.ledger_fixtures import POSTGRES_URL, node, require_postgres
 from tests.skips import skip_or_fail

@@ -14,9 +14,10 @@ from collections.abc import Callable, Iterator
 import pytest
 from sqlalchemy import Connection, event, select
 
-from airflow_gpupool.ledger import Ledger, ReservationState, schema
-from airflow_gpupool.ledger import statements as sql
-from airflow_gpupool.ledger.queue_copy import QueueCopy, SpentRows
+from airflow_gpupool.ledger import Ledger, ReservationState
+from airflow_gpupool.ledger.db import schema
+from airflow_gpupool.ledger.db import statements as sql
+from airflow_gpupool.ledger.queue.queue_copy import QueueCopy, SpentRows
 from airflow_gpupool.resources import GpuRequest
 from tests.ledger_fixtures import node
 

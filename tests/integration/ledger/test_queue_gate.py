@@ -19,9 +19,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import invariant, rule
 from sqlalchemy import select
 
-from airflow_gpupool.ledger import Ledger, ReservationState, schema
-from airflow_gpupool.ledger.gate import ALL_SPENT, QueueGate
-from airflow_gpupool.ledger.store import Tx
+from airflow_gpupool.ledger import Ledger, ReservationState
+from airflow_gpupool.ledger.db import schema
+from airflow_gpupool.ledger.store.gate import ALL_SPENT, QueueGate
+from airflow_gpupool.ledger.store.transactions import Tx
 from airflow_gpupool.resources import GpuRequest
 from tests.integration.ledger.test_ledger_properties import ReservingMachine, run_ledger_machine
 from tests.ledger_fixtures import ledger_statements, node

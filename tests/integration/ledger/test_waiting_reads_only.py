@@ -19,8 +19,8 @@ from sqlalchemy import Engine, event
 
 from airflow_gpupool.hooks.gpupool import GpuPoolHook
 from airflow_gpupool.ledger import Ledger
-from airflow_gpupool.ledger import store as store_module
-from airflow_gpupool.ledger.concurrent import ConcurrentPath
+from airflow_gpupool.ledger.postgres.concurrent import ConcurrentPath
+from airflow_gpupool.ledger.store import transactions as store_module
 from airflow_gpupool.operators.waiting import wait_in_place
 from airflow_gpupool.resources import GpuRequest
 from airflow_gpupool.triggers import ReservationTrigger

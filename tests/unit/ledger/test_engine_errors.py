@@ -8,7 +8,7 @@ import psycopg
 from psycopg import errors as pg_errors
 from sqlalchemy.exc import DBAPIError
 
-from airflow_gpupool.ledger.engine import Kind, classify, is_transient
+from airflow_gpupool.ledger.db.engine import Kind, classify, is_transient
 
 
 def wrapped(orig: Exception, invalidated: bool = False) -> DBAPIError:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from airflow_gpupool.ledger.equivalence import EquivalenceIndex, node_signature
+from airflow_gpupool.ledger.queue.equivalence import EquivalenceIndex, node_signature
 from airflow_gpupool.placement.snapshot import GpuState, NodeState
 
 NAMES = [f"n{i}" for i in range(6)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_gpupool.ledger.gate import ALL_SPENT, NO_WAITER, QueueGate
+from airflow_gpupool.ledger.store.gate import ALL_SPENT, NO_WAITER, QueueGate
 from airflow_gpupool.placement.snapshot import GpuState, NodeState
 from airflow_gpupool.resources import GangSpec, GpuRequest
 

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from airflow_gpupool.ledger.store import REQUEST_CACHE_SIZE, RequestCache
+from airflow_gpupool.ledger.store.transactions import REQUEST_CACHE_SIZE, RequestCache
 from airflow_gpupool.resources import GpuRequest
 
 

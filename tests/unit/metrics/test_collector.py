@@ -191,7 +191,7 @@ def test_quota_gauges_show_each_teams_nominal_held_borrowed_and_lent(tmp_path: P
     import yaml
 
     from airflow_gpupool.governance.quotas import parse_quota_file
-    from airflow_gpupool.ledger.quotas import LedgerQuotas
+    from airflow_gpupool.ledger.teams.quotas import LedgerQuotas
     from airflow_gpupool.metrics import QUOTA_METRIC_NAMES
 
     quotas = """
@@ -222,7 +222,7 @@ teams:
 
 def test_preemptions_count_preempted_and_evicted_tries(tmp_path: Path) -> None:
     from airflow_gpupool.exceptions import FailureClass
-    from airflow_gpupool.ledger.attempts import TaskAttempt, TaskAttempts
+    from airflow_gpupool.ledger.grants.attempts import TaskAttempt, TaskAttempts
 
     with Ledger.create(f"sqlite:///{tmp_path}/tries.db") as ledger:
         attempts = TaskAttempts(ledger)
@@ -245,7 +245,7 @@ def test_preemptions_and_the_work_they_lost_per_team(tmp_path: Path) -> None:
     checkpoint) ends when the ledger is reaped past its deadline, T0+821: 0.429 × 821 s = 352.209 GPU-s.
     """
     from airflow_gpupool.ledger import ReservationState
-    from airflow_gpupool.ledger.history import LedgerHistory
+    from airflow_gpupool.ledger.views.history import LedgerHistory
     from airflow_gpupool.metrics import PREEMPTION_METRIC_NAMES
 
     clock = FakeClock(T0)

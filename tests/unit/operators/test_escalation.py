@@ -8,7 +8,7 @@ import pytest
 
 from airflow_gpupool.exceptions import ConfigurationError
 from airflow_gpupool.ledger import Ledger
-from airflow_gpupool.ledger.attempts import TaskAttempt, TaskAttempts
+from airflow_gpupool.ledger.grants.attempts import TaskAttempt, TaskAttempts
 from airflow_gpupool.operators.escalation import (
     EscalationPolicy,
     Remedy,
@@ -167,7 +167,7 @@ def test_a_v1_ledger_migrates_to_the_latest_and_keeps_its_reservations(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from airflow_gpupool.exceptions import LedgerSchemaError
-    from airflow_gpupool.ledger import migrations
+    from airflow_gpupool.ledger.store import migrations
 
     url = f"sqlite:///{tmp_path}/old.db"
     with monkeypatch.context() as m:

@@ -1,0 +1,1 @@
+"""The inventory and its health: nodes synced, the agent's report, heartbeats, quarantine."""

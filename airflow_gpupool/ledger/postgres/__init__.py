@@ -1,0 +1,1 @@
+"""PostgreSQL only: the concurrent path's connections, LISTEN/NOTIFY, and the SQL functions kept in sql/."""

@@ -1,0 +1,131 @@
+"""Why a waiting reservation waits, as users read it (``Ledger.explain``, a timeout's message).
+
+It names the reservation's place in the queue and, when nothing fits, the nodes closest to
+fitting with the first dimension that does not fit on each (the order of
+:mod:`airflow_gpupool.placement.fit`), the nodes the queue holds for a starving request, and
+the node pools whose binding could take the request when bindings rule some out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy import Row
+
+from airflow_gpupool.ledger.db import statements as sql
+from airflow_gpupool.ledger.db.records import waiting_ahead
+from airflow_gpupool.ledger.store.cache import CapacityCache
+from airflow_gpupool.ledger.store.transactions import LedgerStore, Tx
+from airflow_gpupool.placement.explain import explain, pools_note
+from airflow_gpupool.placement.gang import hold_gang_nodes, members_that_fit, place_gang
+from airflow_gpupool.placement.policy import PlacementPolicy
+from airflow_gpupool.placement.pools import PoolBindings
+from airflow_gpupool.placement.queue import hold_node
+from airflow_gpupool.placement.snapshot import ClusterSnapshot
+from airflow_gpupool.placement.verdict import NoFit
+from airflow_gpupool.resources import GpuRequest
+
+__all__ = ["WaitContext", "blocked_message", "held_nodes"]
+
+
+class WaitContext:
+    """What an explanation reads besides the transaction: placement, bindings, the queue bound.
+
+    :param store: the ledger's store (requests by row)
+    :param cache: a loaded capacity copy (for the empty inventory)
+    """
+
+    def __init__(
+        self,
+        store: LedgerStore,
+        cache: CapacityCache,
+        policy: PlacementPolicy,
+        bindings: PoolBindings,
+        max_overtakes: int,
+    ) -> None:
+        self.store = store
+        self.cache = cache
+        self.policy = policy
+        self.bindings = bindings
+        self.max_overtakes = max_overtakes
+
+
+def held_nodes(ctx: WaitContext, tx: Tx, row: Row[Any]) -> dict[str, str]:
+    """Return the node the queue holds ahead of ``row``, as ``{node: starving request id}``.
+
+    The queue holds one node for the first request (in service order) whose overtake
+    budget is spent; it applies to the requests behind that one.
+    """
+    for waiting in tx.conn.execute(sql.WAITING):
+        if waiting.id == row.id:
+            return {}
+        if waiting.overtakes < ctx.max_overtakes:
+            continue
+        current = list(tx.nodes.values())
+        empty = ctx.cache.empty_snapshot(current).nodes
+        request = ctx.store.request_of(waiting)
+        if request.gang is not None:
+            nodes = hold_gang_nodes(current, empty, request, frozenset(), ctx.bindings) or ()
+            return dict.fromkeys(nodes, waiting.id)
+        node = hold_node(current, empty, request, frozenset(), ctx.bindings)
+        return {node: waiting.id} if node is not None else {}
+    return {}
+
+
+def _placeable(
+    ctx: WaitContext, snapshot: ClusterSnapshot, request: GpuRequest, held: Mapping[str, str]
+) -> Any:
+    bindings = ctx.bindings
+    nodes = tuple(n for n in snapshot.nodes if n.name not in held and bindings.allows(n.node_pool, request))
+    return ctx.policy.place(ClusterSnapshot(nodes), request)
+
+
+def _gang_blocked(
+    ctx: WaitContext, snapshot: ClusterSnapshot, request: GpuRequest, held: Mapping[str, str]
+) -> str | None:
+    """Say how many of a waiting gang's members fit now and what blocks the rest; None when it fits."""
+    assert request.gang is not None
+    bindings, count = ctx.bindings, request.gang.min_members
+    nodes = ClusterSnapshot(
+        tuple(n for n in snapshot.nodes if n.name not in held and bindings.allows(n.node_pool, request))
+    )
+    verdict = place_gang(nodes, request, count, ctx.policy, bindings)
+    if not isinstance(verdict, NoFit):
+        return None
+    fit = members_that_fit(nodes, request.member, count, bindings)
+    closest = "; ".join(verdict.summary(3)) or "the inventory is empty"
+    blocked = f"{fit} of the {count} members of {request.describe()} fit now; closest: {closest}"
+    if held:
+        blocked += f"; held for starving requests: {', '.join(sorted(held))}"
+    return blocked
+
+
+def blocked_message(
+    ctx: WaitContext, tx: Tx, row: Row[Any], request: GpuRequest, quota_refusal: str | None = None
+) -> str:
+    """Say why the waiting reservation ``row`` waits: its team's quota, its place in the queue, or the closest nodes.
+
+    :param quota_refusal: why its team's quota refuses it on every node (None: it does not)
+    """
+    waited = tx.now - row.created_at
+    ahead = waiting_ahead(tx.conn, row)
+    if quota_refusal:
+        return f"waited {waited:.0f}s with {ahead} request(s) ahead; {quota_refusal}"
+    snapshot = tx.snapshot()
+    held = held_nodes(ctx, tx, row)
+    if request.gang is not None:
+        gang = _gang_blocked(ctx, snapshot, request, held)
+        blocked = gang or f"its members fit now but {ahead} earlier request(s) hold the queue"
+        return f"waited {waited:.0f}s with {ahead} request(s) ahead; {blocked}"
+    verdict = _placeable(ctx, snapshot, request, held)
+    if isinstance(verdict, NoFit):
+        reasons = explain(snapshot, request, ctx.bindings, held)
+        closest = "; ".join(reasons.summary(3)) or "the inventory is empty"
+        blocked = f"no node fits {request.describe()}; closest: {closest}"
+        note = pools_note(snapshot.nodes, request, ctx.bindings)
+        if note:
+            blocked += f"; {note}"
+    else:
+        blocked = f"it fits {verdict.node} now but {ahead} earlier request(s) hold the queue"
+    return f"waited {waited:.0f}s with {ahead} request(s) ahead; {blocked}"

@@ -1,0 +1,452 @@
+"""Quota admission, headroom and fair order in the ledger's queue service (only where quotas exist).
+
+With no quota stored, nothing here runs and nothing is read: the ledger's meta row
+``quota_version`` (part of the stamp every transaction reads anyway) is absent or 0, and the
+queue is served as before quotas. With quotas, each pass over the queue builds one
+:class:`Governance`: the quota rows (cached per process by ``quota_version``) and the live
+grants' usage (read once per pass), on which
+
+- a request is placed only on nodes whose flavors (``pool:NAME``, ``model:NAME``) admit it for
+  its team (:meth:`~airflow_gpupool.governance.admission.QuotaState.admit`; a gang counts its
+  members' total, and is checked again per flavor once placed);
+- a request its team's quota refuses on every node waits *outside* the pass: it neither holds
+  a node nor counts overtakes (capacity is not what it waits for), and it is tried again at
+  every pass, so it is granted once its team's usage drops or its cohort lends;
+- a request that is not urgent (:meth:`Governance.urgent`) is placed in a node pool only while
+  the pool keeps its headroom free (:func:`~airflow_gpupool.governance.capacity.fits_headroom`
+  on what the pool's live grants hold); a preemptible one may take headroom the quota file
+  lends, and its grant is marked ``headroom_loan`` (:func:`mark_headroom_loan`) so urgent work
+  may preempt it; a non-preemptible one may take the headroom while it keeps its team within
+  its nominal quota (:meth:`Governance.within_nominal`; why: that function's docstring); refused
+  by every pool, it waits outside the pass as above;
+- within one priority, the team furthest below its fair share goes first
+  (:meth:`~airflow_gpupool.governance.fairness.FairShare.order`), then FIFO; the queue's
+  no-starvation rule then applies to that order unchanged.
+
+A node with GPUs of several models is admitted only if every one of its models admits the
+request (the placement may choose any of them). Within a pass usage only grows, so a
+request refused at the start of a pass stays refused in it.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+
+from sqlalchemy import Connection, select, update
+
+from airflow_gpupool import settings
+from airflow_gpupool.governance.admission import QuotaState
+from airflow_gpupool.governance.capacity import fits_headroom, is_urgent
+from airflow_gpupool.governance.fairness import FairShare
+from airflow_gpupool.governance.quotas import Flavor, Headroom, QuotaPlan, TeamQuota, gpu_milli_of_mig
+from airflow_gpupool.ledger.db import schema
+from airflow_gpupool.ledger.db.records import HOLDING, assignment_of
+from airflow_gpupool.ledger.store.transactions import LedgerStore
+from airflow_gpupool.placement.gang import GangAssignment
+from airflow_gpupool.placement.queue import QueueEntry
+from airflow_gpupool.placement.snapshot import NodeState
+from airflow_gpupool.placement.verdict import Assignment
+from airflow_gpupool.resources import GpuRequest
+
+__all__ = [
+    "QUOTA_VERSION_KEY",
+    "Governance",
+    "PlanCache",
+    "governed",
+    "read_headroom",
+    "read_plan",
+    "read_quotas",
+]
+
+#: The meta row stamped with the version of the last quota change (0 or absent: no quota stored).
+QUOTA_VERSION_KEY = schema.QUOTA_VERSION_KEY
+
+_MILLI_PER_GPU = 1000
+#: The headroom row of every pool without one of its own.
+HEADROOM_EVERY_POOL = "*"
+
+
+def governed(quota_version: int | None) -> bool:
+    """Whether quotas are stored, from the stamp's ``quota_version``."""
+    return bool(quota_version)
+
+
+class PlanCache:
+    """The stored quotas, read once per process for each ``quota_version``."""
+
+    def __init__(self) -> None:
+        self._version: int | None = None
+        self._plan = QuotaPlan()
+
+    def plan(self, conn: Connection, version: int) -> QuotaPlan:
+        """Return the quotas stored at ``version`` (read only when the version changed)."""
+        if version != self._version:
+            self._plan, self._version = read_plan(conn), version
+        return self._plan
+
+
+@dataclass(frozen=True)
+class _Queued:
+    """A queue entry as :class:`FairShare` sees it."""
+
+    entry: QueueEntry
+
+    @property
+    def team(self) -> str:
+        return self.entry.request.team
+
+    @property
+    def priority(self) -> int:
+        return self.entry.request.priority
+
+    @property
+    def created_at(self) -> float:
+        return float(self.entry.seq)
+
+
+class Governance:
+    """The quotas and what every team holds, for one pass over the queue.
+
+    :param plan: the stored quotas
+    :param used: milli-GPU held per (team, flavor); grants of the pass are added to it
+    :param held: milli-GPU held per team, all flavors together
+    :param nodes: the transaction's nodes
+    :param pool_held: milli-GPU held per node pool (None: counted by :meth:`record`)
+    """
+
+    def __init__(
+        self,
+        plan: QuotaPlan,
+        used: dict[tuple[str, Flavor], int],
+        held: dict[str, int],
+        nodes: Mapping[str, NodeState],
+        pool_held: dict[str, int] | None = None,
+    ) -> None:
+        self.plan = plan
+        self.used = used
+        self.held = held
+        self.nodes = nodes
+        self.teams = frozenset(q.team for q in plan.quotas)
+        headroom = plan.headroom
+        #: Work at or above this priority (or inference) is urgent: it may use the headroom.
+        self.urgent_priority = (
+            headroom.urgent_priority if headroom.urgent_priority is not None else settings.urgent_priority()
+        )
+        #: The milli-GPU of each node pool, and what its live grants hold (with the pass's grants).
+        self.pool_capacity: dict[str, int] = defaultdict(int)
+        self.pool_held: dict[str, int] = defaultdict(int) if pool_held is None else pool_held
+        for node in nodes.values():
+            self.pool_capacity[node.node_pool] += len(node.gpus) * _MILLI_PER_GPU
+
+    @classmethod
+    def read(
+        cls, conn: Connection, store: LedgerStore, plan: QuotaPlan, nodes: Mapping[str, NodeState]
+    ) -> Governance:
+        """Count what the live grants hold (orphans included), as :meth:`LedgerQuotas.usage` does."""
+        r = schema.reservations.c
+        rows = conn.execute(select(schema.reservations).where(r.state.in_(HOLDING))).all()
+        governance = cls(plan, defaultdict(int), defaultdict(int), nodes)
+        for row in rows:
+            node = nodes.get(row.node)
+            if node is not None:
+                governance.record(store.request_of(row), assignment_of(row), node)
+        return governance
+
+    # -- admission -----------------------------------------------------------------------------
+
+    def refused(self, request: GpuRequest, nodes: Iterable[NodeState]) -> frozenset[str]:
+        """Return the nodes whose flavors refuse ``request`` for its team, or whose pool keeps its headroom from it (a gang: its minimum's total)."""
+        if request.team not in self.teams and not self.plan.headroom.active:
+            return frozenset()
+        verdicts: dict[tuple[str, frozenset[str]], bool] = {}
+        out = []
+        for node in nodes:
+            key = (node.node_pool, node.models)
+            if key not in verdicts:
+                verdicts[key] = self.admits(request, node)
+            if not verdicts[key]:
+                out.append(node.name)
+        return frozenset(out)
+
+    def refused_everywhere(self, request: GpuRequest) -> bool:
+        """Whether the quota refuses ``request`` on every node (it then waits outside the pass)."""
+        return bool(self.nodes) and len(self.refused(request, self.nodes.values())) == len(self.nodes)
+
+    def admits_gang(self, request: GpuRequest, verdict: GangAssignment) -> bool:
+        """Whether a placed gang fits its team's quota, each flavor counting the members on it."""
+        member = request.member
+        per_flavor: dict[Flavor, int] = defaultdict(int)
+        per_pool: dict[str, int] = defaultdict(int)
+        for assignment in verdict.members:
+            node = self.nodes[assignment.node]
+            milli = _assignment_milli(member, assignment, node)
+            per_pool[node.node_pool] += milli
+            for flavor in _flavors(node, assignment):
+                per_flavor[flavor] += milli
+        # A gang is never preempted, so the headroom is never lent to it.
+        within = self._within_nominal_milli(request.team, per_flavor)
+        if not all(
+            self._fits_headroom(request, pool, milli, lendable=False, within_nominal=within)
+            for pool, milli in per_pool.items()
+        ):
+            return False
+        if request.team not in self.teams:
+            return True
+        state = QuotaState(self.plan, self.used)
+        return all(state.admit(request.team, [f], milli).admitted for f, milli in per_flavor.items())
+
+    def record(self, request: GpuRequest, assignment: Assignment, node: NodeState) -> None:
+        """Count a grant (one member of a gang) in its team's usage."""
+        milli = _assignment_milli(request, assignment, node)
+        if not milli:
+            return
+        self.pool_held[node.node_pool] += milli
+        self.held[request.team] += milli
+        for flavor in _flavors(node, assignment):
+            self.used[(request.team, flavor)] += milli
+
+    def refusal(self, request: GpuRequest) -> str | None:
+        """Say why the quota refuses ``request`` everywhere (``team X is at its quota on pool:a100 ...``); None if it does not."""
+        if not self.refused_everywhere(request):
+            return None
+        state = QuotaState(self.plan, self.used)
+        notes = [self._keeps_headroom(pool) for pool in self._headroom_refusing(request)]
+        for flavor in sorted({f for n in self.nodes.values() for f in _node_flavors(n)}):
+            milli = max((self._milli(request, n) for n in self.nodes.values()), default=0)
+            if flavor in self.plan.flavors and not state.admit(request.team, [flavor], milli).admitted:
+                notes.append(self._at_quota(state, request.team, flavor))
+        return "; ".join(dict.fromkeys(notes)) or f"team {request.team}'s quota admits it on no node"
+
+    # -- preemption ----------------------------------------------------------------------------
+
+    def borrowing(self, team: str, node: NodeState) -> bool:
+        """Whether ``team`` holds more than its nominal quota of a flavor of ``node`` (no quota: always)."""
+        nominal = self._nominal(team)
+        flavors = [f for f in _node_flavors(node) if (team, f) in nominal]
+        if not flavors:
+            return True
+        return any(self.used.get((team, f), 0) > nominal[(team, f)] for f in flavors)
+
+    def within_nominal(self, request: GpuRequest, node: NodeState) -> bool:
+        """Whether ``request`` on ``node`` keeps its team within its nominal quota (it reclaims).
+
+        A non-preemptible request that does may use the pool's headroom: it cannot take the loan,
+        and the headroom lent to preemptible work would otherwise keep it out of what its team is
+        entitled to (:mod:`~airflow_gpupool.governance.capacity` says so with the trace's numbers).
+        """
+        milli = self._milli(request, node)
+        return self._within_nominal_milli(request.team, dict.fromkeys(_node_flavors(node), milli))
+
+    def _within_nominal_milli(self, team: str, milli_by_flavor: Mapping[Flavor, int]) -> bool:
+        """Whether ``team`` taking ``milli_by_flavor`` more stays within its nominal quota in each (and has one)."""
+        nominal = self._nominal(team)
+        counted = [f for f in milli_by_flavor if (team, f) in nominal]
+        return bool(counted) and all(
+            self.used.get((team, f), 0) + milli_by_flavor[f] <= nominal[(team, f)] for f in counted
+        )
+
+    def admits(self, request: GpuRequest, node: NodeState) -> bool:
+        """Whether the quota admits ``request`` on ``node`` now, and its pool's headroom leaves room for it."""
+        milli = self._milli(request, node)
+        within = self.within_nominal(request, node)
+        if not self._fits_headroom(request, node.node_pool, milli, within_nominal=within):
+            return False
+        return request.team not in self.teams or self._admits_on(request, node)
+
+    # -- headroom ------------------------------------------------------------------------------
+
+    def urgent(self, request: GpuRequest) -> bool:
+        """Whether ``request`` may use the headroom (urgent priority or the inference class)."""
+        return is_urgent(request.priority, request.workload_class.value, self.urgent_priority)
+
+    def on_loan(self, request: GpuRequest, assignment: Assignment, node: NodeState) -> bool:
+        """Whether granting ``assignment`` (not yet recorded) takes headroom lent to preemptible work."""
+        if not self.plan.headroom.active or self.urgent(request):
+            return False
+        milli = _assignment_milli(request, assignment, node)
+        within = self.within_nominal(request, node)
+        return bool(milli) and not self._fits_headroom(
+            request, node.node_pool, milli, lendable=False, within_nominal=within
+        )
+
+    def _lends_to(self, request: GpuRequest) -> bool:
+        return self.plan.headroom.lend_to_preemptible and request.preemptible and request.gang is None
+
+    def _fits_headroom(
+        self,
+        request: GpuRequest,
+        pool: str,
+        milli: int,
+        *,
+        lendable: bool | None = None,
+        within_nominal: bool = False,
+    ) -> bool:
+        headroom = self.plan.headroom
+        lent = self._lends_to(request) if lendable is None else lendable
+        if not headroom.active or not milli or lent or self.urgent(request):
+            return True  # whether the pool has room for it is placement's question, not the headroom's
+        capacity = self.pool_capacity.get(pool, 0)
+        free = capacity - self.pool_held.get(pool, 0)
+        return fits_headroom(
+            capacity,
+            free,
+            milli,
+            headroom.share(pool),
+            urgent=False,
+            preemptible=request.preemptible,
+            within_nominal=within_nominal,
+        )
+
+    def _headroom_refusing(self, request: GpuRequest) -> list[str]:
+        pools = {n.node_pool: n for n in self.nodes.values()}
+        return [
+            p
+            for p, n in sorted(pools.items())
+            if not self._fits_headroom(
+                request, p, self._milli(request, n), within_nominal=self.within_nominal(request, n)
+            )
+        ]
+
+    def _keeps_headroom(self, pool: str) -> str:
+        share, capacity = self.plan.headroom.share(pool), self.pool_capacity.get(pool, 0)
+        return (
+            f"pool {pool} keeps {share:.0%} of its GPUs for urgent work (priority >= {self.urgent_priority} "
+            f"or inference): {self.pool_held.get(pool, 0) / 1000:g} of {capacity / 1000:g} GPUs held"
+        )
+
+    def without(self, freed: Iterable[tuple[GpuRequest, Assignment]]) -> Governance:
+        """Return this usage once the grants ``freed`` are gone (preemption victims)."""
+        used, held = defaultdict(int, self.used), defaultdict(int, self.held)
+        pool_held = defaultdict(int, self.pool_held)
+        for request, assignment in freed:
+            node = self.nodes.get(assignment.node)
+            if node is None:
+                continue
+            milli = _assignment_milli(request, assignment, node)
+            held[request.team] -= milli
+            pool_held[node.node_pool] -= milli
+            for flavor in _flavors(node, assignment):
+                used[(request.team, flavor)] -= milli
+        return Governance(self.plan, used, held, self.nodes, pool_held)
+
+    def _nominal(self, team: str) -> dict[tuple[str, Flavor], int]:
+        return {(q.team, q.flavor): q.nominal_milli for q in self.plan.quotas if q.team == team}
+
+    # -- fair order ----------------------------------------------------------------------------
+
+    def order(self, entries: list[QueueEntry]) -> list[QueueEntry]:
+        """Return the entries in fair order, ``seq`` renumbered so the queue rule keeps that order."""
+        capacity = sum(len(n.gpus) * _MILLI_PER_GPU for n in self.nodes.values())
+        fair = FairShare(self.plan, dict(self.held), capacity)
+        ranked = fair.order([_Queued(e) for e in entries])
+        return [replace(q.entry, seq=rank) for rank, q in enumerate(ranked)]  # type: ignore[attr-defined]
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _admits_on(self, request: GpuRequest, node: NodeState) -> bool:
+        milli = self._milli(request, node)
+        if not milli:
+            return True
+        state = QuotaState(self.plan, self.used)
+        return state.admit(request.team, _node_flavors(node), milli).admitted
+
+    @staticmethod
+    def _milli(request: GpuRequest, node: NodeState) -> int:
+        """The most ``request`` may count on ``node`` (a gang: its minimum's total)."""
+        member = request.member if request.gang is not None else request
+        count = request.gang.min_members if request.gang is not None else 1
+        if member.mig_profile is not None:
+            each = max((gpu_milli_of_mig(member.mig_profile, m) for m in node.models), default=0)
+        else:
+            each = member.gpu_milli or member.gpus * _MILLI_PER_GPU
+        return each * count
+
+    def _at_quota(self, state: QuotaState, team: str, flavor: Flavor) -> str:
+        quota = next((q for q in self.plan.quotas if q.team == team and q.flavor == flavor), None)
+        nominal = quota.nominal_milli if quota is not None else 0
+        used = self.used.get((team, flavor), 0)
+        cohort = quota.cohort if quota is not None else None
+        if cohort is None:
+            lends = "it is in no cohort to borrow from"
+        elif (
+            quota is not None
+            and quota.borrowing_limit_milli is not None
+            and (used - nominal >= quota.borrowing_limit_milli)
+        ):
+            lends = f"it borrows its limit of {quota.borrowing_limit_milli / 1000:g} GPUs"
+        else:
+            # What the cohort lends covers what the team already borrows first.
+            more = state.lendable_milli(cohort, flavor, besides=team) - max(0, used - nominal)
+            lends = (
+                f"its cohort {cohort} lends nothing now"
+                if more <= 0
+                else f"its cohort {cohort} lends only {more / 1000:g} more GPUs now"
+            )
+        return f"team {team} is at its quota on {flavor} ({used / 1000:g}/{nominal / 1000:g} GPUs), {lends}"
+
+
+def _node_flavors(node: NodeState) -> list[Flavor]:
+    return [Flavor("pool", node.node_pool), *(Flavor("model", m) for m in sorted(node.models))]
+
+
+def _model_of(node: NodeState, assignment: Assignment) -> str | None:
+    if not assignment.gpu_indices:
+        return None
+    index = assignment.gpu_indices[0]
+    return next((g.model for g in node.gpus if g.index == index), None)
+
+
+def _flavors(node: NodeState, assignment: Assignment) -> list[Flavor]:
+    model = _model_of(node, assignment)
+    return [Flavor("pool", node.node_pool), *([Flavor("model", model)] if model else [])]
+
+
+def _assignment_milli(request: GpuRequest, assignment: Assignment, node: NodeState) -> int:
+    """The milli-GPU a grant counts (a MIG slice: its compute share), as :func:`grant_milli` does."""
+    if assignment.mig_slice is not None and request.mig_profile is not None:
+        return gpu_milli_of_mig(request.mig_profile, _model_of(node, assignment))
+    return len(assignment.gpu_indices) * assignment.milli_per_gpu
+
+
+def mark_headroom_loan(conn: Connection, reservation_id: str) -> None:
+    """Record that a grant was admitted on the headroom lent to preemptible work."""
+    r = schema.reservations.c
+    conn.execute(update(schema.reservations).where(r.id == reservation_id).values(headroom_loan=True))
+
+
+def read_plan(conn: Connection) -> QuotaPlan:
+    """Return the stored quotas and headroom."""
+    return QuotaPlan(tuple(read_quotas(conn)), read_headroom(conn))
+
+
+def read_headroom(conn: Connection) -> Headroom:
+    """Return the stored headroom (no row: none)."""
+    rows = conn.execute(select(schema.headroom).order_by(schema.headroom.c.pool)).all()
+    if not rows:
+        return Headroom()
+    every = next((row for row in rows if row.pool == HEADROOM_EVERY_POOL), rows[0])
+    return Headroom(
+        every.share_milli if every.pool == HEADROOM_EVERY_POOL else 0,
+        tuple((row.pool, row.share_milli) for row in rows if row.pool != HEADROOM_EVERY_POOL),
+        bool(every.lend_to_preemptible),
+        every.urgent_priority,
+    )
+
+
+def read_quotas(conn: Connection) -> list[TeamQuota]:
+    """Return the stored quotas, sorted by team and flavor."""
+    q = schema.quotas.c
+    rows = conn.execute(select(schema.quotas).order_by(q.team, q.flavor))
+    return [
+        TeamQuota(
+            row.team,
+            Flavor.parse(row.flavor),
+            row.nominal_milli,
+            row.cohort,
+            row.borrowing_limit_milli,
+            row.lending_limit_milli,
+        )
+        for row in rows
+    ]

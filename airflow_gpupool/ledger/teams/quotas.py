@@ -1,0 +1,196 @@
+"""Team quotas kept in the ledger: applied as a whole from a quota file, listed with their usage.
+
+``apply`` checks the plan against the inventory (every flavor, and every pool the headroom
+names, must be a node pool or a GPU model the ledger has) and replaces the stored quotas and
+headroom in one write transaction: a refused plan changes nothing. ``usage`` counts, per team and flavor, the milli-GPU its live grants hold
+(orphans included: they still hold their slice), in the units of
+:mod:`airflow_gpupool.governance.quotas`.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import delete, insert, select
+
+from airflow_gpupool import settings
+from airflow_gpupool.exceptions import QuotaFileError
+from airflow_gpupool.governance.quotas import Flavor, Headroom, QuotaPlan, TeamQuota, gpu_milli_of_mig
+from airflow_gpupool.ledger.db import schema
+from airflow_gpupool.ledger.db import statements as sql
+from airflow_gpupool.ledger.teams.admission import (
+    HEADROOM_EVERY_POOL,
+    QUOTA_VERSION_KEY,
+    read_headroom,
+    read_plan,
+    read_quotas,
+)
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
+
+    from airflow_gpupool.ledger.db.models import Grant, Reservation
+    from airflow_gpupool.ledger.ledger import Ledger
+    from airflow_gpupool.ledger.store.transactions import Tx
+
+__all__ = ["QUOTA_VERSION_KEY", "AppliedQuotas", "LedgerQuotas", "grant_milli", "read_quotas"]
+
+
+@dataclass(frozen=True)
+class AppliedQuotas:
+    """What ``apply`` changed: ``team flavor`` keys added, changed and removed, and whether the headroom changed."""
+
+    added: tuple[str, ...] = ()
+    changed: tuple[str, ...] = ()
+    removed: tuple[str, ...] = ()
+    headroom_changed: bool = False
+
+    def summary(self) -> str:
+        """Return ``2 added, 1 changed, 0 removed``."""
+        return f"{len(self.added)} added, {len(self.changed)} changed, {len(self.removed)} removed"
+
+
+def grant_milli(grant: Grant) -> int:
+    """Return the milli-GPU a grant counts against its team's quota (a MIG slice: its compute share)."""
+    if grant.mig_profile is not None:
+        return gpu_milli_of_mig(grant.mig_profile, grant.gpu_model)
+    return len(grant.gpu_indices) * grant.milli_per_gpu
+
+
+class LedgerQuotas:
+    """Store and read team quotas in a ledger (schema v6 or later).
+
+    :param ledger: the ledger
+    """
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+
+    def apply(self, plan: QuotaPlan, *, dry_run: bool = False) -> AppliedQuotas:
+        """Replace the stored quotas with ``plan`` (idempotent); with ``dry_run`` only say what would change.
+
+        :raises QuotaFileError: a flavor names no node pool or GPU model of the ledger (nothing written)
+        """
+
+        headroom = _resolved(plan.headroom)
+
+        def run(tx: Tx) -> AppliedQuotas:
+            self._check_flavors(tx.conn, plan)
+            before = {_key(q): q for q in read_quotas(tx.conn)}
+            after = {_key(q): q for q in plan.quotas}
+            applied = AppliedQuotas(
+                tuple(sorted(after.keys() - before.keys())),
+                tuple(sorted(k for k in after.keys() & before.keys() if after[k] != before[k])),
+                tuple(sorted(before.keys() - after.keys())),
+                read_headroom(tx.conn) != headroom,
+            )
+            if dry_run or not (
+                applied.added or applied.changed or applied.removed or applied.headroom_changed
+            ):
+                return applied
+            tx.conn.execute(delete(schema.quotas))
+            if plan.quotas:
+                tx.conn.execute(insert(schema.quotas), [_row(q, tx.now) for q in plan.quotas])
+            tx.conn.execute(delete(schema.headroom))
+            if plan.quotas and headroom.active:
+                tx.conn.execute(insert(schema.headroom), _headroom_rows(headroom, tx.now))
+            _stamp_quota_version(tx, tx.version if plan.quotas else 0)
+            return applied
+
+        return self.ledger.write(run)
+
+    def list(self) -> QuotaPlan:
+        """Return the stored quotas and headroom."""
+        return self.ledger.read(read_plan)
+
+    def usage(self, grants: tuple[Reservation, ...] | None = None) -> dict[tuple[str, Flavor], int]:
+        """Return the milli-GPU held per (team, flavor), for the flavors of each grant's pool and model.
+
+        :param grants: the live grants (default: the ledger's now)
+        """
+        held: dict[tuple[str, Flavor], int] = defaultdict(int)
+        for reservation in self.ledger.snapshot().grants if grants is None else grants:
+            grant = reservation.grant
+            if grant is None:
+                continue
+            milli = grant_milli(grant)
+            held[(reservation.request.team, Flavor("pool", grant.node_pool))] += milli
+            if grant.gpu_model:
+                held[(reservation.request.team, Flavor("model", grant.gpu_model))] += milli
+        return dict(held)
+
+    @staticmethod
+    def _check_flavors(conn: Connection, plan: QuotaPlan) -> None:
+        pools = set(conn.execute(select(schema.nodes.c.node_pool).distinct()).scalars())
+        models = set(conn.execute(select(schema.gpus.c.model).distinct()).scalars())
+        known = {"pool": pools, "model": models}
+        for flavor in sorted(plan.flavors):
+            if flavor.name not in known[flavor.kind]:
+                have = ", ".join(sorted(known[flavor.kind])) or "none yet"
+                raise QuotaFileError(
+                    f"flavor {flavor}", flavor.name, f"a {flavor.kind} of the ledger's inventory ({have})"
+                )
+        for pool, _ in plan.headroom.pools:
+            if pool not in pools:
+                have = ", ".join(sorted(pools)) or "none yet"
+                raise QuotaFileError(
+                    f"headroom.pools.{pool}", pool, f"a pool of the ledger's inventory ({have})"
+                )
+
+
+def _stamp_quota_version(tx: Tx, version: int) -> None:
+    """Stamp the quotas' version (0: none stored), so the queue service knows at no extra read.
+
+    The inventory generation moves too: a concurrent grant placed before the change then
+    answers ``serialize`` instead of bypassing admission.
+    """
+    values = {"meta_key": QUOTA_VERSION_KEY, "meta_value": version}
+    if tx.quota_version is None:  # under the write lock: nobody adds the key meanwhile
+        tx.conn.execute(insert(schema.ledger_meta).values(key=QUOTA_VERSION_KEY, value=version))
+    else:
+        tx.conn.execute(sql.BUMP_META, values)
+    tx.quota_version = version
+    tx.dirty = tx.inventory_changed = True
+
+
+def _resolved(headroom: Headroom) -> Headroom:
+    """The headroom as stored: its urgent priority fixed now (every writer then agrees on it)."""
+    if not headroom.active:
+        return Headroom()
+    if headroom.urgent_priority is not None:
+        return headroom
+    return Headroom(
+        headroom.share_milli, headroom.pools, headroom.lend_to_preemptible, settings.urgent_priority()
+    )
+
+
+def _headroom_rows(headroom: Headroom, now: float) -> list[dict[str, Any]]:
+    shares = [(HEADROOM_EVERY_POOL, headroom.share_milli), *headroom.pools]
+    return [
+        {
+            "pool": pool,
+            "share_milli": share,
+            "lend_to_preemptible": headroom.lend_to_preemptible,
+            "urgent_priority": headroom.urgent_priority,
+            "updated_at": now,
+        }
+        for pool, share in shares
+    ]
+
+
+def _key(quota: TeamQuota) -> str:
+    return f"{quota.team} {quota.flavor}"
+
+
+def _row(quota: TeamQuota, now: float) -> dict[str, Any]:
+    return {
+        "team": quota.team,
+        "flavor": str(quota.flavor),
+        "cohort": quota.cohort,
+        "nominal_milli": quota.nominal_milli,
+        "borrowing_limit_milli": quota.borrowing_limit_milli,
+        "lending_limit_milli": quota.lending_limit_milli,
+        "updated_at": now,
+    }

@@ -1,0 +1,1 @@
+"""What the ledger shows: snapshots and read views, the history, the cluster invariants."""

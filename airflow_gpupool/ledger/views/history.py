@@ -1,0 +1,402 @@
+"""The history of reservations: derived from the reservations table, filtered, and pruned by age.
+
+Every fact the history shows is already a column of ``gpupool_reservations`` (asked for, when
+requested, granted and ended, the holder that names the task try, the node whose pool it ran
+in) or of ``gpupool_task_attempts`` (how a failed try failed), so no table of its own is kept:
+a history row is a reservation read back. Retention deletes ended reservations older than
+``[gpupool] history_retention_days`` with their failure records (:meth:`LedgerHistory.prune`,
+run by the controller's periodic pass). What the deleted rows counted towards the cumulative
+metrics is first added to carried-over totals in ``gpupool_meta``, so counters read by
+:func:`cumulative_counts` never go down when history is pruned.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import and_, case, delete, func, insert, or_, select, update
+
+from airflow_gpupool.exceptions import FailureClass, InvalidRequestError
+from airflow_gpupool.ledger.db import schema
+from airflow_gpupool.ledger.db.models import ReservationState
+from airflow_gpupool.ledger.teams.usage import carry_preemption_losses
+from airflow_gpupool.resources import GpuRequest
+from airflow_gpupool.task_try import TaskTry
+
+if TYPE_CHECKING:
+    from sqlalchemy import ColumnElement, Connection, Row
+
+    from airflow_gpupool.ledger.ledger import Ledger
+    from airflow_gpupool.ledger.store.transactions import Tx
+
+__all__ = [
+    "ENDED_STATES",
+    "WAIT_BUCKETS",
+    "HistoryEntry",
+    "HistoryFilter",
+    "LedgerHistory",
+    "cumulative_counts",
+]
+
+ENDED_STATES = ("released", "expired", "timed_out", "cancelled", "preempted")
+
+WAIT_BUCKETS = (1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 4 * 3600.0)
+"""Upper bounds (seconds) of the wait histogram's buckets."""
+
+#: Pruned rows delete at most this many reservations per transaction (short write locks).
+PRUNE_BATCH = 2000
+_CARRIED = "pruned."
+FACET_ROWS = 5000
+
+
+@dataclass(frozen=True)
+class HistoryFilter:
+    """Which reservations a history shows; None or empty: any.
+
+    :param team: the requesting team
+    :param pool: the node pool it was granted in
+    :param states: its state now (:class:`~airflow_gpupool.ledger.db.models.ReservationState` values)
+    :param dag_id: the DAG whose task try holds (or held) it
+    """
+
+    team: str | None = None
+    pool: str | None = None
+    states: tuple[str, ...] = ()
+    dag_id: str | None = None
+
+    def __post_init__(self) -> None:
+        known = [s.value for s in ReservationState]
+        for state in self.states:
+            if state not in known:
+                raise InvalidRequestError("state", state, f"one of {', '.join(known)}")
+
+    def where(self) -> list[ColumnElement[bool]]:
+        """Return the SQL conditions on the reservations table (joined to nodes for the pool)."""
+        r = schema.reservations.c
+        conditions: list[ColumnElement[bool]] = []
+        if self.team:
+            conditions.append(r.team == self.team)
+        if self.pool:
+            conditions.append(schema.nodes.c.node_pool == self.pool)
+        if self.states:
+            conditions.append(r.state.in_(self.states))
+        if self.dag_id:
+            conditions.append(r.holder.startswith(f"{self.dag_id}/", autoescape=True))
+        return conditions
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the filter as the page's query parameters spell it (``state``; empty ones left out)."""
+        named = {"team": self.team, "pool": self.pool, "state": list(self.states), "dag_id": self.dag_id}
+        return {k: v for k, v in named.items() if v}
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    """One reservation as the history shows it.
+
+    :param requested: what it asked for, in words (``1 GPU (A100)``)
+    :param waited: seconds from its request to its grant (or to its end, or to now)
+    :param held: seconds it held its slice (None: never granted)
+    :param try_number: the task try that holds (or held) it; 0 when the holder is no task try
+    :param failure_class: how that try failed, from its failure record (None: none recorded)
+    :param pool: the node pool it ran in (None: never granted, or the node is gone)
+    """
+
+    id: str
+    holder: str
+    team: str
+    state: str
+    requested: str
+    gpu_milli: int
+    created_at: float
+    granted_at: float | None
+    ended_at: float | None
+    waited: float
+    held: float | None
+    node: str | None
+    pool: str | None
+    dag_id: str | None
+    task_id: str | None
+    run_id: str | None
+    map_index: int | None
+    try_number: int
+    failure_class: str | None
+    message: str
+
+    @property
+    def outcome(self) -> str:
+        """The state, with the failure class when the try failed (``released, pod_failed``)."""
+        return f"{self.state}, {self.failure_class}" if self.failure_class else self.state
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return primitives (the JSON API's form)."""
+        return {**asdict(self), "outcome": self.outcome}
+
+
+def _entry(row: Row[Any], failure: str | None, now: float) -> HistoryEntry:
+    request = GpuRequest.from_dict(json.loads(row.request))
+    ref = TaskTry.from_holder(row.holder)
+    waited_until = row.granted_at if row.granted_at is not None else (row.ended_at or now)
+    held = None if row.granted_at is None else max(0.0, (row.ended_at or now) - row.granted_at)
+    return HistoryEntry(
+        id=row.id,
+        holder=row.holder,
+        team=row.team,
+        state=row.state,
+        requested=request.describe(),
+        gpu_milli=request.total_gpu_milli,
+        created_at=row.created_at,
+        granted_at=row.granted_at,
+        ended_at=row.ended_at,
+        waited=max(0.0, waited_until - row.created_at),
+        held=held,
+        node=row.node,
+        pool=row.node_pool,
+        dag_id=ref.dag_id if ref else None,
+        task_id=ref.task_id if ref else None,
+        run_id=ref.run_id if ref else None,
+        map_index=ref.map_index if ref else None,
+        try_number=ref.try_number if ref else 0,
+        failure_class=failure,
+        message=row.message or "",
+    )
+
+
+def _failures(conn: Connection, ids: Sequence[str]) -> dict[str, str]:
+    """The failure class of each reservation's latest failed try (an adopted grant may have several)."""
+    if not ids:
+        return {}
+    a = schema.task_attempts.c
+    query = select(a.reservation_id, a.failure_class).where(a.reservation_id.in_(ids)).order_by(a.try_number)
+    return {row.reservation_id: row.failure_class for row in conn.execute(query)}
+
+
+class LedgerHistory:
+    """Read and prune the history of a ledger's reservations.
+
+    :param ledger: the ledger
+    """
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+
+    def entries(
+        self, where: HistoryFilter | None = None, *, limit: int = 100, offset: int = 0
+    ) -> list[HistoryEntry]:
+        """Return reservations newest first, as the history shows them.
+
+        :param where: which reservations (default: all)
+        :param limit: at most this many
+        :param offset: skip this many first (paging)
+        """
+        r, n = schema.reservations.c, schema.nodes.c
+        query = (
+            select(schema.reservations, n.node_pool)
+            .select_from(schema.reservations.outerjoin(schema.nodes, n.name == r.node))
+            .where(*(where or HistoryFilter()).where())
+            .order_by(r.seq.desc())
+            .limit(limit)
+            .offset(offset)
+        )
+
+        def run(conn: Connection) -> list[HistoryEntry]:
+            rows = conn.execute(query).all()
+            failures = _failures(conn, [row.id for row in rows])
+            now = self.ledger.now()
+            return [_entry(row, failures.get(row.id), now) for row in rows]
+
+        return self.ledger.read(run)
+
+    def count(self, where: HistoryFilter | None = None) -> int:
+        """Return how many reservations ``where`` matches (for paging)."""
+        r, n = schema.reservations.c, schema.nodes.c
+        query = (
+            select(func.count())
+            .select_from(schema.reservations.outerjoin(schema.nodes, n.name == r.node))
+            .where(*(where or HistoryFilter()).where())
+        )
+        return int(self.ledger.read(lambda conn: conn.execute(query).scalar_one()))
+
+    def facets(self) -> dict[str, list[str]]:
+        """Return the teams, node pools and DAGs the history can be filtered by, sorted.
+
+        DAGs are those of the newest :data:`FACET_ROWS` reservations: holders are parsed here.
+        """
+        r = schema.reservations.c
+        recent = select(r.holder).order_by(r.seq.desc()).limit(FACET_ROWS)
+
+        def run(conn: Connection) -> dict[str, list[str]]:
+            teams = sorted(conn.execute(select(r.team).distinct()).scalars())
+            pools = sorted(conn.execute(select(schema.nodes.c.node_pool).distinct()).scalars())
+            dags = {ref.dag_id for h in conn.execute(recent).scalars() if (ref := TaskTry.from_holder(h))}
+            return {"team": teams, "pool": pools, "dag_id": sorted(dags)}
+
+        return self.ledger.read(run)
+
+    def typical_run_seconds(self, dag_id: str, task_id: str, *, runs: int = 5) -> tuple[float, int] | None:
+        """Return the median seconds a task's recent successful runs held their slice, and how many there were.
+
+        A successful run is a reservation of the task's that was released with no failed try
+        recorded against it; the newest ``runs`` count. None when the task has none yet.
+
+        :param dag_id: the task's DAG
+        :param task_id: the task
+        :param runs: how many of the newest successful runs to take
+        """
+        prefix = f"{dag_id}/{task_id}/"
+        r = schema.reservations.c
+        query = (
+            select(r.id, r.granted_at, r.ended_at)
+            .where(
+                r.holder.startswith(prefix, autoescape=True),
+                r.state == ReservationState.RELEASED.value,
+                r.granted_at.is_not(None),
+                r.ended_at.is_not(None),
+            )
+            .order_by(r.seq.desc())
+            .limit(runs * 4)  # some of the newest may have failed
+        )
+
+        def run(conn: Connection) -> list[float]:
+            rows = conn.execute(query).all()
+            failed = _failures(conn, [row.id for row in rows])
+            return [row.ended_at - row.granted_at for row in rows if row.id not in failed][:runs]
+
+        held = self.ledger.read(run)
+        return (float(statistics.median(held)), len(held)) if held else None
+
+    def held_by(self, task: TaskTry) -> str | None:
+        """Return the id of the newest reservation that try ``task`` holds or held, or None.
+
+        A retry that re-attached to an earlier try's pod adopted that try's grant: the
+        reservation keeps the earlier try's id and takes the retry's holder.
+
+        :param task: the try (its host is ignored)
+        """
+        r = schema.reservations.c
+        base = replace(task, host="").holder.rstrip("@")  # ``dag/task/run/map-N/try-T``
+        query = (
+            select(r.id)
+            .where(or_(r.holder == base, r.holder.startswith(f"{base}@", autoescape=True)))
+            .order_by(r.seq.desc())
+            .limit(1)
+        )
+        return self.ledger.read(lambda conn: conn.execute(query).scalar())
+
+    def prune(self, retention_seconds: float) -> int:
+        """Delete ended reservations that ended more than ``retention_seconds`` ago; return how many.
+
+        Live reservations are never touched. What the deleted rows counted (ended states,
+        grants, waits, preemptions) is carried over first, in the same transaction.
+
+        :param retention_seconds: how long ended reservations are kept
+        :raises InvalidRequestError: a retention that is not a positive number
+        """
+        if not retention_seconds > 0:
+            raise InvalidRequestError("retention_seconds", retention_seconds, "a positive number of seconds")
+        r, a = schema.reservations.c, schema.task_attempts.c
+
+        def run(tx: Tx) -> int:
+            cutoff = tx.now - retention_seconds
+            ids = list(
+                tx.conn.execute(
+                    select(r.id)
+                    .where(r.state.in_(ENDED_STATES), r.ended_at < cutoff)
+                    .order_by(r.ended_at)
+                    .limit(PRUNE_BATCH)
+                ).scalars()
+            )
+            if not ids:
+                return 0
+            _carry(tx.conn, _tally(tx.conn, r.id.in_(ids), a.reservation_id.in_(ids)))
+            carry_preemption_losses(tx.conn, ids)
+            tx.conn.execute(delete(schema.task_attempts).where(a.reservation_id.in_(ids)))
+            tx.conn.execute(delete(schema.reservations).where(r.id.in_(ids)))
+            return len(ids)
+
+        total = 0
+        while (pruned := self.ledger.write(run)) > 0:
+            total += pruned
+            if pruned < PRUNE_BATCH:
+                break
+        return total
+
+
+def _histogram(conn: Connection, name: str, waited: Any, where: ColumnElement[bool]) -> dict[str, int]:
+    """Count waits into the buckets in one aggregate query (sums in milliseconds)."""
+    columns = [func.sum(case((waited <= bound, 1), else_=0)) for bound in WAIT_BUCKETS]
+    row = conn.execute(
+        select(func.count(), func.coalesce(func.sum(waited), 0.0), *columns)
+        .select_from(schema.reservations)
+        .where(where)
+    ).one()
+    out = {f"wait.{name}.count": int(row[0]), f"wait.{name}.sum_ms": round(float(row[1]) * 1000)}
+    out.update(
+        {f"wait.{name}.le.{bound:g}": int(n or 0) for bound, n in zip(WAIT_BUCKETS, row[2:], strict=True)}
+    )
+    return out
+
+
+def _tally(
+    conn: Connection, reservations: ColumnElement[bool], attempts: ColumnElement[bool]
+) -> dict[str, int]:
+    """Count what the rows matching ``reservations`` and ``attempts`` add to the cumulative metrics."""
+    r, a = schema.reservations.c, schema.task_attempts.c
+    counts = {f"ended.{s}": 0 for s in ENDED_STATES}
+    for state, n in conn.execute(
+        select(r.state, func.count()).where(reservations, r.state.in_(ENDED_STATES)).group_by(r.state)
+    ):
+        counts[f"ended.{state}"] = int(n)
+    counts["grants"] = int(
+        conn.execute(select(func.count()).where(reservations, r.granted_at.is_not(None))).scalar_one()
+    )
+    taken = (FailureClass.PREEMPTED.value, FailureClass.EVICTED.value)
+    preempted = and_(attempts, a.failure_class.in_(taken))
+    counts["preemptions"] = int(conn.execute(select(func.count()).where(preempted)).scalar_one())
+    counts.update(
+        _histogram(
+            conn, "granted", r.granted_at - r.created_at, and_(reservations, r.granted_at.is_not(None))
+        )
+    )
+    counts.update(
+        _histogram(conn, "timed_out", r.ended_at - r.created_at, and_(reservations, r.state == "timed_out"))
+    )
+    return counts
+
+
+def _carried(conn: Connection) -> dict[str, int]:
+    m = schema.ledger_meta.c
+    rows = conn.execute(select(m.key, m.value).where(m.key.startswith(_CARRIED, autoescape=True)))
+    return {key[len(_CARRIED) :]: int(value) for key, value in rows}
+
+
+def _carry(conn: Connection, counts: dict[str, int]) -> None:
+    """Add ``counts`` to the carried-over totals kept in ``gpupool_meta``."""
+    m = schema.ledger_meta.c
+    before = _carried(conn)
+    for name, value in counts.items():
+        if name in before:
+            conn.execute(
+                update(schema.ledger_meta).where(m.key == _CARRIED + name).values(value=before[name] + value)
+            )
+        elif value:
+            conn.execute(insert(schema.ledger_meta).values(key=_CARRIED + name, value=value))
+
+
+def cumulative_counts(conn: Connection) -> dict[str, int]:
+    """Return the ledger's cumulative counts: the rows kept plus what pruned rows counted.
+
+    Keys: ``ended.<state>``, ``grants``, ``preemptions`` and, for ``wait.granted`` and
+    ``wait.timed_out``, ``.count``, ``.sum_ms`` and ``.le.<bound>`` per :data:`WAIT_BUCKETS` bound.
+
+    :param conn: an open read transaction
+    """
+    everything = or_(schema.reservations.c.id.is_not(None))
+    counts = _tally(conn, everything, schema.task_attempts.c.task_key.is_not(None))
+    for name, value in _carried(conn).items():
+        counts[name] = counts.get(name, 0) + value
+    return counts
