@@ -41,6 +41,6 @@ import pytest  # noqa: E402
 @pytest.fixture(autouse=True)
 def _close_shared_ledgers():  # type: ignore[no-untyped-def]
     yield
-    from airflow_gpupool.ledger.shared import close_shared
+    from airflow_gpupool.ledger import close_shared
 
     close_shared()

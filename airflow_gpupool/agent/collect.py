@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_gpupool.exceptions import NoGpuError
-from airflow_gpupool.ledger.nodes.agent_report import GpuSample, MigSample, NodeReport, ProcessSample
+from airflow_gpupool.ledger import GpuSample, MigSample, NodeReport, ProcessSample
 
 __all__ = ["NvmlCollector", "pod_uid_from_cgroup"]
 

@@ -18,9 +18,7 @@ from airflow_gpupool.validate import positive_seconds
 
 if TYPE_CHECKING:
     from airflow_gpupool.agent.collect import NvmlCollector
-    from airflow_gpupool.ledger import Ledger
-    from airflow_gpupool.ledger.nodes.agent_report import NodeReport
-    from airflow_gpupool.ledger.nodes.health import HeartbeatResult
+    from airflow_gpupool.ledger import HeartbeatResult, Ledger, NodeReport
 
 __all__ = ["AgentPass", "NodeAgent"]
 

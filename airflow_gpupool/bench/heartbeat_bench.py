@@ -33,9 +33,8 @@ from sqlalchemy.engine import make_url
 
 from airflow_gpupool.agent.collect import NvmlCollector
 from airflow_gpupool.exceptions import ConfigurationError
-from airflow_gpupool.ledger import Ledger
+from airflow_gpupool.ledger import Ledger, NodeReport
 from airflow_gpupool.ledger.db.engine import normalize_url
-from airflow_gpupool.ledger.nodes.agent_report import NodeReport
 from airflow_gpupool.resources import GpuDevice, GpuRequest, NodeInventory
 from airflow_gpupool.testing.fake_nvml import FakeNvml, node_spec
 

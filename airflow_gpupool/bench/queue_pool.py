@@ -10,7 +10,7 @@ from sqlalchemy import insert, select
 from airflow_gpupool.bench.phases import Side
 from airflow_gpupool.ledger import Ledger, ReservationState
 from airflow_gpupool.ledger.db import schema
-from airflow_gpupool.ledger.ledger import Tx
+from airflow_gpupool.ledger.store.transactions import Tx
 from airflow_gpupool.resources import GpuDevice, GpuRequest, NodeInventory
 
 __all__ = [

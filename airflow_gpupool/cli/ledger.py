@@ -13,8 +13,7 @@ from airflow_gpupool.cli.common import open_ledger, print_json, table, url_arg
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from airflow_gpupool.ledger.db.models import LedgerSnapshot, Reservation
-    from airflow_gpupool.ledger.teams.usage import QuotaUse
+    from airflow_gpupool.ledger import LedgerSnapshot, QuotaUse, Reservation
 
 __all__ = [
     "cmd_ledger_init",
@@ -132,7 +131,7 @@ def _quota_rows(quotas: Sequence[QuotaUse]) -> list[list[str]]:
 
 def cmd_status(args: argparse.Namespace) -> int:
     """Print nodes, GPUs, free capacity, grants, the queue and the quotas' use."""
-    from airflow_gpupool.ledger.teams.usage import quota_uses
+    from airflow_gpupool.ledger import quota_uses
 
     ledger = open_ledger(args)
     snapshot = ledger.snapshot()
@@ -187,7 +186,7 @@ def cmd_reserve(args: argparse.Namespace) -> int:
 
 def _lease_left(reservation: Reservation, now: float) -> str:
     """Say how long the lease has left, or, for an orphan, whose pod holds its slice since when."""
-    from airflow_gpupool.ledger.db.models import ReservationState
+    from airflow_gpupool.ledger import ReservationState
 
     g = reservation.grant
     assert g is not None

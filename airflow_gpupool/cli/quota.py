@@ -60,7 +60,7 @@ def load_quota_file(path: str) -> QuotaPlan:
 
 def cmd_quota_apply(args: argparse.Namespace) -> int:
     """Replace the ledger's team quotas with those of FILE (idempotent; a refused file changes nothing)."""
-    from airflow_gpupool.ledger.teams.quotas import LedgerQuotas
+    from airflow_gpupool.ledger import LedgerQuotas
 
     plan = load_quota_file(args.file)
     ledger = open_ledger(args)
@@ -102,7 +102,7 @@ def _headroom_text(headroom: Headroom) -> str:
 
 def cmd_quota_list(args: argparse.Namespace) -> int:
     """Show each team's quota per flavor, with what its live grants hold now."""
-    from airflow_gpupool.ledger.teams.quotas import LedgerQuotas
+    from airflow_gpupool.ledger import LedgerQuotas
 
     ledger = open_ledger(args)
     try:

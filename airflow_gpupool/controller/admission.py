@@ -22,7 +22,7 @@ from airflow_gpupool.labels import (
 )
 
 if TYPE_CHECKING:
-    from airflow_gpupool.ledger.db.models import Grant
+    from airflow_gpupool.ledger import Grant
 
 __all__ = ["GPU_TOLERATION", "admission_patch", "gatekeeper_event"]
 

@@ -17,10 +17,10 @@ from airflow_gpupool.labels import (
     RESERVATION_LABEL,
     SCHEDULING_GATE,
 )
-from airflow_gpupool.ledger.queue.gangs import member_id
+from airflow_gpupool.ledger import member_id
 
 if TYPE_CHECKING:
-    from airflow_gpupool.ledger.db.models import Gang, Reservation
+    from airflow_gpupool.ledger import Gang, Reservation
 
 __all__ = ["JOB_NAME_LABEL", "live_member_pod", "pods_to_pin", "replacements_by_member"]
 #: Pod phases after which a pod holds no slice any more.

@@ -14,8 +14,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from airflow_gpupool.ledger import Ledger
-    from airflow_gpupool.ledger.nodes.health import HeartbeatCheck
+    from airflow_gpupool.ledger import HeartbeatCheck, Ledger
 
 __all__ = ["QUARANTINE_EVENT_REASON", "RELEASE_EVENT_REASON", "check_heartbeats", "node_event"]
 

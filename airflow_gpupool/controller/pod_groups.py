@@ -31,15 +31,13 @@ from airflow_gpupool.labels import (
     RESERVATION_LABEL,
     SCHEDULING_GATE,
 )
-from airflow_gpupool.ledger.db.models import ReservationState
-from airflow_gpupool.ledger.views.invariants import FINISHED_PHASES
+from airflow_gpupool.ledger import FINISHED_PHASES, ReservationState
 from airflow_gpupool.pod_gang import PodGang, pod_gang
 from airflow_gpupool.resources import GpuRequest
 from airflow_gpupool.task_try import RESERVATION_ID_PREFIX
 
 if TYPE_CHECKING:
-    from airflow_gpupool.ledger import Ledger
-    from airflow_gpupool.ledger.db.models import Reservation
+    from airflow_gpupool.ledger import Ledger, Reservation
 
 __all__ = [
     "PodGroup",

@@ -28,13 +28,11 @@ from airflow_gpupool.controller.gang_pods import live_member_pod, replacements_b
 from airflow_gpupool.exceptions import InvalidRequestError
 from airflow_gpupool.inventory.sync import list_nodes, list_objects
 from airflow_gpupool.labels import GANG_RESERVATION_LABEL, RESERVATION_LABEL
-from airflow_gpupool.ledger.db.models import ReservationState
-from airflow_gpupool.ledger.views.invariants import FINISHED_PHASES
+from airflow_gpupool.ledger import FINISHED_PHASES, ReservationState
 from airflow_gpupool.task_try import RESERVATION_ID_PREFIX
 
 if TYPE_CHECKING:
-    from airflow_gpupool.ledger import Ledger
-    from airflow_gpupool.ledger.db.models import Reservation
+    from airflow_gpupool.ledger import Ledger, Reservation
 
 __all__ = [
     "DEFAULT_GRACE_SECONDS",

@@ -31,15 +31,13 @@ from airflow_gpupool.controller.heartbeats import check_heartbeats
 from airflow_gpupool.controller.reconcile import ReconcileResult, reconcile
 from airflow_gpupool.exceptions import ConfigurationError
 from airflow_gpupool.inventory.sync import SyncResult, sync_inventory
-from airflow_gpupool.ledger.views.history import LedgerHistory
+from airflow_gpupool.ledger import LedgerHistory
 from airflow_gpupool.settings import history_retention_seconds
 from airflow_gpupool.validate import positive_seconds
 
 if TYPE_CHECKING:
     from airflow_gpupool.controller.leader import LeaderElector
-    from airflow_gpupool.ledger import Ledger
-    from airflow_gpupool.ledger.db.models import ReapResult
-    from airflow_gpupool.ledger.nodes.health import HeartbeatCheck
+    from airflow_gpupool.ledger import HeartbeatCheck, Ledger, ReapResult
 
 __all__ = [
     "DEFAULT_RECONCILE_INTERVAL",

@@ -7,8 +7,7 @@ from typing import IO, Any
 
 from airflow_gpupool.executor_hook import GATEKEEPER_HOST
 from airflow_gpupool.labels import SCHEDULING_GATE
-from airflow_gpupool.ledger import Ledger
-from airflow_gpupool.ledger.db.models import Grant, Reservation
+from airflow_gpupool.ledger import Grant, Ledger, Reservation
 from airflow_gpupool.task_try import TaskTry
 from airflow_gpupool.testing import KubernetesEmulatorServer
 
@@ -58,7 +57,7 @@ def _env_of(pod: dict[str, Any]) -> dict[str, str]:
 
 
 def _train_note(dag_run: Any, ti: Any, ledger: Ledger, k8s: KubernetesEmulatorServer) -> str:
-    from airflow_gpupool.ledger.grants.attempts import TaskAttempts
+    from airflow_gpupool.ledger import TaskAttempts
 
     notes = []
     for attempt in TaskAttempts(ledger).history(TaskTry(DAG_ID, "train", dag_run.run_id).task_key):

@@ -41,9 +41,15 @@ from airflow_gpupool.hooks.options import (
 
 if TYPE_CHECKING:
     from airflow_gpupool.checkpoints.store import CheckpointStore
-    from airflow_gpupool.ledger import Ledger, ReapResult, ReleaseResult, Reservation
-    from airflow_gpupool.ledger.db.models import Gang
-    from airflow_gpupool.ledger.grants.attempts import TaskAttempt, TaskAttempts
+    from airflow_gpupool.ledger import (
+        Gang,
+        Ledger,
+        ReapResult,
+        ReleaseResult,
+        Reservation,
+        TaskAttempt,
+        TaskAttempts,
+    )
     from airflow_gpupool.placement.snapshot import ClusterSnapshot
     from airflow_gpupool.resources import GpuRequest
 
@@ -120,7 +126,7 @@ class GpuPoolHook(BaseHook):
     def ledger(self) -> Ledger:
         """This process's ledger client for the resolved URL, shared with the other hooks (see
         :mod:`airflow_gpupool.ledger.shared`): one bounded pool however many tasks wait."""
-        from airflow_gpupool.ledger.shared import shared_ledger
+        from airflow_gpupool.ledger import shared_ledger
 
         # One ledger per process and URL (queue at scale); placement honours the connection's
         # bindings: a request goes only to a node pool whose binding can express it.
@@ -274,7 +280,7 @@ class GpuPoolHook(BaseHook):
 
     @cached_property
     def _attempts(self) -> TaskAttempts:
-        from airflow_gpupool.ledger.grants.attempts import TaskAttempts
+        from airflow_gpupool.ledger import TaskAttempts
 
         return TaskAttempts(self.ledger)
 
@@ -284,7 +290,7 @@ class GpuPoolHook(BaseHook):
 
     def typical_run_seconds(self, dag_id: str, task_id: str) -> tuple[float, int] | None:
         """Return the median seconds of a task's recent successful runs and their count (None: none yet)."""
-        from airflow_gpupool.ledger.views.history import LedgerHistory
+        from airflow_gpupool.ledger import LedgerHistory
 
         return LedgerHistory(self.ledger).typical_run_seconds(dag_id, task_id)
 
@@ -298,7 +304,7 @@ class GpuPoolHook(BaseHook):
 
     def close(self) -> None:
         """Close the ledger's connections, if any were opened."""
-        from airflow_gpupool.ledger.shared import release_shared
+        from airflow_gpupool.ledger import release_shared
 
         self.__dict__.pop("_attempts", None)
         if "ledger" in self.__dict__:

@@ -1,4 +1,9 @@
-"""The shared GPU ledger (SQLite embedded, PostgreSQL shared)."""
+"""The shared GPU ledger (SQLite embedded, PostgreSQL shared).
+
+This package is the ledger's only door: code outside it imports the names below, never a
+room (``airflow_gpupool.ledger.<room>``), so the rooms can move without their callers
+noticing. ``pyproject.toml`` ([tool.importlinter]) enforces it; ARCHITECTURE.md maps the rooms.
+"""
 
 from __future__ import annotations
 
@@ -12,17 +17,80 @@ from airflow_gpupool.ledger.db.models import (
     Reservation,
     ReservationState,
 )
+from airflow_gpupool.ledger.grants.attempts import TaskAttempt, TaskAttempts
 from airflow_gpupool.ledger.ledger import InventoryChange, Ledger
+from airflow_gpupool.ledger.nodes.agent_report import GpuSample, MigSample, NodeReport, ProcessSample
+from airflow_gpupool.ledger.nodes.health import HeartbeatCheck, HeartbeatResult
+from airflow_gpupool.ledger.postgres.notify import GrantListener
+from airflow_gpupool.ledger.queue.gangs import member_id
+from airflow_gpupool.ledger.shared import close_shared, release_shared, shared_ledger
+from airflow_gpupool.ledger.teams.quotas import LedgerQuotas, grant_milli
+from airflow_gpupool.ledger.teams.usage import (
+    RANGES,
+    PreemptionLoss,
+    QuotaUse,
+    UsageReport,
+    preemption_losses,
+    quota_uses,
+    usage_report,
+)
+from airflow_gpupool.ledger.views.history import HistoryEntry, HistoryFilter, LedgerHistory
+from airflow_gpupool.ledger.views.invariants import FINISHED_PHASES, cluster_violations
+from airflow_gpupool.ledger.views.totals import (
+    ENDED_STATES,
+    WAIT_BUCKETS,
+    HeldSpan,
+    LedgerTotals,
+    WaitHistogram,
+    allocation_series,
+    held_spans,
+    ledger_totals,
+)
 
 __all__ = [
+    "ENDED_STATES",
+    "FINISHED_PHASES",
+    "RANGES",
+    "WAIT_BUCKETS",
     "Gang",
+    "GpuSample",
     "Grant",
+    "GrantListener",
+    "HeartbeatCheck",
+    "HeartbeatResult",
+    "HeldSpan",
+    "HistoryEntry",
+    "HistoryFilter",
     "InventoryChange",
     "Ledger",
+    "LedgerHistory",
+    "LedgerQuotas",
     "LedgerSnapshot",
+    "LedgerTotals",
+    "MigSample",
     "NodeRecord",
+    "NodeReport",
+    "PreemptionLoss",
+    "ProcessSample",
+    "QuotaUse",
     "ReapResult",
     "ReleaseResult",
     "Reservation",
     "ReservationState",
+    "TaskAttempt",
+    "TaskAttempts",
+    "UsageReport",
+    "WaitHistogram",
+    "allocation_series",
+    "close_shared",
+    "cluster_violations",
+    "grant_milli",
+    "held_spans",
+    "ledger_totals",
+    "member_id",
+    "preemption_losses",
+    "quota_uses",
+    "release_shared",
+    "shared_ledger",
+    "usage_report",
 ]

@@ -10,17 +10,12 @@ On PostgreSQL, a grant or release that needs no queue decision (nothing waits, n
 is overdue) takes the lock in shared mode instead and commits alongside others: see
 :mod:`airflow_gpupool.ledger.postgres.functions`. Anything else takes it exclusively.
 
-:class:`Ledger` is the one public face of rooms that each do one job, layered bottom up
-(each imports only the layers below it):
-
-* :mod:`~airflow_gpupool.ledger.db.records`: rows made into reservations and grants;
-* :mod:`~airflow_gpupool.ledger.store.transactions`: connections, transactions, per-process caches;
-* :mod:`~airflow_gpupool.ledger.queue.cycle`: expire what is due, apply, serve the queue;
-* :mod:`~airflow_gpupool.ledger.nodes.inventory`, :mod:`~airflow_gpupool.ledger.grants.serialized` and
-  :mod:`~airflow_gpupool.ledger.views.ledger_views`: nodes; grants and leases; what can be read.
-
-The facade composes them and picks the path of each grant and release: the concurrent
-one where the database has it, the serialized cycle when that one declines.
+:class:`Ledger` is the one public face of rooms that each do one job (ARCHITECTURE.md maps
+them; ``pyproject.toml`` keeps their imports running downward). It composes them, inherits
+its reads and node methods (:mod:`~airflow_gpupool.ledger.views.api`,
+:mod:`~airflow_gpupool.ledger.nodes.api`) and picks the path of each grant and release: the
+concurrent one (:mod:`~airflow_gpupool.ledger.grants.concurrent_grants`) where the database has
+it, the serialized cycle (:mod:`~airflow_gpupool.ledger.queue.cycle`) when that one declines.
 """
 
 from __future__ import annotations
@@ -28,7 +23,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from sqlalchemy import Connection
@@ -37,28 +32,21 @@ from airflow_gpupool import settings
 from airflow_gpupool.binding import check_binding_name
 from airflow_gpupool.exceptions import GpuPoolError
 from airflow_gpupool.ledger.db.engine import transient_retry
-from airflow_gpupool.ledger.db.models import (
-    Gang,
-    LedgerSnapshot,
-    ReapResult,
-    ReleaseResult,
-    Reservation,
-    ReservationState,
-)
+from airflow_gpupool.ledger.db.models import ReapResult, ReleaseResult, Reservation
 from airflow_gpupool.ledger.grants.concurrent_grants import ConcurrentGrants
 from airflow_gpupool.ledger.grants.grant_reports import PodBinding, bind_pod, bind_pods, note_checkpoint
 from airflow_gpupool.ledger.grants.serialized import LedgerGrants, ReserveArgs
-from airflow_gpupool.ledger.nodes.agent_report import NodeReport
-from airflow_gpupool.ledger.nodes.health import HeartbeatCheck, HeartbeatResult, LedgerHealth
+from airflow_gpupool.ledger.nodes.api import LedgerNodeApi
+from airflow_gpupool.ledger.nodes.health import LedgerHealth
 from airflow_gpupool.ledger.nodes.inventory import InventoryChange, LedgerInventory
 from airflow_gpupool.ledger.queue.cycle import WriteCycle
 from airflow_gpupool.ledger.store.transactions import LedgerStore, Tx
+from airflow_gpupool.ledger.views.api import LedgerReadApi
 from airflow_gpupool.ledger.views.ledger_views import LedgerViews
 from airflow_gpupool.placement.policy import PlacementPolicy, get_policy
 from airflow_gpupool.placement.pools import PoolBinding, PoolBindings
-from airflow_gpupool.placement.snapshot import ClusterSnapshot
 from airflow_gpupool.redact import redact_url
-from airflow_gpupool.resources import GpuRequest, NodeHealth, NodeInventory
+from airflow_gpupool.resources import GpuRequest
 
 __all__ = ["InventoryChange", "Ledger", "Tx", "pool_bindings"]
 
@@ -81,7 +69,7 @@ def pool_bindings(binding: str | None, node_pool_bindings: Mapping[str, str] | N
     return PoolBindings(one(binding, "ledger binding") if binding is not None else None, pools)
 
 
-class Ledger:
+class Ledger(LedgerNodeApi, LedgerReadApi):
     """The shared record of who holds which GPU slice.
 
     :param url: SQLAlchemy URL (``sqlite:////path/ledger.db``, ``postgresql://user@host/db``);
@@ -234,77 +222,6 @@ class Ledger:
         """Run ``fn`` in one read-only transaction that sees one consistent state; return what it returns."""
         return self._store.read(fn)
 
-    # -- inventory ------------------------------------------------------------------------
-
-    def upsert_nodes(self, inventory: Iterable[NodeInventory]) -> InventoryChange:
-        """Add or update nodes, all in one transaction; unchanged nodes are left alone.
-
-        :raises InvalidInventoryError: a node is malformed, listed twice, or would lose a GPU
-            or MIG slice that a live grant holds (drain the node first)
-        """
-        return self._inventory.upsert_nodes(inventory)
-
-    def remove_node(self, name: str) -> str:
-        """Remove a node: ``removed``, ``draining`` (live grants keep it until released) or ``absent``."""
-        return self._inventory.remove_node(name)
-
-    def set_health(
-        self, name: str, health: NodeHealth | str, *, source: str = "admin", reason: str = ""
-    ) -> bool:
-        """Set a node's health as ``source``; only ``healthy`` nodes take new grants.
-
-        A source changes only a health set by a source of its rank or lower (admin > agent and
-        controller > inventory, see :mod:`~airflow_gpupool.ledger.nodes.health`).
-
-        :returns: whether it changed; False when a higher source set the health
-        :raises InvalidInventoryError: unknown node, health value or source
-        """
-        return self._health.set_node_health(name, health, source=source, reason=reason)
-
-    def set_gpu_health(
-        self, node: str, gpu: str, health: NodeHealth | str, *, source: str = "admin", reason: str = ""
-    ) -> bool:
-        """Set one GPU's health (by UUID or index) as ``source``; a quarantined GPU takes no new grants.
-
-        :returns: whether it changed; False when a higher source set the health
-        :raises InvalidInventoryError: unknown node or GPU, a health other than healthy or quarantined
-        """
-        return self._health.set_gpu_health(node, gpu, health, source=source, reason=reason)
-
-    def heartbeat(self, name: str, at: float | None = None) -> None:
-        """Record that a node's agent is alive (no report; see :meth:`record_report`)."""
-        self._inventory.heartbeat(name, at)
-
-    def record_report(
-        self,
-        report: NodeReport,
-        *,
-        missed_heartbeats: int | None = None,
-        leak_grace_seconds: float | None = None,
-        leak_action: str | None = None,
-    ) -> HeartbeatResult:
-        """Store a node agent's heartbeat and report: verify UUIDs, quarantine failing GPUs, find leaks.
-
-        :raises InvalidInventoryError: the node is not in the inventory, or a bad leak action
-        """
-        return self._health.record_report(
-            report,
-            missed=missed_heartbeats if missed_heartbeats is not None else settings.missed_heartbeats(),
-            leak_grace_s=leak_grace_seconds
-            if leak_grace_seconds is not None
-            else settings.leak_grace_seconds(),
-            leak_action=leak_action or settings.leak_action(),
-        )
-
-    def check_heartbeats(
-        self, *, missed_heartbeats: int | None = None, stable_seconds: float | None = None
-    ) -> HeartbeatCheck:
-        """Quarantine nodes whose agent stopped for ``missed_heartbeats`` intervals; release recovered ones."""
-        return self._health.check_heartbeats(
-            missed=missed_heartbeats if missed_heartbeats is not None else settings.missed_heartbeats(),
-            stable_s=stable_seconds if stable_seconds is not None else settings.heartbeat_stable_seconds(),
-        )
-
     # -- reservations ---------------------------------------------------------------------
 
     def reserve(
@@ -455,69 +372,7 @@ class Ledger:
             self._due_checked_at = checked
         return self._cycle.reap_due()
 
-    # -- reading ----------------------------------------------------------------------------
-
-    def get(self, reservation_id: str) -> Reservation:
-        """Return a reservation's current state (read-only).
-
-        :raises UnknownReservationError: no such id
-        """
-        return self._views.get(reservation_id)
-
-    def get_or_none(self, reservation_id: str) -> Reservation | None:
-        """Return a reservation's current state, or None when there is no such id."""
-        return self._views.get_or_none(reservation_id)
-
-    def gang(self, reservation_id: str) -> Gang:
-        """Return the gang of a leader or member id: its spec and every member by index.
-
-        :raises UnknownReservationError: no such id
-        :raises InvalidGangError: the reservation is not part of a gang
-        """
-        return self._views.gang(reservation_id)
-
-    def queue_positions(self) -> dict[str, int]:
-        """Return the position of every waiting request, by id (1: next in line).
-
-        One read for the whole queue: how a process's waiters learn, all at once, which of
-        them no longer wait and where the others stand.
-        """
-        return self._views.queue_positions()
-
     @property
     def listener_budget(self) -> int:
         """Connections of this ledger's budget kept for listening to grants (PostgreSQL): 0 or 1."""
         return self._store.budget.listener
-
-    def explain(self, reservation_id: str) -> str:
-        """Say why a waiting reservation waits (its queue position and the closest nodes).
-
-        :raises UnknownReservationError: no such id
-        """
-        return self._views.explain(reservation_id)
-
-    def explain_many(self, reservation_ids: Iterable[str]) -> dict[str, str]:
-        """Say why each waiting reservation waits, in one read (the GPU pool page's queue); unknown ids are left out."""
-        return self._views.explain_many(reservation_ids)
-
-    def history(
-        self, states: Iterable[ReservationState] | None = None, limit: int = 100
-    ) -> list[Reservation]:
-        """Return the most recent reservations (newest first), optionally only in ``states``."""
-        return self._views.history(states, limit)
-
-    def empty_cluster(self) -> ClusterSnapshot:
-        """Return the inventory as if nothing were granted: what a request could ever get."""
-        return self._views.empty_cluster()
-
-    def snapshot(self) -> LedgerSnapshot:
-        """Return one consistent view: nodes, GPUs, free capacity, grants and the queue."""
-        return self._views.snapshot()
-
-    def check_invariants(self, core_v1_api: Any = None) -> list[str]:
-        """Recompute every node's use from the grants; return each disagreement (empty: consistent).
-
-        :param core_v1_api: a ``kubernetes.client.CoreV1Api``: also check the cluster's side, that
-            no two live pods of reservations use one GPU beyond its capacity, or one MIG slice
-        """
-        return self._views.check_invariants(core_v1_api)

@@ -37,7 +37,7 @@ counters and histogram (since the ledger was created)
 ==============================================================  =================================
 
 The counters and the histogram are counted from the ledger's tables
-(:func:`airflow_gpupool.metrics.stats.ledger_totals`), not kept in the exporter's memory: every
+(:func:`airflow_gpupool.ledger.ledger_totals`), not kept in the exporter's memory: every
 exporter of one ledger reports the same values, they survive exporter restarts, and they are
 cumulative, so ``rate()`` and ``histogram_quantile()`` over them mean what they say.
 """
@@ -49,17 +49,15 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from airflow_gpupool.ledger import WAIT_BUCKETS
 from airflow_gpupool.metrics.agent import agent_metrics
-from airflow_gpupool.metrics.stats import WAIT_BUCKETS
 from airflow_gpupool.redact import redact_url, scrub
 from airflow_gpupool.resources import MILLI_PER_GPU
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
-    from airflow_gpupool.ledger import Ledger, LedgerSnapshot
-    from airflow_gpupool.ledger.teams.usage import PreemptionLoss, QuotaUse
-    from airflow_gpupool.metrics.stats import LedgerTotals
+    from airflow_gpupool.ledger import Ledger, LedgerSnapshot, LedgerTotals, PreemptionLoss, QuotaUse
 
 log = logging.getLogger(__name__)
 
@@ -254,7 +252,7 @@ def ledger_metrics(snapshot: LedgerSnapshot, totals: LedgerTotals) -> list[Metri
     """Return every metric family except ``gpupool_ledger_up``, from one snapshot and the ledger's totals.
 
     :param snapshot: a ledger snapshot; its ``taken_at`` is "now" for ages and waits
-    :param totals: cumulative counts, from :func:`airflow_gpupool.metrics.stats.ledger_totals`
+    :param totals: cumulative counts, from :func:`airflow_gpupool.ledger.ledger_totals`
     """
     from prometheus_client.core import GaugeMetricFamily
 
@@ -371,8 +369,7 @@ class GpuPoolCollector:
         """Read one snapshot and yield every metric family."""
         from prometheus_client.core import GaugeMetricFamily
 
-        from airflow_gpupool.ledger.teams.usage import preemption_losses, quota_uses
-        from airflow_gpupool.metrics.stats import ledger_totals
+        from airflow_gpupool.ledger import ledger_totals, preemption_losses, quota_uses
 
         up = GaugeMetricFamily("gpupool_ledger_up", "1 when the ledger answered this scrape")
         url: str | None = None

@@ -16,7 +16,7 @@ from airflow_gpupool.exceptions import ConfigurationError
 if TYPE_CHECKING:
     from airflow_gpupool.binding import PodBinding
     from airflow_gpupool.hooks.gpupool import GpuPoolHook
-    from airflow_gpupool.ledger.db.models import Gang, Grant, Reservation
+    from airflow_gpupool.ledger import Gang, Grant, Reservation
     from airflow_gpupool.resources import GpuRequest
 
 __all__ = ["GangLease", "describe_members", "member_binding"]

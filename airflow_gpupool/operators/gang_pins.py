@@ -27,7 +27,7 @@ from airflow_gpupool.controller.gang_pods import JOB_NAME_LABEL, pods_to_pin
 from airflow_gpupool.exceptions import GpuPoolError
 
 if TYPE_CHECKING:
-    from airflow_gpupool.ledger.db.models import Gang, Reservation
+    from airflow_gpupool.ledger import Gang, Reservation
 
 __all__ = ["JOB_NAME_LABEL", "GangPodPinner", "ReplacementPinning"]
 

@@ -26,7 +26,7 @@ from airflow_gpupool import settings
 from airflow_gpupool.exceptions import ConfigurationError, GpuPoolError, ReservationTimeoutError
 from airflow_gpupool.hooks.gpupool import GpuPoolHook
 from airflow_gpupool.labels import ANNOTATION_PREFIX, GANG_RESERVATION_ANNOTATION
-from airflow_gpupool.ledger.db.models import ReservationState
+from airflow_gpupool.ledger import ReservationState
 from airflow_gpupool.operators.gang_grants import GangLease, describe_members, member_binding
 from airflow_gpupool.operators.gang_pins import GangPodPinner, ReplacementPinning
 from airflow_gpupool.operators.lease import LeaseRenewer
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from kubernetes.client import models as k8s
 
     from airflow_gpupool.binding import PodBinding
-    from airflow_gpupool.ledger.db.models import Gang
+    from airflow_gpupool.ledger import Gang
 
 __all__ = ["GpuJobOperator"]
 

@@ -14,7 +14,7 @@ from airflow_gpupool import settings
 from airflow_gpupool.binding import SliceFacts, binding_for, check_binding_name
 from airflow_gpupool.exceptions import ConfigurationError, GpuPoolError, ReservationTimeoutError
 from airflow_gpupool.hooks.gpupool import GpuPoolHook
-from airflow_gpupool.ledger.db.models import Grant, ReservationState
+from airflow_gpupool.ledger import Grant, ReservationState
 from airflow_gpupool.operators.capacity import check_capacity, duration_matters, typical_run, with_capacity
 from airflow_gpupool.operators.escalation import EscalationPolicy
 from airflow_gpupool.operators.links import GpuReservationLink  # kit (issue 15)

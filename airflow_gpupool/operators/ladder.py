@@ -252,7 +252,7 @@ class FailureLadder:
         self, failed: FailedTry, classification: Classification, decision: Decision, step: int | None
     ) -> bool:
         """Record the failed try in the ledger; return whether this caller must notify a person."""
-        from airflow_gpupool.ledger.grants.attempts import TaskAttempt
+        from airflow_gpupool.ledger import TaskAttempt
 
         task = failed.task
         attempt = TaskAttempt(

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from airflow_gpupool.exceptions import LeaseLostError
-from airflow_gpupool.ledger.db.models import ReservationState
+from airflow_gpupool.ledger import ReservationState
 from airflow_gpupool.triggers.lease import LeaseWatch
 
 if TYPE_CHECKING:

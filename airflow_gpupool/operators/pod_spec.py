@@ -31,7 +31,7 @@ from airflow_gpupool.labels import (
 )
 
 if TYPE_CHECKING:
-    from airflow_gpupool.ledger.db.models import Grant
+    from airflow_gpupool.ledger import Grant
     from airflow_gpupool.resources import GpuRequest
 
 __all__ = [

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from airflow.sdk.types import Logger
 
     from airflow_gpupool.hooks.gpupool import GpuPoolHook
-    from airflow_gpupool.ledger.db.models import Grant
+    from airflow_gpupool.ledger import Grant
     from airflow_gpupool.task_try import TaskTry
 
 __all__ = ["Adopted", "EarlierTries"]

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
     from airflow_gpupool.exceptions import ReservationTimeoutError
     from airflow_gpupool.hooks.gpupool import GpuPoolHook
-    from airflow_gpupool.ledger.db.models import Grant
+    from airflow_gpupool.ledger import Grant
     from airflow_gpupool.operators.escalation import EscalationPolicy
     from airflow_gpupool.resources import GpuRequest
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from airflow_gpupool.exceptions import GpuPoolError, ReservationTimeoutError
 from airflow_gpupool.hooks.gpupool import GpuPoolHook
-from airflow_gpupool.ledger.db.models import Grant, ReservationState
+from airflow_gpupool.ledger import Grant, ReservationState
 from airflow_gpupool.triggers.queue_life import QueueLife
 from airflow_gpupool.triggers.reservation import ReservationTrigger
 

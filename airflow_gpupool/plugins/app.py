@@ -174,7 +174,7 @@ class _State:
         return {r.id: why.get(r.id, r.message) for r in waiting}
 
     def series(self, hours: float, snapshot: LedgerSnapshot | None = None) -> dict[str, Any]:
-        from airflow_gpupool.metrics.stats import allocation_series, held_spans
+        from airflow_gpupool.ledger import allocation_series, held_spans
 
         ledger = self.ledger()
         if snapshot is None:
@@ -217,8 +217,7 @@ def _ui_base(root_path: str) -> str:
 
 
 def _body(state: _State, ui_base: str, view: PageView) -> str:
-    from airflow_gpupool.ledger.teams.usage import usage_report
-    from airflow_gpupool.ledger.views.history import LedgerHistory
+    from airflow_gpupool.ledger import LedgerHistory, usage_report
     from airflow_gpupool.plugins import page
     from airflow_gpupool.plugins.history import PAGE_SIZE, definitions_html, history_html, usage_html
     from airflow_gpupool.plugins.pools import map_html
@@ -263,8 +262,7 @@ def page_view(
     :param states: reservation states (empty values ignored: the form's "any")
     """
     from airflow_gpupool.exceptions import InvalidRequestError
-    from airflow_gpupool.ledger.teams.usage import RANGES
-    from airflow_gpupool.ledger.views.history import HistoryFilter
+    from airflow_gpupool.ledger import RANGES, HistoryFilter
 
     if range_name not in RANGES:
         raise HTTPException(422, f"range={range_name!r}: choose one of {', '.join(RANGES)}")
@@ -369,9 +367,7 @@ def _reservation_body(state: _State, reservation_id: str, ui_base: str, task_try
     :param task_try: the try the extra link names (``dag/task/run/map-N/try-T``): when it has no
         reservation of its own id, it adopted an earlier try's grant, whose page is shown
     """
-    from airflow_gpupool.ledger import ReservationState
-    from airflow_gpupool.ledger.grants.attempts import TaskAttempts
-    from airflow_gpupool.ledger.views.history import LedgerHistory
+    from airflow_gpupool.ledger import LedgerHistory, ReservationState, TaskAttempts
     from airflow_gpupool.plugins.reservation import reservation_html
     from airflow_gpupool.task_try import TaskTry
 
@@ -439,7 +435,7 @@ def _add_api_routes(app: FastAPI, state: _State) -> None:
         states: StatesParam = None,
         dag_id: str | None = None,
     ) -> dict[str, Any]:
-        from airflow_gpupool.ledger.views.history import LedgerHistory
+        from airflow_gpupool.ledger import LedgerHistory
 
         where = page_view(team=team, pool=pool, states=states, dag_id=dag_id).where
         history = LedgerHistory(state.ledger())
@@ -453,7 +449,7 @@ def _add_api_routes(app: FastAPI, state: _State) -> None:
 
     @app.get("/api/v1/usage")
     def api_usage(range_name: RangeParam = "24h") -> dict[str, Any]:
-        from airflow_gpupool.ledger.teams.usage import usage_report
+        from airflow_gpupool.ledger import usage_report
 
         hours = page_view(range_name).hours
         return state.derived(("usage", hours), lambda s: usage_report(state.ledger(), s, hours)).to_dict()

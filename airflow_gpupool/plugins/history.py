@@ -13,14 +13,11 @@ from html import escape
 from typing import TYPE_CHECKING
 from urllib.parse import urlencode
 
-from airflow_gpupool.ledger.db.models import ReservationState
-from airflow_gpupool.ledger.teams.usage import RANGES
-from airflow_gpupool.ledger.views.history import HistoryFilter
+from airflow_gpupool.ledger import RANGES, HistoryFilter, ReservationState
 from airflow_gpupool.plugins.page import duration, holder_html, table_html, team_colour
 
 if TYPE_CHECKING:
-    from airflow_gpupool.ledger.teams.usage import PreemptionLoss, UsageReport
-    from airflow_gpupool.ledger.views.history import HistoryEntry
+    from airflow_gpupool.ledger import HistoryEntry, PreemptionLoss, UsageReport
 
 #: History rows per page.
 PAGE_SIZE = 50

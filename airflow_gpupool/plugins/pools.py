@@ -15,7 +15,7 @@ from html import escape
 from typing import TYPE_CHECKING
 from urllib.parse import urlencode
 
-from airflow_gpupool.ledger.teams.quotas import grant_milli
+from airflow_gpupool.ledger import grant_milli
 from airflow_gpupool.plugins.page import UNHEALTHY, node_html
 
 if TYPE_CHECKING:

@@ -13,8 +13,7 @@ from typing import TYPE_CHECKING
 from airflow_gpupool.plugins.page import duration, holder_html, preempting_html
 
 if TYPE_CHECKING:
-    from airflow_gpupool.ledger.db.models import Reservation
-    from airflow_gpupool.ledger.grants.attempts import TaskAttempt
+    from airflow_gpupool.ledger import Reservation, TaskAttempt
     from airflow_gpupool.task_try import TaskTry
 
 

@@ -21,7 +21,7 @@ from airflow_gpupool.triggers.leased import LeasedTrigger, cancel_quietly
 
 if TYPE_CHECKING:
     from airflow_gpupool.exceptions import LeaseLostError
-    from airflow_gpupool.ledger.db.models import Gang
+    from airflow_gpupool.ledger import Gang
 
 __all__ = ["LeasedJobTrigger"]
 

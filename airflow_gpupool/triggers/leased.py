@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Self
 from airflow.triggers.base import BaseTrigger
 
 from airflow_gpupool.hooks.gpupool import AsyncGpuPoolHook
-from airflow_gpupool.ledger.db.models import ReservationState
+from airflow_gpupool.ledger import ReservationState
 from airflow_gpupool.triggers.lease import LeaseWatch
 
 if TYPE_CHECKING:

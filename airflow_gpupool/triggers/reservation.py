@@ -12,7 +12,7 @@ from typing import Any, cast
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_gpupool.hooks.gpupool import AsyncGpuPoolHook
-from airflow_gpupool.ledger.db.models import Reservation, ReservationState
+from airflow_gpupool.ledger import Reservation, ReservationState
 from airflow_gpupool.triggers.events import trigger_event
 from airflow_gpupool.triggers.queue_life import QueueLife
 from airflow_gpupool.triggers.wait_room import WaitRoom, wait_room

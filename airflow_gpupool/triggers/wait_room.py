@@ -29,7 +29,7 @@ import weakref
 from typing import TYPE_CHECKING
 
 from airflow_gpupool import settings
-from airflow_gpupool.ledger.postgres.notify import GrantListener
+from airflow_gpupool.ledger import GrantListener
 
 if TYPE_CHECKING:
     from airflow_gpupool.ledger import Ledger

@@ -12,8 +12,7 @@ from typing import Any
 import pytest
 
 from airflow_gpupool.checkpoints import CheckpointStore
-from airflow_gpupool.ledger import Ledger
-from airflow_gpupool.ledger.grants.attempts import TaskAttempts
+from airflow_gpupool.ledger import Ledger, TaskAttempts
 from airflow_gpupool.testing import KubernetesEmulatorServer
 
 ESCALATIONS = Path(os.environ["AIRFLOW_HOME"]) / "escalations.jsonl"

@@ -20,8 +20,7 @@ from airflow_gpupool.controller.leader import LeaderElector, LeaseSettings
 from airflow_gpupool.controller.run import ControllerIntervals, GpuPoolController
 from airflow_gpupool.inventory.sync import core_v1_api
 from airflow_gpupool.labels import RESERVATION_LABEL
-from airflow_gpupool.ledger import Ledger
-from airflow_gpupool.ledger.db.models import ReservationState
+from airflow_gpupool.ledger import Ledger, ReservationState
 from airflow_gpupool.resources import GpuRequest
 from airflow_gpupool.testing import KubernetesEmulatorServer, gpu_node
 from tests.ledger_fixtures import FakeClock

@@ -14,8 +14,7 @@ import pytest
 
 from airflow_gpupool.controller.gatekeeper import gatekeep
 from airflow_gpupool.labels import CAPACITY_TYPE_LABEL, HOSTNAME_LABEL, PRIORITY_KEY, REQUEST_ANNOTATION
-from airflow_gpupool.ledger import Ledger
-from airflow_gpupool.ledger.db.models import Reservation
+from airflow_gpupool.ledger import Ledger, Reservation
 from airflow_gpupool.testing import KubernetesEmulatorServer, gpu_node
 from tests.integration.gatekeeper_fixtures import create_hooked_pod
 

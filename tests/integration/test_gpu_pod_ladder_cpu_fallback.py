@@ -12,8 +12,7 @@ from typing import Any
 
 import pytest
 
-from airflow_gpupool.ledger import Ledger
-from airflow_gpupool.ledger.grants.attempts import TaskAttempts
+from airflow_gpupool.ledger import Ledger, TaskAttempts
 from airflow_gpupool.testing import KubernetesEmulatorServer
 
 XID_79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, GPU has fallen off the bus."

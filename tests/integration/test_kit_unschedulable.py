@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from airflow_gpupool.ledger.grants.attempts import TaskAttempts
+from airflow_gpupool.ledger import TaskAttempts
 from airflow_gpupool.testing import GpuPool, gpu_node
 
 

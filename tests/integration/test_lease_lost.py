@@ -13,8 +13,7 @@ from typing import Any
 
 import pytest
 
-from airflow_gpupool.ledger import Ledger, ReservationState
-from airflow_gpupool.ledger.grants.attempts import TaskAttempts
+from airflow_gpupool.ledger import Ledger, ReservationState, TaskAttempts
 from airflow_gpupool.testing import KubernetesEmulatorServer
 
 #: How long the DAG run may take to get the pod running (the run's own start included).

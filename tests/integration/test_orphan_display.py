@@ -8,9 +8,8 @@ from pathlib import Path
 import pytest
 
 from airflow_gpupool.cli import main
-from airflow_gpupool.ledger import Ledger
+from airflow_gpupool.ledger import Ledger, ledger_totals
 from airflow_gpupool.metrics import ledger_metrics
-from airflow_gpupool.metrics.stats import ledger_totals
 from airflow_gpupool.plugins.page import grants_html
 from airflow_gpupool.resources import GpuRequest
 from tests.ledger_fixtures import FakeClock, node

@@ -25,8 +25,7 @@ from typing import Any
 
 import pytest
 
-from airflow_gpupool.ledger import Ledger, ReservationState
-from airflow_gpupool.ledger.grants.attempts import TaskAttempts
+from airflow_gpupool.ledger import Ledger, ReservationState, TaskAttempts
 from airflow_gpupool.resources import GpuRequest
 from airflow_gpupool.testing import KubernetesEmulatorServer
 from tests.integration.conftest import A100

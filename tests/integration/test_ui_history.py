@@ -19,13 +19,18 @@ import pytest
 
 from airflow_gpupool.exceptions import FailureClass, InvalidRequestError
 from airflow_gpupool.governance.quotas import Flavor, QuotaPlan, TeamQuota
-from airflow_gpupool.ledger import Ledger
-from airflow_gpupool.ledger.grants.attempts import TaskAttempt, TaskAttempts
-from airflow_gpupool.ledger.nodes.agent_report import GpuSample, NodeReport
-from airflow_gpupool.ledger.teams.quotas import LedgerQuotas
-from airflow_gpupool.ledger.teams.usage import usage_report
-from airflow_gpupool.ledger.views.history import HistoryFilter, LedgerHistory
-from airflow_gpupool.metrics.stats import ledger_totals
+from airflow_gpupool.ledger import (
+    GpuSample,
+    HistoryFilter,
+    Ledger,
+    LedgerHistory,
+    LedgerQuotas,
+    NodeReport,
+    TaskAttempt,
+    TaskAttempts,
+    ledger_totals,
+    usage_report,
+)
 from airflow_gpupool.resources import GpuRequest
 from airflow_gpupool.task_try import TaskTry
 from tests.ledger_fixtures import FakeClock, node

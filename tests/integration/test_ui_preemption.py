@@ -18,8 +18,7 @@ from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
 from airflow.api_fastapi.core_api.security import get_user
 from fastapi.testclient import TestClient
 
-from airflow_gpupool.ledger import Ledger, ReservationState
-from airflow_gpupool.ledger.teams.usage import PreemptionLoss, preemption_losses, usage_report
+from airflow_gpupool.ledger import Ledger, PreemptionLoss, ReservationState, preemption_losses, usage_report
 from airflow_gpupool.plugins.app import create_app
 from airflow_gpupool.resources import GpuRequest
 from airflow_gpupool.task_try import TaskTry

@@ -14,7 +14,7 @@ from airflow_gpupool.resources import GpuRequest
 if TYPE_CHECKING:
     from sqlalchemy import Connection, Row
 
-    from airflow_gpupool.ledger.ledger import Ledger
+    from airflow_gpupool.ledger.store.access import LedgerAccess
     from airflow_gpupool.ledger.store.transactions import Tx
 
 
@@ -71,7 +71,7 @@ class TaskAttempts:
     :param ledger: the ledger (schema v2 or later)
     """
 
-    def __init__(self, ledger: Ledger) -> None:
+    def __init__(self, ledger: LedgerAccess) -> None:
         self.ledger = ledger
 
     def record(self, attempt: TaskAttempt) -> TaskAttempt:

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from sqlalchemy import Connection
 
     from airflow_gpupool.ledger.db.models import Grant, Reservation
-    from airflow_gpupool.ledger.ledger import Ledger
+    from airflow_gpupool.ledger.store.access import LedgerAccess
     from airflow_gpupool.ledger.store.transactions import Tx
 
 __all__ = ["QUOTA_VERSION_KEY", "AppliedQuotas", "LedgerQuotas", "grant_milli", "read_quotas"]
@@ -65,7 +65,7 @@ class LedgerQuotas:
     :param ledger: the ledger
     """
 
-    def __init__(self, ledger: Ledger) -> None:
+    def __init__(self, ledger: LedgerAccess) -> None:
         self.ledger = ledger
 
     def apply(self, plan: QuotaPlan, *, dry_run: bool = False) -> AppliedQuotas:

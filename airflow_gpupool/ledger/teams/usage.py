@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
     from airflow_gpupool.governance.quotas import TeamQuota
     from airflow_gpupool.ledger.db.models import LedgerSnapshot
-    from airflow_gpupool.ledger.ledger import Ledger
+    from airflow_gpupool.ledger.store.access import LedgerAccess
 
 __all__ = [
     "RANGES",
@@ -275,7 +275,7 @@ def _losses(conn: Connection, where: ColumnElement[bool]) -> tuple[dict[str, int
     return count, lost
 
 
-def usage_report(ledger: Ledger, snapshot: LedgerSnapshot, hours: float) -> UsageReport:
+def usage_report(ledger: LedgerAccess, snapshot: LedgerSnapshot, hours: float) -> UsageReport:
     """Return GPU-hours by team and pool over the ``hours`` before the snapshot, and the quotas' use now.
 
     :param ledger: the ledger
@@ -301,7 +301,7 @@ def usage_report(ledger: Ledger, snapshot: LedgerSnapshot, hours: float) -> Usag
     )
 
 
-def quota_uses(ledger: Ledger, snapshot: LedgerSnapshot) -> tuple[QuotaUse, ...]:
+def quota_uses(ledger: LedgerAccess, snapshot: LedgerSnapshot) -> tuple[QuotaUse, ...]:
     """Return each stored quota beside what its team holds, borrows and lends of its flavor now.
 
     Empty when no quota is stored. The page, ``gpupool status`` and the metrics all read this.

@@ -30,7 +30,7 @@ from airflow_gpupool.task_try import TaskTry
 if TYPE_CHECKING:
     from sqlalchemy import ColumnElement, Connection, Row
 
-    from airflow_gpupool.ledger.ledger import Ledger
+    from airflow_gpupool.ledger.store.access import LedgerAccess
     from airflow_gpupool.ledger.store.transactions import Tx
 
 __all__ = [
@@ -181,7 +181,7 @@ class LedgerHistory:
     :param ledger: the ledger
     """
 
-    def __init__(self, ledger: Ledger) -> None:
+    def __init__(self, ledger: LedgerAccess) -> None:
         self.ledger = ledger
 
     def entries(

@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from airflow_gpupool.labels import RESERVATION_LABEL
-from airflow_gpupool.ledger import Ledger
-from airflow_gpupool.ledger.views.invariants import cluster_violations
+from airflow_gpupool.ledger import Ledger, cluster_violations
 from airflow_gpupool.resources import GpuRequest
 from tests.ledger_fixtures import FakeClock, node
 

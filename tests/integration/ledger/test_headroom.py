@@ -16,11 +16,10 @@ import yaml
 from sqlalchemy import create_engine, delete
 
 from airflow_gpupool.governance.quotas import Headroom, parse_quota_file
-from airflow_gpupool.ledger import Ledger, ReservationState
+from airflow_gpupool.ledger import Ledger, LedgerQuotas, ReservationState
 from airflow_gpupool.ledger.db import schema
 from airflow_gpupool.ledger.db.engine import normalize_url
 from airflow_gpupool.ledger.store import migrations
-from airflow_gpupool.ledger.teams.quotas import LedgerQuotas
 from airflow_gpupool.resources import GangSpec, GpuRequest, WorkloadClass
 from tests.ledger_fixtures import FakeClock, node
 

@@ -12,8 +12,7 @@ import pytest
 
 from airflow_gpupool.exceptions import ConfigurationError, NoCapacityError
 from airflow_gpupool.hooks import GpuPoolHook
-from airflow_gpupool.ledger import Ledger
-from airflow_gpupool.ledger.db.models import ReservationState
+from airflow_gpupool.ledger import Ledger, ReservationState
 from airflow_gpupool.resources import GpuRequest
 from tests.ledger_fixtures import node
 

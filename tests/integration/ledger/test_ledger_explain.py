@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from airflow_gpupool.ledger import Ledger
-from airflow_gpupool.ledger.db.models import ReservationState
+from airflow_gpupool.ledger import Ledger, ReservationState
 from airflow_gpupool.resources import GpuRequest, NodeHealth, NodeInventory, WorkloadClass
 from tests.ledger_fixtures import node
 

@@ -14,8 +14,7 @@ import yaml
 
 from airflow_gpupool.exceptions import GrantPreemptedError, InvalidRequestError
 from airflow_gpupool.governance.quotas import parse_quota_file
-from airflow_gpupool.ledger import Ledger, ReservationState
-from airflow_gpupool.ledger.teams.quotas import LedgerQuotas
+from airflow_gpupool.ledger import Ledger, LedgerQuotas, ReservationState
 from airflow_gpupool.resources import GpuRequest
 from tests.ledger_fixtures import FakeClock, node
 

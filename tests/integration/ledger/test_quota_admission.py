@@ -14,11 +14,10 @@ import yaml
 from sqlalchemy import create_engine, delete, select
 
 from airflow_gpupool.governance.quotas import parse_quota_file
-from airflow_gpupool.ledger import Ledger, ReservationState
+from airflow_gpupool.ledger import Ledger, LedgerQuotas, ReservationState
 from airflow_gpupool.ledger.db import schema
 from airflow_gpupool.ledger.db.engine import normalize_url
 from airflow_gpupool.ledger.store import migrations
-from airflow_gpupool.ledger.teams.quotas import LedgerQuotas
 from airflow_gpupool.resources import GangSpec, GpuRequest
 from tests.ledger_fixtures import ledger_statements, node
 

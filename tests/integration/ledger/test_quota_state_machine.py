@@ -41,9 +41,7 @@ from hypothesis.stateful import (
 )
 
 from airflow_gpupool.governance.quotas import Flavor, QuotaPlan, TeamQuota, parse_quota_file
-from airflow_gpupool.ledger import ReservationState
-from airflow_gpupool.ledger.db.models import Grant, Reservation
-from airflow_gpupool.ledger.teams.quotas import LedgerQuotas, grant_milli
+from airflow_gpupool.ledger import Grant, LedgerQuotas, Reservation, ReservationState, grant_milli
 from airflow_gpupool.resources import GangSpec, GpuRequest
 from tests.integration.ledger.test_ledger_properties import ReservingMachine, run_ledger_machine
 from tests.ledger_fixtures import node

@@ -13,8 +13,7 @@ from airflow_gpupool import settings
 from airflow_gpupool.cli import main
 from airflow_gpupool.exceptions import QuotaFileError
 from airflow_gpupool.governance.quotas import Flavor, Headroom, QuotaPlan, parse_quota_file
-from airflow_gpupool.ledger import Ledger
-from airflow_gpupool.ledger.teams.quotas import LedgerQuotas
+from airflow_gpupool.ledger import Ledger, LedgerQuotas
 from airflow_gpupool.resources import GpuRequest
 from tests.ledger_fixtures import node
 

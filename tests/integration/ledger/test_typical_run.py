@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from airflow_gpupool.ledger import Ledger
-from airflow_gpupool.ledger.grants.attempts import TaskAttempt, TaskAttempts
-from airflow_gpupool.ledger.views.history import LedgerHistory
+from airflow_gpupool.ledger import Ledger, LedgerHistory, TaskAttempt, TaskAttempts
 from airflow_gpupool.resources import GpuRequest
 from airflow_gpupool.task_try import TaskTry
 from tests.ledger_fixtures import FakeClock, node

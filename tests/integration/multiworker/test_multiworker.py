@@ -27,8 +27,7 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine, make_url
 
-from airflow_gpupool.ledger import Ledger
-from airflow_gpupool.ledger.db.models import Reservation, ReservationState
+from airflow_gpupool.ledger import Ledger, Reservation, ReservationState
 from airflow_gpupool.testing import KubernetesEmulatorServer, gpu_node
 from airflow_gpupool.testing.pod_history import PodRecord, gpu_overlaps
 from tests.integration.multiworker.harness import (

@@ -10,7 +10,7 @@ import pytest
 
 from airflow_gpupool.controller.admission import GPU_TOLERATION, admission_patch
 from airflow_gpupool.labels import GPUS_ANNOTATION, NODE_ANNOTATION, RESERVATION_LABEL, SCHEDULING_GATE
-from airflow_gpupool.ledger.db.models import Grant
+from airflow_gpupool.ledger import Grant
 
 GRANT = Grant(
     node="gpu-1",

@@ -9,7 +9,7 @@ import pytest
 
 from airflow_gpupool.controller.gang_pods import pods_to_pin, replacements_by_member
 from airflow_gpupool.exceptions import GpuPoolError
-from airflow_gpupool.ledger.db.models import Gang, Grant, Reservation, ReservationState
+from airflow_gpupool.ledger import Gang, Grant, Reservation, ReservationState
 from airflow_gpupool.resources import GangSpec, GpuRequest
 
 INDEX = "batch.kubernetes.io/job-completion-index"

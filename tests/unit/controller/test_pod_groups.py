@@ -15,7 +15,7 @@ from airflow_gpupool.controller.pod_groups import (
     group_request,
 )
 from airflow_gpupool.exceptions import InvalidRequestError
-from airflow_gpupool.ledger.db.models import Grant, Reservation, ReservationState
+from airflow_gpupool.ledger import Grant, Reservation, ReservationState
 from airflow_gpupool.resources import GpuRequest
 
 REQUEST = '{"gpus":1}'

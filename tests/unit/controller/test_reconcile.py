@@ -9,7 +9,7 @@ import pytest
 
 from airflow_gpupool.controller.gang_pods import live_member_pod
 from airflow_gpupool.controller.reconcile import ReconcileResult, verdict
-from airflow_gpupool.ledger.db.models import Grant, Reservation, ReservationState
+from airflow_gpupool.ledger import Grant, Reservation, ReservationState
 from airflow_gpupool.resources import GpuRequest
 
 GRANTED_AT = 1000.0

@@ -9,8 +9,7 @@ import pytest
 
 from airflow_gpupool.exceptions import ConfigurationError
 from airflow_gpupool.hooks import AsyncGpuPoolHook, GpuPoolHook
-from airflow_gpupool.ledger import Ledger
-from airflow_gpupool.ledger.grants.attempts import TaskAttempt
+from airflow_gpupool.ledger import Ledger, TaskAttempt
 from airflow_gpupool.resources import GpuRequest
 from tests.ledger_fixtures import node
 

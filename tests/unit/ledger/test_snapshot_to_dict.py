@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from airflow_gpupool.ledger.db.models import Grant, LedgerSnapshot, NodeRecord, Reservation, ReservationState
+from airflow_gpupool.ledger import Grant, LedgerSnapshot, NodeRecord, Reservation, ReservationState
 from airflow_gpupool.placement.snapshot import ClusterSnapshot
 from airflow_gpupool.resources import GpuRequest
 

@@ -9,10 +9,9 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from airflow_gpupool.ledger import Ledger
+from airflow_gpupool.ledger import HeldSpan, Ledger, allocation_series
 from airflow_gpupool.metrics import METRIC_NAMES, GpuPoolCollector
 from airflow_gpupool.metrics.agent import AGENT_METRIC_NAMES
-from airflow_gpupool.metrics.stats import HeldSpan, allocation_series
 from airflow_gpupool.resources import GpuRequest
 from tests.ledger_fixtures import FakeClock, node
 from tests.unit.metrics.scenario import T0, Pool, build_pool
@@ -191,7 +190,7 @@ def test_quota_gauges_show_each_teams_nominal_held_borrowed_and_lent(tmp_path: P
     import yaml
 
     from airflow_gpupool.governance.quotas import parse_quota_file
-    from airflow_gpupool.ledger.teams.quotas import LedgerQuotas
+    from airflow_gpupool.ledger import LedgerQuotas
     from airflow_gpupool.metrics import QUOTA_METRIC_NAMES
 
     quotas = """
@@ -222,7 +221,7 @@ teams:
 
 def test_preemptions_count_preempted_and_evicted_tries(tmp_path: Path) -> None:
     from airflow_gpupool.exceptions import FailureClass
-    from airflow_gpupool.ledger.grants.attempts import TaskAttempt, TaskAttempts
+    from airflow_gpupool.ledger import TaskAttempt, TaskAttempts
 
     with Ledger.create(f"sqlite:///{tmp_path}/tries.db") as ledger:
         attempts = TaskAttempts(ledger)
@@ -244,8 +243,7 @@ def test_preemptions_and_the_work_they_lost_per_team(tmp_path: Path) -> None:
     4 × 350 s = 1,400 GPU-s lost. nlp's 3g.40gb MIG slice (3/7 of an A100: 429 milli, no
     checkpoint) ends when the ledger is reaped past its deadline, T0+821: 0.429 × 821 s = 352.209 GPU-s.
     """
-    from airflow_gpupool.ledger import ReservationState
-    from airflow_gpupool.ledger.views.history import LedgerHistory
+    from airflow_gpupool.ledger import LedgerHistory, ReservationState
     from airflow_gpupool.metrics import PREEMPTION_METRIC_NAMES
 
     clock = FakeClock(T0)

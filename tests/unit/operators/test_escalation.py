@@ -7,8 +7,7 @@ from pathlib import Path
 import pytest
 
 from airflow_gpupool.exceptions import ConfigurationError
-from airflow_gpupool.ledger import Ledger
-from airflow_gpupool.ledger.grants.attempts import TaskAttempt, TaskAttempts
+from airflow_gpupool.ledger import Ledger, TaskAttempt, TaskAttempts
 from airflow_gpupool.operators.escalation import (
     EscalationPolicy,
     Remedy,

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from airflow_gpupool.ledger.views.history import HistoryFilter
+from airflow_gpupool.ledger import HistoryFilter
 from airflow_gpupool.plugins.history import PageView
 from airflow_gpupool.plugins.page import chart_svg, holder_html, task_label, time_ticks
 from airflow_gpupool.task_try import TaskTry

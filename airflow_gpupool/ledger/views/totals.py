@@ -21,9 +21,18 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from sqlalchemy import Engine
 
-# Re-exported: the collector and older callers read them here.
-from airflow_gpupool.ledger.views.history import ENDED_STATES as ENDED_STATES
-from airflow_gpupool.ledger.views.history import WAIT_BUCKETS as WAIT_BUCKETS
+from airflow_gpupool.ledger.views.history import ENDED_STATES, WAIT_BUCKETS
+
+__all__ = [
+    "ENDED_STATES",
+    "WAIT_BUCKETS",
+    "HeldSpan",
+    "LedgerTotals",
+    "WaitHistogram",
+    "allocation_series",
+    "held_spans",
+    "ledger_totals",
+]
 
 
 @dataclass(frozen=True)
