@@ -71,7 +71,7 @@ nodes = Table(
     # grants on it and releases from it go through the queue (see ledger.gate).
     Column("held_for", String(64), nullable=True),
     # Schema v15 (PostgreSQL): whether the queue's first request, as the last pass saw it, fits
-    # this node empty: a release that empties it hands it over (see ledger.pg_functions).
+    # this node empty: a release that empties it hands it over (see postgres/sql/gpupool_give_back.sql).
     Column("head_fits", Boolean, nullable=False, default=False),
 )
 Index("ix_gpupool_nodes_version", nodes.c.version)

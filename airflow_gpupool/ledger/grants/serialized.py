@@ -199,7 +199,7 @@ class LedgerGrants:
     def _place_past_queue(
         self, tx: Tx, args: ReserveArgs
     ) -> tuple[Assignment | NoFit, frozenset[str]] | None:
-        """Place the request outside the held nodes, where the gate lets it be granted without a pass (:mod:`.gate`).
+        """Place the request outside the held nodes, where the gate lets it be granted without a pass (:mod:`~airflow_gpupool.ledger.store.gate`).
 
         :returns: the verdict and the held nodes it avoided; None where a pass must decide (the
             gate is closed, quotas govern, or a preemptible request would pass waiting ones: a
@@ -231,7 +231,7 @@ class LedgerGrants:
     def _waits_past_pass(
         self, tx: Tx, args: ReserveArgs, placed: tuple[Assignment | NoFit, frozenset[str]] | None
     ) -> bool:
-        """Whether the request, queued, may wait without a pass over the queue (:mod:`.gate`).
+        """Whether the request, queued, may wait without a pass over the queue (:mod:`~airflow_gpupool.ledger.store.gate`).
 
         One that fits no node, held ones included, would be blocked wherever a pass put it, and
         the pass would change nothing else: every other request stays blocked, the hold stays, and
@@ -389,7 +389,7 @@ class LedgerGrants:
         return self._cycle.write(run)
 
     def _frees_past_queue(self, tx: Tx, node: str) -> bool:
-        """Whether what a release freed on ``node`` fits no waiting request (:mod:`.gate`): no pass needed.
+        """Whether what a release freed on ``node`` fits no waiting request (:mod:`~airflow_gpupool.ledger.store.gate`): no pass needed.
 
         A held node too: it only comes closer to fitting its request, so it stays the one held.
         """

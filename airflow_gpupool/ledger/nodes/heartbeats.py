@@ -125,7 +125,7 @@ class HeartbeatWrite:
 
     def apply(self) -> HeartbeatResult:
         tx, report = self.tx, self.report
-        # The node's row first, locked: the order every writer of a node follows (pg_functions.py).
+        # The node's row first, locked: the order every writer of a node follows (postgres/sql/).
         node = tx.conn.execute(
             select(schema.nodes).where(schema.nodes.c.name == report.node).with_for_update()
         ).first()

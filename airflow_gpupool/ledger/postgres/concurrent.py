@@ -1,4 +1,4 @@
-"""Calls into the PostgreSQL functions of the concurrent path (:mod:`.pg_functions`).
+"""Calls into the PostgreSQL functions of the concurrent path (:mod:`~airflow_gpupool.ledger.postgres.functions`).
 
 Each call is its own transaction on an autocommit connection: one round trip, and the
 shared lock it takes is held only until that call commits. The calls run on the
@@ -48,7 +48,7 @@ class GivenBack:
     assignment: Assignment
     node_training: int
     node_inference: int
-    #: The queue's first request, granted the node the release emptied (:mod:`.hand_over`), and what it took.
+    #: The queue's first request, granted the node the release emptied (:mod:`~airflow_gpupool.ledger.queue.hand_over`), and what it took.
     handed_to: tuple[str, GpuRequest, Assignment] | None = None
 
 

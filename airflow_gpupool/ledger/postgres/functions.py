@@ -1,5 +1,5 @@
 """PostgreSQL functions of the ledger's concurrent path (schema v3; v5 measures on the database's clock;
-v7 skips quarantined GPUs; v13 passes waiting requests as the queue gate allows, :mod:`.gate`;
+v7 skips quarantined GPUs; v13 passes waiting requests as the queue gate allows, :mod:`~airflow_gpupool.ledger.store.gate`;
 v14 queues a request that fits no node and leaves the gate as it is; v15 hands an emptied node to
 the queue's first request; v16 lowers the gate's unspent priority when a grant spends the last
 unspent budget).

@@ -1,11 +1,11 @@
 """What a release needs to hand an emptied node to the queue's first request (PostgreSQL).
 
 After a pass, the first waiting request in service order is granted as soon as a node it fits
-is freed: only that node changed, and every other node fits no waiting request (:mod:`.gate`).
+is freed: only that node changed, and every other node fits no waiting request (:mod:`~airflow_gpupool.ledger.store.gate`).
 When a release empties a node, a pass would grant it there if it fits the node empty. The pass
 therefore marks the nodes it fits empty (``head_fits``) and records which request shape that is
 for (``queue_head_shape``, a hash of its stored request) and at which inventory generation
-(``queue_head_generation``); ``gpupool_give_back`` (:mod:`.pg_functions`) then grants it in the
+(``queue_head_generation``); ``gpupool_give_back`` (:mod:`~airflow_gpupool.ledger.postgres.functions`) then grants it in the
 release's own transaction, under the shared lock, where the rest of a pass's rule holds (see
 there). Only whole-GPU requests with no model or GPU-memory constraint are marked: on an empty
 node the function takes the first GPUs by index, as placement would.

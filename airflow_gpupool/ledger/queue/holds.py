@@ -1,4 +1,4 @@
-"""The nodes the queue holds for waiting requests, marked on their rows (see :mod:`.gate`).
+"""The nodes the queue holds for waiting requests, marked on their rows (see :mod:`~airflow_gpupool.ledger.store.gate`).
 
 A pass holds a node for the first request whose overtake budget is spent; the mark on the node's
 row (``held_for``) is what the concurrent path and later writers read, so a grant between two
