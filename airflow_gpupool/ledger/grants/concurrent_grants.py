@@ -16,19 +16,13 @@ from sqlalchemy import Connection
 
 from airflow_gpupool.exceptions import NoCapacityError
 from airflow_gpupool.ledger.db.models import ReleaseResult, Reservation, ReservationState
-from airflow_gpupool.ledger.grants.serialized import (
-    ReserveArgs,
-    granted,
-    new_grant,
-    refuse_if_never_fits,
-    released,
-    waits_as_it_is,
-)
+from airflow_gpupool.ledger.grants.no_fit import refuse_if_never_fits, waits_as_it_is
+from airflow_gpupool.ledger.grants.serialized import ReserveArgs, granted, new_grant, released
 from airflow_gpupool.ledger.postgres.concurrent import ConcurrentPath
 from airflow_gpupool.ledger.queue.cycle import WriteCycle
 from airflow_gpupool.ledger.store.cache import classes_from_counts
 from airflow_gpupool.ledger.store.transactions import LOGGER_NAME, LedgerStore
-from airflow_gpupool.ledger.teams.admission import governed
+from airflow_gpupool.ledger.teams.plan import governed
 from airflow_gpupool.placement.accounting import allocate, deallocate
 from airflow_gpupool.placement.verdict import NoFit
 

@@ -13,7 +13,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from sqlalchemy import func, insert, select, update
@@ -24,23 +24,20 @@ from airflow_gpupool.exceptions import (
     InvalidGangError,
     InvalidRequestError,
     LeaseExpiredError,
-    NoCapacityError,
 )
 from airflow_gpupool.ledger.db import records, schema
 from airflow_gpupool.ledger.db.models import Grant, ReleaseResult, Reservation, ReservationState
 from airflow_gpupool.ledger.db.records import GRANTED, HOLDING, ORPHANED, WAITING
+from airflow_gpupool.ledger.grants.no_fit import refuse_if_never_fits, waits_as_it_is
 from airflow_gpupool.ledger.queue import gangs
 from airflow_gpupool.ledger.queue.cycle import WriteCycle
 from airflow_gpupool.ledger.queue.holds import held_nodes
 from airflow_gpupool.ledger.store.gate import ALL_SPENT, QueueGate
 from airflow_gpupool.ledger.store.take import grant_row
 from airflow_gpupool.ledger.store.transactions import LOGGER_NAME, LedgerStore, Tx
-from airflow_gpupool.ledger.teams.admission import governed
+from airflow_gpupool.ledger.teams.plan import governed
 from airflow_gpupool.ledger.teams.preempting import victims_exist
-from airflow_gpupool.placement.fit import choices
-from airflow_gpupool.placement.gang import place_gang
-from airflow_gpupool.placement.snapshot import NodeState
-from airflow_gpupool.placement.verdict import Assignment, NoFit, NoFitReason
+from airflow_gpupool.placement.verdict import Assignment, NoFit
 from airflow_gpupool.resources import GpuRequest
 from airflow_gpupool.validate import positive_seconds
 
@@ -129,35 +126,6 @@ def granted(args: ReserveArgs, now: float, grant: Grant) -> Reservation:
         now + args.timeout,
         grant,
     )
-
-
-def refuse_if_never_fits(
-    store: LedgerStore, cycle: WriteCycle, nodes: Iterable[NodeState], request: GpuRequest
-) -> None:
-    """Raise :class:`NoCapacityError` if ``request`` fits none of ``nodes`` even with nothing granted."""
-    empty = store.cache.empty_snapshot(nodes)
-    if request.gang is not None:
-        gang = place_gang(empty, request, request.gang.min_members, cycle.policy, cycle.bindings)
-        if isinstance(gang, NoFit):
-            raise NoCapacityError(request, gang.reasons)
-        return
-    reasons = []
-    for node in empty.nodes:
-        verdict = choices(node, request, cycle.bindings)
-        if not isinstance(verdict, NoFitReason):
-            return
-        reasons.append(verdict)
-    raise NoCapacityError(request, sorted(reasons))
-
-
-def waits_as_it_is(request: GpuRequest, max_overtakes: int) -> bool:
-    """Whether ``request``, fitting no node, may be queued without a pass: whole GPUs or a fraction.
-
-    Gangs, MIG slices and CPU-only requests change what the queue gate can say; with no
-    overtake allowed a request is spent on arrival, and a pass holds a node for it.
-    """
-    simple = request.gang is None and request.mig_profile is None
-    return simple and bool(request.gpus or request.gpu_milli is not None) and max_overtakes > 0
 
 
 class LedgerGrants:

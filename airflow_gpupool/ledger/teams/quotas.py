@@ -20,7 +20,7 @@ from airflow_gpupool.exceptions import QuotaFileError
 from airflow_gpupool.governance.quotas import Flavor, Headroom, QuotaPlan, TeamQuota, gpu_milli_of_mig
 from airflow_gpupool.ledger.db import schema
 from airflow_gpupool.ledger.db import statements as sql
-from airflow_gpupool.ledger.teams.admission import (
+from airflow_gpupool.ledger.teams.plan import (
     HEADROOM_EVERY_POOL,
     QUOTA_VERSION_KEY,
     read_headroom,

@@ -18,12 +18,13 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import and_, case, delete, func, insert, or_, select, update
+from sqlalchemy import and_, case, delete, func, or_, select
 
 from airflow_gpupool.exceptions import FailureClass, InvalidRequestError
 from airflow_gpupool.ledger.db import schema
 from airflow_gpupool.ledger.db.models import ReservationState
 from airflow_gpupool.ledger.teams.usage import carry_preemption_losses
+from airflow_gpupool.ledger.views.carried_totals import _carried, _carry
 from airflow_gpupool.resources import GpuRequest
 from airflow_gpupool.task_try import TaskTry
 
@@ -49,7 +50,6 @@ WAIT_BUCKETS = (1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
 
 #: Pruned rows delete at most this many reservations per transaction (short write locks).
 PRUNE_BATCH = 2000
-_CARRIED = "pruned."
 FACET_ROWS = 5000
 
 
@@ -366,25 +366,6 @@ def _tally(
         _histogram(conn, "timed_out", r.ended_at - r.created_at, and_(reservations, r.state == "timed_out"))
     )
     return counts
-
-
-def _carried(conn: Connection) -> dict[str, int]:
-    m = schema.ledger_meta.c
-    rows = conn.execute(select(m.key, m.value).where(m.key.startswith(_CARRIED, autoescape=True)))
-    return {key[len(_CARRIED) :]: int(value) for key, value in rows}
-
-
-def _carry(conn: Connection, counts: dict[str, int]) -> None:
-    """Add ``counts`` to the carried-over totals kept in ``gpupool_meta``."""
-    m = schema.ledger_meta.c
-    before = _carried(conn)
-    for name, value in counts.items():
-        if name in before:
-            conn.execute(
-                update(schema.ledger_meta).where(m.key == _CARRIED + name).values(value=before[name] + value)
-            )
-        elif value:
-            conn.execute(insert(schema.ledger_meta).values(key=_CARRIED + name, value=value))
 
 
 def cumulative_counts(conn: Connection) -> dict[str, int]:
