@@ -28,7 +28,7 @@ from airflow_gpupool.ledger.nodes.agent_report import (
     NodeReport,
     assess_gpu,
 )
-from airflow_gpupool.ledger.queue.ends import held_on_node
+from airflow_gpupool.ledger.store.ends import held_on_node
 from airflow_gpupool.ledger.store.transactions import LOGGER_NAME, LedgerStore, Tx
 from airflow_gpupool.resources import NodeHealth
 

@@ -23,7 +23,7 @@ from airflow_gpupool.governance.capacity import with_capacity_type
 from airflow_gpupool.ledger.db import schema
 from airflow_gpupool.ledger.nodes.health import outranks
 from airflow_gpupool.ledger.queue.cycle import WriteCycle
-from airflow_gpupool.ledger.queue.ends import Held, delete_node, held_on_node
+from airflow_gpupool.ledger.store.ends import Held, delete_node, held_on_node
 from airflow_gpupool.ledger.store.transactions import LOGGER_NAME, LedgerStore, Tx
 from airflow_gpupool.resources import MILLI_PER_GPU, NodeHealth, NodeInventory, WorkloadClass
 from airflow_gpupool.settings import spot_node_pools

@@ -19,7 +19,6 @@ from airflow_gpupool.ledger.db import statements as sql
 from airflow_gpupool.ledger.db.models import ReapResult, ReservationState
 from airflow_gpupool.ledger.db.records import GRANTED
 from airflow_gpupool.ledger.queue import gangs
-from airflow_gpupool.ledger.queue.ends import ReservationEnds
 from airflow_gpupool.ledger.queue.equivalence import EquivalenceIndex
 from airflow_gpupool.ledger.queue.explain import WaitContext, blocked_message
 from airflow_gpupool.ledger.queue.hand_over import publish_head
@@ -27,6 +26,7 @@ from airflow_gpupool.ledger.queue.holds import mark_holds
 from airflow_gpupool.ledger.queue.service import PassMemo, ServiceMemo
 from airflow_gpupool.ledger.queue.waiting import WaitingReader
 from airflow_gpupool.ledger.store.cache import CapacityCache
+from airflow_gpupool.ledger.store.ends import ReservationEnds
 from airflow_gpupool.ledger.store.gate import QueueGate
 from airflow_gpupool.ledger.store.take import grant_row
 from airflow_gpupool.ledger.store.transactions import LOGGER_NAME, LedgerStore, Tx

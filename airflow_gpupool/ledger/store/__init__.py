@@ -1,1 +1,1 @@
-"""A write's transaction and what it carries: connections, the capacity copy, the queue gate, a grant taken out of the rows, schema migrations."""
+"""A write's transaction and what it carries: connections, the capacity copy, the queue gate, a reservation taken out of the rows or ended, schema migrations."""

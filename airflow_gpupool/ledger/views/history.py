@@ -7,7 +7,7 @@ a history row is a reservation read back. Retention deletes ended reservations o
 ``[gpupool] history_retention_days`` with their failure records (:meth:`LedgerHistory.prune`,
 run by the controller's periodic pass). What the deleted rows counted towards the cumulative
 metrics is first added to carried-over totals in ``gpupool_meta``, so counters read by
-:func:`cumulative_counts` never go down when history is pruned.
+:func:`~airflow_gpupool.ledger.views.counts.cumulative_counts` never go down when history is pruned.
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import and_, case, delete, func, or_, select
+from sqlalchemy import delete, func, or_, select
 
-from airflow_gpupool.exceptions import FailureClass, InvalidRequestError
+from airflow_gpupool.exceptions import InvalidRequestError
 from airflow_gpupool.ledger.db import schema
 from airflow_gpupool.ledger.db.models import ReservationState
 from airflow_gpupool.ledger.teams.usage import carry_preemption_losses
-from airflow_gpupool.ledger.views.carried_totals import _carried, _carry
+from airflow_gpupool.ledger.views.counts import ENDED_STATES, carry, tally
 from airflow_gpupool.resources import GpuRequest
 from airflow_gpupool.task_try import TaskTry
 
@@ -34,19 +34,7 @@ if TYPE_CHECKING:
     from airflow_gpupool.ledger.store.access import LedgerAccess
     from airflow_gpupool.ledger.store.transactions import Tx
 
-__all__ = [
-    "ENDED_STATES",
-    "WAIT_BUCKETS",
-    "HistoryEntry",
-    "HistoryFilter",
-    "LedgerHistory",
-    "cumulative_counts",
-]
-
-ENDED_STATES = ("released", "expired", "timed_out", "cancelled", "preempted")
-
-WAIT_BUCKETS = (1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 4 * 3600.0)
-"""Upper bounds (seconds) of the wait histogram's buckets."""
+__all__ = ["HistoryEntry", "HistoryFilter", "LedgerHistory"]
 
 #: Pruned rows delete at most this many reservations per transaction (short write locks).
 PRUNE_BATCH = 2000
@@ -312,7 +300,7 @@ class LedgerHistory:
             )
             if not ids:
                 return 0
-            _carry(tx.conn, _tally(tx.conn, r.id.in_(ids), a.reservation_id.in_(ids)))
+            carry(tx.conn, tally(tx.conn, r.id.in_(ids), a.reservation_id.in_(ids)))
             carry_preemption_losses(tx.conn, ids)
             tx.conn.execute(delete(schema.task_attempts).where(a.reservation_id.in_(ids)))
             tx.conn.execute(delete(schema.reservations).where(r.id.in_(ids)))
@@ -324,60 +312,3 @@ class LedgerHistory:
             if pruned < PRUNE_BATCH:
                 break
         return total
-
-
-def _histogram(conn: Connection, name: str, waited: Any, where: ColumnElement[bool]) -> dict[str, int]:
-    """Count waits into the buckets in one aggregate query (sums in milliseconds)."""
-    columns = [func.sum(case((waited <= bound, 1), else_=0)) for bound in WAIT_BUCKETS]
-    row = conn.execute(
-        select(func.count(), func.coalesce(func.sum(waited), 0.0), *columns)
-        .select_from(schema.reservations)
-        .where(where)
-    ).one()
-    out = {f"wait.{name}.count": int(row[0]), f"wait.{name}.sum_ms": round(float(row[1]) * 1000)}
-    out.update(
-        {f"wait.{name}.le.{bound:g}": int(n or 0) for bound, n in zip(WAIT_BUCKETS, row[2:], strict=True)}
-    )
-    return out
-
-
-def _tally(
-    conn: Connection, reservations: ColumnElement[bool], attempts: ColumnElement[bool]
-) -> dict[str, int]:
-    """Count what the rows matching ``reservations`` and ``attempts`` add to the cumulative metrics."""
-    r, a = schema.reservations.c, schema.task_attempts.c
-    counts = {f"ended.{s}": 0 for s in ENDED_STATES}
-    for state, n in conn.execute(
-        select(r.state, func.count()).where(reservations, r.state.in_(ENDED_STATES)).group_by(r.state)
-    ):
-        counts[f"ended.{state}"] = int(n)
-    counts["grants"] = int(
-        conn.execute(select(func.count()).where(reservations, r.granted_at.is_not(None))).scalar_one()
-    )
-    taken = (FailureClass.PREEMPTED.value, FailureClass.EVICTED.value)
-    preempted = and_(attempts, a.failure_class.in_(taken))
-    counts["preemptions"] = int(conn.execute(select(func.count()).where(preempted)).scalar_one())
-    counts.update(
-        _histogram(
-            conn, "granted", r.granted_at - r.created_at, and_(reservations, r.granted_at.is_not(None))
-        )
-    )
-    counts.update(
-        _histogram(conn, "timed_out", r.ended_at - r.created_at, and_(reservations, r.state == "timed_out"))
-    )
-    return counts
-
-
-def cumulative_counts(conn: Connection) -> dict[str, int]:
-    """Return the ledger's cumulative counts: the rows kept plus what pruned rows counted.
-
-    Keys: ``ended.<state>``, ``grants``, ``preemptions`` and, for ``wait.granted`` and
-    ``wait.timed_out``, ``.count``, ``.sum_ms`` and ``.le.<bound>`` per :data:`WAIT_BUCKETS` bound.
-
-    :param conn: an open read transaction
-    """
-    everything = or_(schema.reservations.c.id.is_not(None))
-    counts = _tally(conn, everything, schema.task_attempts.c.task_key.is_not(None))
-    for name, value in _carried(conn).items():
-        counts[name] = counts.get(name, 0) + value
-    return counts

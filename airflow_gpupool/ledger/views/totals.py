@@ -3,7 +3,7 @@
 The cumulative counts (:func:`ledger_totals`) are counted from the table rather than kept in
 an exporter's memory, so every exporter of one ledger reports the same values and they survive
 exporter restarts; they only grow: pruning old history first carries what the pruned rows
-counted over (:func:`airflow_gpupool.ledger.views.history.cumulative_counts`).
+counted over (:func:`airflow_gpupool.ledger.views.counts.cumulative_counts`).
 
 :class:`~airflow_gpupool.ledger.Ledger` returns live reservations and a bounded history;
 metrics and the UI chart need counts over every ended reservation and the times slices
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from sqlalchemy import Engine
 
-from airflow_gpupool.ledger.views.history import ENDED_STATES, WAIT_BUCKETS
+from airflow_gpupool.ledger.views.counts import ENDED_STATES, WAIT_BUCKETS
 
 __all__ = [
     "ENDED_STATES",
@@ -146,7 +146,7 @@ def ledger_totals(url: str) -> LedgerTotals:
     :param url: the ledger's SQLAlchemy URL
     """
     from airflow_gpupool.ledger.db.engine import read_transaction
-    from airflow_gpupool.ledger.views.history import cumulative_counts
+    from airflow_gpupool.ledger.views.counts import cumulative_counts
 
     with read_transaction(_engine(url)) as conn:
         counts = cumulative_counts(conn)

@@ -1,8 +1,9 @@
-"""End reservations in the write cycle: a grant gives back what it held, a wait ends, a lease orphans.
+"""End a reservation in the rows and the transaction's copy: a grant gives back what it held, a wait ends, a lease orphans.
 
-:class:`ReservationEnds` is the part of :class:`~airflow_gpupool.ledger.queue.cycle.WriteCycle`
-that ends one reservation row (:class:`~airflow_gpupool.ledger.queue.gangs.GangEnds`); a node
-being drained leaves the inventory with its last grant.
+The reverse of :mod:`~airflow_gpupool.ledger.store.take`. :class:`ReservationEnds` is the part of
+:class:`~airflow_gpupool.ledger.queue.cycle.WriteCycle` that ends one reservation row (a gang's
+members end through :class:`~airflow_gpupool.ledger.queue.gangs.GangEnds`); a node being drained
+leaves the inventory with its last grant.
 """
 
 from __future__ import annotations
