@@ -9,7 +9,7 @@ inventory sync (what the controller does), and sets the environment a DAG run re
 * ``AIRFLOW_CONN_KUBERNETES_DEFAULT`` and ``KUBECONFIG``: the emulator.
 
 The pytest fixtures ``gpu_cluster`` and ``gpupool_ledger``
-(:mod:`~airflow_gpupool.testing.pytest_plugin`) build it per test.
+(:mod:`~airflow_gpupool.testkit.fixtures`) build it per test.
 """
 
 from __future__ import annotations

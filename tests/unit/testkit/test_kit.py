@@ -74,12 +74,21 @@ def test_loading_the_plugin_imports_nothing_heavy() -> None:
     code = (
         "import sys, airflow_gpupool.testkit.fixtures as f; "
         "print(sorted(m for m in ('kmock', 'airflow', 'sqlalchemy', 'kubernetes') if m in sys.modules)); "
-        "print(sorted(n for n in dir(f) if n.startswith(('gpu', 'gpupool'))))"
+        "print(sorted(n for n in dir(f) if n.startswith(('gpu', 'gpupool', 'k8s'))))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     heavy, fixtures = done.stdout.splitlines()
     assert heavy == "[]"
-    assert fixtures == str(["gpu_cluster", "gpupool_airflow_db", "gpupool_emulator", "gpupool_ledger"])
+    assert fixtures == str(
+        [
+            "gpu_cluster",
+            "gpupool_airflow_db",
+            "gpupool_emulator",
+            "gpupool_ledger",
+            "k8s_emulator",
+            "k8s_emulator_clean",
+        ]
+    )
 
 
 def test_the_readme_shows_the_example_test_as_ci_runs_it() -> None:
