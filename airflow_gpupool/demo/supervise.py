@@ -100,11 +100,6 @@ class Supervisor:
         self._signal = signum
         self._wake.set()
 
-    @property
-    def signal(self) -> int | None:
-        """The signal that asked for the stop, or ``None``."""
-        return self._signal
-
     def _check(self) -> None:
         if self._signal is not None:
             raise Stopped(self._signal)

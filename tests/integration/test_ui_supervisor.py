@@ -55,6 +55,13 @@ middle = subprocess.run(
 open(sys.argv[1], "w").write(f"{os.getpid()}\\n{middle.stdout.strip()}\\n")
 time.sleep(600)
 """
+CRASHER = """
+import sys, time
+from pathlib import Path
+while not Path(sys.argv[1]).is_file():  # the test says when, once it has seen everything start
+    time.sleep(0.05)
+raise SystemExit(3)
+"""
 DRIVER = """
 import sys
 from pathlib import Path
@@ -64,18 +71,27 @@ from airflow_gpupool.demo.supervise import Service, Supervisor
 work = Path(sys.argv[1])
 py = sys.executable
 with Supervisor(grace=float(sys.argv[2])) as supervisor:
-    supervisor.start(Service("emulator", [py, "-c", "import time; open('ready', 'w').write('x'); time.sleep(600)"]))
+    emulator = "import os, time; open('pids/emulator', 'w').write(str(os.getpid())); open('ready', 'w').write('x'); time.sleep(600)"
+    supervisor.start(Service("emulator", [py, "-c", emulator]))
     supervisor.wait_until(lambda: Path("ready").is_file(), timeout=30, what="the stand-in emulator")
     supervisor.run(Service("sync", [py, "-c", "pass"]))
     for name in ("stubborn", "polite", "escapee"):
         supervisor.start(Service(name, [py, str(work / f"{name}.py"), str(work / "pids" / name)]))
+    if sys.argv[3:] == ["crash"]:  # a service that dies on its own once the others have started theirs
+        supervisor.start(Service("crasher", [py, str(work / "crasher.py"), str(work / "go")]))
     sys.exit(supervisor.watch())
 """
 
 
 def _write(work: Path) -> None:
     (work / "pids").mkdir()
-    for name, code in {"stubborn": STUBBORN, "polite": POLITE, "escapee": ESCAPEE, "driver": DRIVER}.items():
+    for name, code in {
+        "stubborn": STUBBORN,
+        "polite": POLITE,
+        "escapee": ESCAPEE,
+        "crasher": CRASHER,
+        "driver": DRIVER,
+    }.items():
         (work / f"{name}.py").write_text(textwrap.dedent(code))
 
 
@@ -113,7 +129,8 @@ def _started(work: Path, supervisor: subprocess.Popen[bytes]) -> list[int]:
             os.killpg(supervisor.pid, signal.SIGKILL)
             pytest.fail(f"the stand-ins did not start (supervisor status {supervisor.poll()})")
         time.sleep(0.1)
-    pids = [supervisor.pid, *_recorded(work)]
+    (work / "pids" / "supervisor").write_text(str(supervisor.pid))  # for the fixture's clean-up
+    pids = _recorded(work)
     assert all(_live(p) for p in pids)
     return pids
 
@@ -181,3 +198,17 @@ def test_sigterm_to_make_reaches_the_supervisor(work: Path) -> None:
     os.kill(make.pid, signal.SIGTERM)
     _assert_all_gone_in_time(pids, make, sent)
     assert make.returncode != 0
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc to see every process")
+def test_a_service_that_ends_stops_the_others_with_its_status(work: Path) -> None:
+    supervisor = subprocess.Popen(
+        [sys.executable, str(work / "driver.py"), str(work), "5", "crash"],
+        cwd=work,
+        env=_env(),
+        start_new_session=True,
+    )
+    pids = _started(work, supervisor)
+    (work / "go").touch()
+    _assert_all_gone_in_time(pids, supervisor, time.monotonic())
+    assert supervisor.returncode == 3
