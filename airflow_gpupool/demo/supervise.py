@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType, TracebackType
+from typing import Any
 
 POLL_SECONDS = 0.1
 
@@ -83,29 +84,35 @@ class Supervisor:
     _running: list[tuple[Service, subprocess.Popen[bytes]]] = field(default_factory=list)
     _signal: int | None = None
     _wake: threading.Event = field(default_factory=threading.Event)
+    _handlers: dict[int, Any] = field(default_factory=dict)
 
     def __enter__(self) -> Supervisor:
         become_subreaper()
         for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, self._on_signal)
+            self._handlers[signum] = signal.signal(signum, self._on_signal)
         return self
 
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
     ) -> None:
-        self.stop()
+        try:
+            self.stop()
+        finally:
+            for signum, handler in self._handlers.items():
+                signal.signal(signum, handler)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         # Only a flag: raising here could leave a process started but not yet recorded.
         self._signal = signum
         self._wake.set()
 
-    def _check(self) -> None:
+    def _check(self, step: subprocess.Popen[bytes] | None = None) -> None:
+        """Raise if a signal came or a service other than the one-off ``step`` ended."""
         if self._signal is not None:
             raise Stopped(self._signal)
         for service, process in self._running:
             code = process.poll()
-            if code is not None:
+            if code is not None and process is not step:
                 raise ServiceEnded(service.name, code)
 
     def start(self, service: Service) -> subprocess.Popen[bytes]:
@@ -121,7 +128,7 @@ class Supervisor:
                 list(service.argv),
                 env=dict(service.env) if service.env is not None else None,
                 stderr=stderr,
-                start_new_session=True,  # its own group: Ctrl-C reaches the supervisor alone
+                start_new_session=True,  # its own session: Ctrl-C reaches the supervisor alone
             )
         finally:
             if stderr is not None:
@@ -139,17 +146,10 @@ class Supervisor:
         process = self.start(service)
         while process.poll() is None:
             self._wake.wait(POLL_SECONDS)
-            self._check_others(process)
+            self._check(step=process)
         self._running.remove((service, process))
         if process.returncode != 0:
             raise ServiceEnded(service.name, process.returncode)
-
-    def _check_others(self, step: subprocess.Popen[bytes]) -> None:
-        if self._signal is not None:
-            raise Stopped(self._signal)
-        for service, process in self._running:
-            if process is not step and process.poll() is not None:
-                raise ServiceEnded(service.name, process.returncode)
 
     def wait_until(self, ready: Callable[[], bool], *, timeout: float, what: str) -> None:
         """Wait until ``ready()`` while every service runs.
@@ -172,7 +172,8 @@ class Supervisor:
         """Wait for a signal or the end of a service; return the exit status ``make`` should see.
 
         130 or 143 after SIGINT or SIGTERM (128 + the signal, as a shell reports it), else the
-        ended service's status (1 if it ended cleanly: a service is not meant to end).
+        ended service's status (128 + the signal that killed it; 1 if it ended cleanly, since a
+        service is not meant to end).
         """
         try:
             while True:
@@ -181,7 +182,9 @@ class Supervisor:
         except Stopped as stopped:
             return 128 + stopped.signum
         except ServiceEnded as ended:
-            return ended.returncode if ended.returncode > 0 else 1
+            if ended.returncode < 0:
+                return 128 - ended.returncode
+            return ended.returncode or 1
 
     def stop(self) -> None:
         """SIGTERM every process of every service, wait up to ``grace`` seconds, SIGKILL the rest, reap."""
