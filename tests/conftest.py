@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import tempfile
 
-_HOME = tempfile.mkdtemp(prefix="gpupool-airflow-home-")
-os.environ.setdefault("AIRFLOW_HOME", _HOME)
+# The testing kit's plugin (the pytest11 entry point) has already given the session a temporary
+# AIRFLOW_HOME and removes it at the end; this covers a run with the plugin disabled.
+if not os.environ.get("AIRFLOW_HOME"):
+    os.environ["AIRFLOW_HOME"] = tempfile.mkdtemp(prefix="gpupool-airflow-home-")
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 # Airflow reads the DAGs folder once, at import: set it before any test imports Airflow.
 os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = os.path.join(os.path.dirname(__file__), "integration", "dags")

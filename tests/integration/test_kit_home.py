@@ -58,6 +58,8 @@ def _project(root: Path) -> dict[str, str]:
     (root / "dags" / "tiny.py").write_text(TINY_DAG)
     (root / "tests").mkdir()
     (root / "tests" / "test_tiny.py").write_text(TINY_TEST)
+    # A conftest.py importing Airflow at its top: the kit must have acted before pytest reads it.
+    (root / "tests" / "conftest.py").write_text("import airflow.configuration  # noqa: F401\n")
     (root / "pytest.ini").write_text("[pytest]\n")  # the project's root, not this repository's
     for name in ("home", "tmp"):
         (root / name).mkdir()
