@@ -64,21 +64,15 @@ UI_ENV := AIRFLOW_HOME=$(UI_DIR)/airflow AIRFLOW__CORE__DAGS_FOLDER=$(abspath da
 	AIRFLOW__CORE__PARALLELISM=$(UI_WORKERS) AIRFLOW__API__PORT=$(AIRFLOW_UI_PORT) AIRFLOW__API__WORKERS=1 \
 	AIRFLOW_CONN_GPUPOOL_DEFAULT='$(UI_CONN)'
 
+# One supervisor runs the long-lived processes (airflow_gpupool/demo/ui.py): Ctrl-C or SIGTERM
+# stops every one of them, their children included, within 10 s. `exec` makes it make's own child,
+# so the SIGTERM that make forwards to its child reaches it.
 ui: install
-	mkdir -p $(UI_DIR) && rm -f $(UI_DIR)/kubeconfig
+	mkdir -p $(UI_DIR)
 	$(BIN)/python -m airflow_gpupool.demo --write-nodes $(UI_DIR)/nodes.json
 	$(BIN)/python -m airflow_gpupool.demo --write-fake-nvml $(UI_DIR)/nvml  # one fake NVML per GPU node
 	$(BIN)/python -m airflow_gpupool.demo --write-local-settings $(UI_DIR)/airflow  # the executor hook
-	GPUPOOL_FAKE_NVML_DIR=$(UI_DIR)/nvml $(BIN)/python -m airflow_gpupool.testing.emulator --port $(EMULATOR_PORT) --kubeconfig $(UI_DIR)/kubeconfig \
-		--nodes $(UI_DIR)/nodes.json & emulator=$$!; trap 'kill $$emulator $${controller:-} $${agents:-}' EXIT INT TERM; \
-	while [ ! -s $(UI_DIR)/kubeconfig ]; do sleep 0.2; done; \
-	$(UI_ENV) $(BIN)/gpupool inventory sync --url sqlite:///$(UI_DIR)/ledger.db --kubeconfig $(UI_DIR)/kubeconfig \
-	&& for spec in $(UI_DIR)/nvml/*.yaml; do $(UI_ENV) $(BIN)/gpupool agent run --url sqlite:///$(UI_DIR)/ledger.db \
-		--node $$(basename $$spec .yaml) --backend fake --fake-spec $$spec --interval 10 2>>$(UI_DIR)/agents.log & \
-		agents="$${agents:-} $$!"; done \
-	&& { $(UI_ENV) $(BIN)/gpupool controller run --url sqlite:///$(UI_DIR)/ledger.db --kubeconfig $(UI_DIR)/kubeconfig \
-		--sync-interval 30 --reconcile-interval 15 2>$(UI_DIR)/controller.log & controller=$$!; } \
-	&& PATH="$(abspath $(BIN)):$$PATH" $(UI_ENV) $(BIN)/airflow standalone  # it starts `airflow` subcommands from PATH
+	exec env $(UI_ENV) $(BIN)/python -m airflow_gpupool.demo.ui --dir $(UI_DIR) --emulator-port $(EMULATOR_PORT)
 
 bench-placement: install
 	$(BIN)/python benchmarks/placement.py

@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import tempfile
 
-_HOME = tempfile.mkdtemp(prefix="gpupool-airflow-home-")
-os.environ.setdefault("AIRFLOW_HOME", _HOME)
+# The testing kit's plugin (the pytest11 entry point) has already given the session a temporary
+# AIRFLOW_HOME and removes it at the end; this covers a run with the plugin disabled.
+if not os.environ.get("AIRFLOW_HOME"):
+    os.environ["AIRFLOW_HOME"] = tempfile.mkdtemp(prefix="gpupool-airflow-home-")
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 # Airflow reads the DAGs folder once, at import: set it before any test imports Airflow.
 os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = os.path.join(os.path.dirname(__file__), "integration", "dags")
@@ -18,9 +20,10 @@ _SHARED_TRACES = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "
 if os.path.isdir(_SHARED_TRACES):
     os.environ.setdefault("GPUPOOL_TRACE_DIR", os.path.abspath(_SHARED_TRACES))
 
-# The kit's fixtures (gpu_cluster, gpupool_ledger) come from the package's pytest11 entry point
-# once it is installed; listing the module here also covers an install made before it existed.
-pytest_plugins = ["tests.ledger_fixtures", "airflow_gpupool.testkit.fixtures"]
+# The kit's fixtures (gpu_cluster, gpupool_ledger, k8s_emulator) come from the package's pytest11
+# entry point, as they do in a DAG author's project: no line here, so the repository's own tests
+# would fail if the documented way of loading them broke.
+pytest_plugins = ["tests.ledger_fixtures"]
 
 # CI runs the same property-test examples every time (a red CI must mean a change broke
 # something); local runs draw new ones, which is how the state machine finds new bugs.

@@ -9,7 +9,8 @@ Quick start::
 
 Pod behaviour is steered by ``gpupool.emulator/*`` annotations (see
 :mod:`airflow_gpupool.testing.behaviour`) or :meth:`KubernetesEmulatorServer.configure_pod`.
-The pytest fixture ``k8s_emulator`` lives in :mod:`airflow_gpupool.testing.pytest_plugin`.
+The pytest fixtures ``k8s_emulator`` and ``k8s_emulator_clean`` come with the testing kit's
+(:mod:`airflow_gpupool.testkit.fixtures`, loaded by the package's ``pytest11`` entry point).
 """
 
 from __future__ import annotations

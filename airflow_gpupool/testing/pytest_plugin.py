@@ -1,31 +1,9 @@
-"""Pytest fixtures for the Kubernetes emulator.
+"""Kept so that an existing ``pytest_plugins = ["airflow_gpupool.testing.pytest_plugin"]`` line still loads.
 
-Register with ``pytest_plugins = ["airflow_gpupool.testing.pytest_plugin"]`` in a root
-``conftest.py``. ``k8s_emulator`` is one server for the whole session; ``k8s_emulator_clean``
-is the same server reset (no pods, events, rules or logged requests; initial nodes) before the test.
+The emulator's fixtures ``k8s_emulator`` and ``k8s_emulator_clean`` now come with the testing
+kit's other fixtures from the package's ``pytest11`` entry point
+(:mod:`airflow_gpupool.testkit.fixtures`): no ``conftest.py`` line is needed, and this module
+defines none, so a stale line does not register them twice.
 """
 
 from __future__ import annotations
-
-from collections.abc import Iterator
-
-import pytest
-
-from airflow_gpupool.testing.server import KubernetesEmulatorServer
-
-
-@pytest.fixture(scope="session")
-def k8s_emulator() -> Iterator[KubernetesEmulatorServer]:
-    """Serve the emulator with the default GPU nodes for the whole session."""
-    with KubernetesEmulatorServer() as server:
-        yield server
-
-
-@pytest.fixture
-def k8s_emulator_clean(k8s_emulator: KubernetesEmulatorServer) -> KubernetesEmulatorServer:
-    """Return the session's emulator after a :meth:`~KubernetesEmulatorServer.reset`.
-
-    :param k8s_emulator: the session's emulator
-    """
-    k8s_emulator.reset()
-    return k8s_emulator

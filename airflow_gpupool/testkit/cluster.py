@@ -9,7 +9,7 @@ inventory sync (what the controller does), and sets the environment a DAG run re
 * ``AIRFLOW_CONN_KUBERNETES_DEFAULT`` and ``KUBECONFIG``: the emulator.
 
 The pytest fixtures ``gpu_cluster`` and ``gpupool_ledger``
-(:mod:`~airflow_gpupool.testing.pytest_plugin`) build it per test.
+(:mod:`~airflow_gpupool.testkit.fixtures`) build it per test.
 """
 
 from __future__ import annotations
@@ -114,6 +114,10 @@ class GpuCluster:
 
         ``dag.test()`` only runs DAGs it can find in the DAGs folder (``AIRFLOW__CORE__DAGS_FOLDER``),
         so the DAG is read from there; import errors fail the run with the file's own message.
+        The DagRun is Airflow's, as ``dag.test()`` returns it: ``state`` is ``"success"`` or
+        ``"failed"`` (a failed task does not raise), with ``run_id``, ``conf`` and
+        ``get_task_instances()`` (each task's ``task_id``, ``state``, ``try_number``); the kit's
+        guide, ``airflow_gpupool/testkit/README.md``, shows it in a test.
 
         :param dag_id: the DAG
         :param test_args: passed to ``dag.test()`` (``logical_date``, ``run_conf``...)

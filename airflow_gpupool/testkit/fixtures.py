@@ -10,10 +10,15 @@
 ``gpupool_airflow_db``
     Airflow's metadata database migrated once per session (``dag.test()`` needs it).
 ``gpupool_emulator``
-    the session's Kubernetes emulator that ``gpu_cluster`` resets and fills (for the bare
-    emulator without a ledger, :mod:`airflow_gpupool.testing.pytest_plugin` has ``k8s_emulator``).
+    the session's Kubernetes emulator that ``gpu_cluster`` resets and fills.
+``k8s_emulator``, ``k8s_emulator_clean``
+    the bare emulator, without a ledger: one server with the default GPU nodes for the session,
+    and the same server reset before the test.
 
-Every import is inside a fixture: loading the plugin costs nothing and needs no optional package.
+pytest loads this module through the entry point, so no ``conftest.py`` line is needed. Its hooks
+give the session a temporary ``AIRFLOW_HOME`` unless the user set one
+(:mod:`airflow_gpupool.testkit.home`). Every other import is inside a fixture: loading the plugin
+costs nothing and needs no optional package.
 """
 
 from __future__ import annotations
@@ -24,10 +29,47 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from airflow_gpupool.testkit.home import AirflowHome, isolate_airflow_home
+
 if TYPE_CHECKING:
     from airflow_gpupool.ledger import Ledger
     from airflow_gpupool.testing.server import KubernetesEmulatorServer
     from airflow_gpupool.testkit.cluster import GpuCluster, NodeSpec
+
+
+_HOME = pytest.StashKey[AirflowHome]()
+
+
+def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
+    """Isolate ``AIRFLOW_HOME`` before any ``conftest.py`` or test module can import Airflow.
+
+    :param early_config: the session's configuration, where the home is kept until the end
+    """
+    early_config.stash[_HOME] = isolate_airflow_home()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Isolate ``AIRFLOW_HOME`` when the plugin came too late for the first hook.
+
+    A ``pytest_plugins`` line in a ``conftest.py`` registers the plugin after pytest called
+    ``pytest_load_initial_conftests``; Airflow may be imported by then, which
+    :func:`~airflow_gpupool.testkit.home.isolate_airflow_home` reports.
+
+    :param config: the session's configuration
+    """
+    if _HOME not in config.stash:
+        config.stash[_HOME] = isolate_airflow_home()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Remove the session's temporary ``AIRFLOW_HOME`` (a home the user set is left alone).
+
+    :param config: the session's configuration
+    """
+    home = config.stash.get(_HOME, None)
+    if home is not None:
+        home.close()
+        del config.stash[_HOME]
 
 
 @pytest.fixture(scope="session")
@@ -58,6 +100,25 @@ def gpupool_emulator() -> Iterator[KubernetesEmulatorServer]:
 
     with KubernetesEmulatorServer(default_duration_seconds=0.3) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def k8s_emulator() -> Iterator[KubernetesEmulatorServer]:
+    """Serve the emulator with the default GPU nodes for the whole session."""
+    from airflow_gpupool.testing.server import KubernetesEmulatorServer
+
+    with KubernetesEmulatorServer() as server:
+        yield server
+
+
+@pytest.fixture
+def k8s_emulator_clean(k8s_emulator: KubernetesEmulatorServer) -> KubernetesEmulatorServer:
+    """Return the session's emulator after a :meth:`~KubernetesEmulatorServer.reset`.
+
+    :param k8s_emulator: the session's emulator
+    """
+    k8s_emulator.reset()
+    return k8s_emulator
 
 
 @pytest.fixture

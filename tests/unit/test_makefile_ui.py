@@ -26,12 +26,12 @@ def test_make_ui_runs_few_workers_on_the_chosen_ports() -> None:
     assert "AIRFLOW__CORE__PARALLELISM=4 " in commands  # not the 32 LocalExecutor workers of the default
     assert "AIRFLOW__API__WORKERS=1 " in commands
     assert "AIRFLOW__API__PORT=8080 " in commands
-    assert "airflow_gpupool.testing.emulator --port 8001 " in commands
+    assert commands.rstrip().endswith("--emulator-port 8001")
 
 
 def test_make_ui_ports_and_workers_can_be_chosen() -> None:
     commands = dry_run("EMULATOR_PORT=9001", "AIRFLOW_UI_PORT=9080", "UI_WORKERS=2")
     assert "AIRFLOW__CORE__PARALLELISM=2 " in commands and "AIRFLOW__API__PORT=9080 " in commands
-    assert "--port 9001 " in commands and "UI_PORT" not in (ROOT / "Makefile").read_text().replace(
+    assert "--emulator-port 9001\n" in commands and "UI_PORT" not in (ROOT / "Makefile").read_text().replace(
         "AIRFLOW_UI_PORT", ""
     )

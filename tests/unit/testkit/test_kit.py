@@ -74,12 +74,21 @@ def test_loading_the_plugin_imports_nothing_heavy() -> None:
     code = (
         "import sys, airflow_gpupool.testkit.fixtures as f; "
         "print(sorted(m for m in ('kmock', 'airflow', 'sqlalchemy', 'kubernetes') if m in sys.modules)); "
-        "print(sorted(n for n in dir(f) if n.startswith(('gpu', 'gpupool'))))"
+        "print(sorted(n for n in dir(f) if n.startswith(('gpu', 'gpupool', 'k8s'))))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     heavy, fixtures = done.stdout.splitlines()
     assert heavy == "[]"
-    assert fixtures == str(["gpu_cluster", "gpupool_airflow_db", "gpupool_emulator", "gpupool_ledger"])
+    assert fixtures == str(
+        [
+            "gpu_cluster",
+            "gpupool_airflow_db",
+            "gpupool_emulator",
+            "gpupool_ledger",
+            "k8s_emulator",
+            "k8s_emulator_clean",
+        ]
+    )
 
 
 def test_the_readme_shows_the_example_test_as_ci_runs_it() -> None:
@@ -89,3 +98,24 @@ def test_the_readme_shows_the_example_test_as_ci_runs_it() -> None:
     assert example in blocks
     code = [line for line in example.splitlines() if line.strip() and not line.startswith(("from", "import"))]
     assert len(code) <= 10  # the ten lines a DAG author writes, past the imports
+
+
+KIT_GUIDE = ROOT / "airflow_gpupool" / "testkit" / "README.md"
+
+
+@pytest.mark.parametrize(
+    "example", ["test_kit_doc_run_result.py", "test_kit_doc_prefill.py", "test_kit_doc_training.py"]
+)
+def test_the_kit_guide_shows_each_example_test_as_ci_runs_it(example: str) -> None:
+    blocks = re.findall(r"```python\n(.*?)```", KIT_GUIDE.read_text(), flags=re.S)
+    assert (ROOT / "tests" / "integration" / example).read_text() in blocks
+
+
+@pytest.mark.parametrize(
+    "doc", ["README.md", "airflow_gpupool/testing/README.md", "airflow_gpupool/testkit/README.md"]
+)
+def test_no_doc_asks_for_a_conftest_line_to_load_the_kit(doc: str) -> None:
+    # One way to load the kit: the pytest11 entry point. A doc naming a plugin module to list in
+    # pytest_plugins would be a second one (issue 37: two docs disagreed).
+    text = (ROOT / doc).read_text()
+    assert not re.search(r"pytest_plugins\s*=\s*\[[^]]*airflow_gpupool", text)
