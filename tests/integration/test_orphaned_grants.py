@@ -218,6 +218,7 @@ def test_an_orphan_whose_pod_is_gone_is_released_at_once(
     ledger = synced
     bound_and_orphaned(ledger, k8s, core, clock, "gp-gone", "gone")
     core.delete_namespaced_pod("gone", "default")
+    k8s.wait_for_pod_gone("gone")  # the DELETE answers while the pod terminates
 
     result = reconcile(ledger, core)
 
