@@ -209,6 +209,7 @@ class _Pass:
         log.warning("Deleting gated pod %s: %s", _name(pod), message)
         self.event(pod, "Warning", reason, message)
         try:
+            # Gated, the pod is on no node: the API server removes it at once, nothing to wait for.
             self.api.delete_namespaced_pod(_meta(pod)["name"], _meta(pod).get("namespace", "default"))
         except ApiException as e:
             if e.status != 404:

@@ -8,7 +8,10 @@ pod after the grant).
 An *orphaned* grant (its lease expired while a pod was bound to it: its worker died) still holds
 its slice. It is released as soon as its pods are finished or gone; while one still runs it is
 kept for ``orphan_grace_seconds`` after it became orphaned (time for a retry to re-attach and
-renew it), then its pods are deleted, with an Event on each saying why, and the slice freed.
+renew it), then its pods are deleted, with an Event on each saying why, and the slice freed once
+they are gone (:mod:`~airflow_gpupool.controller.pod_deletion`): a deleted pod runs on while it
+terminates. A preemption victim orphaned at its deadline has had its grace: its pods are removed
+with ``gracePeriodSeconds=0``.
 
 :func:`reconcile` judges every grant of a cluster (``gpupool reconcile``), :func:`reconcile_grant`
 one grant (the operator, on a lease renewal).
@@ -25,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_gpupool import settings
 from airflow_gpupool.controller.events import pod_event
 from airflow_gpupool.controller.gang_pods import live_member_pod, replacements_by_member
+from airflow_gpupool.controller.pod_deletion import delete_pod_until_gone
 from airflow_gpupool.exceptions import InvalidRequestError
 from airflow_gpupool.inventory.sync import list_nodes, list_objects
 from airflow_gpupool.labels import GANG_RESERVATION_LABEL, RESERVATION_LABEL
@@ -164,11 +168,14 @@ def _event(pod: Mapping[str, Any], message: str, now: float) -> dict[str, Any]:
     )
 
 
-def delete_orphan_pod(core_v1_api: Any, pod: Mapping[str, Any], message: str, now: float) -> None:
-    """Leave an Event on ``pod`` saying why, then delete it (already gone is fine).
+def delete_orphan_pod(
+    core_v1_api: Any, pod: Mapping[str, Any], message: str, now: float, *, grace_seconds: float | None = None
+) -> None:
+    """Leave an Event on ``pod`` saying why, then delete it and wait until it is gone (already gone is fine).
 
     :param core_v1_api: a ``kubernetes.client.CoreV1Api``
     :param pod: the pod as a JSON dict
+    :param grace_seconds: its termination grace (``None``: the pod's own; 0: removed at once)
     """
     from kubernetes.client.exceptions import ApiException
 
@@ -178,11 +185,8 @@ def delete_orphan_pod(core_v1_api: Any, pod: Mapping[str, Any], message: str, no
         core_v1_api.create_namespaced_event(namespace, _event(pod, message, now))
     except ApiException as e:  # the deletion matters; the event only explains it
         log.warning("Could not record an event on pod %s/%s: %s", namespace, name, e.reason)
-    try:
-        core_v1_api.delete_namespaced_pod(name, namespace)
-    except ApiException as e:
-        if e.status != 404:
-            raise
+    # The slice is released after this returns: never while the pod still runs on it.
+    delete_pod_until_gone(core_v1_api, namespace, str(name), grace_seconds=grace_seconds, why=message)
 
 
 @dataclass
@@ -250,7 +254,8 @@ class _Reconcile:
             )
         for pod in live:
             log.warning("Deleting pod %s of orphaned grant %s: %s", _name(pod), reservation.id, message)
-            delete_orphan_pod(self.api, pod, message, self.now)
+            # A victim past its deadline had its grace (the holder's delete gave it): none more.
+            delete_orphan_pod(self.api, pod, message, self.now, grace_seconds=0.0 if preempted else None)
             self.deleted.append((reservation.id, _name(pod)))
         return reason
 

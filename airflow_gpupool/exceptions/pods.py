@@ -137,8 +137,12 @@ class LeaseLostError(PodFailureError):
     failure_class = FailureClass.LEASE_LOST
     reservation_id: str | None = None
     why: str = ""
-    #: Seconds the pod is given to end (SIGTERM, then SIGKILL): a preemption victim's grace; else 0.
+    #: Seconds the pod is given to end (SIGTERM, then SIGKILL): a preemption victim's grace when
+    #: the loss was seen; else 0.
     grace_seconds: float = 0.0
+    #: A preemption victim's deadline (ledger time): the grace left is counted from it when the pod
+    #: is deleted, which may be long after the loss was seen (a deferred task resuming).
+    deadline: float | None = None
 
     @classmethod
     def of(
@@ -149,6 +153,7 @@ class LeaseLostError(PodFailureError):
         *,
         grace_seconds: float = 0.0,
         preempted: bool = False,
+        deadline: float | None = None,
     ) -> LeaseLostError:
         """Return the error of a lost lease.
 
@@ -158,6 +163,7 @@ class LeaseLostError(PodFailureError):
         :param grace_seconds: how long the pod has to end (a preemption victim's grace)
         :param preempted: the grant was preempted: the try is classified ``preempted`` (its
             retry resumes from the newest checkpoint without penalty)
+        :param deadline: a preemption victim's deadline, in ledger time
         """
         if preempted:
             classification = Classification(FailureClass.PREEMPTED, f"preempted: {why}", None, pod_name)
@@ -167,7 +173,17 @@ class LeaseLostError(PodFailureError):
             )
         error = cls(classification)
         error.reservation_id, error.why, error.grace_seconds = reservation_id, why, grace_seconds
+        error.deadline = deadline
         return error
+
+    def grace_left(self, now: float) -> float:
+        """Return the seconds of grace left at ``now`` (ledger time): from the deadline when known.
+
+        :param now: the ledger's clock
+        """
+        if self.deadline is None:
+            return self.grace_seconds
+        return max(0.0, self.deadline - now)
 
     @property
     def preempted(self) -> bool:

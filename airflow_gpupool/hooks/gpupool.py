@@ -155,6 +155,10 @@ class GpuPoolHook(BaseHook):
             reservation_id=reservation_id,
         )
 
+    def now(self) -> float:
+        """Return the ledger's clock (what preemption deadlines and leases are measured on)."""
+        return self.ledger.now()
+
     def get(self, reservation_id: str) -> Reservation:
         """Return the reservation's current state."""
         return self.ledger.get(reservation_id)

@@ -23,6 +23,8 @@ from airflow.providers.cncf.kubernetes.triggers.job import KubernetesJobTrigger
 from airflow.sdk.exceptions import TaskDeferred
 
 from airflow_gpupool import settings
+from airflow_gpupool.controller.gang_pods import JOB_NAME_LABEL
+from airflow_gpupool.controller.pod_deletion import settle_deleted_pod
 from airflow_gpupool.exceptions import ConfigurationError, GpuPoolError, ReservationTimeoutError
 from airflow_gpupool.hooks.gpupool import GpuPoolHook
 from airflow_gpupool.labels import ANNOTATION_PREFIX, GANG_RESERVATION_ANNOTATION
@@ -271,10 +273,26 @@ class GpuJobOperator(KubernetesJobOperator):
         except TaskDeferred:
             raise  # LeasedJobTrigger renews the lease; execute_complete releases
         except BaseException as e:
+            self._settle_job_pods(f"{what} failed: {type(e).__name__}")
             self._release(rid, f"{what} failed: {type(e).__name__}")
             raise
         self._release(rid, f"{what} succeeded")
         return result
+
+    def _settle_job_pods(self, why: str) -> None:
+        """Wait until the Job's pods being deleted (its deletion took them) are gone: the gang's
+        slices are released next, and a terminating pod still runs on its GPUs."""
+        job = getattr(self, "job", None)
+        if job is None:
+            return
+        namespace, name = job.metadata.namespace, job.metadata.name
+        try:
+            pods = self.client.list_namespaced_pod(namespace, label_selector=f"{JOB_NAME_LABEL}={name}").items
+            for pod in pods:
+                settle_deleted_pod(self.client, namespace, pod.metadata.name, why=why)
+        except Exception:
+            # The release must still come: a gang held forever is worse than one freed early.
+            self.log.exception("Could not tell whether the pods of Job %s/%s are gone", namespace, name)
 
     # -- the Job -------------------------------------------------------------------------------
 
@@ -377,9 +395,10 @@ class GpuJobOperator(KubernetesJobOperator):
         raise lost_from_event(event, None)
 
     def on_kill(self) -> None:
-        """Delete the Job like the parent, then release the gang."""
+        """Delete the Job like the parent, wait until its pods are gone, then release the gang."""
         try:
             super().on_kill()
         finally:
             if self._held_id:
+                self._settle_job_pods("the task was killed")
                 self._release(self._held_id, "task killed")

@@ -438,18 +438,21 @@ class GpuPodOperator(UnschedulableFailFast, GpuPodLease, GpuPodTries):
             try:
                 outcome = self._failed(context, rid, e)
             finally:
+                self._settle_own_pod(f"{what} failed: {type(e).__name__}")
                 self._release(rid, f"{what} failed: {type(e).__name__}")
             raise outcome  # noqa: B904 (_failed sets the cause)
         except BaseException as e:
+            self._settle_own_pod(f"{what} failed: {type(e).__name__}")
             self._release(rid, f"{what} failed: {type(e).__name__}")
             raise
         self._release(rid, "pod succeeded")
         return result
 
     def on_kill(self) -> None:
-        """Delete the pod like the parent, then release the slice."""
+        """Delete the pod like the parent, wait until it is gone, then release the slice."""
         try:
             super().on_kill()
         finally:
             if self._held_id:
+                self._settle_own_pod("the task was killed")
                 self._release(self._held_id, "task killed")

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from airflow_gpupool.controller.pod_deletion import PodGone, delete_pod_until_gone
 from airflow_gpupool.exceptions import LeaseLostError
 from airflow_gpupool.ledger import ReservationState
 from airflow_gpupool.triggers.lease import LeaseWatch
@@ -151,7 +152,8 @@ def delete_pod(
     Without a grace the pod may no longer run on its slice at all. With one (a preemption
     victim's) its containers get SIGTERM and up to ``grace_seconds`` to write a checkpoint and
     exit; this waits until the pod is gone (deleted at once if it outlives the grace by
-    :data:`_GONE_MARGIN_S`), so the slice is released only once nothing runs on it.
+    :data:`~airflow_gpupool.controller.pod_deletion.GONE_MARGIN_S`), so the slice is released only
+    once nothing runs on it.
 
     :param client: a ``kubernetes.client.CoreV1Api``
     :param namespace: the pod's namespace
@@ -164,46 +166,10 @@ def delete_pod(
     grace = math.ceil(grace_seconds) if grace_seconds > 0 else 0
     if grace:
         log.warning("Ending pod %s/%s with %d s to checkpoint and exit: %s", namespace, name, grace, why)
-    if not _delete(client, namespace, name, grace):
+    gone = delete_pod_until_gone(client, namespace, name, grace_seconds=grace, why=why)
+    if gone is PodGone.ALREADY:
         log.error("Pod %s/%s was already gone: %s", namespace, name, why)
-        return
-    if grace and not _gone_within(client, namespace, name, grace + _GONE_MARGIN_S):
-        log.error("Pod %s/%s outlived its %d s grace: deleting it at once", namespace, name, grace)
-        _delete(client, namespace, name, 0)
-    log.error("Deleted pod %s/%s: %s", namespace, name, why)
-
-
-# How long past its grace a terminating pod may take to go before it is deleted at once.
-_GONE_MARGIN_S = 15.0
-# How often a terminating pod is read to see whether it is gone.
-_GONE_POLL_S = 0.5
-
-
-def _delete(client: Any, namespace: str, name: str, grace: int) -> bool:
-    """Delete with ``grace`` seconds; return False when the pod was gone already."""
-    from kubernetes.client.exceptions import ApiException
-
-    try:
-        client.delete_namespaced_pod(name, namespace, grace_period_seconds=grace)
-    except ApiException as e:
-        if e.status != 404:
-            raise
-        return False
-    return True
-
-
-def _gone_within(client: Any, namespace: str, name: str, seconds: float) -> bool:
-    """Wait until the pod is gone (read until 404); return False if it is still there after ``seconds``."""
-    from kubernetes.client.exceptions import ApiException
-
-    deadline = time.monotonic() + seconds
-    while True:
-        try:
-            client.read_namespaced_pod(name, namespace)
-        except ApiException as e:
-            if e.status == 404:
-                return True
-            raise
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(_GONE_POLL_S)
+    elif gone is PodGone.FORCED:
+        log.error("Pod %s/%s outlived its %d s grace: deleted it at once", namespace, name, grace)
+    else:
+        log.error("Deleted pod %s/%s: %s", namespace, name, why)

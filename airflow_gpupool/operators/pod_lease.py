@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
 from airflow.providers.cncf.kubernetes.triggers.pod import KubernetesPodTrigger
 
+from airflow_gpupool.controller.pod_deletion import settle_deleted_pod
 from airflow_gpupool.operators.lease import LeaseRenewer, delete_pod
 from airflow_gpupool.triggers.lease import lost_from_event
 from airflow_gpupool.triggers.pod import LeasedPodTrigger
@@ -98,8 +99,27 @@ class GpuPodLease(KubernetesPodOperator):
     def _delete_own_pod(self, lost: LeaseLostError) -> None:
         if self._own_pod is not None:
             why, grace = lost.classification.reason, lost.grace_seconds
+            if lost.deadline is not None:
+                # Counted now, not when the loss was seen: a deferred task may resume much later.
+                grace = lost.grace_left(self.gpu_hook.now())
+                self.log.info(
+                    "%.1f s of the preemption grace are left now (of %.1f s when noticed)",
+                    grace,
+                    lost.grace_seconds,
+                )
             delete_pod(self.client, *self._own_pod, why=why, log=self.log, grace_seconds=grace)
         if lost.preempted and self._held_id is not None:
             # The pod is gone, its emergency checkpoint written: the ledger learns how much work
             # the preemption took before the slice is released.
             self._note_checkpoint(self._held_id)
+
+    def _settle_own_pod(self, why: str) -> None:
+        """Wait until the try's pod, if being deleted (KPO's clean-up, ``on_kill``), is gone: its
+        slice is released next, and a terminating pod still runs on it."""
+        if self._own_pod is None:
+            return
+        try:
+            settle_deleted_pod(self.client, *self._own_pod, why=why)
+        except Exception:
+            # The release must still come: a slice held forever is worse than one freed early.
+            self.log.exception("Could not tell whether pod %s/%s is gone", *self._own_pod)

@@ -20,6 +20,9 @@ On top of kmock 0.8 this serves what clients such as ``KubernetesPodOperator`` r
   when the ``resourceVersion`` sent is not the stored one;
 * scheduling.k8s.io/v1 ``priorityclasses``, whose value a new pod naming one gets as
   ``spec.priority`` (:mod:`~airflow_gpupool.testing.priority`);
+* pod deletion as Kubernetes does it: a graceful ``DELETE`` answers at once with the pod
+  ``Terminating``, removed once its containers exit or its grace ends
+  (:mod:`~airflow_gpupool.testing.termination`);
 * a log of every request (:class:`RecordedRequest`).
 
 The object store itself (stamping, versions, watch buses) is :mod:`~airflow_gpupool.testing.storage`.
@@ -53,6 +56,7 @@ from airflow_gpupool.testing.kubelet import SimulatedKubelet
 from airflow_gpupool.testing.priority import admit_priority
 from airflow_gpupool.testing.storage import StoredObjects
 from airflow_gpupool.testing.tables import table, wants_table
+from airflow_gpupool.testing.termination import PodTerminations
 from airflow_gpupool.testing.watches import is_watch, selected_by, serve_watch_stream
 
 _KINDS = {res.plural: res.kind for res in SERVED}
@@ -132,6 +136,7 @@ class KubernetesApiEmulator(StoredObjects):
         super().__init__()
         self.recorded: list[RecordedRequest] = []
         self.kubelet = SimulatedKubelet(self, default_duration_seconds=default_duration_seconds)
+        self.terminations = PodTerminations(self)
         self.jobs = JobController(self)
         for key, info in kmock_resources().items():
             self.resources[key] = cast("Any", info)  # kmock takes the plain dict
@@ -236,8 +241,9 @@ class KubernetesApiEmulator(StoredObjects):
             return aiohttp.web.json_response(await self._serve_replace(request))
         if (read := self._serve_read(request)) is not None:
             return read
+        if (deleted := await self._serve_pod_delete(request)) is not None:
+            return deleted
         deleted_job = self._deleted_job(request)
-        await self._before_pod_delete(request)
         self._before_write(request)
         response = await super()._handle(request)
         if response.status < 300:
@@ -246,20 +252,24 @@ class KubernetesApiEmulator(StoredObjects):
                 await self.jobs.deleted(deleted_job, propagation_policy(request))
         return response
 
-    async def _before_pod_delete(self, request: Any) -> None:
-        """Let a pod deleted gracefully that opted in write its emergency checkpoint and end first.
+    async def _serve_pod_delete(self, request: Any) -> aiohttp.web.StreamResponse | None:
+        """Delete a pod as the API server does (:mod:`~airflow_gpupool.testing.termination`); ``None``
+        for other requests.
 
-        The delete answers once the pod has ended (a real API server answers at once and removes
-        the pod later); a client watching sees the pod terminating, then ``Failed``, then gone.
+        A graceful delete answers at once with the pod ``Terminating``; it is removed once its
+        containers have exited or its grace has run out.
 
         :param request: kmock's parsed request
         """
         if request.resource != PODS or request.action != action.DELETE or not request.name:
-            return
+            return None
+        if request.subresource is not None:
+            return None
         pod = self.get_object(PODS, request.namespace, request.name)
-        if pod is not None and request.subresource is None:
-            grace = grace_period(request, pod)
-            await self.kubelet.terminate_gracefully(request.namespace, request.name, grace)
+        if pod is None:
+            return None  # answered 404 by _serve_read
+        answer = await self.terminations.delete(request.namespace, request.name, grace_period(request, pod))
+        return aiohttp.web.json_response(answer if answer is not None else pod)
 
     def _deleted_job(self, request: Any) -> dict[str, Any] | None:
         """Return the Job a request deletes, read before kmock forgets it; ``None`` for other requests.
@@ -291,14 +301,15 @@ class KubernetesApiEmulator(StoredObjects):
     def _priority_class(self, name: str) -> dict[str, Any] | None:
         return self.get_object(PRIORITY_CLASSES, None, name)
 
-    async def remove_pod(self, namespace: str | None, name: str) -> None:
-        """Delete a pod as a ``DELETE`` does: its containers stop and what it owns goes with it.
+    async def remove_pod(self, namespace: str | None, name: str, how: str = "Deleted") -> None:
+        """Remove a pod at once (a ``DELETE`` with no grace): its containers stop and what it owns goes with it.
 
         :param namespace: its namespace
         :param name: its name
+        :param how: how its pod history ends if it still ran (``Killed``: past its grace)
         """
         if await self.delete_object(PODS, namespace, name) is not None:
-            await self.kubelet.stopped(namespace, name)
+            await self.kubelet.stopped(namespace, name, how)
             await self.collect_garbage(RESOURCE_CLAIMS, PODS)
 
     def _serve_read(self, request: Any) -> aiohttp.web.StreamResponse | None:
@@ -370,16 +381,15 @@ class KubernetesApiEmulator(StoredObjects):
             self.kubelet.notify()
 
     async def _after_pod_change(self, request: Any) -> None:
-        """Start or stop the kubelet's work on a pod after a successful create or delete.
+        """Start the kubelet's work on a created pod, or tell the gates of a patched one.
+
+        Pod deletes never reach here: :meth:`_serve_pod_delete` serves them.
 
         :param request: kmock's parsed request
         """
         if request.action == action.CREATE:
             meta = request.data["metadata"]
             self.kubelet.start(meta.get("namespace") or request.namespace, meta["name"])
-        elif request.action == action.DELETE and request.name and request.subresource is None:
-            await self.kubelet.stopped(request.namespace, request.name)
-            await self.collect_garbage(RESOURCE_CLAIMS, PODS)  # the claims the pod owned go with it
         elif request.action == action.UPDATE and request.name:
             gates.changed(self, request.namespace, request.name)  # scheduling gates: a gate may be gone
 

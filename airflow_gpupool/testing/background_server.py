@@ -147,6 +147,7 @@ class BackgroundEmulatorServer:
             self._ready.set()
             await self._stop.wait()
             await self.api.jobs.shutdown()
+            await self.api.terminations.shutdown()
             await self.api.kubelet.shutdown()
 
     def _call(self, coro: Coroutine[Any, Any, T], timeout: float = 30) -> T:

@@ -29,6 +29,9 @@ Annotations (all optional, values are strings as Kubernetes requires):
     ``"true"``: the training handles SIGTERM (as ``GPUPOOL_EMULATOR_CHECKPOINT_ON_SIGTERM=1`` in
     its container's env also says): deleted with a grace period while running, it writes one more
     checkpoint step (an emergency checkpoint) within the grace and exits with code 143
+``gpupool.emulator/sigterm-exit-seconds``
+    how long the containers take to exit after SIGTERM (writing the emergency checkpoint at the
+    end of it; default 0); a pod whose grace runs out first is killed without it
 ``gpupool.emulator/schedule-delay-seconds`` / ``gpupool.emulator/start-delay-seconds``
     time spent unscheduled and then in ``ContainerCreating`` (defaults 0.05 s each)
 
@@ -66,6 +69,7 @@ class PodBehaviour:
     :param checkpoint_on_sigterm: write an emergency checkpoint when deleted with a grace period
     :param schedule_delay_seconds: time before the pod is scheduled
     :param start_delay_seconds: time between scheduling and running
+    :param sigterm_exit_seconds: time between SIGTERM and the containers' exit
     """
 
     duration_seconds: float | None = None
@@ -82,6 +86,7 @@ class PodBehaviour:
     checkpoint_on_sigterm: bool | None = None
     schedule_delay_seconds: float | None = None
     start_delay_seconds: float | None = None
+    sigterm_exit_seconds: float | None = None
 
     def merged(self, override: PodBehaviour) -> PodBehaviour:
         """Return this behaviour with every field that ``override`` sets replaced.
@@ -138,6 +143,7 @@ _PARSERS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "fail-after-step": ("fail_after_step", int),
     "checkpoint-on-sigterm": ("checkpoint_on_sigterm", _flag),
     "schedule-delay-seconds": ("schedule_delay_seconds", float),
+    "sigterm-exit-seconds": ("sigterm_exit_seconds", float),
     "start-delay-seconds": ("start_delay_seconds", float),
 }
 

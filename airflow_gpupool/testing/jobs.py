@@ -98,7 +98,9 @@ class JobController:
         await self.sync(namespace, name)
 
     async def deleted(self, job: Mapping[str, Any], policy: str | None) -> None:
-        """Take a deleted Job's pods with it, or orphan them.
+        """Take a deleted Job's pods with it (each terminating as a pod ``DELETE`` makes it), or orphan them.
+
+        Unlike Kubernetes' foreground deletion, the Job itself is gone at once, not after its pods.
 
         :param job: the Job as it was
         :param policy: ``Foreground``, ``Background`` or ``Orphan`` (``None``: Orphan, the Job default)
@@ -108,7 +110,9 @@ class JobController:
         for pod in self._pods_of(job):
             meta = pod["metadata"]
             if policy in ("Foreground", "Background"):
-                await self.api.remove_pod(meta.get("namespace"), meta["name"])
+                # Deleted as the garbage collector does: gracefully, with the pod's own grace.
+                grace = float((pod.get("spec") or {}).get("terminationGracePeriodSeconds", 30))
+                await self.api.terminations.delete(meta.get("namespace"), meta["name"], grace)
             else:
                 await self.api.update_object(PODS, meta.get("namespace"), meta["name"], _orphan)
 

@@ -40,18 +40,11 @@ from airflow_gpupool.testing.pod_status import (
     Outcome,
     bind,
     mark_running,
-    mark_terminating,
     mark_unschedulable,
     terminate,
 )
 from airflow_gpupool.testing.scheduling import choose_node
-from airflow_gpupool.testing.workload import (
-    SIGTERM,
-    CheckpointPlan,
-    PodWorkload,
-    checkpoint_plan,
-    checkpoints_on_sigterm,
-)
+from airflow_gpupool.testing.workload import CheckpointPlan, PodWorkload, checkpoint_plan
 
 if TYPE_CHECKING:
     from airflow_gpupool.testing.apiserver import KubernetesApiEmulator
@@ -146,11 +139,12 @@ class SimulatedKubelet:
         if not task.cancelled() and task.exception() is not None:
             log.error("kubelet lifecycle of pod %s crashed", uid, exc_info=task.exception())
 
-    async def stopped(self, namespace: str | None, name: str) -> None:
+    async def stopped(self, namespace: str | None, name: str, how: str = "Deleted") -> None:
         """Stop a deleted pod: cancel its lifecycle, end its logs, free its resources.
 
         :param namespace: its namespace
         :param name: its name
+        :param how: how its pod history ends if it still ran (``Deleted``, or ``Killed`` past its grace)
         """
         uid = self._uids.pop((namespace, name), None)
         if uid is None:
@@ -159,7 +153,7 @@ class SimulatedKubelet:
         if task is not None:
             task.cancel()
         self.logs.finish_pod(uid)
-        self.history.ended(uid, "Deleted")  # pod history
+        self.history.ended(uid, how)  # pod history
         node = self._running.pop(uid, None)
         self.gpus.ended(self.api.get_object(PODS, namespace, name), uid, node)
         if node is not None:
@@ -167,36 +161,14 @@ class SimulatedKubelet:
             await self.event(involved, "Normal", "Killing", "Stopping container", "kubelet", node)
         self.notify()
 
-    async def terminate_gracefully(self, namespace: str | None, name: str, grace_seconds: float) -> bool:
-        """Send SIGTERM to a running pod that checkpoints on it, and wait (at most the grace) for its end.
-
-        A graceful delete (``gracePeriodSeconds`` > 0) of a pod that opted in
-        (:func:`~airflow_gpupool.testing.workload.checkpoints_on_sigterm`): the pod is marked
-        terminating (``deletionTimestamp``), its training writes an emergency checkpoint and exits
-        143 (``Failed``); the caller then completes the deletion. Any other pod is left alone.
+    def lifecycle(self, namespace: str | None, name: str) -> asyncio.Task[None] | None:
+        """Return the task running a pod whose containers run now, or ``None``.
 
         :param namespace: its namespace
         :param name: its name
-        :param grace_seconds: the delete's grace period
-        :return: whether the pod was terminated this way
         """
-        pod = self.api.get_object(PODS, namespace, name)
         uid = self._uids.get((namespace, name))
-        if pod is None or uid is None or uid not in self._running or grace_seconds <= 0:
-            return False
-        try:
-            opted_in = checkpoints_on_sigterm(pod, self.behaviour_for(pod))
-        except ValueError:
-            return False  # an unreadable annotation: the lifecycle already reported it
-        task = self._tasks.get(uid)
-        if not opted_in or task is None:
-            return False
-        await self.api.update_object(
-            PODS, namespace, name, functools.partial(mark_terminating, grace_seconds=grace_seconds)
-        )
-        self.interrupt(uid, Interruption(SIGTERM, "SIGTERM: the pod is being deleted"))
-        await asyncio.wait({task}, timeout=grace_seconds)  # past the grace: SIGKILL (the delete goes on)
-        return True
+        return self._tasks.get(uid) if uid is not None and uid in self._running else None
 
     def notify(self) -> None:
         """Tell unschedulable pods that the cluster changed (a node or free capacity)."""

@@ -15,9 +15,13 @@ from collections.abc import Callable
 from typing import Any
 
 
-def now_timestamp() -> str:
-    """Return the current UTC time as Kubernetes writes timestamps."""
-    return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+def now_timestamp(after_seconds: float = 0.0) -> str:
+    """Return the current UTC time (or that many seconds later) as Kubernetes writes timestamps.
+
+    :param after_seconds: seconds to add
+    """
+    at = datetime.datetime.now(tz=datetime.UTC) + datetime.timedelta(seconds=after_seconds)
+    return at.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,11 +164,14 @@ def mark_running(pod: dict[str, Any], pod_ip: str) -> None:
 def mark_terminating(pod: dict[str, Any], grace_seconds: float) -> None:
     """Mark a pod being deleted gracefully, as the API server does before its kubelet stops it.
 
+    ``deletionTimestamp`` is when the grace ends (the API server's "gone by"), not when the
+    delete came.
+
     :param pod: the pod, changed in place
     :param grace_seconds: the delete's grace period
     """
     meta = pod["metadata"]
-    meta["deletionTimestamp"] = now_timestamp()
+    meta["deletionTimestamp"] = now_timestamp(grace_seconds)
     meta["deletionGracePeriodSeconds"] = int(grace_seconds)
 
 

@@ -228,6 +228,25 @@ class KubernetesEmulatorServer(BackgroundEmulatorServer):
 
         return self._call(wait(), timeout=timeout + 5)
 
+    def wait_for_pod_gone(self, name: str, *, namespace: str = "default", timeout: float = 10) -> None:
+        """Wait until a pod is removed (a graceful delete answers while the pod still terminates).
+
+        :param name: pod name
+        :param namespace: its namespace
+        :param timeout: seconds
+        :raises TimeoutError: when it is still there
+        """
+
+        async def wait() -> None:
+            assert self.api is not None
+            api = self.api
+            async with asyncio.timeout(timeout):
+                await api.wait_until(
+                    PODS, lambda: True if api.get_object(PODS, namespace, name) is None else None
+                )
+
+        self._call(wait(), timeout=timeout + 5)
+
     def wait_for_pods(
         self,
         ready: Callable[[list[dict[str, Any]]], bool],
@@ -399,6 +418,7 @@ class KubernetesEmulatorServer(BackgroundEmulatorServer):
             assert self.api is not None
             api = self.api
             await api.jobs.shutdown()
+            await api.terminations.shutdown()
             await api.kubelet.shutdown()
             for res in (JOBS, PODS, EVENTS, NODES, PRIORITY_CLASSES):
                 for obj in api.list_objects(res):

@@ -8,6 +8,7 @@ gets a new ``resourceVersion`` (one global counter) and an event on its resource
 
 from __future__ import annotations
 
+import collections
 import copy
 import datetime
 import uuid
@@ -22,6 +23,9 @@ __all__ = ["StoredObjects", "now_iso"]
 
 T = TypeVar("T")
 
+#: How many deletions per resource a watch started from an older ``resourceVersion`` can replay.
+_TOMBSTONES = 10_000
+
 
 def now_iso() -> str:
     """Return the current UTC time as Kubernetes writes timestamps."""
@@ -34,6 +38,10 @@ class StoredObjects(KubernetesEmulator):
     def __init__(self) -> None:
         super().__init__()
         self._resource_version = 0
+        # The last deletions, so a watch from a resourceVersion sees a DELETED it would have missed.
+        self._tombstones: dict[resource, collections.deque[dict[str, Any]]] = collections.defaultdict(
+            lambda: collections.deque(maxlen=_TOMBSTONES)
+        )
 
     def _KubernetesEmulator__get_objs(self, request: Any, strict: bool) -> list[Any]:
         """Find the objects a request addresses: by key when it names one (kmock's own walks them all).
@@ -169,8 +177,23 @@ class StoredObjects(KubernetesEmulator):
         async with self._lock:
             self.objects[res, namespace, name].delete()
             obj["metadata"]["resourceVersion"] = self.next_resource_version()
+            self._tombstones[res].append(copy.deepcopy(obj))
             await self._buses[res].put({"type": "DELETED", "object": obj})
         return obj
+
+    def deleted_since(self, res: resource, namespace: str | None, since: int) -> list[dict[str, Any]]:
+        """Return the last state of the objects deleted after ``resourceVersion`` ``since``, oldest first.
+
+        :param res: the resource
+        :param namespace: only this namespace; ``None`` for all
+        :param since: a resourceVersion
+        """
+        return [
+            copy.deepcopy(obj)
+            for obj in self._tombstones.get(res, ())
+            if int(obj["metadata"]["resourceVersion"]) > since
+            and (namespace is None or obj["metadata"].get("namespace") == namespace)
+        ]
 
     async def wait_until(self, res: resource, check: Callable[[], T | None]) -> T:
         """Wait until ``check`` returns something other than ``None``, re-checking on every change of a resource.

@@ -61,7 +61,8 @@ def initial_watch_events(
     """Return the events a new watch starts with.
 
     Without ``resourceVersion`` (or with ``0``) every selected object comes as ``ADDED``;
-    with one, only objects changed since then, as ``MODIFIED``.
+    with one, only objects changed since then, as ``MODIFIED``, and those deleted since then, as
+    ``DELETED`` (a client that read a pod and then watches it misses no deletion in between).
 
     :param store: the emulator's objects
     :param request: kmock's parsed request
@@ -74,9 +75,15 @@ def initial_watch_events(
     objs = [obj for obj in store.list_objects(request.resource, request.namespace) if selected(obj)]
     if since == 0:
         return [{"type": "ADDED", "object": obj} for obj in objs]
-    return [
+    changed = [
         {"type": "MODIFIED", "object": obj} for obj in objs if int(obj["metadata"]["resourceVersion"]) > since
     ]
+    deleted = [
+        {"type": "DELETED", "object": obj}
+        for obj in store.deleted_since(request.resource, request.namespace, since)
+        if selected(obj)
+    ]
+    return sorted(changed + deleted, key=lambda e: int(e["object"]["metadata"]["resourceVersion"]))
 
 
 async def serve_watch_stream(store: StoredObjects, request: Any, bus: Any) -> aiohttp.web.StreamResponse:

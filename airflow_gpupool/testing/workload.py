@@ -4,13 +4,15 @@
 ``GPUPOOL_RESUME_FROM``, crashing after ``fail-after-step``); :class:`PodWorkload` spreads them
 over the run time, stops early when the pod is interrupted and returns the pod's
 :class:`~airflow_gpupool.testing.pod_status.Outcome` (a crash, an OOM kill, an exit code or
-success with the ``COMPLETE`` marker). A pod deleted with a grace period that opted in
-(:func:`checkpoints_on_sigterm`) gets :data:`SIGTERM`: it writes its next step as an emergency
-checkpoint and exits with code 143, as a training container that handles SIGTERM does.
+success with the ``COMPLETE`` marker). A pod deleted with a grace period gets :data:`SIGTERM`
+and exits with code 143 (after ``sigterm_exit_seconds``); one that opted in
+(:func:`checkpoints_on_sigterm`) first writes its next step as an emergency checkpoint, as a
+training container that handles SIGTERM does.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -21,13 +23,11 @@ from airflow_gpupool.testing.failures import FINISH_NOW, Interruption, interrupt
 from airflow_gpupool.testing.pod_status import Outcome
 
 if TYPE_CHECKING:
-    import asyncio
-
     from airflow_gpupool.testing.behaviour import PodBehaviour
     from airflow_gpupool.testing.logs import LogBook
 
 
-#: The interruption a graceful delete sends an opted-in pod (:meth:`SimulatedKubelet.terminate_gracefully`).
+#: The interruption a graceful delete sends a running pod (:mod:`~airflow_gpupool.testing.termination`).
 SIGTERM = "SIGTERM"
 #: A container's exit code after SIGTERM (128 + 15).
 SIGTERM_EXIT_CODE = 143
@@ -165,7 +165,7 @@ class PodWorkload:
         for step in steps:
             if (interruption := await self.pause(interval)) is not None:
                 if interruption.reason == SIGTERM:
-                    return self._sigterm(plan, step)
+                    return await self._sigterm(plan, step)
                 return None if interruption.reason == FINISH_NOW else interrupted(interruption, self.node)
             assert plan is not None
             checkpoints.save_step(plan.root, step)
@@ -178,21 +178,23 @@ class PodWorkload:
                 )
                 return Outcome("Failed", 1, "Error")
         if (interruption := await self.pause(interval)) is not None and interruption.reason != FINISH_NOW:
-            return (
-                self._sigterm(None, 0)
-                if interruption.reason == SIGTERM
-                else interrupted(interruption, self.node)
-            )
+            if interruption.reason == SIGTERM:
+                return await self._sigterm(None, 0)
+            return interrupted(interruption, self.node)
         return None
 
-    def _sigterm(self, plan: CheckpointPlan | None, step: int) -> Outcome:
-        """Write ``step`` as an emergency checkpoint (none when every step is written) and exit 143.
+    async def _sigterm(self, plan: CheckpointPlan | None, step: int) -> Outcome:
+        """Exit 143 after ``sigterm_exit_seconds``, an opted-in pod first writing ``step`` as an
+        emergency checkpoint (none when every step is written).
+
+        Killed before (its grace ran out), the lifecycle is cancelled here: nothing is written.
 
         :param plan: the checkpoints, if any
         :param step: the next step the training would have written
         """
         self.log("gpupool emulator: received SIGTERM")
-        if plan is not None:
+        await asyncio.sleep(self.behaviour.sigterm_exit_seconds or 0.0)
+        if plan is not None and checkpoints_on_sigterm(self.pod, self.behaviour):
             checkpoints.save_step(plan.root, step, emergency=True)
             self.log(
                 f"step {step}/{plan.last}: emergency checkpoint {checkpoints.STEP_DIR_FORMAT.format(step)} saved on SIGTERM"

@@ -71,7 +71,11 @@ class LeaseWatch:
         """
         if isinstance(error, GrantPreemptedError):
             return LeaseLostError.of(
-                self.reservation_id, str(error), grace_seconds=error.seconds_left, preempted=True
+                self.reservation_id,
+                str(error),
+                grace_seconds=error.seconds_left,
+                preempted=True,
+                deadline=error.deadline,
             )
         if isinstance(error, DEFINITIVE):
             return LeaseLostError.of(self.reservation_id, str(error))
@@ -99,6 +103,7 @@ def lease_lost_event(lost: LeaseLostError, namespace: str, name: str) -> dict[st
         "message": lost.classification.reason,
         "why": lost.why,
         "grace_seconds": lost.grace_seconds,
+        "deadline": lost.deadline,
         "preempted": lost.preempted,
     }
 
@@ -115,4 +120,5 @@ def lost_from_event(event: dict[str, Any], pod_name: str | None) -> LeaseLostErr
         pod_name,
         grace_seconds=float(event.get("grace_seconds") or 0.0),
         preempted=bool(event.get("preempted")),
+        deadline=float(event["deadline"]) if event.get("deadline") is not None else None,
     )

@@ -82,6 +82,8 @@ class LeasedPodTrigger(LeasedTrigger, KubernetesPodTrigger):
         """Delete the pod; return the lease-lost event (kept for a pod watch that sees the deletion first)."""
         self._lost_event = lease_lost_event(lost, self.pod_namespace, self.pod_name)
         self.log.error("%s; deleting the pod %s", lost.classification.reason, self.pod_name)
+        # The grace the refused renewal just gave (no wait in between); the operator, resuming
+        # later, counts what is left from the deadline and waits until the pod is gone.
         await self._delete_pod(math.ceil(lost.grace_seconds))
         return self._lost_event
 

@@ -397,7 +397,7 @@ def test_controller_deployment() -> None:
     account = objects[("ServiceAccount", "gpupool-controller")]
     assert _rules_by_group(objects[("ClusterRole", "gpupool-controller")].rules) == {
         ("", "nodes"): ["list"],
-        ("", "pods"): ["get", "list", "patch", "delete"],
+        ("", "pods"): ["get", "list", "watch", "patch", "delete"],
         ("", "events"): ["create"],
         ("scheduling.k8s.io", "priorityclasses"): ["get"],
     }

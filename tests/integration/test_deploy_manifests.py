@@ -95,6 +95,7 @@ API_CALLS = {
     "list_pod_for_all_namespaces": (("", "pods", "list"), True),
     "read_pod": (("", "pods", "get"), False),  # KubernetesPodOperator's pod manager
     "read_namespaced_pod": (("", "pods", "get"), False),
+    "list_namespaced_pod": (("", "pods", "list"), False),
     "patch_namespaced_pod": (("", "pods", "patch"), False),
     "delete_namespaced_pod": (("", "pods", "delete"), False),
     "create_namespaced_event": (("", "events", "create"), False),
@@ -106,17 +107,23 @@ API_CALLS = {
 _CALL = re.compile(
     r"\.((?:list|read|create|delete|replace|patch)_\w*(?:pod|node|event|lease|priority_class)\w*)\b"
 )
+#: A list method handed to ``watch.Watch().stream``: the call is a watch, which needs ``watch`` too.
+_WATCHED = re.compile(r"\.stream\(\s*\w+\.(list_\w+)\b")
 
 
 def calls_in(*paths: str, cluster_wide_only: bool = False) -> set[tuple[str, str, str]]:
     """Return the permissions the Kubernetes calls in some source files need."""
     needed = set()
     for path in paths:
-        for method in _CALL.findall((ROOT / "airflow_gpupool" / path).read_text()):
+        source = (ROOT / "airflow_gpupool" / path).read_text()
+        watched = set(_WATCHED.findall(source))
+        for method in _CALL.findall(source):
             assert method in API_CALLS, f"{path} calls {method}: add its permission to API_CALLS"
             permission, cluster_wide = API_CALLS[method]
             if cluster_wide or not cluster_wide_only:
                 needed.add(permission)
+                if method in watched:
+                    needed.add((*permission[:2], "watch"))
     return needed
 
 

@@ -95,4 +95,5 @@ def test_dra_mig_claim_is_stored_owned_by_the_pod_until_the_pod_is_deleted(
         }
     ]
     core_v1_api(k8s.kubeconfig_path).delete_namespaced_pod(pod["metadata"]["name"], "default")
+    k8s.wait_for_pod_gone(pod["metadata"]["name"])  # the DELETE answers while the pod terminates
     assert claims(k8s) == []  # deleted with its owner

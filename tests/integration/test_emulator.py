@@ -448,6 +448,7 @@ def test_resource_claims_are_stored_and_go_with_the_pod_that_owns_them(
     assert stored["metadata"]["uid"] and stored["metadata"]["resourceVersion"]
 
     core.delete_namespaced_pod("claimer", "default")
+    k8s.wait_for_pod_gone("claimer")  # the DELETE answers while the pod terminates; its claims go after
 
     names = [c["metadata"]["name"] for c in claims.list_namespaced_custom_object(*where)["items"]]
     assert names == ["free"]  # the owned claim went with its pod; the unowned one stays

@@ -137,6 +137,7 @@ def test_the_env_variable_opts_in_and_a_delete_options_body_gives_the_grace(
 
     run_until_step(emulator, core, training_pod("sigterm-env", tmp_path, env="1"), tmp_path)
     core.delete_namespaced_pod("sigterm-env", "default", body=client.V1DeleteOptions(grace_period_seconds=3))
+    emulator.wait_for_pod_gone("sigterm-env")  # the DELETE answered while the pod terminated
     written = manifests(tmp_path)
     assert written[max(written)].get("emergency") is True
     assert emulator.pod_history("sigterm-env")[-1]["status"]["phase"] == "Failed"
@@ -155,8 +156,14 @@ def test_no_emergency_checkpoint_without_a_grace_or_the_opt_in(
 ) -> None:
     run_until_step(emulator, core, training_pod("sigterm-none", tmp_path, annotation=annotation), tmp_path)
     core.delete_namespaced_pod("sigterm-none", "default", grace_period_seconds=grace)
+    emulator.wait_for_pod_gone("sigterm-none")
     written = manifests(tmp_path)
     assert written and not any(m.get("emergency") for m in written.values())
     history = emulator.pod_history("sigterm-none")
-    assert not any(v["metadata"].get("deletionTimestamp") for v in history)
-    assert all(v["status"]["phase"] != "Failed" for v in history)  # deleted while running, as before
+    if grace == 0:  # removed at once: never terminating, never Failed
+        assert not any(v["metadata"].get("deletionTimestamp") for v in history)
+        assert all(v["status"]["phase"] != "Failed" for v in history)
+    else:  # terminating, then its containers exit on SIGTERM (143) without a checkpoint
+        assert any(v["metadata"].get("deletionTimestamp") for v in history)
+        terminated = history[-1]["status"]["containerStatuses"][0]["state"]["terminated"]
+        assert terminated["exitCode"] == 143

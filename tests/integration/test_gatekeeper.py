@@ -168,7 +168,10 @@ def test_a_running_admitted_pod_keeps_its_grant_until_it_is_gone(
     synced: Ledger, k8s: KubernetesEmulatorServer, core: Any
 ) -> None:
     created = create_hooked_pod(
-        core, "long", {"nvidia.com/gpu": "1"}, **{"gpupool.emulator/duration-seconds": "120"}
+        core,
+        "long",
+        {"nvidia.com/gpu": "1"},
+        **{"gpupool.emulator/duration-seconds": "120", "gpupool.emulator/sigterm-exit-seconds": "1"},
     )
     rid = gated_reservation_id(created["metadata"]["uid"])
     assert gatekeep(synced, core).admitted == ["default/long"]
@@ -178,6 +181,9 @@ def test_a_running_admitted_pod_keeps_its_grant_until_it_is_gone(
         assert (again.released, again.deleted) == ([], [])
         assert synced.get(rid).state is ReservationState.GRANTED
     core.delete_namespaced_pod("long", "default")
+    # Terminating (1 s to exit on SIGTERM), it still runs on its GPU: the grant is kept.
+    assert gatekeep(synced, core).released == []
+    k8s.wait_for_pod_gone("long")
     assert gatekeep(synced, core).released == [rid]
     assert synced.get(rid).message == "gatekeeper: pod default/long gone"
 

@@ -198,6 +198,7 @@ def test_the_leaders_slice_is_held_until_the_groups_last_pod_ends(
     assert synced.get(leader.id).state is ReservationState.GRANTED
 
     core.delete_namespaced_pod(others[1], "default")
+    k8s.wait_for_pod_gone(others[1])  # the DELETE answers while the pod terminates
     last = gatekeep(synced, core)
     assert leader.id in last.released  # the gang ends with the group's last pod
     assert all(synced.get(r.id).state.ended for r in grants.values())

@@ -90,6 +90,8 @@ def check_lost_lease(
     dag_id: str,
     member: int,
 ) -> None:
+    # Each pod takes 1 s to exit on SIGTERM: the gang is released only once they are gone.
+    gang_k8s.configure_pod(sigterm_exit_seconds=1.0)
     releaser, seen = release_a_member_once_running(gang_k8s, gang_ledger, member)
     started = time.monotonic()
     run = run_dag(dag_id)
@@ -99,6 +101,7 @@ def check_lost_lease(
     assert run.state == "failed"
     assert seen["result"].released
     assert took < 45  # the pods would have run 60 s: the Job was deleted at once
+    # Gone before the run ended: the gang was released only once its terminating pods had gone.
     assert gang_k8s.jobs("default") == [] and gang_k8s.pods("default") == []
     deletes = [r for r in gang_k8s.requests if r.method == "DELETE" and "/jobs/" in r.path]
     assert deletes, "the Job was not deleted"

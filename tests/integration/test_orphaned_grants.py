@@ -19,6 +19,7 @@ from airflow_gpupool.labels import RESERVATION_LABEL
 from airflow_gpupool.ledger import Ledger, ReservationState
 from airflow_gpupool.resources import GpuRequest
 from airflow_gpupool.testing import KubernetesEmulatorServer, gpu_node
+from airflow_gpupool.testing.pod_history import gpu_overlaps
 from tests.ledger_fixtures import FakeClock
 
 H100 = "NVIDIA-H100-80GB-HBM3"
@@ -32,8 +33,26 @@ def emulator() -> Iterator[KubernetesEmulatorServer]:
         yield server
 
 
-def running_pod(k8s: KubernetesEmulatorServer, core: Any, name: str, reservation_id: str) -> str:
-    """Create a pod labelled with ``reservation_id`` that runs for two minutes; return its uid."""
+def running_pod(
+    k8s: KubernetesEmulatorServer,
+    core: Any,
+    name: str,
+    reservation_id: str,
+    *,
+    gpus: tuple[int, ...] = (),
+    node: str | None = None,
+    **annotations: str,
+) -> str:
+    """Create a pod labelled with ``reservation_id`` that runs for two minutes; return its uid.
+
+    :param gpus: the GPU indices it is pinned to (the pod history's ``GPUPOOL_GPU_INDICES``)
+    :param node: place it on this node by name
+    :param annotations: more ``gpupool.emulator/`` annotations (``sigterm_exit_seconds="3"``)
+    """
+    emulated = {"duration-seconds": "120"} | {k.replace("_", "-"): v for k, v in annotations.items()}
+    container: dict[str, Any] = {"name": "main", "image": "train:1"}
+    if gpus:
+        container["env"] = [{"name": "GPUPOOL_GPU_INDICES", "value": ",".join(map(str, gpus))}]
     core.create_namespaced_pod(
         "default",
         {
@@ -42,9 +61,13 @@ def running_pod(k8s: KubernetesEmulatorServer, core: Any, name: str, reservation
             "metadata": {
                 "name": name,
                 "labels": {RESERVATION_LABEL: reservation_id},
-                "annotations": {"gpupool.emulator/duration-seconds": "120"},
+                "annotations": {f"gpupool.emulator/{k}": v for k, v in emulated.items()},
             },
-            "spec": {"restartPolicy": "Never", "containers": [{"name": "main", "image": "train:1"}]},
+            "spec": {
+                "restartPolicy": "Never",
+                "containers": [container],
+                **({"nodeName": node} if node else {}),
+            },
         },
     )
     k8s.wait_for_pod(name, phases={"Running"})
@@ -151,11 +174,11 @@ def test_a_preemption_victim_whose_pod_outlives_its_grace_is_deleted_at_once_and
 ) -> None:
     ledger = make_ledger(min_runtime_seconds=0, preemption_grace_seconds=30)
     victim = GpuRequest(gpus=8, preemptible=True)
-    assert (
-        ledger.reserve(victim, "worker-1", ttl=600, reservation_id="gp-victim").state
-        is ReservationState.GRANTED
-    )
-    uid = running_pod(k8s, core, "victim", "gp-victim")
+    granted = ledger.reserve(victim, "worker-1", ttl=600, reservation_id="gp-victim")
+    assert granted.state is ReservationState.GRANTED and granted.grant is not None
+    gpus, node = granted.grant.gpu_indices, granted.grant.node
+    # On SIGTERM its containers would take 3 s to exit: a graceful delete leaves it on its GPUs.
+    uid = running_pod(k8s, core, "victim", "gp-victim", gpus=gpus, sigterm_exit_seconds="3")
     ledger.bind("gp-victim", namespace="default", name="victim", uid=uid)
     urgent = GpuRequest(gpus=8, priority=100)
     assert ledger.reserve(urgent, "worker-2", reservation_id="gp-urgent").state is ReservationState.WAITING
@@ -168,9 +191,9 @@ def test_a_preemption_victim_whose_pod_outlives_its_grace_is_deleted_at_once_and
     result = reconcile(ledger, core)
 
     assert result.deleted == (("gp-victim", "default/victim"),)
-    assert [r.path for r in k8s.requests if r.method == "DELETE"] == [
-        "/api/v1/namespaces/default/pods/victim"
-    ]
+    (delete,) = [r for r in k8s.requests if r.method == "DELETE"]
+    assert delete.path == "/api/v1/namespaces/default/pods/victim"
+    assert delete.query.get("gracePeriodSeconds") == "0"  # its grace is spent: no more SIGTERM time
     (event,) = [
         e for e in k8s.events("default", involved_name="victim") if e["reason"] == ORPHAN_EVENT_REASON
     ]
@@ -178,8 +201,15 @@ def test_a_preemption_victim_whose_pod_outlives_its_grace_is_deleted_at_once_and
     ended = ledger.get("gp-victim")
     assert ended.state is ReservationState.PREEMPTED
     assert ended.message.startswith("reconcile: preemption grace ended: deleted pod default/victim")
-    assert ledger.get("gp-urgent").state is ReservationState.GRANTED
+    urgent_grant = ledger.get("gp-urgent")
+    assert urgent_grant.state is ReservationState.GRANTED and urgent_grant.grant is not None
     assert ledger.check_invariants(core) == []
+    # The preemptor's pod starts at once on the GPUs it was granted: from the cluster's pod
+    # history, it never shares one with the victim's.
+    assert urgent_grant.grant.gpu_indices == gpus
+    running_pod(k8s, core, "urgent", "gp-urgent", gpus=gpus, node=node, duration_seconds="0.5")
+    k8s.wait_for_pod("urgent")
+    assert gpu_overlaps(k8s.pod_records()) == []
 
 
 def test_an_orphan_whose_pod_is_gone_is_released_at_once(
@@ -188,6 +218,7 @@ def test_an_orphan_whose_pod_is_gone_is_released_at_once(
     ledger = synced
     bound_and_orphaned(ledger, k8s, core, clock, "gp-gone", "gone")
     core.delete_namespaced_pod("gone", "default")
+    k8s.wait_for_pod_gone("gone")  # the DELETE answers while the pod terminates
 
     result = reconcile(ledger, core)
 

@@ -8,6 +8,14 @@ SIGTERM, the operator releases the slice once the pod is gone, and only then is 
 request granted. The victim's retry (``preempts=False``) waits for the urgent work to end and
 resumes from the emergency checkpoint.
 
+The emulator deletes as Kubernetes does (the ``DELETE`` answers at once, the pod terminates for as
+long as its containers take to exit on SIGTERM): the victim takes :data:`VICTIM_EXIT_S` to write
+its emergency checkpoint and exit, and the urgent work starts a pod on the GPUs it is granted.
+From the emulator's pod history, the two pods never share a GPU and the emergency checkpoint is
+written before the urgent pod starts (a slice released when the ``DELETE`` answers fails both).
+The urgent pod is pinned by the ledger's GPU indices and placed by node name: Kubernetes counts
+GPUs but cannot tell them apart, so only the hand-off keeps the two apart.
+
 Nothing here depends on how fast a loaded machine is: the waits end on what they wait for (the
 first one spans dag.test()'s start, tens of seconds under load), the first try's pod runs long
 enough that only the preemption ends it, and its grace is checked against the deadline the
@@ -28,9 +36,13 @@ import pytest
 from airflow_gpupool.ledger import Ledger, ReservationState, TaskAttempts
 from airflow_gpupool.resources import GpuRequest
 from airflow_gpupool.testing import KubernetesEmulatorServer
+from airflow_gpupool.testing.pod_history import gpu_overlaps
 from tests.integration.conftest import A100
 
 URGENT = "urgent-inference-test"
+URGENT_POD = "urgent-inference"
+#: How long the victim's containers take to write the emergency checkpoint and exit on SIGTERM.
+VICTIM_EXIT_S = 3.0
 
 
 def env_of(pod: dict[str, Any]) -> dict[str, str]:
@@ -87,6 +99,7 @@ class UrgentWork(threading.Thread):
             )
             self.seen["granted_at"] = granted.grant.granted_at
             self.seen["victim_pod_at_grant"] = self.k8s.pod(name)
+            self._run_urgent_pod(granted.grant.node, granted.grant.gpu_indices)
             emergency = {
                 p.parent.name: json.loads(p.read_text())
                 for p in root.glob("step-*/manifest.json")
@@ -97,9 +110,32 @@ class UrgentWork(threading.Thread):
                 datetime.datetime.fromisoformat(m["time"]).timestamp() for m in emergency.values()
             ]
             self.seen["victim_after"] = ledger.get(victim_id)
+            self.k8s.wait_for_pod(URGENT_POD, timeout=30)  # its GPUs are free again before the release
             ledger.release(URGENT, reason="urgent work done")
         finally:
             ledger.close()
+
+    def _run_urgent_pod(self, node: str, gpus: tuple[int, ...]) -> None:
+        """Start the urgent work's pod on its granted GPUs, at once, as its operator would."""
+        from kubernetes import client, config
+
+        core = client.CoreV1Api(config.new_client_from_config(self.k8s.kubeconfig_path))
+        env = [{"name": "GPUPOOL_GPU_INDICES", "value": ",".join(map(str, gpus))}]
+        core.create_namespaced_pod(
+            "default",
+            {
+                "metadata": {
+                    "name": URGENT_POD,
+                    "labels": {"gpupool.io/reservation-id": URGENT},
+                    "annotations": {"gpupool.emulator/duration-seconds": "1"},
+                },
+                "spec": {
+                    "nodeName": node,
+                    "restartPolicy": "Never",
+                    "containers": [{"name": "serve", "image": "inference:1", "env": env}],
+                },
+            },
+        )
 
 
 @pytest.mark.parametrize("dag_id", ["ckpt_preemptible", "ckpt_preemptible_deferrable"])
@@ -115,9 +151,10 @@ def test_a_preempted_step_checkpoints_in_its_grace_and_its_retry_resumes_there(
     # so only a broken one lets it end); its retry runs the DAG's six steps from the emergency
     # checkpoint on at once.
     k8s.configure_pod(
-        predicate=lambda pod: pod["metadata"]["labels"]["try_number"] == "1",
+        predicate=lambda pod: pod["metadata"]["labels"].get("try_number") == "1",
         duration_seconds=180,
         checkpoint_steps=41,
+        sigterm_exit_seconds=VICTIM_EXIT_S,
     )
     urgent = UrgentWork(k8s, gpu_ledger.url)
     urgent.start()
@@ -127,6 +164,16 @@ def test_a_preempted_step_checkpoints_in_its_grace_and_its_retry_resumes_there(
     assert not urgent.is_alive() and urgent.error is None, urgent.error
 
     seen = urgent.seen
+    # The cluster's side first, from the emulator's pod history: the urgent pod started only once
+    # the victim's containers had exited, after its emergency checkpoint, and no GPU was shared.
+    records = {r.name: r for r in k8s.pod_records()}
+    first_pod, urgent_pod = records[k8s.created_pods()[0]["metadata"]["name"]], records[URGENT_POD]
+    assert urgent_pod.node == first_pod.node and urgent_pod.gpus.devices == first_pod.gpus.devices
+    assert gpu_overlaps(records.values()) == []
+    (emergency_at,) = seen["emergency_at"]
+    assert urgent_pod.started_at is not None and first_pod.ended_at is not None
+    assert emergency_at < urgent_pod.started_at, (emergency_at, urgent_pod.started_at)
+    assert first_pod.ended_at <= urgent_pod.started_at
     # The urgent request waited while the victim had its grace, and took the slice only once
     # the victim's pod was gone, its emergency checkpoint written.
     assert seen["reserved"] is ReservationState.WAITING
@@ -140,12 +187,11 @@ def test_a_preempted_step_checkpoints_in_its_grace_and_its_retry_resumes_there(
     assert victim.checkpoint_at is not None and victim.checkpoint_at <= seen["granted_at"]
     # Once its pod was gone and before its release, the victim reported the emergency checkpoint:
     # the ledger knows how much work the preemption really took.
-    (emergency_at,) = seen["emergency_at"]
     assert seen["victim_after"].checkpoint_at >= emergency_at > victim.checkpoint_at
 
     (ti,) = dag_run.get_task_instances()
     assert str(ti.state) == "success" and ti.try_number == 2
-    first, retry = k8s.created_pods()
+    first, retry = [p for p in k8s.created_pods() if p["metadata"]["name"] != URGENT_POD]
     root = Path(env_of(first)["GPUPOOL_CHECKPOINT_DIR"])
     emergency_step = seen["emergency"][0]
     assert env_of(retry)["GPUPOOL_RESUME_FROM"] == f"{root}/{emergency_step}"

@@ -117,14 +117,16 @@ def test_the_emulator_records_running_and_deleted_pods() -> None:
         }
         core.create_namespaced_pod("default", body)
         k8s.wait_for_pod("train", phases={"Running"})
-        core.delete_namespaced_pod("train", "default")
+        core.delete_namespaced_pod("train", "default")  # answers while the pod terminates
+        k8s.wait_for_pod_gone("train")
         [r] = k8s.pod_records()
+    # It ran until its containers exited on SIGTERM (143: Failed), not until the DELETE came.
     assert (r.name, r.node, r.gpus, r.reservation_id, r.end) == (
         "train",
         "gpu-a",
         GpuUse(("1",)),
         "gp-1",
-        "Deleted",
+        "Failed",
     )
     assert r.started_at is not None and r.ended_at is not None and r.created_at <= r.started_at <= r.ended_at
     assert r.labels == {"gpupool.io/reservation-id": "gp-1"}
