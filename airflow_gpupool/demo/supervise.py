@@ -11,7 +11,7 @@ when any service ends, it sends SIGTERM to every process of those sessions and t
 session), waits at most ``grace`` seconds, then SIGKILLs what is left. It is a subreaper, so an
 orphan whose parent already exited is still found.
 
-Standard library only. Where ``/proc`` is missing (macOS), the services' process groups are signalled.
+Standard library and the package's own errors only. Where ``/proc`` is missing (macOS), the services' process groups are signalled.
 """
 
 from __future__ import annotations
@@ -27,31 +27,9 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
 
+from airflow_gpupool.exceptions import ServiceEndedError, SupervisorStoppedError
+
 POLL_SECONDS = 0.1
-
-
-class Stopped(Exception):
-    """A signal asked the supervisor to stop while it was starting services.
-
-    :param signum: the signal
-    """
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(f"stopped by {signal.Signals(signum).name}")
-        self.signum = signum
-
-
-class ServiceEnded(Exception):
-    """A service ended while the others needed it.
-
-    :param name: the service
-    :param returncode: its exit status (negative: killed by that signal)
-    """
-
-    def __init__(self, name: str, returncode: int) -> None:
-        super().__init__(f"{name} ended with exit status {returncode}")
-        self.name = name
-        self.returncode = returncode
 
 
 @dataclass(frozen=True)
@@ -109,17 +87,17 @@ class Supervisor:
     def _check(self, step: subprocess.Popen[bytes] | None = None) -> None:
         """Raise if a signal came or a service other than the one-off ``step`` ended."""
         if self._signal is not None:
-            raise Stopped(self._signal)
+            raise SupervisorStoppedError(self._signal)
         for service, process in self._running:
             code = process.poll()
             if code is not None and process is not step:
-                raise ServiceEnded(service.name, code)
+                raise ServiceEndedError(service.name, code)
 
     def start(self, service: Service) -> subprocess.Popen[bytes]:
         """Start a long-lived service in a new session.
 
         :param service: what to run
-        :raises Stopped: a signal came before it could start
+        :raises SupervisorStoppedError: a signal came before it could start
         """
         self._check()
         stderr = service.stderr.open("ab") if service.stderr is not None else None
@@ -140,8 +118,8 @@ class Supervisor:
         """Run a one-off step to its end, stopping it like a service if a signal comes first.
 
         :param service: what to run
-        :raises ServiceEnded: it failed (or a long-lived service ended meanwhile)
-        :raises Stopped: a signal came first
+        :raises ServiceEndedError: it failed (or a long-lived service ended meanwhile)
+        :raises SupervisorStoppedError: a signal came first
         """
         process = self.start(service)
         while process.poll() is None:
@@ -149,7 +127,7 @@ class Supervisor:
             self._check(step=process)
         self._running.remove((service, process))
         if process.returncode != 0:
-            raise ServiceEnded(service.name, process.returncode)
+            raise ServiceEndedError(service.name, process.returncode)
 
     def wait_until(self, ready: Callable[[], bool], *, timeout: float, what: str) -> None:
         """Wait until ``ready()`` while every service runs.
@@ -158,8 +136,8 @@ class Supervisor:
         :param timeout: seconds
         :param what: what is awaited, for the error
         :raises TimeoutError: not ready in time
-        :raises Stopped: a signal came first
-        :raises ServiceEnded: a service ended first
+        :raises SupervisorStoppedError: a signal came first
+        :raises ServiceEndedError: a service ended first
         """
         deadline = time.monotonic() + timeout
         while not ready():
@@ -179,9 +157,9 @@ class Supervisor:
             while True:
                 self._check()
                 self._wake.wait(POLL_SECONDS)
-        except Stopped as stopped:
+        except SupervisorStoppedError as stopped:
             return 128 + stopped.signum
-        except ServiceEnded as ended:
+        except ServiceEndedError as ended:
             if ended.returncode < 0:
                 return 128 - ended.returncode
             return ended.returncode or 1

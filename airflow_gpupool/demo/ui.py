@@ -14,7 +14,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from airflow_gpupool.demo.supervise import Service, ServiceEnded, Stopped, Supervisor
+from airflow_gpupool.demo.supervise import Service, Supervisor
+from airflow_gpupool.exceptions import ServiceEndedError, SupervisorStoppedError
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -100,9 +101,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             supervisor.run(sync)
             for service in (*agents, controller, airflow):
                 supervisor.start(service)
-        except Stopped as stopped:
+        except SupervisorStoppedError as stopped:
             return 128 + stopped.signum
-        except (ServiceEnded, TimeoutError) as error:
+        except (ServiceEndedError, TimeoutError) as error:
             print(f"make ui: {error}; stopping the rest", file=sys.stderr)
             return 1
         return supervisor.watch()

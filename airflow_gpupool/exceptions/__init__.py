@@ -29,6 +29,8 @@ from :class:`KeyError`), so ``except ValueError`` keeps working::
     ├── CheckpointStalledError             CheckpointSensor: no new checkpoint within ``max_interval``
     ├── UnverifiedGpuUuidError             the ``device`` binding: no node agent has reported the GPUs' UUIDs yet
     ├── NoGpuError                         the node agent: no NVIDIA driver, GPU or NVML permission on this node
+    ├── SupervisorStoppedError             ``make ui``'s supervisor: a signal came while it started services
+    ├── ServiceEndedError                  ``make ui``'s supervisor: a service ended while the others needed it
     └── PodFailureError                    GpuPodOperator: a try failed; one subclass per FailureClass
         ├── OutOfMemoryError               OOMKilled, or CUDA out of memory in the log tail
         ├── PreemptedError                 preempted by the scheduler for higher-priority work
@@ -43,7 +45,7 @@ from :class:`KeyError`), so ``except ValueError`` keeps working::
 
 Each family has a module of its own (:mod:`.validation`: bad values given; :mod:`.ledger`:
 capacity, reservations, leases and the ledger's database; :mod:`.pods`: why a try failed;
-:mod:`.checkpoints`, :mod:`.simulation`, :mod:`.devices`), but this package is their one public
+:mod:`.checkpoints`, :mod:`.simulation`, :mod:`.devices`, :mod:`.processes`), but this package is their one public
 home: every class's ``__module__`` is ``airflow_gpupool.exceptions``, as when they shared one
 module, so pickles, tracebacks and the docs keep naming them here.
 
@@ -86,6 +88,7 @@ from airflow_gpupool.exceptions.pods import (
     PreemptedError,
     UnknownPodFailureError,
 )
+from airflow_gpupool.exceptions.processes import ServiceEndedError, SupervisorStoppedError
 from airflow_gpupool.exceptions.simulation import SimulationError, TraceFetchError, TraceFormatError
 from airflow_gpupool.exceptions.validation import (
     ConfigurationError,
@@ -125,8 +128,10 @@ __all__ = [
     "PreemptedError",
     "QuotaFileError",
     "ReservationTimeoutError",
+    "ServiceEndedError",
     "SimulationError",
     "StaleCacheError",
+    "SupervisorStoppedError",
     "TraceFetchError",
     "TraceFormatError",
     "UnknownPodFailureError",
