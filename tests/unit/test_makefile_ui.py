@@ -12,11 +12,17 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def dry_run(*variables: str) -> str:
+    # --no-print-directory: under `make test` this make is nested (MAKELEVEL 1) and would print
+    # "Entering/Leaving directory" lines around the commands.
     make = shutil.which("make")
     if make is None:
         skip_or_fail("make is not installed", what="the Makefile check")
     done = subprocess.run(
-        [make, "-n", "ui", *variables], cwd=ROOT, capture_output=True, text=True, check=True
+        [make, "--no-print-directory", "-n", "ui", *variables],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return done.stdout
 
