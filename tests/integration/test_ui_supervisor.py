@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.skips import skip_or_fail
+
 ROOT = Path(__file__).resolve().parents[2]
 LIMIT_SECONDS = 10.0
 
@@ -112,6 +114,13 @@ def _recorded(work: Path) -> list[int]:
 
 
 @pytest.fixture
+def proc() -> None:
+    """The supervisor and these tests read /proc to see every process: skip without it, fail under CI."""
+    if not Path("/proc").is_dir():
+        skip_or_fail("no /proc here (Linux only)", what="the make ui supervisor tests")
+
+
+@pytest.fixture
 def work(tmp_path: Path) -> Iterator[Path]:
     """The stand-ins' folder; whatever they left running when a test failed is killed after it."""
     _write(tmp_path)
@@ -147,7 +156,7 @@ def _assert_all_gone_in_time(pids: list[int], supervisor: subprocess.Popen[bytes
     assert elapsed < LIMIT_SECONDS
 
 
-@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc to see every process")
+@pytest.mark.usefixtures("proc")
 @pytest.mark.parametrize(
     ("signum", "to_group", "status"),
     [
@@ -181,7 +190,7 @@ def _ui_recipe_launch_line() -> str:
     return recipe.group(1).splitlines()[-1]
 
 
-@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc to see every process")
+@pytest.mark.usefixtures("proc")
 def test_sigterm_to_make_reaches_the_supervisor(work: Path) -> None:
     # make forwards SIGTERM to its child: the Makefile's launch line must make that child the
     # supervisor itself (`exec`), not a shell that would die and leave the supervisor running.
@@ -200,7 +209,7 @@ def test_sigterm_to_make_reaches_the_supervisor(work: Path) -> None:
     assert make.returncode != 0
 
 
-@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc to see every process")
+@pytest.mark.usefixtures("proc")
 def test_a_service_that_ends_stops_the_others_with_its_status(work: Path) -> None:
     supervisor = subprocess.Popen(
         [sys.executable, str(work / "driver.py"), str(work), "5", "crash"],
