@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from airflow_gpupool.controller.early_warning import request_emergency_checkpoints
+from airflow_gpupool.controller.external_pods import ExternalPodCounter
 from airflow_gpupool.controller.gatekeeper import GateResult, gatekeep
 from airflow_gpupool.controller.heartbeats import check_heartbeats
 from airflow_gpupool.controller.reconcile import ReconcileResult, reconcile
@@ -131,6 +132,9 @@ class GpuPoolController:
     :param elector: the Lease candidate of this process
     :param intervals: how often each step runs
     :param clock: a monotonic clock, in seconds (tests pass a fake one)
+    :param count_external_pods: keep a watch on every pod while leading, and count the GPUs of
+        pods this project did not make in the ledger (:mod:`~airflow_gpupool.controller.external_pods`)
+    :param pod_relist_seconds: the watch lists every pod again at least this often
     """
 
     def __init__(
@@ -141,6 +145,8 @@ class GpuPoolController:
         intervals: ControllerIntervals | None = None,
         *,
         clock: Callable[[], float] = time.monotonic,
+        count_external_pods: bool = True,
+        pod_relist_seconds: float = 300.0,
     ) -> None:
         self.ledger = ledger
         self.api = core_v1_api
@@ -150,6 +156,12 @@ class GpuPoolController:
         self._next_sync = self._next_reconcile = self._next_gate = float("-inf")
         self._next_election = float("-inf")
         self._election = threading.Lock()  # the pass and the Lease keeper both renew
+        self.external_pods = (
+            ExternalPodCounter(ledger, core_v1_api, relist_seconds=pod_relist_seconds)
+            if count_external_pods
+            else None
+        )
+        self._watching = False  # the pod watch runs only while this replica leads
 
     def run_pass(self) -> PassResult:
         """Renew (or seek) the Lease if due, then run the steps that are due, while leading."""
@@ -159,10 +171,16 @@ class GpuPoolController:
         result = PassResult(leading=self.elector.is_leader())
         if not result.leading:
             log.debug("Not leading (the Lease is held by %s): nothing done", self.elector.holder)
+            self._stop_watching()
             return result
         if now >= self._next_sync:
             self._next_sync = now + self.intervals.sync
             result.synced = self._step(result, "sync", lambda: sync_inventory(self.ledger, self.api))
+            if self.external_pods is not None and self._watching:
+                self.external_pods.retry_unknown_nodes()
+        if self.external_pods is not None and not self._watching:
+            self._watching = True
+            self.external_pods.start()
         if now >= self._next_reconcile and self.elector.is_leader():
             self._next_reconcile = now + self.intervals.reconcile
             result.reconciled = self._step(
@@ -207,7 +225,14 @@ class GpuPoolController:
         finally:
             stop.set()
             keeper.join()
+            self._stop_watching()
             self.elector.release()
+
+    def _stop_watching(self) -> None:
+        if self.external_pods is not None and self._watching:
+            self._watching = False
+            self.external_pods.stop()
+            log.info("Not leading any more: the pod watch stopped")
 
     def _keep_lease(self, stop: threading.Event) -> None:
         """Renew the Lease each time a renewal is due while this replica holds it, whatever the steps do.
@@ -245,7 +270,14 @@ class GpuPoolController:
                     log.warning("The Lease is held by %s: nothing done", self.elector.holder)
                     return PassResult(leading=False)
             self._next_election = self._clock() + self.elector.lease.retry_period
-            return self.run_pass()
+            counter, self.external_pods = self.external_pods, None  # one pass: a list, not a watch
+            try:
+                result = self.run_pass()
+                if counter is not None:
+                    self._step(result, "external pods", counter.count_once)
+                return result
+            finally:
+                self.external_pods = counter
         finally:
             self.elector.release()
 

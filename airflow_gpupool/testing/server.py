@@ -93,6 +93,10 @@ class KubernetesEmulatorServer(BackgroundEmulatorServer):
 
         return self._run_sync(history)
 
+    def compact(self) -> None:
+        """Forget the watch history, as etcd's compaction does: a watch from an older resourceVersion gets ``410 Gone``."""
+        self._run_sync(lambda api: api.compact())
+
     def pod_records(self) -> list[PodRecord]:
         """Return every pod's node, pinned GPUs and running time, deleted pods included (pod history).
 

@@ -36,7 +36,7 @@ from airflow_gpupool.ledger.db.models import (
     ReservationState,
 )
 from airflow_gpupool.ledger.db.records import HOLDING
-from airflow_gpupool.ledger.nodes.external_take import SHORT, HoldTaker
+from airflow_gpupool.ledger.nodes.external_take import CONSERVATIVE, SHORT, HoldTaker
 from airflow_gpupool.ledger.queue.cycle import WriteCycle
 from airflow_gpupool.ledger.store.transactions import LOGGER_NAME, LedgerStore, Tx
 from airflow_gpupool.placement.verdict import Assignment
@@ -57,15 +57,16 @@ class ExternalSync:
     :param counted: pods newly held (``namespace/name``)
     :param released: pods whose holds ended (gone, finished, or bound to a grant)
     :param kept: pods already held as they are
-    :param ours: pods bound to a grant: the ledger's already
+    :param ours: pods bound to a grant: the ledger's already (``namespace/name``)
     :param unknown_node: pods on nodes the ledger does not keep (not held; tried again at the next pass)
-    :param short: pods held short of what they hold (the rest is granted: the books were wrong)
+    :param short: pods held short of what they hold (the rest is granted: the books were wrong), or
+        counted conservatively (unreadable: every free GPU of the node held)
     """
 
     counted: tuple[str, ...] = ()
     released: tuple[str, ...] = ()
     kept: int = 0
-    ours: int = 0
+    ours: tuple[str, ...] = ()
     unknown_node: tuple[str, ...] = ()
     short: tuple[str, ...] = ()
 
@@ -75,7 +76,7 @@ class _Pass:
     counted: list[str] = field(default_factory=list)
     released: list[str] = field(default_factory=list)
     kept: int = 0
-    ours: int = 0
+    ours: list[str] = field(default_factory=list)
     unknown_node: list[str] = field(default_factory=list)
     short: list[str] = field(default_factory=list)
 
@@ -84,7 +85,7 @@ class _Pass:
             tuple(self.counted),
             tuple(self.released),
             self.kept,
-            self.ours,
+            tuple(self.ours),
             tuple(self.unknown_node),
             tuple(self.short),
         )
@@ -116,7 +117,7 @@ class LedgerExternalHolds:
             for key, pod in live.items():
                 rows = held.pop(key, [])
                 if owned.owns(pod):
-                    done.ours += 1
+                    done.ours.append(key)
                     self._end(tx, rows, key, "its pod is now bound to a grant", done)
                 elif rows and all(r.pod_uid == pod.uid for r in rows) and not (complete and _short(rows)):
                     done.kept += 1
@@ -160,7 +161,8 @@ class LedgerExternalHolds:
         units, shortfall = taker.choose()
         for unit in units:
             taker.take(unit)
-        message = f"{SHORT}{shortfall}" if shortfall else ""
+        conservative = shortfall.startswith(CONSERVATIVE)
+        message = shortfall if conservative else f"{SHORT}{shortfall}" if shortfall else ""
         if not taker.taken:  # keep the pod known (and re-tried at the next relist)
             taker.record(Assignment(pod.node, (), 0, 0), GpuRequest(cpu_milli=0, memory_mib=0), message)
         elif message:

@@ -25,13 +25,15 @@ from airflow_gpupool.placement.verdict import Assignment
 from airflow_gpupool.pod_gpus import ExternalPod
 from airflow_gpupool.resources import MILLI_PER_GPU, GpuRequest
 
-__all__ = ["SHORT", "HoldTaker"]
+__all__ = ["CONSERVATIVE", "SHORT", "HoldTaker"]
 
 log = logging.getLogger(LOGGER_NAME)
 
 EXTERNAL = ReservationState.EXTERNAL.value
 #: The message of a row that could not hold all its pod holds: a full relist tries it again.
 SHORT = "short: "
+#: The message of an unreadable pod's rows: it holds what was free when it was counted, once.
+CONSERVATIVE = "counted conservatively: "
 
 
 @dataclass(frozen=True)
@@ -71,13 +73,7 @@ class HoldTaker:
             why = use.unreadable or f"MIG profile {missing[0]} does not exist on {self.pod.node}"
             everything = [self._whole(gpu) for gpu in self.gpus if _wholly_free(gpu)]
             everything += [self._slice(s) for s in self.slices]
-            log.warning(
-                "External pod %s: %s; holding every free GPU of %s (counted conservatively)",
-                self.pod.key,
-                why,
-                self.pod.node,
-            )
-            return everything, f"counted conservatively ({why}): every free GPU of the node held"
+            return everything, f"{CONSERVATIVE}{why}: every free GPU of the node held"
         units: list[HoldUnit] = []
         short: list[str] = []
         by_uuid = {gpu.uuid: gpu for gpu in self.gpus}

@@ -73,7 +73,7 @@ def test_a_pod_bound_to_a_grant_is_the_ledgers_already(ledger: Ledger) -> None:
 
     done = ledger.sync_external([pod("train", whole=1), labelled])
 
-    assert done.ours == 2 and done.counted == ()
+    assert done.ours == ("ml/train", "ml/job-x") and done.counted == ()
     assert ledger.external_holds() == []
 
 
@@ -90,12 +90,19 @@ def test_a_replaced_pod_of_the_same_name_is_counted_again(ledger: Ledger) -> Non
 def test_mig_slices_and_shares_are_held_as_the_pod_asks(ledger: Ledger) -> None:
     ledger.upsert_nodes([node("n1", gpus=2, mig={0: ["3g.40gb", "3g.40gb"]})])
     ledger.sync_external(
-        [pod("mig", **{"mig": (("3g.40gb", 1),)}), pod("hami", shared=1, share_milli=300, share_memory_mib=8000)]
+        [
+            pod("mig", **{"mig": (("3g.40gb", 1),)}),
+            pod("hami", shared=1, share_milli=300, share_memory_mib=8000),
+        ]
     )
     holds = {r.holder: r.grant for r in ledger.external_holds()}
     mig, hami = holds["external:ml/mig"], holds["external:ml/hami"]
     assert mig is not None and mig.mig_slice == "n1-g0-m0"
-    assert hami is not None and (hami.gpu_indices, hami.milli_per_gpu, hami.gpu_memory_mib) == ((1,), 300, 8000)
+    assert hami is not None and (hami.gpu_indices, hami.milli_per_gpu, hami.gpu_memory_mib) == (
+        (1,),
+        300,
+        8000,
+    )
     assert ledger.check_invariants() == []
 
 
