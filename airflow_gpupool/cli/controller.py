@@ -67,7 +67,14 @@ def _run_controller(args: argparse.Namespace) -> int:
     core = core_v1_api(args.kubeconfig, args.context)
     elector = LeaderElector(client.CoordinationV1Api(core.api_client), lease)
     ledger = open_ledger(args)
-    controller = GpuPoolController(ledger, core, elector, intervals)
+    controller = GpuPoolController(
+        ledger,
+        core,
+        elector,
+        intervals,
+        count_external_pods=not args.no_external_pods,
+        pod_relist_seconds=args.pod_relist_interval,
+    )
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: Any) -> None:
@@ -132,6 +139,19 @@ def register(subparsers: Any) -> None:
         type=float,
         default=DEFAULT_GATE_INTERVAL,
         help="seconds between gatekeeper passes over the pods the executor hook gated (default %(default)g)",
+    )
+    p.add_argument(
+        "--pod-relist-interval",
+        metavar="S",
+        type=number(0, above=True),
+        default=300.0,
+        help="seconds between full lists of every pod behind the pod watch, a safety net (default %(default)g)",
+    )
+    p.add_argument(
+        "--no-external-pods",
+        action="store_true",
+        help="do not watch pods nor count the GPUs of pods this project did not make (not recommended: "
+        "a grant may then land on GPUs a notebook or another scheduler's pod holds)",
     )
     p.add_argument(
         "--namespace",

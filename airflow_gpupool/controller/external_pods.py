@@ -137,11 +137,21 @@ class ExternalPodCounter:
         key = _key(pod)
         found = None if kind == "DELETED" else external_pod(pod)
         known = self._known.get(key)
-        if found is None and known is None and key not in self._unknown_node:
-            return  # no GPU now, none before: nothing to write
-        if found is not None and known is not None and (found.uid, found.node) == (known.uid, known.node):
-            return  # as written
         with self._lock:
+            queued = key in self._pending  # a change not written yet: this one replaces it
+            if found is None and known is None and key not in self._unknown_node and not queued:
+                return  # no GPU now, none before: nothing to write
+            if (
+                not queued
+                and found is not None
+                and known is not None
+                and (found.uid, found.node)
+                == (
+                    known.uid,
+                    known.node,
+                )
+            ):
+                return  # as written
             self._pending[key] = found
         self._wake.set()
 

@@ -200,3 +200,14 @@ def test_a_relist_counts_what_changed_while_nobody_watched(
     counted.count_once()
 
     assert external_gpus(ledger) == {"external:default/during": [("gpu-b", 0), ("gpu-b", 1)]}
+
+
+def test_the_kubelet_refuses_a_pod_bound_past_its_nodes_gpus(
+    core: Any, emulator: KubernetesEmulatorServer
+) -> None:
+    core.create_namespaced_pod("default", foreign_pod("first", 3, node="gpu-a"))
+    emulator.wait_for_pod("first", phases={"Running"})
+    core.create_namespaced_pod("default", foreign_pod("second", 2, node="gpu-a"))
+    refused = emulator.wait_for_pod("second", phases={"Failed"})
+    assert refused["status"]["reason"] == "OutOfnvidia.com/gpu"
+    assert "requested: 2, used: 3, capacity: 4" in refused["status"]["message"]
