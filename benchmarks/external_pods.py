@@ -188,7 +188,8 @@ def main() -> None:
                     pool.map(
                         # Every fifth pod holds a GPU: two per node at the defaults, far from full.
                         lambda i: core.create_namespaced_pod(
-                            "default", pod(f"bg-{i}", f"gpu-{(i // 5) % args.nodes:04d}", 1 if i % 5 == 0 else 0)
+                            "default",
+                            pod(f"bg-{i}", f"gpu-{(i // 5) % args.nodes:04d}", 1 if i % 5 == 0 else 0),
                         ),
                         range(args.pods),
                     )
