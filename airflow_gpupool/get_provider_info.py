@@ -289,6 +289,13 @@ def get_provider_info() -> dict[str, Any]:
                         "PriorityClass of placeholder pods (value -1, created when missing).",
                         "gpupool-placeholder",
                     ),
+                    "discover_node_pools": _option(
+                        "Where else scalable pools are found: karpenter (NodePools that state a GPU shape "
+                        "in the gpupool.io/node-shape annotation or GFD labels), or empty: only "
+                        "scalable_node_pools.",
+                        "",
+                        example="karpenter",
+                    ),
                 },
             }
         },

@@ -73,6 +73,7 @@ DEFAULTS: dict[str, str] = {
     "provisioning_class": "best-effort-atomic-scale-up.autoscaling.x-k8s.io",
     "autoscale_namespace": "",
     "placeholder_priority_class": "gpupool-placeholder",
+    "discover_node_pools": "",
 }
 
 
@@ -463,6 +464,6 @@ def autoscale_option(option: str) -> str:
     """Return one of the autoscale step's options as text, stripped; the controller checks them.
 
     :param option: ``scalable_node_pools``, ``autoscale_mode``, ``provisioning_class``,
-        ``autoscale_namespace`` or ``placeholder_priority_class``
+        ``autoscale_namespace``, ``placeholder_priority_class`` or ``discover_node_pools``
     """
     return _get(option).strip()

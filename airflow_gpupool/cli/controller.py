@@ -115,8 +115,12 @@ def _autoscaler(core: Any, namespace: str) -> Any:
     from airflow_gpupool import settings
     from airflow_gpupool.controller.autoscale.pools import parse_scalable_pools
     from airflow_gpupool.controller.autoscale.step import Autoscaler, AutoscaleSettings
+    from airflow_gpupool.exceptions import ConfigurationError
 
     pools = parse_scalable_pools(settings.autoscale_option("scalable_node_pools"))
+    discover = settings.autoscale_option("discover_node_pools")
+    if discover not in ("", "karpenter"):
+        raise ConfigurationError(f"[gpupool] discover_node_pools: {discover!r} is not 'karpenter' or empty")
     chosen = AutoscaleSettings(
         pools=pools,
         namespace=settings.autoscale_option("autoscale_namespace") or namespace,
@@ -124,8 +128,9 @@ def _autoscaler(core: Any, namespace: str) -> Any:
         provisioning_class=settings.autoscale_option("provisioning_class"),
         placeholder_priority_class=settings.autoscale_option("placeholder_priority_class"),
         spot_pools=settings.spot_node_pools(),
+        discover_karpenter=discover == "karpenter",
     )
-    if not pools:
+    if not pools and not chosen.discover_karpenter:
         return None
     return lambda ledger: Autoscaler(ledger, core, chosen)
 

@@ -45,7 +45,14 @@ from kmock import KubernetesError, KubernetesObjectNotFoundError, action
 from kmock._internal.dicts import patch_dict  # the merge kmock applies: the object we check is the one stored
 
 from airflow_gpupool.testing import gates, provisioning
-from airflow_gpupool.testing.discovery import SERVED, discovery_document, kmock_resources, not_found, served
+from airflow_gpupool.testing.discovery import (
+    SERVED,
+    UNSERVED_BY_DEFAULT,
+    discovery_document,
+    kmock_resources,
+    not_found,
+    served,
+)
 from airflow_gpupool.testing.jobs import JobController, prepare_new_job, propagation_policy
 from airflow_gpupool.testing.kinds import (
     JOBS,
@@ -137,7 +144,8 @@ class KubernetesApiEmulator(StoredObjects):
     :param scalable_pools: node pools the provisioner grows and shrinks
         (:mod:`~airflow_gpupool.testing.provisioner`)
     :param unserved_groups: API groups this cluster lacks (``autoscaling.x-k8s.io``: no
-        ProvisioningRequest CRD), absent from discovery and answered 404
+        ProvisioningRequest CRD), absent from discovery and answered 404; by default
+        ``karpenter.sh`` (name the groups to leave out, ``()`` for none, to serve it)
     """
 
     def __init__(
@@ -146,7 +154,7 @@ class KubernetesApiEmulator(StoredObjects):
         nodes: Iterable[Mapping[str, Any]] = (),
         default_duration_seconds: float = 0.5,
         scalable_pools: Iterable[ScalableNodePool] = (),
-        unserved_groups: Iterable[str] = (),
+        unserved_groups: Iterable[str] | None = None,
     ) -> None:
         super().__init__()
         self.recorded: list[RecordedRequest] = []
@@ -154,7 +162,7 @@ class KubernetesApiEmulator(StoredObjects):
         self.terminations = PodTerminations(self)
         self.jobs = JobController(self)
         self.provisioner = NodeProvisioner(self, scalable_pools)
-        self.served = served(frozenset(unserved_groups))
+        self.served = served(frozenset(UNSERVED_BY_DEFAULT if unserved_groups is None else unserved_groups))
         for key, info in kmock_resources(self.served).items():
             self.resources[key] = cast("Any", info)  # kmock takes the plain dict
         self.objects[NAMESPACES, None, "default"] = self._stamp(

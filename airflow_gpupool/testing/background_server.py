@@ -51,7 +51,8 @@ class BackgroundEmulatorServer:
     :param default_duration_seconds: how long containers run unless told otherwise
     :param access_log: log every request through the ``aiohttp.access`` logger
     :param scalable_pools: node pools the emulator's provisioner grows and shrinks
-    :param unserved_groups: API groups the emulated cluster lacks (e.g. ``autoscaling.x-k8s.io``)
+    :param unserved_groups: API groups the emulated cluster lacks (e.g. ``autoscaling.x-k8s.io``);
+        ``None``: Karpenter's ``karpenter.sh``
     """
 
     def __init__(
@@ -65,11 +66,11 @@ class BackgroundEmulatorServer:
         default_duration_seconds: float = 0.5,
         access_log: bool = False,
         scalable_pools: Iterable[ScalableNodePool] = (),
-        unserved_groups: Iterable[str] = (),
+        unserved_groups: Iterable[str] | None = None,
     ) -> None:
         self.access_log = access_log
         self.scalable_pools = tuple(scalable_pools)
-        self.unserved_groups = tuple(unserved_groups)
+        self.unserved_groups = None if unserved_groups is None else tuple(unserved_groups)
         self.initial_nodes = [copy.deepcopy(dict(n)) for n in (default_nodes() if nodes is None else nodes)]
         self.host = host
         self._requested_port = port

@@ -29,6 +29,10 @@ KUBELET_VERSION = f"v{EMULATED_MAJOR}.{EMULATED_MINOR}.0"
 
 #: Cluster Autoscaler's API group (the ProvisioningRequest CRD), absent from clusters without it.
 AUTOSCALING_GROUP = "autoscaling.x-k8s.io"
+#: Karpenter's API group (NodePools, stored as sent), served only when a test asks for it.
+KARPENTER_GROUP = "karpenter.sh"
+#: The groups an emulated cluster lacks unless told otherwise: it runs Cluster Autoscaler, not Karpenter.
+UNSERVED_BY_DEFAULT = (KARPENTER_GROUP,)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +88,7 @@ SERVED: tuple[ServedResource, ...] = (
         ("provreq",),
         ("status",),
     ),
+    ServedResource(KARPENTER_GROUP, "v1", "nodepools", "NodePool", False, (), ("status",)),
 )
 
 

@@ -203,3 +203,69 @@ def test_nothing_left_behind(
     assert full.get("train-2").state is not ReservationState.WAITING
     assert step().deleted == ["train-2"]
     wait_for(lambda: not left_behind(core))
+
+
+def node_pool(name: str) -> dict[str, Any]:
+    """A Karpenter NodePool pinning an 8-GPU A100 shape through GFD label requirements."""
+    requirements = [
+        {"key": "nvidia.com/gpu.product", "operator": "In", "values": [PRODUCT]},
+        {"key": "nvidia.com/gpu.count", "operator": "In", "values": ["8"]},
+        {"key": "nvidia.com/gpu.memory", "operator": "In", "values": ["81920"]},
+    ]
+    return {
+        "apiVersion": "karpenter.sh/v1",
+        "kind": "NodePool",
+        "metadata": {"name": name},
+        "spec": {"template": {"spec": {"requirements": requirements, "nodeClassRef": {"name": "default"}}}},
+    }
+
+
+@pytest.mark.parametrize("ledger_url", ["sqlite"], indirect=True)
+def test_a_karpenter_node_pool_is_discovered_and_scaled_for(ledger: Ledger) -> None:
+    karpenter_pool = ScalableNodePool(
+        "gpu-burst",
+        {"gpus": 8, "product": PRODUCT, "labels": {"karpenter.sh/nodepool": "gpu-burst"}},
+        delay_seconds=0.3,
+        idle_seconds=1.0,
+    )
+    with KubernetesEmulatorServer(
+        nodes=[gpu_node("gpu-a-0", gpus=8, product=PRODUCT)],
+        scalable_pools=[karpenter_pool],
+        unserved_groups=NO_PROVISIONING_REQUESTS,  # a Karpenter cluster: NodePools, no ProvisioningRequest
+    ) as k8s:
+        core = core_v1_api(k8s.kubeconfig_path)
+        custom = client.CustomObjectsApi(core.api_client)
+        custom.create_cluster_custom_object("karpenter.sh", "v1", "nodepools", node_pool("gpu-burst"))
+        sync_inventory(ledger, core)
+        ledger.reserve(GpuRequest(gpus=8), "filler", reservation_id="filler")
+        ledger.reserve(GpuRequest(gpus=8), "train", reservation_id="train-k")
+        step = Autoscaler(ledger, core, AutoscaleSettings(namespace="default", discover_karpenter=True))
+        assert step().created == ["train-k"]
+        (pod,) = k8s.pods(label_selector=SCALE_UP_LABEL)
+        assert pod["spec"]["nodeSelector"]["karpenter.sh/nodepool"] == "gpu-burst"
+        (new,) = wait_for(lambda: gpu_burst_nodes(k8s))
+        sync_inventory(ledger, core)
+        wait_for(lambda: ledger.get("train-k").state is ReservationState.GRANTED or ledger.reap() and None, 5)
+        assert ledger.get("train-k").grant.node == new  # type: ignore[union-attr]
+        assert step().deleted == ["train-k"]
+        wait_for(lambda: not left_behind(core))
+
+
+def test_without_discovery_a_karpenter_cluster_asks_for_nothing(ledger: Ledger) -> None:
+    with KubernetesEmulatorServer(
+        nodes=[gpu_node("gpu-a-0", gpus=8, product=PRODUCT)], unserved_groups=NO_PROVISIONING_REQUESTS
+    ) as k8s:
+        core = core_v1_api(k8s.kubeconfig_path)
+        client.CustomObjectsApi(core.api_client).create_cluster_custom_object(
+            "karpenter.sh", "v1", "nodepools", node_pool("gpu-burst")
+        )
+        sync_inventory(ledger, core)
+        ledger.reserve(GpuRequest(gpus=8), "filler", reservation_id="filler")
+        ledger.reserve(GpuRequest(gpus=8), "train", reservation_id="train-k")
+        result = Autoscaler(ledger, core, AutoscaleSettings(namespace="default"))()
+        assert (result.method, result.created) == (None, [])
+        assert left_behind(core) == []
+
+
+def gpu_burst_nodes(k8s: KubernetesEmulatorServer) -> list[str]:
+    return [n["metadata"]["name"] for n in k8s.nodes() if n["metadata"]["name"].startswith("gpu-burst-")]

@@ -130,3 +130,12 @@ def test_bad_pool_configuration_stops_the_controller_before_its_loop(
     assert main([*args, "--identity", "cli", "--namespace", "default"]) == 2
     assert "scalable_node_pools 'burst'.gpus: 'eight'" in capsys.readouterr().err
     assert provisioning_requests(k8s) == []
+
+
+def test_an_unknown_discovery_source_stops_the_controller(
+    k8s: KubernetesEmulatorServer, waiting_url: str, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    monkeypatch.setenv("AIRFLOW__GPUPOOL__DISCOVER_NODE_POOLS", "gke")
+    args = ["controller", "run", "--once", "--url", waiting_url, "--kubeconfig", k8s.kubeconfig_path]
+    assert main([*args, "--identity", "cli", "--namespace", "default"]) == 2
+    assert "discover_node_pools: 'gke'" in capsys.readouterr().err

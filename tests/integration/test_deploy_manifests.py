@@ -112,6 +112,8 @@ API_CALLS = {
     "list_namespaced_custom_object": (("autoscaling.x-k8s.io", "provisioningrequests", "list"), False),
     "create_namespaced_custom_object": (("autoscaling.x-k8s.io", "provisioningrequests", "create"), False),
     "delete_namespaced_custom_object": (("autoscaling.x-k8s.io", "provisioningrequests", "delete"), False),
+    # The only cluster-scoped custom objects: Karpenter's NodePools.
+    "list_cluster_custom_object": (("karpenter.sh", "nodepools", "list"), True),
 }
 _CALL = re.compile(
     r"\.((?:list|read|create|delete|replace|patch)_\w*(?:pod|node|event|lease|priority_class|custom_object)\w*)\b"

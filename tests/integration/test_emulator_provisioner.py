@@ -154,3 +154,11 @@ def test_unschedulable_pods_get_a_node_expendable_ones_do_not(
     for name in ("hold-a", "hold-b"):
         client.CoreV1Api(api).delete_namespaced_pod(name, "default", grace_period_seconds=0)
     wait_for(lambda: not burst(k8s))
+
+
+def test_the_default_cluster_serves_provisioning_requests_not_karpenter(api: Any) -> None:
+    groups = {g.name for g in client.ApisApi(api).get_api_versions().groups}
+    assert "autoscaling.x-k8s.io" in groups and "karpenter.sh" not in groups
+    with pytest.raises(client.ApiException) as missing:
+        client.CustomObjectsApi(api).list_cluster_custom_object("karpenter.sh", "v1", "nodepools")
+    assert missing.value.status == 404

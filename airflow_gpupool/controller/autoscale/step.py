@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from airflow_gpupool.controller.autoscale import manifests
+from airflow_gpupool.controller.autoscale import karpenter, manifests
 from airflow_gpupool.controller.autoscale.demand import Waiting, scale_ups
 from airflow_gpupool.controller.autoscale.pools import ScalablePool, empty_node
 from airflow_gpupool.exceptions import ConfigurationError
@@ -32,6 +32,7 @@ from airflow_gpupool.placement.pools import UNCONSTRAINED, PoolBindings
 
 if TYPE_CHECKING:
     from airflow_gpupool.ledger import Ledger, Reservation
+    from airflow_gpupool.placement import NodeState
 
 __all__ = ["MODES", "AutoscaleResult", "AutoscaleSettings", "Autoscaler", "waiting_demand"]
 
@@ -55,6 +56,8 @@ class AutoscaleSettings:
     :param placeholder_priority_class: the PriorityClass of placeholder pods (created if missing)
     :param spot_pools: node pools configured as spot
     :param bindings: the slice binding of each node pool
+    :param discover_karpenter: add the pools Karpenter ``NodePool``s declare
+        (:mod:`~airflow_gpupool.controller.autoscale.karpenter`) after the configured ones
     """
 
     pools: tuple[ScalablePool, ...] = ()
@@ -64,6 +67,7 @@ class AutoscaleSettings:
     placeholder_priority_class: str = "gpupool-placeholder"
     spot_pools: frozenset[str] = frozenset()
     bindings: PoolBindings = UNCONSTRAINED
+    discover_karpenter: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -139,8 +143,10 @@ class Autoscaler:
 
     def __call__(self) -> AutoscaleResult:
         """Run one pass: delete what ended, keep what waits, create what new demand needs."""
-        served = self._provisioning_served()
-        method = self._method(served)
+        groups = self._served_groups()
+        served = f"{GROUP}/{VERSION}" in groups
+        pools = self._pools + self._discovered(groups)
+        method = self._method(served, bool(pools))
         snapshot = self.ledger.snapshot()
         waiting = waiting_demand(snapshot.queue)
         still = {w.key for w in waiting} if method is not None else set()
@@ -155,20 +161,30 @@ class Autoscaler:
         if method is None:
             return result
         fresh = [w for w in waiting if w.key not in result.kept]
-        for scale_up in scale_ups(snapshot.cluster, fresh, self._pools, self.settings.bindings):
+        for scale_up in scale_ups(snapshot.cluster, fresh, pools, self.settings.bindings):
             self._create(method, scale_up.key, scale_up.pool, scale_up.request, scale_up.count)
             result.created.append(scale_up.key)
         return result
 
     # -- reading -------------------------------------------------------------------------------
 
-    def _provisioning_served(self) -> bool:
+    def _served_groups(self) -> set[str]:
+        """Return the ``<group>/<version>`` the cluster serves, from discovery."""
         groups = self.apis.get_api_versions().groups or []
-        return any(g.name == GROUP and any(v.version == VERSION for v in g.versions or []) for g in groups)
+        return {v.group_version for g in groups for v in g.versions or []}
 
-    def _method(self, served: bool) -> str | None:
+    def _discovered(self, groups: set[str]) -> tuple[tuple[ScalablePool, NodeState], ...]:
+        """Return the pools Karpenter's NodePools declare (none configured already has their name)."""
+        if not self.settings.discover_karpenter or f"{karpenter.GROUP}/{karpenter.VERSION}" not in groups:
+            return ()
+        listed = self.custom.list_cluster_custom_object(karpenter.GROUP, karpenter.VERSION, karpenter.PLURAL)
+        configured = {pool.name for pool in self.settings.pools}
+        found = karpenter.pools_from_node_pools(listed.get("items", []))
+        return tuple((p, empty_node(p, self.settings.spot_pools)) for p in found if p.name not in configured)
+
+    def _method(self, served: bool, any_pool: bool) -> str | None:
         mode = self.settings.mode
-        if mode == "off" or not self.settings.pools:
+        if mode == "off" or not any_pool:
             return None
         if mode == PROVISIONING_REQUEST and not served:
             raise ConfigurationError(
