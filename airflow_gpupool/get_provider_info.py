@@ -259,6 +259,43 @@ def get_provider_info() -> dict[str, Any]:
                         "60",
                         "float",
                     ),
+                    # Waiting demand made visible to the autoscaler (issue 36).
+                    "scalable_node_pools": _option(
+                        "JSON object of node pools the cluster's autoscaler can grow, each with the shape "
+                        "of one empty node: gpu_model, gpus, gpu_memory_mib, and optionally mig, labels, "
+                        "cpu, memory. A waiting request that fits no node but an empty node of one gets a "
+                        "ProvisioningRequest or placeholder pods from the controller; empty: none.",
+                        "",
+                        example='{"a100-burst": {"gpu_model": "NVIDIA-A100-SXM4-80GB", "gpus": 8, '
+                        '"gpu_memory_mib": 81920, "cpu": "96", "memory": "1024Gi"}}',
+                    ),
+                    "autoscale_mode": _option(
+                        "How the controller asks for nodes: auto (a ProvisioningRequest where the cluster "
+                        "serves autoscaling.x-k8s.io/v1, else placeholder pods), provisioning-request, "
+                        "placeholder-pods, or off.",
+                        "auto",
+                    ),
+                    "provisioning_class": _option(
+                        "The ProvisioningRequest class: best-effort-atomic-scale-up.autoscaling.x-k8s.io "
+                        "or check-capacity.autoscaling.x-k8s.io.",
+                        "best-effort-atomic-scale-up.autoscaling.x-k8s.io",
+                    ),
+                    "autoscale_namespace": _option(
+                        "Namespace of the ProvisioningRequests, PodTemplates and placeholder pods; empty: "
+                        "the controller's own.",
+                        "",
+                    ),
+                    "placeholder_priority_class": _option(
+                        "PriorityClass of placeholder pods (value -1, created when missing).",
+                        "gpupool-placeholder",
+                    ),
+                    "discover_node_pools": _option(
+                        "Where else scalable pools are found: karpenter (NodePools that state a GPU shape "
+                        "in the gpupool.io/node-shape annotation or GFD labels), or empty: only "
+                        "scalable_node_pools.",
+                        "",
+                        example="karpenter",
+                    ),
                 },
             }
         },

@@ -18,7 +18,8 @@ cannot be read (not a whole number, negative, an unknown MIG profile name) makes
 *unreadable*: the ledger then holds every free GPU of its node (counted conservatively: better
 an idle GPU than two pods on one), and says why.
 
-DRA ResourceClaims are not read here: a pod whose GPUs come from a claim holds no
+Placeholder pods (labelled ``gpupool.io/scale-up-for``, made to ask the autoscaler for a node)
+hold GPUs nobody uses and are not counted. DRA ResourceClaims are not read here: a pod whose GPUs come from a claim holds no
 ``nvidia.com`` resource and is not counted (see the README's "Pods the ledger did not grant").
 """
 
@@ -29,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_gpupool.labels import GANG_RESERVATION_LABEL, RESERVATION_LABEL
+from airflow_gpupool.labels import GANG_RESERVATION_LABEL, RESERVATION_LABEL, SCALE_UP_LABEL
 from airflow_gpupool.quantity import parse_quantity
 
 __all__ = ["ExternalPod", "GpuUse", "external_pod", "gpu_use", "holds_gpus_now"]
@@ -108,10 +109,12 @@ def external_pod(pod: Mapping[str, Any]) -> ExternalPod | None:
     """Return the pod as the ledger counts it; None when it holds no GPU on a node now."""
     if not holds_gpus_now(pod):
         return None
+    meta = pod.get("metadata") or {}
+    if SCALE_UP_LABEL in (meta.get("labels") or {}):
+        return None  # a placeholder that asks the autoscaler for a node: nobody uses its GPUs
     use = gpu_use(pod)
     if not use.any:
         return None
-    meta = pod.get("metadata") or {}
     labels = meta.get("labels") or {}
     return ExternalPod(
         namespace=str(meta.get("namespace") or "default"),

@@ -16,6 +16,7 @@ from airflow_gpupool.argtypes import non_empty, number
 from airflow_gpupool.cli.common import logger_level, open_ledger, url_arg
 from airflow_gpupool.controller.leader import DEFAULT_LEASE_DURATION, DEFAULT_LEASE_NAME
 from airflow_gpupool.controller.run import (
+    DEFAULT_AUTOSCALE_INTERVAL,
     DEFAULT_GATE_INTERVAL,
     DEFAULT_RECONCILE_INTERVAL,
     DEFAULT_SYNC_INTERVAL,
@@ -56,7 +57,10 @@ def _run_controller(args: argparse.Namespace) -> int:
 
     # Bad configuration fails here, before the loop: exit 2 (GpuPoolError) or a traceback.
     intervals = ControllerIntervals(
-        sync=args.sync_interval, reconcile=args.reconcile_interval, gate=args.gate_interval
+        sync=args.sync_interval,
+        reconcile=args.reconcile_interval,
+        gate=args.gate_interval,
+        autoscale=args.autoscale_interval,
     )
     lease = LeaseSettings(
         namespace=args.namespace or default_namespace(),
@@ -66,6 +70,7 @@ def _run_controller(args: argparse.Namespace) -> int:
     )
     core = core_v1_api(args.kubeconfig, args.context)
     elector = LeaderElector(client.CoordinationV1Api(core.api_client), lease)
+    autoscaler = _autoscaler(core, lease.namespace)
     ledger = open_ledger(args)
     controller = GpuPoolController(
         ledger,
@@ -74,6 +79,7 @@ def _run_controller(args: argparse.Namespace) -> int:
         intervals,
         count_external_pods=not args.no_external_pods,
         pod_relist_seconds=args.pod_relist_interval,
+        autoscaler=autoscaler(ledger) if autoscaler else None,
     )
     stop = threading.Event()
 
@@ -102,6 +108,37 @@ def _run_controller(args: argparse.Namespace) -> int:
         ledger.close()
     log.info("Controller %s stopped", lease.identity)
     return 0
+
+
+def _autoscaler(core: Any, namespace: str) -> Any:
+    """Return a maker of the autoscale step from ``[gpupool]``, or ``None`` when no pool is scalable.
+
+    Bad options raise :class:`~airflow_gpupool.exceptions.ConfigurationError` here, before the loop.
+
+    :param core: the ``CoreV1Api``
+    :param namespace: the controller's namespace (the default for its objects)
+    """
+    from airflow_gpupool import settings
+    from airflow_gpupool.controller.autoscale.pools import parse_scalable_pools
+    from airflow_gpupool.controller.autoscale.step import Autoscaler, AutoscaleSettings
+    from airflow_gpupool.exceptions import ConfigurationError
+
+    pools = parse_scalable_pools(settings.autoscale_option("scalable_node_pools"))
+    discover = settings.autoscale_option("discover_node_pools")
+    if discover not in ("", "karpenter"):
+        raise ConfigurationError(f"[gpupool] discover_node_pools: {discover!r} is not 'karpenter' or empty")
+    chosen = AutoscaleSettings(
+        pools=pools,
+        namespace=settings.autoscale_option("autoscale_namespace") or namespace,
+        mode=settings.autoscale_option("autoscale_mode"),
+        provisioning_class=settings.autoscale_option("provisioning_class"),
+        placeholder_priority_class=settings.autoscale_option("placeholder_priority_class"),
+        spot_pools=settings.spot_node_pools(),
+        discover_karpenter=discover == "karpenter",
+    )
+    if not pools and not chosen.discover_karpenter:
+        return None
+    return lambda ledger: Autoscaler(ledger, core, chosen)
 
 
 def register(subparsers: Any) -> None:
@@ -152,6 +189,13 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="do not watch pods nor count the GPUs of pods this project did not make (not recommended: "
         "a grant may then land on GPUs a notebook or another scheduler's pod holds)",
+    )
+    p.add_argument(
+        "--autoscale-interval",
+        metavar="S",
+        type=number(0, above=True),
+        default=DEFAULT_AUTOSCALE_INTERVAL,
+        help="seconds between autoscale passes ([gpupool] scalable_node_pools; default %(default)g)",
     )
     p.add_argument(
         "--namespace",

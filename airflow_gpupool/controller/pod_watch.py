@@ -22,15 +22,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["PodWatch", "WatchExpired", "WatchStats"]
+from airflow_gpupool.exceptions import WatchExpiredError
+
+__all__ = ["PodWatch", "WatchStats"]
 
 log = logging.getLogger(__name__)
 
 PodJson = dict[str, Any]
-
-
-class WatchExpired(Exception):
-    """The watch cannot go on from where it is (``410 Gone``, or a relist is due): list again."""
 
 
 @dataclass
@@ -106,7 +104,7 @@ class PodWatch:
                 version = self.list_now()
                 backoff = 0.0
                 self.watch_from(version)
-            except WatchExpired as e:
+            except WatchExpiredError as e:
                 log.info("Pod watch: %s; listing again", e)
             except Exception as e:
                 if self._stop.is_set():
@@ -142,12 +140,12 @@ class PodWatch:
     def watch_from(self, version: str) -> None:
         """Watch from ``version``, resuming after each server timeout, until stopped.
 
-        :raises WatchExpired: the server answered ``410 Gone`` (or another error event), or a relist is due
+        :raises WatchExpiredError: the server answered ``410 Gone`` (or another error event), or a relist is due
         """
         relist_at = time.monotonic() + self.relist_seconds
         while not self._stop.is_set():
             if time.monotonic() >= relist_at:
-                raise WatchExpired(f"{self.relist_seconds:.0f} s since the last list")
+                raise WatchExpiredError(f"{self.relist_seconds:.0f} s since the last list")
             timeout = max(1, min(self.watch_seconds, int(relist_at - time.monotonic()) + 1))
             for event in self._stream(version, timeout):
                 kind, obj = event.get("type"), event.get("object") or {}
@@ -155,7 +153,7 @@ class PodWatch:
                     code = obj.get("code")
                     if code == 410:
                         self.stats.gone += 1
-                    raise WatchExpired(
+                    raise WatchExpiredError(
                         f"the watch ended with {code} {obj.get('reason')}: {obj.get('message')}"
                     )
                 version = str((obj.get("metadata") or {}).get("resourceVersion") or version)

@@ -103,9 +103,20 @@ API_CALLS = {
     "create_namespaced_lease": (("coordination.k8s.io", "leases", "create"), False),
     "replace_namespaced_lease": (("coordination.k8s.io", "leases", "update"), False),
     "read_priority_class": (("scheduling.k8s.io", "priorityclasses", "get"), True),
+    "create_priority_class": (("scheduling.k8s.io", "priorityclasses", "create"), True),
+    "create_namespaced_pod": (("", "pods", "create"), False),
+    "list_namespaced_pod_template": (("", "podtemplates", "list"), False),
+    "create_namespaced_pod_template": (("", "podtemplates", "create"), False),
+    "delete_namespaced_pod_template": (("", "podtemplates", "delete"), False),
+    # The only custom objects the code touches: Cluster Autoscaler's ProvisioningRequests.
+    "list_namespaced_custom_object": (("autoscaling.x-k8s.io", "provisioningrequests", "list"), False),
+    "create_namespaced_custom_object": (("autoscaling.x-k8s.io", "provisioningrequests", "create"), False),
+    "delete_namespaced_custom_object": (("autoscaling.x-k8s.io", "provisioningrequests", "delete"), False),
+    # The only cluster-scoped custom objects: Karpenter's NodePools.
+    "list_cluster_custom_object": (("karpenter.sh", "nodepools", "list"), True),
 }
 _CALL = re.compile(
-    r"\.((?:list|read|create|delete|replace|patch)_\w*(?:pod|node|event|lease|priority_class)\w*)\b"
+    r"\.((?:list|read|create|delete|replace|patch)_\w*(?:pod|node|event|lease|priority_class|custom_object)\w*)\b"
 )
 #: A list method handed to ``watch.Watch().stream``: the call is a watch, which needs ``watch`` too.
 _WATCHED = re.compile(r"\.stream\(\s*\w+\.(list_\w+)\b")
@@ -143,7 +154,7 @@ def granted(role_names: set[str]) -> set[tuple[str, str, str]]:
 def test_the_controller_may_do_exactly_what_its_code_does() -> None:
     controller = sorted(
         str(p.relative_to(ROOT / "airflow_gpupool"))
-        for p in (ROOT / "airflow_gpupool" / "controller").glob("*.py")
+        for p in (ROOT / "airflow_gpupool" / "controller").rglob("*.py")
     )
     needed = calls_in(*controller, "inventory/sync.py")
     assert needed == granted({"gpupool-controller", "gpupool-controller-leader-election"})

@@ -14,7 +14,8 @@ import yaml
 from kubernetes import client, config
 
 from airflow_gpupool.controller.external_pods import ExternalPodCounter
-from airflow_gpupool.controller.pod_watch import PodWatch, WatchExpired
+from airflow_gpupool.controller.pod_watch import PodWatch
+from airflow_gpupool.exceptions import WatchExpiredError
 from airflow_gpupool.inventory.sync import sync_inventory
 from airflow_gpupool.ledger import Ledger, ReservationState
 from airflow_gpupool.resources import GpuRequest
@@ -170,7 +171,7 @@ def test_a_watch_resumed_from_a_compacted_version_is_told_410_gone(
     version = watch.list_now()
     emulator.cordon("gpu-b")  # history moves on, then is compacted past the version listed
     emulator.compact()
-    with pytest.raises(WatchExpired, match="410"):
+    with pytest.raises(WatchExpiredError, match="410"):
         watch.watch_from(version)
     assert watch.stats.gone == 1 and lists == [0]
 
