@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_gpupool.argtypes import non_empty, number
-from airflow_gpupool.cli.common import logger_level, open_ledger, url_arg
+from airflow_gpupool.cli.common import health_args, logger_level, open_ledger, url_arg
 from airflow_gpupool.controller.leader import DEFAULT_LEASE_DURATION, DEFAULT_LEASE_NAME
 from airflow_gpupool.controller.run import (
     DEFAULT_GATE_INTERVAL,
@@ -52,6 +52,7 @@ def _run_controller(args: argparse.Namespace) -> int:
 
     from airflow_gpupool.controller.leader import LeaderElector, LeaseSettings
     from airflow_gpupool.controller.run import ControllerIntervals, GpuPoolController
+    from airflow_gpupool.health import LoopHealth, serve_health, stale_after_for
     from airflow_gpupool.inventory.sync import core_v1_api
 
     # Bad configuration fails here, before the loop: exit 2 (GpuPoolError) or a traceback.
@@ -67,7 +68,9 @@ def _run_controller(args: argparse.Namespace) -> int:
     core = core_v1_api(args.kubeconfig, args.context)
     elector = LeaderElector(client.CoordinationV1Api(core.api_client), lease)
     ledger = open_ledger(args)
-    controller = GpuPoolController(ledger, core, elector, intervals)
+    health = LoopHealth(stale_after_for(max(intervals.sync, intervals.reconcile, lease.lease_duration)))
+    controller = GpuPoolController(ledger, core, elector, intervals, health=health)
+    server = None if args.health_port is None else serve_health(health, args.health_port, args.health_bind)
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: Any) -> None:
@@ -92,6 +95,8 @@ def _run_controller(args: argparse.Namespace) -> int:
             return 1 if result.errors else 0
         controller.run(stop)
     finally:
+        if server is not None:
+            server.shutdown()
         ledger.close()
     log.info("Controller %s stopped", lease.identity)
     return 0
@@ -161,6 +166,7 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--once", action="store_true", help="run one pass (every step) and exit: for cron and tests"
     )
+    health_args(p)
     p.add_argument(
         "--log-level",
         choices=["DEBUG", "INFO", "WARNING"],

@@ -37,6 +37,7 @@ from airflow_gpupool.validate import positive_seconds
 
 if TYPE_CHECKING:
     from airflow_gpupool.controller.leader import LeaderElector
+    from airflow_gpupool.health import LoopHealth
     from airflow_gpupool.ledger import HeartbeatCheck, Ledger, ReapResult
 
 __all__ = [
@@ -131,6 +132,7 @@ class GpuPoolController:
     :param elector: the Lease candidate of this process
     :param intervals: how often each step runs
     :param clock: a monotonic clock, in seconds (tests pass a fake one)
+    :param health: told of each pass :meth:`run` ends (the liveness and readiness probes)
     """
 
     def __init__(
@@ -141,7 +143,9 @@ class GpuPoolController:
         intervals: ControllerIntervals | None = None,
         *,
         clock: Callable[[], float] = time.monotonic,
+        health: LoopHealth | None = None,
     ) -> None:
+        self.health = health
         self.ledger = ledger
         self.api = core_v1_api
         self.elector = elector
@@ -203,6 +207,8 @@ class GpuPoolController:
         try:
             while not stop.is_set():
                 self.run_pass()
+                if self.health is not None:
+                    self.health.beat()
                 stop.wait(self._seconds_to_next())
         finally:
             stop.set()
