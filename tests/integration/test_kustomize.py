@@ -10,6 +10,9 @@ What RBAC the code needs is ``test_deploy_rbac.py``'s.
 from __future__ import annotations
 
 import base64
+import os
+import subprocess
+import sys
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -221,6 +224,23 @@ def test_the_migration_job_runs_the_ledger_s_own_init(rendered: dict[str, Any]) 
     assert build_parser().parse_args(container["command"][1:]).func is cmd_ledger_init
     assert spec["restartPolicy"] == "OnFailure" and job["spec"]["backoffLimit"] >= 3
     assert spec["automountServiceAccountToken"] is False
+
+
+def test_the_migration_job_s_command_migrates_a_real_ledger_twice(
+    rendered: dict[str, Any], ledger_url: str
+) -> None:
+    # The Job's command line and environment as the kubelet runs them, the Secret's URL replaced by
+    # a fresh database of each backend: the schema is made, then found up to date.
+    job = by_kind(rendered["single-namespace"], "Job")["gpupool-ledger-migrate"]
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    (env,) = container["env"]
+    assert env["valueFrom"]["secretKeyRef"] == {"name": "gpupool-ledger", "key": "url"}
+    command = [sys.executable, "-m", "airflow_gpupool.cli", *container["command"][1:]]
+    environ = {**os.environ, "PYTHONPATH": str(ROOT), env["name"]: ledger_url}
+    first = subprocess.run(command, env=environ, capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0 and "applied schema v1," in first.stdout, first.stderr
+    again = subprocess.run(command, env=environ, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and "already up to date" in again.stdout, again.stderr
 
 
 def test_priority_classes_match_the_default_setting(
