@@ -37,15 +37,21 @@ _HTTP_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch"}
 
 @dataclass(frozen=True, order=True)
 class Permission:
-    """One RBAC rule's worth: ``verb`` on ``group``/``resource``; ``cluster_wide`` needs a ClusterRole."""
+    """One RBAC rule's worth: ``verb`` on ``group``/``resource``; ``cluster_wide`` needs a ClusterRole.
+
+    ``namespace`` is the namespace the code names (a node's Events go to ``default``), else empty:
+    the namespace the call is given, one of the workloads'.
+    """
 
     group: str
     resource: str
     verb: str
     cluster_wide: bool
+    namespace: str = ""
 
     def __str__(self) -> str:
-        scope = "every namespace" if self.cluster_wide else "a namespace"
+        scope = f"namespace {self.namespace}" if self.namespace else "a namespace"
+        scope = "every namespace" if self.cluster_wide else scope
         return f"{self.verb} {self.resource} ({self.group or 'core'}) in {scope}"
 
 
@@ -71,7 +77,13 @@ def client_endpoints() -> dict[str, frozenset[tuple[str, str, str]]]:
 
 
 def permissions_of(
-    method: str, http: str, path: str, *, watched: bool, custom: tuple[str, str] | None = None
+    method: str,
+    http: str,
+    path: str,
+    *,
+    watched: bool,
+    custom: tuple[str, str] | None = None,
+    namespace: str = "",
 ) -> set[Permission]:
     """Return what one client call needs, from its endpoint.
 
@@ -80,6 +92,7 @@ def permissions_of(
     :param path: its path template, such as ``/api/v1/namespaces/{namespace}/pods/{name}/log``
     :param watched: whether the call is a watch
     :param custom: ``(group, plural)`` of a ``CustomObjectsApi`` call
+    :param namespace: the namespace the call names, when the code names one
     """
     parts = path.strip("/").split("/")
     group, parts = ("", parts[2:]) if parts[0] == "api" else (parts[1], parts[3:])
@@ -99,7 +112,9 @@ def permissions_of(
         verbs = {"delete" if named else "deletecollection"}
     else:
         verbs = {_HTTP_VERBS[http]}
-    return {Permission(group, resource, verb, not namespaced) for verb in verbs}
+    return {
+        Permission(group, resource, verb, not namespaced, namespace if namespaced else "") for verb in verbs
+    }
 
 
 # -- the code's calls -----------------------------------------------------------------------------
@@ -113,6 +128,7 @@ class ApiCall:
     where: str
     watched: bool
     custom: tuple[str, str] | None = None
+    namespace: str = ""
 
 
 def module_index() -> dict[str, Path]:
@@ -219,11 +235,30 @@ def calls_in(tree: ast.Module, where: str, names: Iterable[str]) -> Iterator[Api
             method = node.func.attr
             watch_kwarg = any(k.arg == "watch" and not _is_false(k.value) for k in node.keywords)
             custom = _custom_target(node, method, constants) if "custom_object" in method else None
-            yield ApiCall(method, where, method in streamed or watch_kwarg, custom)
+            namespace = _named_namespace(node, method, constants)
+            yield ApiCall(method, where, method in streamed or watch_kwarg, custom, namespace)
     for node in ast.walk(tree):
         # A method handed on uncalled (to a pager, to ``Watch().stream``) is called there.
         if isinstance(node, ast.Attribute) and node.attr in names and id(node) not in called:
             yield ApiCall(node.attr, where, node.attr in streamed)
+
+
+def _named_namespace(call: ast.Call, method: str, constants: dict[str, object]) -> str:
+    """Return the namespace a call gives as a literal or a module constant, else ``""``."""
+    import kubernetes.client
+
+    if "namespaced" not in method:
+        return ""
+    cls = next(getattr(kubernetes.client, c) for c, _, _ in client_endpoints()[method])
+    params = [p for p in inspect.signature(getattr(cls, method)).parameters if p != "self"]
+    if "namespace" not in params:
+        return ""
+    at = params.index("namespace")
+    nodes = [k.value for k in call.keywords if k.arg == "namespace"]
+    if not nodes and at < len(call.args) and not any(isinstance(a, ast.Starred) for a in call.args[: at + 1]):
+        nodes = [call.args[at]]
+    value = _literal(nodes[0], constants) if nodes else None
+    return value if isinstance(value, str) else ""
 
 
 def _is_false(node: ast.expr) -> bool:
@@ -292,7 +327,7 @@ def needed(calls: Iterable[ApiCall]) -> dict[Permission, set[str]]:
         core = {e for e in endpoints if e[0] == "CoreV1Api"} or endpoints
         for _, path, http in core:
             for permission in permissions_of(
-                call.method, http, path, watched=call.watched, custom=call.custom
+                call.method, http, path, watched=call.watched, custom=call.custom, namespace=call.namespace
             ):
                 out.setdefault(permission, set()).add(f"{call.where}: {call.method}")
     return out

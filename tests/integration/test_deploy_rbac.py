@@ -90,7 +90,7 @@ def missing(
         if p.cluster_wide or (overlay == "cluster-wide" and (p.group, p.resource) not in OWN_NAMESPACE):
             scopes = {"*"}  # every namespace: only a ClusterRoleBinding grants it
         else:
-            scopes = {"*", NAMESPACE}
+            scopes = {"*", p.namespace or NAMESPACE}
         if not any((p.group, p.resource, p.verb, scope) in granted for scope in scopes):
             out.append(f"{p}: {', '.join(sorted(where))}")
     return out
@@ -157,6 +157,8 @@ def test_the_scan_finds_the_calls_it_must() -> None:
     assert Permission("coordination.k8s.io", "leases", "update", False) in controller
     assert Permission("", "pods", "list", True) in controller  # list_pod_for_all_namespaces
     assert Permission("scheduling.k8s.io", "priorityclasses", "get", True) in controller
+    # A namespace the code names is the one needed: a node's Events go to `default`.
+    assert Permission("", "events", "create", False, "default") in controller
     # KubernetesPodOperator's pod manager, GpuJobOperator through the provider's hook, the dra binding.
     assert Permission("", "pods", "create", False) in operators
     assert Permission("", "pods/log", "get", False) in operators
