@@ -160,7 +160,7 @@ def get_provider_info() -> dict[str, Any]:
                     ),
                     "workload_priority_classes": _option(
                         "PriorityClass of each workload class's pods, as class=priorityclass pairs; "
-                        "empty to set none. docker/kubernetes/priority-classes.yaml creates the defaults.",
+                        "empty to set none. deploy/kustomize/base/priority-classes.yaml creates the defaults.",
                         "training=gpupool-training,inference=gpupool-inference",
                     ),
                     "default_checkpoint_root": _option(

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_gpupool.argtypes import non_empty, number
-from airflow_gpupool.cli.common import logger_level, open_ledger, url_arg
+from airflow_gpupool.cli.common import health_args, logger_level, open_ledger, url_arg
 from airflow_gpupool.controller.leader import DEFAULT_LEASE_DURATION, DEFAULT_LEASE_NAME
 from airflow_gpupool.controller.run import (
     DEFAULT_AUTOSCALE_INTERVAL,
@@ -53,6 +53,7 @@ def _run_controller(args: argparse.Namespace) -> int:
 
     from airflow_gpupool.controller.leader import LeaderElector, LeaseSettings
     from airflow_gpupool.controller.run import ControllerIntervals, GpuPoolController
+    from airflow_gpupool.health import LoopHealth, serve_health, stale_after_for
     from airflow_gpupool.inventory.sync import core_v1_api
 
     # Bad configuration fails here, before the loop: exit 2 (GpuPoolError) or a traceback.
@@ -72,6 +73,7 @@ def _run_controller(args: argparse.Namespace) -> int:
     elector = LeaderElector(client.CoordinationV1Api(core.api_client), lease)
     autoscaler = _autoscaler(core, lease.namespace)
     ledger = open_ledger(args)
+    health = LoopHealth(stale_after_for(max(intervals.sync, intervals.reconcile, lease.lease_duration)))
     controller = GpuPoolController(
         ledger,
         core,
@@ -80,7 +82,9 @@ def _run_controller(args: argparse.Namespace) -> int:
         count_external_pods=not args.no_external_pods,
         pod_relist_seconds=args.pod_relist_interval,
         autoscaler=autoscaler(ledger) if autoscaler else None,
+        health=health,
     )
+    server = None if args.health_port is None else serve_health(health, args.health_port, args.health_bind)
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: Any) -> None:
@@ -105,6 +109,8 @@ def _run_controller(args: argparse.Namespace) -> int:
             return 1 if result.errors else 0
         controller.run(stop)
     finally:
+        if server is not None:
+            server.shutdown()
         ledger.close()
     log.info("Controller %s stopped", lease.identity)
     return 0
@@ -225,6 +231,7 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--once", action="store_true", help="run one pass (every step) and exit: for cron and tests"
     )
+    health_args(p)
     p.add_argument(
         "--log-level",
         choices=["DEBUG", "INFO", "WARNING"],

@@ -41,6 +41,7 @@ from airflow_gpupool.validate import positive_seconds
 if TYPE_CHECKING:
     from airflow_gpupool.controller.autoscale.step import AutoscaleResult
     from airflow_gpupool.controller.leader import LeaderElector
+    from airflow_gpupool.health import LoopHealth
     from airflow_gpupool.ledger import HeartbeatCheck, Ledger, ReapResult
 
 __all__ = [
@@ -149,6 +150,7 @@ class GpuPoolController:
     :param pod_relist_seconds: the watch lists every pod again at least this often
     :param autoscaler: the autoscale step (:class:`~airflow_gpupool.controller.autoscale.step.Autoscaler`);
         ``None`` when no pool is scalable
+    :param health: told of each pass :meth:`run` ends (the liveness and readiness probes)
     """
 
     def __init__(
@@ -162,7 +164,9 @@ class GpuPoolController:
         count_external_pods: bool = True,
         pod_relist_seconds: float = 300.0,
         autoscaler: Callable[[], AutoscaleResult] | None = None,
+        health: LoopHealth | None = None,
     ) -> None:
+        self.health = health
         self.ledger = ledger
         self.api = core_v1_api
         self.elector = elector
@@ -243,6 +247,8 @@ class GpuPoolController:
         try:
             while not stop.is_set():
                 self.run_pass()
+                if self.health is not None:
+                    self.health.beat()
                 stop.wait(self._seconds_to_next())
         finally:
             stop.set()

@@ -25,7 +25,7 @@ from airflow_gpupool.controller.autoscale.pools import ScalablePool, parse_scala
 from airflow_gpupool.exceptions import ConfigurationError
 from airflow_gpupool.labels import COUNT_LABEL, MEMORY_LABEL, PRODUCT_LABEL
 
-__all__ = ["NODE_POOL_LABEL", "SHAPE_ANNOTATION", "pools_from_node_pools"]
+__all__ = ["NODE_POOL_LABEL", "SHAPE_ANNOTATION", "list_node_pools", "pools_from_node_pools"]
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +33,15 @@ GROUP, VERSION, PLURAL = "karpenter.sh", "v1", "nodepools"
 NODE_POOL_LABEL = "karpenter.sh/nodepool"
 SHAPE_ANNOTATION = "gpupool.io/node-shape"
 _SKIPPED: set[str] = set()
+
+
+def list_node_pools(custom_objects_api: Any) -> list[dict[str, Any]]:
+    """Return the cluster's Karpenter NodePools.
+
+    :param custom_objects_api: a ``kubernetes.client.CustomObjectsApi``
+    """
+    listed = custom_objects_api.list_cluster_custom_object(GROUP, VERSION, PLURAL)
+    return list(listed.get("items", []))
 
 
 def pools_from_node_pools(node_pools: Iterable[Mapping[str, Any]]) -> tuple[ScalablePool, ...]:

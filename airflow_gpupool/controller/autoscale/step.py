@@ -177,9 +177,8 @@ class Autoscaler:
         """Return the pools Karpenter's NodePools declare (none configured already has their name)."""
         if not self.settings.discover_karpenter or f"{karpenter.GROUP}/{karpenter.VERSION}" not in groups:
             return ()
-        listed = self.custom.list_cluster_custom_object(karpenter.GROUP, karpenter.VERSION, karpenter.PLURAL)
         configured = {pool.name for pool in self.settings.pools}
-        found = karpenter.pools_from_node_pools(listed.get("items", []))
+        found = karpenter.pools_from_node_pools(karpenter.list_node_pools(self.custom))
         return tuple((p, empty_node(p, self.settings.spot_pools)) for p in found if p.name not in configured)
 
     def _method(self, served: bool, any_pool: bool) -> str | None:
