@@ -10,8 +10,9 @@ checked in this documented order (what the ledger's ``explain`` tells a user):
 2. **workload class**: training and inference never share a node;
 3. **binding**: the node pool's slice binding cannot express the request (``whole`` and a
    fraction, see :mod:`~airflow_gpupool.placement.pools`);
-4. **GPU model**: the node lacks a required label, has no GPU, none of an accepted model,
-   or (with ``gpu_memory_mib``) none that large;
+4. **GPU model**: the node lacks a required label (the capacity type named as such: spot or
+   on-demand), has no GPU, none of an accepted model, none that is not MIG-partitioned (said
+   so: the model matches, MIG is the blocker), or (with ``gpu_memory_mib``) none that large;
 5. **MIG availability**: for a MIG request, the node has no MIG-partitioned GPU (such a
    node is never "close"), or no free slice of the profile;
 6. **GPU milli**: not enough free GPUs, or no GPU with the milli-GPU a fraction needs;
@@ -26,6 +27,7 @@ class conflict, else the missing share of the dimension that failed (0 < s <= 1)
 
 from __future__ import annotations
 
+from airflow_gpupool.labels import CAPACITY_TYPE_LABEL
 from airflow_gpupool.placement.pools import UNCONSTRAINED, PoolBindings
 from airflow_gpupool.placement.snapshot import GpuState, NodeState
 from airflow_gpupool.placement.verdict import Assignment, NoFitReason
@@ -70,8 +72,17 @@ def check_node(
         return NoFitReason(NEVER, node.name, unbindable)
     for key, value in request.node_labels:
         if (key, value) not in node.labels:
-            return NoFitReason(NEVER, node.name, f"node lacks label {key}={value}")
+            return NoFitReason(NEVER, node.name, _label_reason(node, key, value))
     return None
+
+
+def _label_reason(node: NodeState, key: str, value: str) -> str:
+    """Say which required label the node lacks; the capacity type as what it is (spot, on-demand)."""
+    if key == CAPACITY_TYPE_LABEL:
+        have = dict(node.labels).get(key)
+        if have:
+            return f"node is {have} capacity, the request needs {value} ({key}={value})"
+    return f"node lacks label {key}={value}"
 
 
 def host_reason(node: NodeState, request: GpuRequest) -> NoFitReason | None:
@@ -129,6 +140,15 @@ def choices(
 def _model_reason(node: NodeState, request: GpuRequest) -> NoFitReason:
     if not node.gpus:
         return NoFitReason(NEVER, node.name, "node has no GPUs")
+    partitioned = [g for g in node.gpus if g.partitioned and gpu_model_ok(request, g)]
+    if partitioned and request.kind is not GpuKind.MIG:
+        # The model matches: what rules the node out is MIG, which only a MIG profile can use.
+        return NoFitReason(
+            NEVER,
+            node.name,
+            f"node's {partitioned[0].model} GPUs are MIG-partitioned: only a MIG profile "
+            "(mig_profile) can use them",
+        )
     models = "|".join(sorted(request.gpu_models))
     have = "|".join(sorted(node.models))
     return NoFitReason(NEVER, node.name, f"needs GPU model {models}, node has {have}")
