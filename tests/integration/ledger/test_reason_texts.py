@@ -2,7 +2,7 @@
 
 One row per dimension a user meets (issue 38 item 4): GPU model, MIG (a partitioned GPU of the
 right model, and a MIG node with no free slice), GPU memory, GPU milli, workload class, the
-team's quota, the pool's headroom, spot against on-demand, and a quarantined node. Each row
+team's quota, the pool's headroom, spot against on-demand, a quarantined node and a quarantined GPU. Each row
 builds its situation in a real ledger (nodes, quota file, grants, health) and asserts the text
 ``Ledger.explain`` gives, which is also what a timed-out task's message and the UI show. A busy
 node that would fit keeps each request waiting (not refused as never placeable), so the text is
@@ -58,6 +58,7 @@ class Row:
     taken: list[GpuRequest] = field(default_factory=list)
     quotas: str | None = None
     health: tuple[str, NodeHealth] | None = None
+    gpu_health: tuple[str, str, NodeHealth] | None = None
 
 
 ROWS = {
@@ -121,8 +122,16 @@ ROWS = {
     "quarantine": Row(
         [node("n1", gpus=1)],
         GpuRequest(gpus=1),
-        "n1: node is not schedulable (cordoned, draining or quarantined)",
+        "n1: node is not schedulable (quarantined)",
         health=("n1", NodeHealth.QUARANTINED),
+    ),
+    # A quarantined GPU is kept from placement as if partitioned: the reason says quarantined, not MIG.
+    "quarantined GPU": Row(
+        [node("n1", gpus=1, model=A100), node("busy", gpus=1, model=A100)],
+        GpuRequest(gpus=1),
+        f"n1: node's {A100} GPU(s) 0 are quarantined",
+        taken=[GpuRequest(gpus=1)],
+        gpu_health=("n1", "0", NodeHealth.QUARANTINED),
     ),
 }
 
@@ -137,6 +146,8 @@ def test_the_reason_names_the_real_blocker(make_ledger: Callable[..., Ledger], r
         assert ledger.reserve(request, f"h{i}", reservation_id=f"r{i}", ttl=3600).grant is not None
     if row.health is not None:
         ledger.set_health(*row.health)
+    if row.gpu_health is not None:
+        ledger.set_gpu_health(*row.gpu_health)
 
     waiting = ledger.reserve(row.waiting, "asker", reservation_id="asker", timeout=3600)
 

@@ -47,7 +47,9 @@ def test_a_request_given_no_timeout_waits_an_hour(
     assert ledger.get(waiting.id).state is ReservationState.TIMED_OUT
 
 
-@pytest.mark.parametrize("dimension", ["MIG-partitioned GPU", "quota", "headroom", "spot", "quarantine"])
+@pytest.mark.parametrize(
+    "dimension", ["MIG-partitioned GPU", "quota", "headroom", "spot", "quarantine", "quarantined GPU"]
+)
 def test_the_timeout_message_names_the_blocker(
     make_ledger: Callable[..., Ledger], clock: FakeClock, dimension: str
 ) -> None:
@@ -60,6 +62,8 @@ def test_the_timeout_message_names_the_blocker(
         ledger.reserve(request, f"h{i}", reservation_id=f"r{i}", ttl=10 * HOUR)
     if row.health is not None:
         ledger.set_health(*row.health)
+    if row.gpu_health is not None:
+        ledger.set_gpu_health(*row.gpu_health)
     ledger.reserve(row.waiting, "asker", reservation_id="asker")
 
     clock.advance(HOUR + 1)
