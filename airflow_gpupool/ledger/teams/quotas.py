@@ -146,11 +146,15 @@ class LedgerQuotas:
         pools = set(conn.execute(select(schema.nodes.c.node_pool).distinct()).scalars())
         models = set(conn.execute(select(schema.gpus.c.model).distinct()).scalars())
         known = {"pool": pools, "model": models}
-        for flavor in sorted(plan.flavors):
+        for quota in plan.quotas:
+            flavor = quota.flavor
             if flavor.name not in known[flavor.kind]:
                 have = ", ".join(sorted(known[flavor.kind])) or "none yet"
                 raise QuotaFileError(
-                    f"flavor {flavor}", flavor.name, f"a {flavor.kind} of the ledger's inventory ({have})"
+                    f"{quota.path}.flavor.{flavor.kind}" if quota.path else f"flavor {flavor}",
+                    flavor.name,
+                    f"a {flavor.kind} of the ledger's inventory ({have})",
+                    team=quota.team,
                 )
         for pool, _ in plan.headroom.pools:
             if pool not in pools:

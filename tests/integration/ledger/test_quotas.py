@@ -84,7 +84,11 @@ def test_apply_is_idempotent_and_replaces_the_quotas_as_a_whole(pool: Ledger) ->
 def test_a_flavor_the_ledger_lacks_is_refused_and_nothing_changes(pool: Ledger) -> None:
     quotas = LedgerQuotas(pool)
     quotas.apply(plan())  # type: ignore[arg-type]
-    with pytest.raises(QuotaFileError, match=r"flavor pool:h100.*a100, a100-mig"):
+    refused = (
+        r"quota file teams\[0\]\.quotas\[0\]\.flavor\.pool \(team vision\): expected a pool of the "
+        r"ledger's inventory \(a100, a100-mig\); found the text 'h100'"
+    )
+    with pytest.raises(QuotaFileError, match=refused):
         quotas.apply(plan(FILE.replace("{pool: a100}", "{pool: h100}")))  # type: ignore[arg-type]
     with pytest.raises(QuotaFileError, match=r"headroom.pools.h100.*a100, a100-mig"):
         quotas.apply(plan("headroom: {pools: {h100: 0.5}}\n" + FILE))  # type: ignore[arg-type]
@@ -132,7 +136,7 @@ def test_quota_cli_applies_lists_and_refuses_bad_files(
     for text, message in (
         ("teams: [", "valid YAML"),
         (FILE.replace("lending_limit: 1", "lending_limit: 9"), "lending_limit"),
-        (FILE.replace("{pool: a100}", "{pool: nowhere}"), "flavor pool:nowhere"),
+        (FILE.replace("{pool: a100}", "{pool: nowhere}"), "teams[0].quotas[0].flavor.pool (team vision)"),
     ):
         bad.write_text(text)
         assert main(["quota", "apply", str(bad), "--url", ledger_url]) == 2
