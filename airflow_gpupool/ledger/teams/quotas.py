@@ -17,14 +17,8 @@ from sqlalchemy import delete, insert, select
 
 from airflow_gpupool import settings
 from airflow_gpupool.exceptions import QuotaFileError
-from airflow_gpupool.governance.quotas import (
-    Flavor,
-    Headroom,
-    QuotaPlan,
-    TeamQuota,
-    gpu_milli_of_mig,
-    nominals_above_capacity,
-)
+from airflow_gpupool.governance.quota_capacity import nominals_above_capacity
+from airflow_gpupool.governance.quotas import Flavor, Headroom, QuotaPlan, TeamQuota, gpu_milli_of_mig
 from airflow_gpupool.ledger.db import schema
 from airflow_gpupool.ledger.db import statements as sql
 from airflow_gpupool.ledger.teams.plan import (
@@ -53,7 +47,7 @@ class AppliedQuotas:
     changed: tuple[str, ...] = ()
     removed: tuple[str, ...] = ()
     headroom_changed: bool = False
-    #: Quotas larger than their flavor (:func:`~airflow_gpupool.governance.quotas.nominals_above_capacity`).
+    #: Quotas larger than their flavor (:func:`~airflow_gpupool.governance.quota_capacity.nominals_above_capacity`).
     warnings: tuple[str, ...] = ()
     #: The headroom as stored: its urgent priority a number (``[gpupool] urgent_priority`` when the file names none).
     headroom: Headroom = field(default_factory=Headroom)

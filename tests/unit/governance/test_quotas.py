@@ -10,13 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from airflow_gpupool.exceptions import QuotaFileError
-from airflow_gpupool.governance.quotas import (
-    Flavor,
-    TeamQuota,
-    gpu_milli_of_mig,
-    nominals_above_capacity,
-    parse_quota_file,
-)
+from airflow_gpupool.governance.quota_capacity import nominals_above_capacity
+from airflow_gpupool.governance.quotas import Flavor, TeamQuota, gpu_milli_of_mig, parse_quota_file
 
 
 def team(name: str = "vision", *quotas: dict[str, Any], cohort: str | None = "research") -> dict[str, Any]:
