@@ -89,7 +89,11 @@ def get_provider_info() -> dict[str, Any]:
                         "integer",
                     ),
                     "reservation_timeout_seconds": _option(
-                        "Seconds a request may wait in the queue before it fails.", "300", "integer"
+                        "Seconds a request may wait in the queue before it fails, naming what blocked "
+                        "it. An hour: on a shared pool a GPU request often waits behind work of minutes "
+                        "to hours, and a timeout spends one of the task's tries.",
+                        "3600",
+                        "integer",
                     ),
                     "orphan_grace_seconds": _option(
                         "Seconds an orphaned grant (its lease expired while its pod still runs) is "

@@ -32,7 +32,7 @@ DEFAULTS: dict[str, str] = {
     "placement_policy": "",
     "typical_shapes": "",
     "lease_ttl_seconds": "600",
-    "reservation_timeout_seconds": "300",
+    "reservation_timeout_seconds": "3600",
     "orphan_grace_seconds": "600",
     "poll_interval_seconds": "5",
     "max_overtakes": "8",
