@@ -43,7 +43,9 @@ class NodeState:
     """One node's capacity and what is free on it.
 
     :param classes: workload classes that hold grants on the node (training and inference never mix)
-    :param schedulable: False for cordoned, draining or quarantined nodes
+    :param schedulable: False for cordoned, draining, quarantined or suspect nodes
+    :param suspect: why the node is suspect (a granted pod found the GPUs the ledger called free
+        taken) until an inventory sync reads it again; None when it is not
     """
 
     name: str
@@ -56,6 +58,7 @@ class NodeState:
     classes: frozenset[str] = field(default_factory=frozenset)
     schedulable: bool = True
     node_pool: str = "default"
+    suspect: str | None = None
 
     def __post_init__(self) -> None:
         if self.cpu_free < 0:
