@@ -238,18 +238,6 @@ class GpuPodOperator(UnschedulableFailFast, GpuPodLease, GpuPodTries):
         """Return the node this try's slice was granted on (its pod is pinned there); kit (issue 15)."""
         return self._grant.node if self._grant is not None else None
 
-    def books_were_wrong(self, node: str, message: str) -> None:
-        """Report the node suspect before the slice is released: no grant goes there until resynced."""
-        try:
-            self.gpu_hook.mark_node_suspect(node, message)
-        except Exception:
-            # The try's failure must surface as it is; the controller's next full sync corrects the books.
-            self.log.exception("Could not report node %s suspect to the ledger", node)
-        else:
-            self.log.warning(
-                "Node %s lacked the granted GPUs: reported suspect until the controller resyncs it", node
-            )
-
     # -- execute ---------------------------------------------------------------------------------
 
     def execute(self, context: Context) -> Any:

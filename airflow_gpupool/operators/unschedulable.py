@@ -71,9 +71,9 @@ class _WatchedPodManager(PodManager):
 class UnschedulableFailFast:
     """Mixin for ``KubernetesPodOperator`` subclasses whose pod is pinned to a granted node.
 
-    The subclass says which node through :meth:`granted_node`, and hears of wrong books through
-    :meth:`books_were_wrong` (before the slice is released); :attr:`_drift` then holds the class
-    of the try.
+    The subclass says which node through :meth:`granted_node` and has a ``gpu_hook`` (the ledger),
+    where :meth:`books_were_wrong` reports the node (before the slice is released); :attr:`_drift`
+    then holds the class of the try.
     """
 
     #: How long a pod that may still fit its node is left unschedulable before the try fails.
@@ -85,11 +85,20 @@ class UnschedulableFailFast:
         return None
 
     def books_were_wrong(self, node: str, message: str) -> None:
-        """Hear that the node lacked the GPUs the ledger granted (report it; called before the release).
+        """Report the node suspect to the ledger before the slice is released: no grant goes there
+        until the controller has resynced it.
 
         :param node: the granted node
         :param message: the scheduler's message
         """
+        op: Any = self
+        try:
+            op.gpu_hook.mark_node_suspect(node, message)
+        except Exception:
+            # The try's failure must surface as it is; the controller's next full sync corrects the books.
+            op.log.exception("Could not report node %s suspect to the ledger", node)
+        else:
+            op.log.warning("Node %s lacked the granted GPUs: suspect until the controller resyncs it", node)
 
     def _found_unplaceable(self, node: str, verdict: Unplaceable, pod_name: str | None) -> None:
         if verdict.books_wrong:
