@@ -2,7 +2,8 @@
 
 :class:`GpuPoolController` is what ``gpupool controller run`` runs: the one long-running process
 with Kubernetes access. Each sync interval it syncs the cluster's GPU nodes into the ledger
-(:func:`~airflow_gpupool.inventory.sync.sync_inventory`); each reconcile interval it reconciles
+(:func:`~airflow_gpupool.inventory.sync.sync_inventory`), and at every pass the nodes a granted
+pod found wrong (suspect, :func:`~airflow_gpupool.inventory.sync.resync_suspect_nodes`); each reconcile interval it reconciles
 grants with their pods (:func:`~airflow_gpupool.controller.reconcile.reconcile`), reaps
 expired leases (``Ledger.reap``) and acts on the node agents' heartbeats
 (:func:`~airflow_gpupool.controller.heartbeats.check_heartbeats`); each autoscale interval, when
@@ -33,7 +34,7 @@ from airflow_gpupool.controller.gatekeeper import GateResult, gatekeep
 from airflow_gpupool.controller.heartbeats import check_heartbeats
 from airflow_gpupool.controller.reconcile import ReconcileResult, reconcile
 from airflow_gpupool.exceptions import ConfigurationError
-from airflow_gpupool.inventory.sync import SyncResult, sync_inventory
+from airflow_gpupool.inventory.sync import SyncResult, resync_suspect_nodes, sync_inventory
 from airflow_gpupool.ledger import LedgerHistory
 from airflow_gpupool.settings import history_retention_seconds
 from airflow_gpupool.validate import positive_seconds
@@ -100,6 +101,7 @@ class PassResult:
 
     leading: bool = False
     synced: SyncResult | None = None
+    resynced: SyncResult | None = None
     reconciled: ReconcileResult | None = None
     reaped: ReapResult | None = None
     heartbeats: HeartbeatCheck | None = None
@@ -113,6 +115,8 @@ class PassResult:
         parts = []
         if self.synced is not None:
             parts.append(f"sync: {self.synced.summary()}")
+        if self.resynced is not None:
+            parts.append(f"resync of suspect nodes: {self.resynced.summary()}")
         if self.reconciled is not None:
             parts.append(f"reconcile: {self.reconciled.summary()}")
         if self.reaped is not None:
@@ -198,6 +202,11 @@ class GpuPoolController:
             result.synced = self._step(result, "sync", lambda: sync_inventory(self.ledger, self.api))
             if self.external_pods is not None and self._watching:
                 self.external_pods.retry_unknown_nodes()
+        else:
+            # A node a granted pod found wrong is read again at once, not at the next full sync.
+            result.resynced = self._step(
+                result, "resync", lambda: resync_suspect_nodes(self.ledger, self.api)
+            )
         if self.external_pods is not None and not self._watching:
             self._watching = True
             self.external_pods.start()
@@ -230,7 +239,15 @@ class GpuPoolController:
         scaled = result.autoscaled is not None and bool(
             result.autoscaled.created or result.autoscaled.deleted
         )
-        if result.synced or result.reconciled or result.reaped or result.errors or admitted or scaled:
+        if (
+            result.synced
+            or result.resynced
+            or result.reconciled
+            or result.reaped
+            or result.errors
+            or admitted
+            or scaled
+        ):
             log.info("Controller pass (%s): %s", self.elector.identity, result.summary())
         self._log_details(result)
         return result

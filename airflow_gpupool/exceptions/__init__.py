@@ -42,6 +42,7 @@ from :class:`KeyError`), so ``except ValueError`` keeps working::
         ├── ApplicationError               the training exited with a non-zero code
         ├── LeaseLostError                 the slice's lease was lost: the pod was deleted
         ├── GpuFaultError                  the GPU failed under the try: an XID, an ECC error, off the bus
+        ├── LedgerDriftError               the granted node lacked the GPUs the ledger called free: the books were wrong
         └── UnknownPodFailureError         the pod's status does not tell why
 
 Each family has a module of its own (:mod:`.validation`: bad values given; :mod:`.ledger`:
@@ -83,6 +84,7 @@ from airflow_gpupool.exceptions.pods import (
     GpuFaultError,
     ImagePullError,
     LeaseLostError,
+    LedgerDriftError,
     NodeLostError,
     OutOfMemoryError,
     PodFailureError,
@@ -119,6 +121,7 @@ __all__ = [
     "LeaseLostError",
     "LedgerBusyError",
     "LedgerConnectionRefusedError",
+    "LedgerDriftError",
     "LedgerSchemaError",
     "LedgerUnavailableError",
     "NoCapacityError",

@@ -16,6 +16,7 @@ __all__ = [
     "GpuFaultError",
     "ImagePullError",
     "LeaseLostError",
+    "LedgerDriftError",
     "NodeLostError",
     "OutOfMemoryError",
     "PodFailureError",
@@ -37,6 +38,9 @@ class FailureClass(str, Enum):
     RESERVATION_TIMEOUT = "reservation_timeout"
     LEASE_LOST = "lease_lost"
     GPU_FAULT = "gpu_fault"
+    #: The ledger's books were wrong: the node lacked the GPUs the ledger granted (something it
+    #: does not count holds them), so the scheduler could not place the pod; not the application.
+    LEDGER_DRIFT = "ledger_drift"
     UNKNOWN = "unknown"
 
 
@@ -195,6 +199,17 @@ class GpuFaultError(PodFailureError):
     """The GPU itself failed under the try: an XID, an uncorrectable ECC error, a GPU lost from the bus."""
 
     failure_class = FailureClass.GPU_FAULT
+
+
+class LedgerDriftError(PodFailureError):
+    """The granted node lacked the GPUs the ledger called free: the books were wrong, not the application.
+
+    The scheduler could not place the pod on its node for want of the GPU resource (a pod the
+    ledger does not count holds it); the node is suspect until the controller resyncs it, and the
+    retry goes elsewhere or waits for that.
+    """
+
+    failure_class = FailureClass.LEDGER_DRIFT
 
 
 class UnknownPodFailureError(PodFailureError):

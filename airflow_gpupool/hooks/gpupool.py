@@ -241,6 +241,14 @@ class GpuPoolHook(BaseHook):
         """Expire what is due and serve the queue."""
         return self.ledger.reap()
 
+    def mark_node_suspect(self, node: str, reason: str) -> float:
+        """Mark a node suspect: a granted pod found the GPUs the ledger called free taken there.
+
+        It takes no grant until the controller resyncs it (see
+        :mod:`~airflow_gpupool.ledger.nodes.suspects`). Returns the mark's time (the ledger's clock).
+        """
+        return self.ledger.mark_node_suspect(node, reason)
+
     def poll_waiting(self, reservation_id: str) -> Reservation:
         """Read a waiting request's state: what a waiter does, and it only reads.
 

@@ -22,7 +22,14 @@ from airflow_gpupool.resources import NodeInventory
 if TYPE_CHECKING:
     from airflow_gpupool.ledger import Ledger
 
-__all__ = ["SyncResult", "core_v1_api", "list_nodes", "list_objects", "sync_inventory"]
+__all__ = [
+    "SyncResult",
+    "core_v1_api",
+    "list_nodes",
+    "list_objects",
+    "resync_suspect_nodes",
+    "sync_inventory",
+]
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +87,8 @@ class SyncResult:
     :param removed: nodes gone from Kubernetes, removed from the ledger
     :param errors: ``(node, message)`` for nodes that could not be read or stored; left as they were
     :param nodes: the GPU nodes read from Kubernetes
+    :param cleared: suspect nodes this sync read again, no longer suspect (see
+        :mod:`~airflow_gpupool.ledger.nodes.suspects`)
     """
 
     added: tuple[str, ...] = ()
@@ -89,6 +98,7 @@ class SyncResult:
     removed: tuple[str, ...] = ()
     errors: tuple[tuple[str, str], ...] = ()
     nodes: tuple[NodeInventory, ...] = field(default=(), repr=False)
+    cleared: tuple[str, ...] = ()
 
     def summary(self) -> str:
         """Return a one-line account such as ``2 added, 0 updated, 1 unchanged, 0 removed, 0 draining``."""
@@ -104,6 +114,8 @@ class SyncResult:
             parts.append(f"{len(names)} {label}{shown}")
         if self.errors:
             parts.append(f"{len(self.errors)} failed")
+        if self.cleared:
+            parts.append(f"{', '.join(self.cleared)} no longer suspect")
         return ", ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
@@ -115,6 +127,7 @@ class SyncResult:
             "drained": list(self.drained),
             "removed": list(self.removed),
             "errors": [{"node": n, "error": m} for n, m in self.errors],
+            "cleared": list(self.cleared),
         }
 
 
@@ -140,6 +153,7 @@ def sync_inventory(
     :param keep_cpu_nodes: store GPU-less nodes too
     :param tolerated_taints: taint keys that do not cordon a node
     """
+    read_at = ledger.now()  # a suspect node marked after this read stays suspect
     objects: Iterable[Any] = list_nodes(source) if hasattr(source, "list_node") else source
     inventory: list[NodeInventory] = []
     errors: list[tuple[str, str]] = []
@@ -156,6 +170,7 @@ def sync_inventory(
     gpu_names = {n.name for n in inventory}
     keep = gpu_names | {name for name, _ in errors}
     added, updated, unchanged = _upsert(ledger, inventory, errors)
+    cleared = ledger.clear_suspect_nodes([*added, *updated, *unchanged], read_at=read_at)
     drained: list[str] = []
     removed: list[str] = []
     if prune:
@@ -175,7 +190,35 @@ def sync_inventory(
         tuple(removed),
         tuple(errors),
         tuple(inventory),
+        tuple(cleared),
     )
+
+
+def resync_suspect_nodes(ledger: Ledger, api: Any, **options: Any) -> SyncResult | None:
+    """Sync the nodes the ledger holds suspect, now, and clear them; None (one read) when none is.
+
+    The controller calls it every pass, so a node a granted pod found wrong is read again within
+    seconds instead of at the next full sync. A suspect node Kubernetes no longer has is left to
+    the full sync, which prunes it.
+
+    :param ledger: the ledger
+    :param api: a ``CoreV1Api``
+    :param options: :func:`sync_inventory`'s ``keep_cpu_nodes`` and ``tolerated_taints``
+    """
+    from kubernetes.client.exceptions import ApiException
+
+    suspects = sorted(ledger.suspect_nodes())
+    if not suspects:
+        return None
+    objects = []
+    for name in suspects:
+        try:
+            objects.append(json.loads(api.read_node(name, _preload_content=False).data))
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            log.warning("Suspect node %s is gone from Kubernetes; the next full sync removes it", name)
+    return sync_inventory(ledger, objects, prune=False, **options)
 
 
 def _upsert(

@@ -40,6 +40,7 @@ from airflow_gpupool.ledger.nodes.api import LedgerNodeApi
 from airflow_gpupool.ledger.nodes.external import LedgerExternalHolds
 from airflow_gpupool.ledger.nodes.health import LedgerHealth
 from airflow_gpupool.ledger.nodes.inventory import InventoryChange, LedgerInventory
+from airflow_gpupool.ledger.nodes.suspects import LedgerSuspects
 from airflow_gpupool.ledger.queue.cycle import WriteCycle
 from airflow_gpupool.ledger.store.transactions import LedgerStore, Tx
 from airflow_gpupool.ledger.views.api import LedgerReadApi
@@ -148,6 +149,7 @@ class Ledger(LedgerNodeApi, LedgerReadApi):
         self._concurrent = ConcurrentGrants(self._store, path, self._cycle) if path is not None else None
         self._views = LedgerViews(self._store, self._cycle)
         self._health = LedgerHealth(self._store, self._cycle)
+        self._suspects = LedgerSuspects(self._store, self._cycle, self._health.reserve_again)
 
     @property
     def display_url(self) -> str:

@@ -14,6 +14,9 @@ application error, deadline ``retry``; when the task's retries are spent → esc
 reservation timeout, other  ``retry``; when the task's retries are spent → escalate
 GPU fault (XID, ECC, GPU    ``retry``; with the operator's ``cpu_fallback=True``: ``cpu_fallback``
 off the bus)
+ledger drift (the node      ``retry``: the books were wrong, not the application; the node is
+lacked the granted GPUs)    suspect until the controller resyncs it, so the retry goes elsewhere
+                            or waits for that
 ==========================  ====================================================================
 
 ``escalate`` fails the task without further retries and calls the task's escalation notifier.
@@ -59,6 +62,7 @@ DEFAULT_REMEDIES: dict[FailureClass, Remedy] = {
     FailureClass.APPLICATION_ERROR: Remedy.RETRY,
     FailureClass.RESERVATION_TIMEOUT: Remedy.RETRY,
     FailureClass.GPU_FAULT: Remedy.RETRY,
+    FailureClass.LEDGER_DRIFT: Remedy.RETRY,
     FailureClass.UNKNOWN: Remedy.RETRY,
 }
 #: The defaults that ``cpu_fallback=True`` changes: a faulty GPU is no reason to wait for another.

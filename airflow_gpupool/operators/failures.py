@@ -24,6 +24,7 @@ from airflow_gpupool.exceptions import (
     GpuFaultError,
     ImagePullError,
     LeaseLostError,
+    LedgerDriftError,
     NodeLostError,
     OutOfMemoryError,
     PodFailureError,
@@ -49,6 +50,7 @@ __all__ = [
     "GpuFaultError",
     "ImagePullError",
     "LeaseLostError",
+    "LedgerDriftError",
     "NodeLostError",
     "OutOfMemoryError",
     "PodFailureError",
@@ -214,6 +216,7 @@ _ERRORS: dict[FailureClass, type[PodFailureError]] = {
         ApplicationError,
         LeaseLostError,
         GpuFaultError,
+        LedgerDriftError,
     )
 }
 

@@ -32,7 +32,7 @@ from airflow_gpupool.operators.request import (
     templated,
 )
 from airflow_gpupool.operators.tries import XCOM_DEVICE_KEY, GpuPodTries
-from airflow_gpupool.operators.unschedulable import UnschedulableFailFast  # kit (issue 15)
+from airflow_gpupool.operators.unschedulable import UNSCHEDULABLE_STATUS, UnschedulableFailFast
 from airflow_gpupool.operators.waiting import reservation_deferral, wait_in_place
 from airflow_gpupool.resources import GpuRequest
 from airflow_gpupool.task_try import TaskTry
@@ -181,6 +181,7 @@ class GpuPodOperator(UnschedulableFailFast, GpuPodLease, GpuPodTries):
         self._request_override: GpuRequest | None = None
         self._resume_from: CheckpointManifest | None = None
         self._failure: tuple[Classification, str] | None = None
+        self._drift: Classification | None = None  # the node lacked the granted GPUs (UnschedulableFailFast)
         self._own_pod: tuple[str, str] | None = None  # (namespace, name) once created
         self._adopted = False  # the grant is an earlier try's, whose running pod the parent re-attaches to
         check_keep_checkpoints(keep_checkpoints)
@@ -424,6 +425,8 @@ class GpuPodOperator(UnschedulableFailFast, GpuPodLease, GpuPodTries):
         self._load_ladder_choice(context)
         if event.get("status") == LEASE_LOST_STATUS:
             return self._run_then_release(context, rid, lambda: self._lease_lost(event), "pod")
+        if event.get("status") == UNSCHEDULABLE_STATUS:
+            return self._run_then_release(context, rid, lambda: self.unplaceable(event), "pod")
         return self._run_then_release(
             context, rid, lambda: super(GpuPodOperator, self).trigger_reentry(context, event), "pod"
         )

@@ -43,10 +43,15 @@ class GpuPodLease(KubernetesPodOperator):
     _held_id: str | None
     _own_pod: tuple[str, str] | None
 
+    unschedulable_grace_seconds: float
+
     if TYPE_CHECKING:
 
         def _checkpoints(self) -> TaskCheckpoints | None:
             """The task's checkpoints (``GpuPodTries``')."""
+
+        def granted_node(self) -> str | None:
+            """The node the pod is pinned to (``UnschedulableFailFast``')."""
 
     def _lease_renewer(self, rid: str) -> LeaseRenewer:
         """Return the renewer of a sync pod's grant: it reconciles, reports checkpoints, deletes a lost pod."""
@@ -86,6 +91,9 @@ class GpuPodLease(KubernetesPodOperator):
                 lease_ttl=self.lease_ttl or self.gpu_hook.options.lease_ttl_seconds,
                 checkpoint_dir=reported,
                 checkpoint_conn_id=self.checkpoint_conn_id if reported else None,
+                # Fails fast, as the sync path does, when the pod cannot be placed on its node.
+                granted_node=self.granted_node(),
+                unschedulable_grace_seconds=self.unschedulable_grace_seconds,
             )
         return super().defer(trigger=trigger, method_name=method_name, kwargs=kwargs, timeout=timeout)
 

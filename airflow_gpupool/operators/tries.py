@@ -52,6 +52,7 @@ class GpuPodTries(KubernetesPodOperator):
     _grant: Grant | None
     _request_override: GpuRequest | None
     _failure: tuple[Classification, str] | None
+    _drift: Classification | None
     gpu_hook: GpuPoolHook
 
     def gpu_request(self) -> GpuRequest:
@@ -114,6 +115,12 @@ class GpuPodTries(KubernetesPodOperator):
             self._failure = read_failure(self, pod, remote_pod)
         super().cleanup(pod, remote_pod, xcom_result=xcom_result, context=context)
 
+    def _observed(self) -> tuple[Classification, str] | None:
+        """Return the try's class and log tail: wrong books (the node lacked its GPUs) outrank what the pod showed."""
+        if self._drift is None:
+            return self._failure
+        return self._drift, self._failure[1] if self._failure is not None else ""
+
     def _failed(self, context: Context, rid: str, error: Exception) -> BaseException:
         """Walk the failure ladder for this try; return the exception to raise (before the release)."""
         ti = context["ti"]
@@ -124,7 +131,7 @@ class GpuPodTries(KubernetesPodOperator):
             request=self.gpu_request(),
             retries_left=ti.try_number <= int(getattr(ti, "max_tries", self.retries) or 0),
             gpu_model=self._grant.gpu_model if self._grant else None,
-            observed=self._failure,
+            observed=self._observed(),
             checkpoints=checkpoints.store if checkpoints is not None else None,
             cpu_fallback=self.cpu_fallback,
         )

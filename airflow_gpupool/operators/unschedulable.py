@@ -1,129 +1,58 @@
-"""Fail a granted pod fast when the scheduler cannot place it on its granted node.
+"""Fail a granted pod fast when the scheduler cannot place it on its granted node, sync and deferrable.
 
-A ``GpuPodOperator`` pod is pinned to the node its slice was granted on. When kube-scheduler
-marks it ``Unschedulable`` there (``PodScheduled=False``), ``KubernetesPodOperator`` would wait
-out the whole schedule timeout (120 s by default) and the try would read "unknown (Pending)".
-Two cases:
+How a read is judged is :mod:`airflow_gpupool.triggers.unschedulable`'s: at once when the node can
+never hold the pod, else after :attr:`UnschedulableFailFast.unschedulable_grace_seconds`. The
+synchronous start-up is watched through the operator's pod manager; ``deferrable=True`` pods
+start inside :class:`~airflow_gpupool.triggers.pod.LeasedPodTrigger`, which watches the same way
+and yields an ``unschedulable`` event that :meth:`UnschedulableFailFast.unplaceable` turns into
+the same failure.
 
-* the node does not advertise enough of a resource the pod asks for at all (a HAMi pod on a node
-  without ``nvidia.com/gpucores``, a MIG profile the node lacks): it can never fit, whatever ends
-  elsewhere, so the try fails at once with the scheduler's reason;
-* the node has the resource but something holds it (a pod of the previous try still
-  terminating, a pod the ledger does not know): that can pass, so the try waits
-  :attr:`UnschedulableFailFast.unschedulable_grace_seconds` (default 30 s, the default
-  termination grace period) unless the scheduler nominates the node for preemption, then fails
-  with the reason.
-
-Only the synchronous start-up is watched, and only through the reads of the pod that
-``KubernetesPodOperator``'s start-up loop makes anyway (no read or wait of its own, so a pod that
-starts normally costs nothing extra); ``deferrable=True`` pods start inside
-``KubernetesPodOperator``'s trigger, which keeps its own timeout.
+When the ledger's books were wrong (the node advertises the GPUs, something the ledger does not
+count holds them), the try is classed ``ledger_drift``, not the application's fault, and the node
+is reported suspect before the slice is released: no grant goes there, the retry's included,
+until the controller has resynced it (:mod:`airflow_gpupool.ledger.nodes.suspects`).
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Mapping
 from functools import cached_property
 from typing import Any
 
 from airflow.providers.cncf.kubernetes.kubernetes_helper_functions import PodLaunchFailedException
 from airflow.providers.cncf.kubernetes.utils.pod_manager import PodManager
 
-from airflow_gpupool.quantity import parse_quantity
+from airflow_gpupool.exceptions import Classification, FailureClass
+from airflow_gpupool.operators.failures import read_failure
+from airflow_gpupool.operators.lease import delete_pod
+from airflow_gpupool.triggers.unschedulable import (
+    UNSCHEDULABLE_STATUS,
+    Unplaceable,
+    UnschedulableWatch,
+    extended_requests,
+    never_fits,
+    unschedulable_message,
+)
+
+__all__ = [
+    "UNSCHEDULABLE_STATUS",
+    "UnschedulableFailFast",
+    "UnschedulableWatch",
+    "drift_classification",
+    "extended_requests",
+    "never_fits",
+    "unschedulable_message",
+]
 
 
-def unschedulable_message(pod: Any) -> str | None:
-    """Return the scheduler's message when it has declared the pod unschedulable (and nominated no node).
+def drift_classification(node: str, message: str, pod_name: str | None) -> Classification:
+    """Return the class of a try whose granted GPUs were taken on its node: the ledger's books were wrong.
 
-    :param pod: a ``V1Pod``
+    :param node: the granted node
+    :param message: the scheduler's message
+    :param pod_name: the try's pod
     """
-    status = pod.status
-    if status is None or status.phase not in (None, "Pending") or status.nominated_node_name:
-        return None
-    for condition in status.conditions or []:
-        if (
-            condition.type == "PodScheduled"
-            and condition.status == "False"
-            and condition.reason == "Unschedulable"
-        ):
-            return str(condition.message or "Unschedulable")
-    return None
-
-
-def extended_requests(pod: Any) -> dict[str, Any]:
-    """Return the extended resources (``vendor/name``) the pod's containers ask for, summed.
-
-    :param pod: a ``V1Pod``
-    """
-    total: dict[str, Any] = {}
-    for container in pod.spec.containers or []:
-        resources = container.resources
-        asked: Mapping[str, Any] = {
-            **((resources.limits if resources else None) or {}),
-            **((resources.requests if resources else None) or {}),
-        }
-        for name, quantity in asked.items():
-            if "/" in name:
-                total[name] = total.get(name, 0) + parse_quantity(quantity)
-    return total
-
-
-def never_fits(pod: Any, node: Any) -> str | None:
-    """Return why the node can never hold the pod (it advertises too little of a resource), or ``None``.
-
-    :param pod: a ``V1Pod``
-    :param node: the ``V1Node`` it is pinned to, or ``None`` when that node is gone
-    """
-    if node is None:
-        return "its granted node is gone"
-    allocatable = (node.status.allocatable if node.status else None) or {}
-    for name, asked in sorted(extended_requests(pod).items()):
-        has = parse_quantity(allocatable.get(name, "0"))
-        if has < asked:
-            return f"node {node.metadata.name} advertises {has} {name}, the pod asks for {asked}"
-    return None
-
-
-class UnschedulableWatch:
-    """Judge each read of a starting pod: fail when it cannot be placed on its granted node.
-
-    It adds no reads and no waits of its own: it looks at the pods ``KubernetesPodOperator``'s
-    start-up loop reads anyway, at that loop's check interval.
-
-    :param read_node: returns its granted node, or ``None`` when it is gone
-    :param grace_seconds: how long a pod that may still fit is left unschedulable
-    :param clock: monotonic seconds
-    """
-
-    def __init__(
-        self,
-        read_node: Callable[[], Any],
-        *,
-        grace_seconds: float,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self._read_node, self._grace, self._clock = read_node, grace_seconds, clock
-        self._first_seen: float | None = None
-
-    def check(self, pod: Any) -> None:
-        """Return when the pod may still be placed; raise when it cannot.
-
-        :param pod: the pod as the API has it now
-        :raises PodLaunchFailedException: with the scheduler's reason
-        """
-        message = unschedulable_message(pod)
-        if message is None:
-            self._first_seen = None
-            return
-        now = self._clock()
-        self._first_seen = now if self._first_seen is None else self._first_seen
-        why = never_fits(pod, self._read_node())
-        if why is not None or now - self._first_seen >= self._grace:
-            detail = why or f"still unschedulable after {self._grace:g} s"
-            raise PodLaunchFailedException(
-                f"The scheduler cannot place the pod on its granted node: {message} ({detail})"
-            )
+    reason = f"node {node} lacks the GPUs the ledger granted (the books were wrong): {message}"
+    return Classification(FailureClass.LEDGER_DRIFT, reason, None, pod_name)
 
 
 class _WatchedPodManager(PodManager):
@@ -142,15 +71,61 @@ class _WatchedPodManager(PodManager):
 class UnschedulableFailFast:
     """Mixin for ``KubernetesPodOperator`` subclasses whose pod is pinned to a granted node.
 
-    The subclass says which node through :meth:`granted_node`.
+    The subclass says which node through :meth:`granted_node` and has a ``gpu_hook`` (the ledger),
+    where :meth:`books_were_wrong` reports the node (before the slice is released); :attr:`_drift`
+    then holds the class of the try.
     """
 
     #: How long a pod that may still fit its node is left unschedulable before the try fails.
     unschedulable_grace_seconds: float = 30.0
+    _drift: Classification | None = None
 
     def granted_node(self) -> str | None:
         """Return the node the pod is pinned to, or ``None`` (then nothing is watched)."""
         return None
+
+    def books_were_wrong(self, node: str, message: str) -> None:
+        """Report the node suspect to the ledger before the slice is released: no grant goes there
+        until the controller has resynced it.
+
+        :param node: the granted node
+        :param message: the scheduler's message
+        """
+        op: Any = self
+        try:
+            op.gpu_hook.mark_node_suspect(node, message)
+        except Exception:
+            # The try's failure must surface as it is; the controller's next full sync corrects the books.
+            op.log.exception("Could not report node %s suspect to the ledger", node)
+        else:
+            op.log.warning("Node %s lacked the granted GPUs: suspect until the controller resyncs it", node)
+
+    def _found_unplaceable(self, node: str, verdict: Unplaceable, pod_name: str | None) -> None:
+        if verdict.books_wrong:
+            self._drift = drift_classification(node, verdict.message, pod_name)
+            self.books_were_wrong(node, verdict.message)
+
+    def unplaceable(self, event: dict[str, Any]) -> None:
+        """Fail the try the deferred pod's trigger found unplaceable, as the sync path fails it.
+
+        The pod is read for the failure record and deleted (it never ran), the wrong books are
+        reported; the caller then records the try and releases the slice.
+
+        :param event: the trigger's ``unschedulable`` event
+        :raises PodLaunchFailedException: with the scheduler's reason
+        """
+        op: Any = self
+        namespace, name = event["namespace"], event["name"]
+        op._own_pod = (namespace, name)
+        verdict = Unplaceable(event["message"], event["detail"], bool(event["books_wrong"]))
+        try:
+            pod = op.hook.get_pod(name, namespace)
+            op._failure = read_failure(op, pod, pod)
+        except Exception as e:  # the verdict is the news; the record only loses the pod's details
+            op.log.warning("Could not read pod %s/%s: %s", namespace, name, type(e).__name__)
+        self._found_unplaceable(event["node"], verdict, name)
+        delete_pod(op.client, namespace, name, why=str(verdict), log=op.log)
+        raise PodLaunchFailedException(str(verdict))
 
     @cached_property
     def pod_manager(self) -> PodManager:
@@ -165,13 +140,19 @@ class UnschedulableFailFast:
         """
         node = self.granted_node()
         manager = self.pod_manager
+        watch = None
         if node is not None and isinstance(manager, _WatchedPodManager):
             op: Any = self
-            manager.watch = UnschedulableWatch(
+            watch = UnschedulableWatch(
                 lambda: _read_node(op.client, node), grace_seconds=self.unschedulable_grace_seconds
             )
+            manager.watch = watch
         try:
             super().await_pod_start(pod)  # type: ignore[misc]
+        except PodLaunchFailedException:
+            if node is not None and watch is not None and watch.verdict is not None:
+                self._found_unplaceable(node, watch.verdict, pod.metadata.name)
+            raise
         finally:
             if isinstance(manager, _WatchedPodManager):
                 manager.watch = None

@@ -6,7 +6,8 @@ Every policy calls these functions (or, vectorized, the same rules in
 When a node rejects a request, the reason names the *first* dimension that does not fit,
 checked in this documented order (what the ledger's ``explain`` tells a user):
 
-1. **health**: the node is cordoned, draining or quarantined (the reason says which);
+1. **health**: the node is cordoned, draining or quarantined, or suspect (a granted pod found
+   its GPUs taken: the ledger's books were wrong) until an inventory sync reads it again;
 2. **workload class**: training and inference never share a node;
 3. **binding**: the node pool's slice binding cannot express the request (``whole`` and a
    fraction, see :mod:`~airflow_gpupool.placement.pools`);
@@ -59,6 +60,10 @@ def check_node(
     node: NodeState, request: GpuRequest, bindings: PoolBindings = UNCONSTRAINED
 ) -> NoFitReason | None:
     """Return why ``request`` cannot go on ``node`` for its health, class, binding or labels, or None."""
+    if node.suspect is not None:
+        return NoFitReason(
+            NEVER, node.name, f"node is suspect until the controller resyncs it ({node.suspect})"
+        )
     if not node.schedulable:
         which = node.health or "cordoned, draining or quarantined"
         return NoFitReason(NEVER, node.name, f"node is not schedulable ({which})")

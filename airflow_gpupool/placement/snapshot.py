@@ -46,8 +46,10 @@ class NodeState:
     """One node's capacity and what is free on it.
 
     :param classes: workload classes that hold grants on the node (training and inference never mix)
-    :param schedulable: False for cordoned, draining or quarantined nodes
+    :param schedulable: False for cordoned, draining, quarantined or suspect nodes
     :param health: which of those it is, for the reasons (None: not said)
+    :param suspect: why the node is suspect (a granted pod found the GPUs the ledger called free
+        taken) until an inventory sync reads it again; None when it is not
     """
 
     name: str
@@ -61,6 +63,7 @@ class NodeState:
     schedulable: bool = True
     node_pool: str = "default"
     health: str | None = None
+    suspect: str | None = None
 
     def __post_init__(self) -> None:
         if self.cpu_free < 0:

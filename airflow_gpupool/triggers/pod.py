@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import AsyncIterator
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from airflow.providers.cncf.kubernetes.triggers.pod import KubernetesPodTrigger
@@ -14,8 +15,15 @@ from airflow_gpupool.hooks.gpupool import AsyncGpuPoolHook
 from airflow_gpupool.triggers.events import trigger_event
 from airflow_gpupool.triggers.lease import lease_lost_event
 from airflow_gpupool.triggers.leased import LeasedTrigger, cancel_quietly
+from airflow_gpupool.triggers.unschedulable import (
+    UNSCHEDULABLE_STATUS,
+    UnschedulableWatch,
+    WatchedAsyncPodManager,
+)
 
 if TYPE_CHECKING:
+    from airflow.providers.cncf.kubernetes.utils.pod_manager import AsyncPodManager
+
     from airflow_gpupool.checkpoints.store import CheckpointStore
     from airflow_gpupool.exceptions import LeaseLostError
 
@@ -34,6 +42,10 @@ class LeasedPodTrigger(LeasedTrigger, KubernetesPodTrigger):
     :param checkpoint_dir: after each renewal, report the newest valid checkpoint here to the
         ledger (a preemptible task's: preemption ranks victims by the work since it); None: none
     :param checkpoint_conn_id: an Airflow connection for the checkpoint filesystem; None: fsspec's defaults
+    :param granted_node: the node the pod is pinned to: while it starts, a pod the scheduler
+        cannot place there ends the watch with an event of status ``unschedulable`` (see
+        :mod:`~airflow_gpupool.triggers.unschedulable`); None: not watched
+    :param unschedulable_grace_seconds: how long a pod that may still fit is left unschedulable
     """
 
     classpath = "airflow_gpupool.triggers.pod.LeasedPodTrigger"
@@ -43,20 +55,69 @@ class LeasedPodTrigger(LeasedTrigger, KubernetesPodTrigger):
         *args: Any,
         checkpoint_dir: str | None = None,
         checkpoint_conn_id: str | None = None,
+        granted_node: str | None = None,
+        unschedulable_grace_seconds: float = 30.0,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self.checkpoint_dir = checkpoint_dir
         self.checkpoint_conn_id = checkpoint_conn_id
+        self.granted_node = granted_node
+        self.unschedulable_grace_seconds = unschedulable_grace_seconds
+        self._watch = UnschedulableWatch(grace_seconds=unschedulable_grace_seconds)
         #: Set once the lease is lost, before the pod is deleted: the pod watch may see that deletion first.
         self._lost_event: dict[str, Any] | None = None
         self._store: CheckpointStore | None = None  # built on first use, off the loop
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        """Return the class path, the pod trigger's arguments, the lease's and the checkpoint location."""
+        """Return the class path, the pod trigger's arguments, the lease's, the checkpoint location and the node."""
         classpath, kwargs = super().serialize()
-        kwargs.update(checkpoint_dir=self.checkpoint_dir, checkpoint_conn_id=self.checkpoint_conn_id)
+        kwargs.update(
+            checkpoint_dir=self.checkpoint_dir,
+            checkpoint_conn_id=self.checkpoint_conn_id,
+            granted_node=self.granted_node,
+            unschedulable_grace_seconds=self.unschedulable_grace_seconds,
+        )
         return classpath, kwargs
+
+    @cached_property
+    def pod_manager(self) -> AsyncPodManager:
+        """The pod trigger's manager, its start-up reads shown to the watch of the granted node."""
+        return WatchedAsyncPodManager(self.hook, self._watch, self._read_granted_node)
+
+    async def _read_granted_node(self) -> Any:
+        """Return the granted node (a ``V1Node``), or None when it is gone."""
+        from kubernetes_asyncio.client import CoreV1Api
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        if self.granted_node is None:
+            return None
+        async with self.hook.get_conn() as connection:
+            try:
+                return await CoreV1Api(connection).read_node(self.granted_node)
+            except ApiException as e:
+                if e.status == 404:
+                    return None
+                raise
+
+    def _unschedulable_event(self, event: TriggerEvent) -> TriggerEvent:
+        """Return the ``unschedulable`` event when the watch ended the pod trigger, else ``event``."""
+        verdict = self._watch.verdict
+        payload = event.payload if isinstance(event.payload, dict) else {}
+        if verdict is None or payload.get("status") != "error":
+            return event
+        return trigger_event(
+            {
+                "status": UNSCHEDULABLE_STATUS,
+                "namespace": self.pod_namespace,
+                "name": self.pod_name,
+                "node": self.granted_node,
+                "message": verdict.message,
+                "detail": verdict.detail,
+                "books_wrong": verdict.books_wrong,
+                "reservation_id": self.reservation_id,
+            }
+        )
 
     async def _renew(self, hook: AsyncGpuPoolHook) -> None:
         """Renew the pod's grant, then report its newest valid checkpoint (as the sync renewer does)."""
@@ -125,6 +186,7 @@ class LeasedPodTrigger(LeasedTrigger, KubernetesPodTrigger):
                     return
                 if event is None:
                     return
+                event = self._unschedulable_event(event)
                 # The operator resumes on the grant named here: an adopted one keeps its first try's id.
                 if isinstance(event.payload, dict):
                     event = trigger_event({**event.payload, "reservation_id": self.reservation_id})

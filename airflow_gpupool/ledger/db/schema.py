@@ -73,6 +73,11 @@ nodes = Table(
     # Schema v15 (PostgreSQL): whether the queue's first request, as the last pass saw it, fits
     # this node empty: a release that empties it hands it over (see postgres/sql/gpupool_give_back.sql).
     Column("head_fits", Boolean, nullable=False, default=False),
+    # Schema v17: since when (ledger clock) and why the node is suspect: a granted pod found the
+    # GPUs the ledger called free taken. It takes no grant until an inventory sync that read the
+    # node after that time clears it (see ledger/nodes/suspects.py).
+    Column("suspect_since", Float, nullable=True),
+    Column("suspect_reason", Text, nullable=True),
 )
 Index("ix_gpupool_nodes_version", nodes.c.version)
 Index("ix_gpupool_nodes_held_for", nodes.c.held_for)

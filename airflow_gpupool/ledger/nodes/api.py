@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from airflow_gpupool.ledger.nodes.external import ExternalSync, LedgerExternalHolds
     from airflow_gpupool.ledger.nodes.health import HeartbeatCheck, HeartbeatResult, LedgerHealth
     from airflow_gpupool.ledger.nodes.inventory import InventoryChange, LedgerInventory
+    from airflow_gpupool.ledger.nodes.suspects import LedgerSuspects
     from airflow_gpupool.pod_gpus import ExternalPod
     from airflow_gpupool.resources import NodeHealth, NodeInventory
 
@@ -28,6 +29,7 @@ class LedgerNodeApi:
     _inventory: LedgerInventory
     _health: LedgerHealth
     _external: LedgerExternalHolds
+    _suspects: LedgerSuspects
 
     def sync_external(
         self, pods: Iterable[ExternalPod], gone: Iterable[str] = (), *, complete: bool = False
@@ -115,3 +117,27 @@ class LedgerNodeApi:
             missed=missed_heartbeats if missed_heartbeats is not None else settings.missed_heartbeats(),
             stable_s=stable_seconds if stable_seconds is not None else settings.heartbeat_stable_seconds(),
         )
+
+    def mark_node_suspect(self, name: str, reason: str) -> float:
+        """Mark a node suspect: a granted pod found the GPUs the ledger called free taken.
+
+        It takes no grant until an inventory sync that read it after now clears it (the
+        controller resyncs it at its next pass; see :mod:`~airflow_gpupool.ledger.nodes.suspects`).
+
+        :param name: the node
+        :param reason: what was seen (the scheduler's message), shown by ``explain``
+        :returns: the mark's time (the ledger's clock)
+        :raises InvalidInventoryError: the node is not in the inventory
+        """
+        return self._suspects.mark(name, reason)
+
+    def suspect_nodes(self) -> dict[str, float]:
+        """Return the suspect nodes and since when each is (the ledger's clock)."""
+        return self._suspects.suspects()
+
+    def clear_suspect_nodes(self, names: Iterable[str], *, read_at: float) -> list[str]:
+        """Clear the marks of nodes an inventory sync read at ``read_at`` (the ledger's clock).
+
+        A node marked after ``read_at`` stays suspect. Returns the nodes cleared.
+        """
+        return self._suspects.clear(names, read_at=read_at)

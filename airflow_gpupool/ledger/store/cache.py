@@ -294,15 +294,16 @@ class CapacityCache:
             memory_free=row["memory_free"],
             labels=tuple(sorted(json.loads(row["labels"]).items())),
             classes=classes_from_counts(row["n_training"], row["n_inference"]),
-            schedulable=row["health"] == NodeHealth.HEALTHY.value,
+            schedulable=row["health"] == NodeHealth.HEALTHY.value and row.get("suspect_since") is None,
             node_pool=row["node_pool"],
             health=row["health"],
+            suspect=None if row.get("suspect_since") is None else (row.get("suspect_reason") or "reported"),
         )
 
     def empty_snapshot(self, nodes: Iterable[NodeState]) -> ClusterSnapshot:
         """Return the nodes as if nothing were granted: what a request could ever get.
 
-        Cordoned and quarantined nodes count (they may come back); draining ones do not.
+        Cordoned, quarantined and suspect nodes count (they may come back); draining ones do not.
         """
         out = []
         for node in nodes:
@@ -330,6 +331,7 @@ class CapacityCache:
                 memory_free=node.memory_mib,
                 classes=frozenset(),
                 schedulable=healthy,
+                suspect=None,  # until the next sync only: what the request could get then
             )
             self._empty[node.name] = (node, health, empty)
             out.append(empty)

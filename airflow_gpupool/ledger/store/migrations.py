@@ -243,6 +243,12 @@ def _v16(op: Operations, conn: Connection) -> None:
         pg_functions.install(conn)
 
 
+def _v17(op: Operations, conn: Connection) -> None:
+    _add_reservation_columns(op, conn, ("suspect_since", "suspect_reason"), schema.nodes)
+    if conn.dialect.name == "postgresql":  # the concurrent grant and hand-over skip suspect nodes
+        pg_functions.install(conn)
+
+
 def sql_literal(value: object) -> Any:
     """Return the server default that fills a migrated column on existing rows (a SQL literal)."""
     if isinstance(value, bool):
@@ -289,6 +295,12 @@ MIGRATIONS: tuple[Migration, ...] = (
         16,
         "PostgreSQL: grants stop counting overtakes once no waiting request's budget is left unspent",
         _v16,
+    ),
+    Migration(
+        17,
+        "suspect nodes: a granted pod found the GPUs the ledger called free taken; no grant there until "
+        "an inventory sync reads the node again",
+        _v17,
     ),
 )
 LATEST = MIGRATIONS[-1].version

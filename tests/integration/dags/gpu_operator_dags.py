@@ -62,3 +62,19 @@ queued_in_place = gpu_dag(
 times_out = gpu_dag(
     "gpu_times_out", gpus=1, gpu_models=A100, reservation_deferrable=True, reservation_timeout=1
 )
+
+
+def books_wrong_dag(dag_id: str, **kwargs: Any) -> DAG:
+    """Return a DAG whose one A100 try is granted on a node a pod the ledger does not know fills."""
+    with DAG(
+        dag_id, schedule=None, start_date=datetime(2026, 1, 1), catchup=False, tags=["gpupool-test"]
+    ) as dag:
+        task = GpuPodOperator(
+            task_id="train", name=dag_id.replace("_", "-"), gpus=1, gpu_models=A100, **{**COMMON, **kwargs}
+        )
+        task.unschedulable_grace_seconds = 2  # the documented 30 s, shortened for the test
+    return dag
+
+
+books_wrong_sync = books_wrong_dag("gpu_books_wrong_sync")
+books_wrong_deferred = books_wrong_dag("gpu_books_wrong_deferred", deferrable=True)

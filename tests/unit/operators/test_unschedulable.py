@@ -117,3 +117,41 @@ def test_the_grace_starts_again_when_the_pod_was_schedulable_in_between() -> Non
         )
         == 60
     )
+
+
+def judged(pods: list[V1Pod], the_node: V1Node | None) -> UnschedulableWatch:
+    """Show ``pods`` one second apart until the watch fails them; return the watch."""
+    clock = Clock()
+    judge = UnschedulableWatch(lambda: the_node, grace_seconds=30, clock=clock)
+    with pytest.raises(PodLaunchFailedException):
+        for read in pods:
+            judge.check(read)
+            clock.now += 1
+    return judge
+
+
+def with_message(message: str) -> V1Pod:
+    unplaced = pod()
+    unplaced.status.conditions[0].message = message
+    return unplaced
+
+
+@pytest.mark.parametrize(
+    ("message", "books_wrong"),
+    [
+        pytest.param(MESSAGE, True, id="its-own-gpu-resource-held"),
+        pytest.param("0/1 nodes are available: 1 Insufficient cpu.", False, id="cpu-short"),
+        pytest.param("0/1 nodes are available: 1 node(s) had untolerated taint.", False, id="taint"),
+    ],
+)
+def test_after_the_grace_only_a_held_gpu_resource_says_the_books_were_wrong(
+    message: str, books_wrong: bool
+) -> None:
+    verdict = judged([with_message(message)] * 40, node(**HAMI)).verdict
+    assert verdict is not None and verdict.books_wrong is books_wrong
+    assert verdict.message == message and verdict.detail == "still unschedulable after 30 s"
+
+
+def test_a_node_that_can_never_hold_the_pod_is_not_wrong_books() -> None:
+    verdict = judged([pod()], node(**{"nvidia.com/gpu": "2"})).verdict
+    assert verdict is not None and not verdict.books_wrong  # a resync cannot add a resource

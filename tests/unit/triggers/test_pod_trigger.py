@@ -24,6 +24,8 @@ def test_leased_pod_trigger_round_trips_pod_and_lease_arguments() -> None:
         lease_ttl=90.0,
         checkpoint_dir="s3://ckpt/train/run-1",
         checkpoint_conn_id="aws_ckpt",
+        granted_node="gpu-a100-1",
+        unschedulable_grace_seconds=12.5,
     )
     classpath, kwargs = leased.serialize()
     assert classpath == "airflow_gpupool.triggers.pod.LeasedPodTrigger"
@@ -36,6 +38,8 @@ def test_leased_pod_trigger_round_trips_pod_and_lease_arguments() -> None:
         "lease_ttl": 90.0,
         "checkpoint_dir": "s3://ckpt/train/run-1",
         "checkpoint_conn_id": "aws_ckpt",
+        "granted_node": "gpu-a100-1",
+        "unschedulable_grace_seconds": 12.5,
     }
     assert LeasedPodTrigger(**kwargs).serialize() == (classpath, kwargs)
 

@@ -60,6 +60,7 @@ BEGIN
             -- request fits it empty, the release hands it over, as the pass would; else a pass decides.
             v_request := v_res.request::json;
             IF NOT coalesce(v_node.head_fits, false) OR v_node.health <> 'healthy'
+               OR v_node.suspect_since IS NOT NULL
                OR (SELECT value FROM gpupool_meta WHERE key = 'queue_head_generation')
                   IS DISTINCT FROM (SELECT value FROM gpupool_meta WHERE key = 'inventory_generation')
                OR v_node.cpu_free + (v_request ->> 'cpu_milli')::bigint <> v_node.cpu_milli

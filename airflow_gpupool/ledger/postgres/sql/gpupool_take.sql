@@ -43,7 +43,9 @@ BEGIN
         RETURN;
     END IF;
     -- The caller placed on its copy of the capacity: check it against the row it now holds.
-    IF NOT FOUND OR v_node.health <> 'healthy' OR v_node.cpu_free < p_cpu OR v_node.memory_free < p_mem
+    -- A suspect node (ledger/nodes/suspects.py) takes no grant until a sync clears it.
+    IF NOT FOUND OR v_node.health <> 'healthy' OR v_node.suspect_since IS NOT NULL
+       OR v_node.cpu_free < p_cpu OR v_node.memory_free < p_mem
        OR (p_class = 'training' AND v_node.n_inference > 0)
        OR (p_class = 'inference' AND v_node.n_training > 0) THEN
         outcome := 'stale';
