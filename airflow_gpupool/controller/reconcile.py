@@ -3,7 +3,9 @@
 A grant is judged by the pods labelled with its reservation id (``gpupool.io/reservation-id``), in
 all namespaces: kept while any of them is not finished, released when all have finished, when its
 bound pod is gone, or when no pod has appeared within the grace period (the operator creates its
-pod after the grant).
+pod after the grant). A grant released because its pod ended says how the pod ended, classed by
+the operators' own rules (:func:`~airflow_gpupool.pod_failures.describe_end`): reconcile may get
+there before the pod's operator, whose record of the try must then agree with it.
 
 An *orphaned* grant (its lease expired while a pod was bound to it: its worker died) still holds
 its slice. It is released as soon as its pods are finished or gone; while one still runs it is
@@ -33,6 +35,7 @@ from airflow_gpupool.exceptions import InvalidRequestError
 from airflow_gpupool.inventory.sync import list_nodes, list_objects
 from airflow_gpupool.labels import GANG_RESERVATION_LABEL, RESERVATION_LABEL
 from airflow_gpupool.ledger import FINISHED_PHASES, ReservationState
+from airflow_gpupool.pod_failures import describe_end
 from airflow_gpupool.task_try import RESERVATION_ID_PREFIX
 
 if TYPE_CHECKING:
@@ -136,7 +139,7 @@ def verdict(
             return None
         # Retries may leave older pods of the same reservation: name the newest.
         last = max(pods, key=lambda p: str(p["metadata"].get("creationTimestamp") or ""))
-        return f"pod {_name(last)} finished ({_phase(last)})"
+        return f"pod {_name(last)} finished ({describe_end(last)})"
     grant = reservation.grant
     assert grant is not None
     if grant.pod_uid is not None:

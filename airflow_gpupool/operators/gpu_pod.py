@@ -182,6 +182,7 @@ class GpuPodOperator(UnschedulableFailFast, GpuPodLease, GpuPodTries):
         self._resume_from: CheckpointManifest | None = None
         self._failure: tuple[Classification, str] | None = None
         self._own_pod: tuple[str, str] | None = None  # (namespace, name) once created
+        self._pod_done = False  # the parent's cleanup has the pod's final state
         self._adopted = False  # the grant is an earlier try's, whose running pod the parent re-attaches to
         check_keep_checkpoints(keep_checkpoints)
         check_log_tail_lines(log_tail_lines)

@@ -52,6 +52,7 @@ class GpuPodTries(KubernetesPodOperator):
     _grant: Grant | None
     _request_override: GpuRequest | None
     _failure: tuple[Classification, str] | None
+    _pod_done: bool
     gpu_hook: GpuPoolHook
 
     def gpu_request(self) -> GpuRequest:
@@ -109,6 +110,7 @@ class GpuPodTries(KubernetesPodOperator):
         context: Context | None = None,
     ) -> None:
         """Read why a failed pod failed (status, events, log tail) before the parent deletes it."""
+        self._pod_done = True  # its outcome is known now: a lease lost from here on lost nothing
         phase = getattr(getattr(remote_pod, "status", None), "phase", None)
         if remote_pod is not None and not self._killed and phase != "Succeeded":
             self._failure = read_failure(self, pod, remote_pod)

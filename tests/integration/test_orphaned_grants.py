@@ -113,7 +113,9 @@ def test_an_orphan_keeps_its_gpus_until_its_pod_ends_then_the_queue_gets_them(
     k8s.wait_for_pod("first")
     freed = reconcile(ledger, core)
 
-    assert freed.released == (("gp-first", "pod default/first finished (Failed)"),)
+    assert freed.released == (
+        ("gp-first", "pod default/first finished (Failed: evicted (Evicted, exit code 137))"),
+    )
     assert freed.orphans_released == ("gp-first",)
     assert ledger.get("gp-first").state is ReservationState.RELEASED
     granted = ledger.get("gp-second")
@@ -239,7 +241,10 @@ def test_a_returning_holder_renews_its_orphan_and_reconcile_grant_releases_a_gon
     assert reconcile_grant(ledger, core, "gp-back") is None  # its pod runs
     k8s.interrupt_pod("back")
     k8s.wait_for_pod("back")
-    assert reconcile_grant(ledger, core, "gp-back") == "pod default/back finished (Failed)"
+    assert (
+        reconcile_grant(ledger, core, "gp-back")
+        == "pod default/back finished (Failed: evicted (Evicted, exit code 137))"
+    )
 
 
 def test_reconcile_leaves_manual_grants_alone_unless_asked(
