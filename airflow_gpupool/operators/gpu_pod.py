@@ -439,21 +439,21 @@ class GpuPodOperator(UnschedulableFailFast, GpuPodLease, GpuPodTries):
             try:
                 outcome = self._failed(context, rid, e)
             finally:
-                self._settle_own_pod(f"{what} failed: {type(e).__name__}")
-                self._release(rid, f"{what} failed: {type(e).__name__}")
+                self._release_off_the_pod(rid, f"{what} failed: {type(e).__name__}")
             raise outcome  # noqa: B904 (_failed sets the cause)
         except BaseException as e:
-            self._settle_own_pod(f"{what} failed: {type(e).__name__}")
-            self._release(rid, f"{what} failed: {type(e).__name__}")
+            self._release_off_the_pod(rid, f"{what} failed: {type(e).__name__}")
             raise
         self._release(rid, "pod succeeded")
         return result
 
     def on_kill(self) -> None:
-        """Delete the pod like the parent, wait until it is gone, then release the slice."""
+        """Delete the pod like the parent, wait until it is gone, then release the slice.
+
+        A pod kept running (``on_kill_action="keep_pod"``) keeps its slice until it ends.
+        """
         try:
             super().on_kill()
         finally:
             if self._held_id:
-                self._settle_own_pod("the task was killed")
-                self._release(self._held_id, "task killed")
+                self._release_off_the_pod(self._held_id, "task killed")

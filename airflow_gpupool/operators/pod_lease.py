@@ -52,6 +52,9 @@ class GpuPodLease(KubernetesPodOperator):
         def _checkpoints(self) -> TaskCheckpoints | None:
             """The task's checkpoints (``GpuPodTries``')."""
 
+        def _release(self, rid: str, reason: str) -> None:
+            """Release the slice (``GpuPodOperator``'s)."""
+
     def _lease_renewer(self, rid: str) -> LeaseRenewer:
         """Return the renewer of a sync pod's grant: it reconciles, reports checkpoints, deletes a lost pod."""
         ttl = self.lease_ttl or self.gpu_hook.options.lease_ttl_seconds
@@ -141,13 +144,43 @@ class GpuPodLease(KubernetesPodOperator):
             # the preemption took before the slice is released.
             self._note_checkpoint(self._held_id)
 
-    def _settle_own_pod(self, why: str) -> None:
-        """Wait until the try's pod, if being deleted (KPO's clean-up, ``on_kill``), is gone: its
-        slice is released next, and a terminating pod still runs on it."""
-        if self._own_pod is None:
+    def _release_off_the_pod(self, rid: str, why: str) -> None:
+        """Release the slice once the try's pod no longer runs on it; a pod kept running keeps it.
+
+        A pod being deleted (KPO's clean-up, ``on_kill``) is waited for until it is gone. A pod
+        kept running (``on_kill_action`` or ``on_finish_action`` ``keep_pod``) still uses the
+        slice: the grant is not released but left to lapse into an orphan, which the controller
+        releases when the pod ends (or deletes it after ``orphan_grace_seconds``), and which a
+        retry re-attaching to the pod adopts.
+
+        :param rid: the grant
+        :param why: for the log and the release
+        """
+        if self._own_pod_still_runs(why):
+            self.log.warning(
+                "Pod %s/%s was kept and still runs on GPU slice %s: the slice stays held until the pod "
+                "ends (%s)",
+                *(self._own_pod or ("?", "?")),
+                rid,
+                why,
+            )
             return
+        self._release(rid, why)
+
+    def _own_pod_still_runs(self, why: str) -> bool:
+        """Wait until the try's pod, if being deleted, is gone; return whether it was kept and still runs."""
+        from kubernetes.client.exceptions import ApiException
+
+        if self._own_pod is None:
+            return False
         try:
             settle_deleted_pod(self.client, *self._own_pod, why=why)
+            pod = self.client.read_namespaced_pod(self._own_pod[1], self._own_pod[0])
+        except ApiException as e:
+            if e.status != 404:
+                self.log.exception("Could not tell whether pod %s/%s is gone", *self._own_pod)
+            return False  # gone; or unknown: a slice held forever is worse than one freed early
         except Exception:
-            # The release must still come: a slice held forever is worse than one freed early.
             self.log.exception("Could not tell whether pod %s/%s is gone", *self._own_pod)
+            return False
+        return getattr(pod.status, "phase", None) not in FINISHED_PHASES
