@@ -89,7 +89,11 @@ def get_provider_info() -> dict[str, Any]:
                         "integer",
                     ),
                     "reservation_timeout_seconds": _option(
-                        "Seconds a request may wait in the queue before it fails.", "300", "integer"
+                        "Seconds a request may wait in the queue before it fails, naming what blocked "
+                        "it. An hour: on a shared pool a GPU request often waits behind work of minutes "
+                        "to hours, and a timeout spends one of the task's tries.",
+                        "3600",
+                        "integer",
                     ),
                     "orphan_grace_seconds": _option(
                         "Seconds an orphaned grant (its lease expired while its pod still runs) is "
@@ -160,7 +164,7 @@ def get_provider_info() -> dict[str, Any]:
                     ),
                     "workload_priority_classes": _option(
                         "PriorityClass of each workload class's pods, as class=priorityclass pairs; "
-                        "empty to set none. docker/kubernetes/priority-classes.yaml creates the defaults.",
+                        "empty to set none. deploy/kustomize/base/priority-classes.yaml creates the defaults.",
                         "training=gpupool-training,inference=gpupool-inference",
                     ),
                     "default_checkpoint_root": _option(
@@ -258,6 +262,43 @@ def get_provider_info() -> dict[str, Any]:
                         "Seconds a grant runs before it may be preempted (no thrashing); 0: at once.",
                         "60",
                         "float",
+                    ),
+                    # Waiting demand made visible to the autoscaler (issue 36).
+                    "scalable_node_pools": _option(
+                        "JSON object of node pools the cluster's autoscaler can grow, each with the shape "
+                        "of one empty node: gpu_model, gpus, gpu_memory_mib, and optionally mig, labels, "
+                        "cpu, memory. A waiting request that fits no node but an empty node of one gets a "
+                        "ProvisioningRequest or placeholder pods from the controller; empty: none.",
+                        "",
+                        example='{"a100-burst": {"gpu_model": "NVIDIA-A100-SXM4-80GB", "gpus": 8, '
+                        '"gpu_memory_mib": 81920, "cpu": "96", "memory": "1024Gi"}}',
+                    ),
+                    "autoscale_mode": _option(
+                        "How the controller asks for nodes: auto (a ProvisioningRequest where the cluster "
+                        "serves autoscaling.x-k8s.io/v1, else placeholder pods), provisioning-request, "
+                        "placeholder-pods, or off.",
+                        "auto",
+                    ),
+                    "provisioning_class": _option(
+                        "The ProvisioningRequest class: best-effort-atomic-scale-up.autoscaling.x-k8s.io "
+                        "or check-capacity.autoscaling.x-k8s.io.",
+                        "best-effort-atomic-scale-up.autoscaling.x-k8s.io",
+                    ),
+                    "autoscale_namespace": _option(
+                        "Namespace of the ProvisioningRequests, PodTemplates and placeholder pods; empty: "
+                        "the controller's own.",
+                        "",
+                    ),
+                    "placeholder_priority_class": _option(
+                        "PriorityClass of placeholder pods (value -1, created when missing).",
+                        "gpupool-placeholder",
+                    ),
+                    "discover_node_pools": _option(
+                        "Where else scalable pools are found: karpenter (NodePools that state a GPU shape "
+                        "in the gpupool.io/node-shape annotation or GFD labels), or empty: only "
+                        "scalable_node_pools.",
+                        "",
+                        example="karpenter",
                     ),
                 },
             }

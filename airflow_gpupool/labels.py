@@ -13,6 +13,10 @@ ANNOTATION_PREFIX = "gpupool.io/"
 RESERVATION_LABEL = "gpupool.io/reservation-id"
 #: On each pod launched for a grant: the request's workload class (training, inference, batch).
 WORKLOAD_CLASS_LABEL = "gpupool.io/workload-class"
+#: On each ProvisioningRequest, PodTemplate and placeholder pod made to scale a pool up: the
+#: waiting reservation it asks capacity for (the controller finds and ends them by it). The
+#: external holds' pod watch skips placeholder pods: they hold no GPU anyone uses (pod_gpus.py).
+SCALE_UP_LABEL = "gpupool.io/scale-up-for"
 #: On a node: the node pool it belongs to (read before the cloud providers' own pool labels).
 POOL_LABEL = "gpupool.io/pool"
 #: ``spot`` or ``on-demand``: stamped by the ledger on every node it keeps (from the cloud's own

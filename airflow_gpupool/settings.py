@@ -32,7 +32,7 @@ DEFAULTS: dict[str, str] = {
     "placement_policy": "",
     "typical_shapes": "",
     "lease_ttl_seconds": "600",
-    "reservation_timeout_seconds": "300",
+    "reservation_timeout_seconds": "3600",
     "orphan_grace_seconds": "600",
     "poll_interval_seconds": "5",
     "max_overtakes": "8",
@@ -67,6 +67,13 @@ DEFAULTS: dict[str, str] = {
     # Preemption with a checkpoint grace (issue 16).
     "preemption_grace_seconds": "120",
     "min_runtime_seconds": "60",
+    # Waiting demand made visible to the autoscaler (issue 36).
+    "scalable_node_pools": "",
+    "autoscale_mode": "auto",
+    "provisioning_class": "best-effort-atomic-scale-up.autoscaling.x-k8s.io",
+    "autoscale_namespace": "",
+    "placeholder_priority_class": "gpupool-placeholder",
+    "discover_node_pools": "",
 }
 
 
@@ -451,3 +458,12 @@ def evictions_before_on_demand() -> int:
             f"[{SECTION}] evictions_before_on_demand: {raw!r} is not a whole number of at least 0"
         )
     return count
+
+
+def autoscale_option(option: str) -> str:
+    """Return one of the autoscale step's options as text, stripped; the controller checks them.
+
+    :param option: ``scalable_node_pools``, ``autoscale_mode``, ``provisioning_class``,
+        ``autoscale_namespace``, ``placeholder_priority_class`` or ``discover_node_pools``
+    """
+    return _get(option).strip()

@@ -18,6 +18,7 @@ from airflow_gpupool.validate import positive_seconds
 
 if TYPE_CHECKING:
     from airflow_gpupool.agent.collect import NvmlCollector
+    from airflow_gpupool.health import LoopHealth
     from airflow_gpupool.ledger import HeartbeatResult, Ledger, NodeReport
 
 __all__ = ["AgentPass", "NodeAgent"]
@@ -63,9 +64,18 @@ class NodeAgent:
     :param collector: an open :class:`~airflow_gpupool.agent.collect.NvmlCollector`
     :param ledger: where heartbeats go; None only prints (``--once`` without a ledger)
     :param interval: seconds between heartbeats
+    :param health: told of each pass :meth:`run` ends (the liveness and readiness probes)
     """
 
-    def __init__(self, collector: NvmlCollector, ledger: Ledger | None, interval: float) -> None:
+    def __init__(
+        self,
+        collector: NvmlCollector,
+        ledger: Ledger | None,
+        interval: float,
+        *,
+        health: LoopHealth | None = None,
+    ) -> None:
+        self.health = health
         self.collector = collector
         self.ledger = ledger
         self.interval = positive_seconds(interval)
@@ -92,6 +102,8 @@ class NodeAgent:
         while not stop.is_set():
             began = time.monotonic()
             self.run_pass()
+            if self.health is not None:
+                self.health.beat()
             stop.wait(max(0.0, self.interval - (time.monotonic() - began)))
 
 

@@ -10,7 +10,7 @@ import threading
 from typing import Any
 
 from airflow_gpupool import settings
-from airflow_gpupool.cli.common import logger_level, open_ledger, print_json, url_arg
+from airflow_gpupool.cli.common import health_args, logger_level, open_ledger, print_json, url_arg
 from airflow_gpupool.exceptions import ConfigurationError, NoGpuError
 
 __all__ = ["EXIT_NO_GPU", "cmd_agent_run", "make_collector", "register"]
@@ -54,6 +54,7 @@ def cmd_agent_run(args: argparse.Namespace) -> int:
 
 def _run_agent(args: argparse.Namespace) -> int:
     from airflow_gpupool.agent.run import NodeAgent
+    from airflow_gpupool.health import LoopHealth, serve_health, stale_after_for
 
     interval = args.interval if args.interval is not None else settings.agent_interval_seconds()
     collector = make_collector(args.backend, args.node, args.fake_spec)
@@ -64,7 +65,8 @@ def _run_agent(args: argparse.Namespace) -> int:
         return EXIT_NO_GPU
     ledger = None if args.no_ledger else open_ledger(args)
     try:
-        agent = NodeAgent(collector, ledger, interval)
+        health = LoopHealth(stale_after_for(interval))
+        agent = NodeAgent(collector, ledger, interval, health=health)
         if args.once:
             outcome = agent.run_pass()
             if args.json:
@@ -81,7 +83,14 @@ def _run_agent(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
         log.info("Agent of %s: %s backend, every %gs", args.node, args.backend, interval)
-        agent.run(stop)
+        server = (
+            None if args.health_port is None else serve_health(health, args.health_port, args.health_bind)
+        )
+        try:
+            agent.run(stop)
+        finally:
+            if server is not None:
+                server.shutdown()
         return 0
     finally:
         collector.close()
@@ -118,4 +127,5 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--fake-spec", metavar="FILE", help="with --backend fake: a YAML of GPUs (testing/fake_nvml.py)"
     )
+    health_args(p)
     p.set_defaults(func=cmd_agent_run)

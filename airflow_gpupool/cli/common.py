@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from airflow_gpupool.argtypes import non_empty, port
 from airflow_gpupool.exceptions import GpuPoolError
 
 if TYPE_CHECKING:
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "cluster_args",
+    "health_args",
     "kubernetes_api_errors",
     "ledger_url",
     "logger_level",
@@ -72,6 +74,27 @@ def _require_sqlite_file(url: str) -> None:
         raise LedgerSchemaError(
             f"no GPU ledger at {shown}: create it with `gpupool ledger init --url {shown}`"
         )
+
+
+def health_args(parser: argparse.ArgumentParser) -> None:
+    """Add ``--health-port`` and ``--health-bind``: a long-running loop's ``/healthz`` and ``/readyz``.
+
+    :param parser: a command's parser
+    """
+    parser.add_argument(
+        "--health-port",
+        metavar="PORT",
+        type=port,
+        help="serve /healthz (the loop made a pass lately) and /readyz (a first pass ended) on this "
+        "port, for the kubelet's probes (default: no health server)",
+    )
+    parser.add_argument(
+        "--health-bind",
+        metavar="ADDR",
+        type=non_empty,
+        default="0.0.0.0",
+        help="address the health server listens on (default %(default)s: the kubelet probes the pod's IP)",
+    )
 
 
 def cluster_args(parser: argparse.ArgumentParser) -> None:

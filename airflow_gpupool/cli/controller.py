@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from airflow_gpupool.argtypes import non_empty, number
-from airflow_gpupool.cli.common import logger_level, open_ledger, url_arg
+from airflow_gpupool.cli.common import health_args, logger_level, open_ledger, url_arg
 from airflow_gpupool.controller.leader import DEFAULT_LEASE_DURATION, DEFAULT_LEASE_NAME
 from airflow_gpupool.controller.run import (
+    DEFAULT_AUTOSCALE_INTERVAL,
     DEFAULT_GATE_INTERVAL,
     DEFAULT_RECONCILE_INTERVAL,
     DEFAULT_SYNC_INTERVAL,
@@ -52,11 +53,15 @@ def _run_controller(args: argparse.Namespace) -> int:
 
     from airflow_gpupool.controller.leader import LeaderElector, LeaseSettings
     from airflow_gpupool.controller.run import ControllerIntervals, GpuPoolController
+    from airflow_gpupool.health import LoopHealth, serve_health, stale_after_for
     from airflow_gpupool.inventory.sync import core_v1_api
 
     # Bad configuration fails here, before the loop: exit 2 (GpuPoolError) or a traceback.
     intervals = ControllerIntervals(
-        sync=args.sync_interval, reconcile=args.reconcile_interval, gate=args.gate_interval
+        sync=args.sync_interval,
+        reconcile=args.reconcile_interval,
+        gate=args.gate_interval,
+        autoscale=args.autoscale_interval,
     )
     lease = LeaseSettings(
         namespace=args.namespace or default_namespace(),
@@ -66,8 +71,20 @@ def _run_controller(args: argparse.Namespace) -> int:
     )
     core = core_v1_api(args.kubeconfig, args.context)
     elector = LeaderElector(client.CoordinationV1Api(core.api_client), lease)
+    autoscaler = _autoscaler(core, lease.namespace)
     ledger = open_ledger(args)
-    controller = GpuPoolController(ledger, core, elector, intervals)
+    health = LoopHealth(stale_after_for(max(intervals.sync, intervals.reconcile, lease.lease_duration)))
+    controller = GpuPoolController(
+        ledger,
+        core,
+        elector,
+        intervals,
+        count_external_pods=not args.no_external_pods,
+        pod_relist_seconds=args.pod_relist_interval,
+        autoscaler=autoscaler(ledger) if autoscaler else None,
+        health=health,
+    )
+    server = None if args.health_port is None else serve_health(health, args.health_port, args.health_bind)
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: Any) -> None:
@@ -92,9 +109,42 @@ def _run_controller(args: argparse.Namespace) -> int:
             return 1 if result.errors else 0
         controller.run(stop)
     finally:
+        if server is not None:
+            server.shutdown()
         ledger.close()
     log.info("Controller %s stopped", lease.identity)
     return 0
+
+
+def _autoscaler(core: Any, namespace: str) -> Any:
+    """Return a maker of the autoscale step from ``[gpupool]``, or ``None`` when no pool is scalable.
+
+    Bad options raise :class:`~airflow_gpupool.exceptions.ConfigurationError` here, before the loop.
+
+    :param core: the ``CoreV1Api``
+    :param namespace: the controller's namespace (the default for its objects)
+    """
+    from airflow_gpupool import settings
+    from airflow_gpupool.controller.autoscale.pools import parse_scalable_pools
+    from airflow_gpupool.controller.autoscale.step import Autoscaler, AutoscaleSettings
+    from airflow_gpupool.exceptions import ConfigurationError
+
+    pools = parse_scalable_pools(settings.autoscale_option("scalable_node_pools"))
+    discover = settings.autoscale_option("discover_node_pools")
+    if discover not in ("", "karpenter"):
+        raise ConfigurationError(f"[gpupool] discover_node_pools: {discover!r} is not 'karpenter' or empty")
+    chosen = AutoscaleSettings(
+        pools=pools,
+        namespace=settings.autoscale_option("autoscale_namespace") or namespace,
+        mode=settings.autoscale_option("autoscale_mode"),
+        provisioning_class=settings.autoscale_option("provisioning_class"),
+        placeholder_priority_class=settings.autoscale_option("placeholder_priority_class"),
+        spot_pools=settings.spot_node_pools(),
+        discover_karpenter=discover == "karpenter",
+    )
+    if not pools and not chosen.discover_karpenter:
+        return None
+    return lambda ledger: Autoscaler(ledger, core, chosen)
 
 
 def register(subparsers: Any) -> None:
@@ -134,6 +184,26 @@ def register(subparsers: Any) -> None:
         help="seconds between gatekeeper passes over the pods the executor hook gated (default %(default)g)",
     )
     p.add_argument(
+        "--pod-relist-interval",
+        metavar="S",
+        type=number(0, above=True),
+        default=300.0,
+        help="seconds between full lists of every pod behind the pod watch, a safety net (default %(default)g)",
+    )
+    p.add_argument(
+        "--no-external-pods",
+        action="store_true",
+        help="do not watch pods nor count the GPUs of pods this project did not make (not recommended: "
+        "a grant may then land on GPUs a notebook or another scheduler's pod holds)",
+    )
+    p.add_argument(
+        "--autoscale-interval",
+        metavar="S",
+        type=number(0, above=True),
+        default=DEFAULT_AUTOSCALE_INTERVAL,
+        help="seconds between autoscale passes ([gpupool] scalable_node_pools; default %(default)g)",
+    )
+    p.add_argument(
         "--namespace",
         metavar="N",
         help="the Lease's namespace (default: POD_NAMESPACE, the pod's, or default)",
@@ -161,6 +231,7 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--once", action="store_true", help="run one pass (every step) and exit: for cron and tests"
     )
+    health_args(p)
     p.add_argument(
         "--log-level",
         choices=["DEBUG", "INFO", "WARNING"],

@@ -1,14 +1,13 @@
-"""``gpupool ledger init``, ``status``, ``reserve``, ``release`` and ``reap``: the ledger by hand."""
+"""``gpupool ledger init``, ``status``, ``release`` and ``reap``: the ledger by hand (``reserve``: :mod:`.reserve`)."""
 
 from __future__ import annotations
 
 import argparse
-import sys
-import uuid
 from typing import TYPE_CHECKING, Any
 
-from airflow_gpupool.argtypes import integer, key_value, non_empty, number
+from airflow_gpupool.argtypes import non_empty
 from airflow_gpupool.cli.common import open_ledger, print_json, table, url_arg
+from airflow_gpupool.cli.reserve import register as register_reserve
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -19,7 +18,6 @@ __all__ = [
     "cmd_ledger_init",
     "cmd_reap",
     "cmd_release",
-    "cmd_reserve",
     "cmd_status",
     "format_status",
     "register_commands",
@@ -143,45 +141,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
-# -- reserve / release / reap ----------------------------------------------------------------------
-
-
-def cmd_reserve(args: argparse.Namespace) -> int:
-    """Reserve a slice by hand (debugging a pool)."""
-    from airflow_gpupool.resources import GpuRequest, WorkloadClass
-
-    request = GpuRequest(
-        cpu_milli=args.cpu_milli,
-        memory_mib=args.memory_mib,
-        gpus=args.gpus,
-        gpu_milli=args.gpu_milli,
-        gpu_memory_mib=args.gpu_memory_mib,
-        mig_profile=args.mig_profile,
-        gpu_models=frozenset(args.gpu_model or ()),
-        node_labels=tuple(args.label or ()),
-        workload_class=WorkloadClass(args.workload_class),
-        priority=args.priority,
-        team=args.team,
-    )
-    # The id is made here, before anything is sent: a reserve that fails without an answer
-    # (the ledger unreachable) can be checked, or run again with the same --id.
-    reservation_id = args.id or uuid.uuid4().hex
-    if not args.id:
-        print(f"gpupool: reservation id {reservation_id}", file=sys.stderr)
-    reservation = open_ledger(args).reserve(
-        request, args.holder, ttl=args.ttl, timeout=args.timeout, reservation_id=reservation_id
-    )
-    if args.json:
-        print_json(reservation.to_dict())
-    elif reservation.grant:
-        g = reservation.grant
-        print(
-            f"{reservation.id} granted on {g.node} GPUs {list(g.gpu_indices)}"
-            + (f" slice {g.mig_slice}" if g.mig_slice else "")
-        )
-    else:
-        print(f"{reservation.id} {reservation.state.value}, position {reservation.position} in the queue")
-    return 0
+# -- release / reap ----------------------------------------------------------------------
 
 
 def _lease_left(reservation: Reservation, now: float) -> str:
@@ -240,7 +200,7 @@ def register_commands(subparsers: Any) -> None:
     url_arg(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_status)
-    _reserve_parser(subparsers)
+    register_reserve(subparsers)
     p = subparsers.add_parser(
         "release", help="release a grant or withdraw a request", description=cmd_release.__doc__
     )
@@ -253,30 +213,3 @@ def register_commands(subparsers: Any) -> None:
     )
     url_arg(p)
     p.set_defaults(func=cmd_reap)
-
-
-def _reserve_parser(subparsers: Any) -> None:
-    p = subparsers.add_parser("reserve", help="reserve a GPU slice by hand", description=cmd_reserve.__doc__)
-    url_arg(p)
-    part = p.add_mutually_exclusive_group()
-    part.add_argument("--gpus", type=integer(0), default=0, help="whole GPUs")
-    part.add_argument("--gpu-milli", type=integer(1, 999), help="a fraction of one GPU, 1-999 milli-GPU")
-    part.add_argument("--mig-profile", type=non_empty, help="a MIG profile such as 1g.10gb")
-    p.add_argument("--gpu-memory-mib", type=integer(1), help="GPU memory for a fraction")
-    p.add_argument("--gpu-model", type=non_empty, action="append", help="allowed GPU model (repeatable)")
-    p.add_argument(
-        "--label", type=key_value, action="append", help="required node label key=value (repeatable)"
-    )
-    p.add_argument("--cpu-milli", type=integer(0), default=1000)
-    p.add_argument("--memory-mib", type=integer(0), default=1024)
-    p.add_argument("--workload-class", default="batch", choices=["training", "inference", "batch"])
-    p.add_argument("--priority", type=integer(), default=0)
-    p.add_argument("--team", type=non_empty, default="default")
-    p.add_argument("--holder", type=non_empty, default="gpupool-cli", help="who holds it")
-    p.add_argument("--ttl", type=number(0, above=True), help="lease seconds")
-    p.add_argument("--timeout", type=number(0, above=True), help="seconds it may wait in the queue")
-    p.add_argument(
-        "--id", type=non_empty, help="reservation id (idempotent); made and printed on stderr when not given"
-    )
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_reserve)

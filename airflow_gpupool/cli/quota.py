@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +52,8 @@ def load_quota_file(path: str) -> QuotaPlan:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as e:
         raise QuotaFileError("quota file", path, f"a readable file ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        raise QuotaFileError("quota file", path, f"UTF-8 text (byte {e.start} is not)") from None
     try:
         document = yaml.safe_load(text)
     except yaml.YAMLError as e:
@@ -65,9 +68,11 @@ def cmd_quota_apply(args: argparse.Namespace) -> int:
     plan = load_quota_file(args.file)
     ledger = open_ledger(args)
     try:
-        applied = LedgerQuotas(ledger).apply(plan, dry_run=args.dry_run)
+        applied = LedgerQuotas(ledger).apply(plan, dry_run=args.dry_run, strict=args.strict)
     finally:
         ledger.close()
+    for warning in applied.warnings:
+        print(f"gpupool: warning: {warning} (applied as Kueue does; --strict refuses it)", file=sys.stderr)
     if args.json:
         changes = {"added": applied.added, "changed": applied.changed, "removed": applied.removed}
         print_json(
@@ -75,7 +80,8 @@ def cmd_quota_apply(args: argparse.Namespace) -> int:
                 "dry_run": args.dry_run,
                 **{k: list(v) for k, v in changes.items()},
                 "headroom_changed": applied.headroom_changed,
-                "headroom": plan.headroom.to_dict(),
+                "headroom": applied.headroom.to_dict(),
+                "warnings": list(applied.warnings),
             }
         )
         return 0
@@ -85,7 +91,7 @@ def cmd_quota_apply(args: argparse.Namespace) -> int:
         for key in keys:
             print(f"  {what} {key}")
     if applied.headroom_changed:
-        print(f"  headroom {_headroom_text(plan.headroom)}")
+        print(f"  headroom {_headroom_text(applied.headroom)}")
     return 0
 
 
@@ -94,7 +100,7 @@ def _headroom_text(headroom: Headroom) -> str:
     if not headroom.active:
         return "none"
     pools = ", ".join(f"{pool}: {share / 10:g} %" for pool, share in headroom.pools)
-    priority = "[gpupool] urgent_priority" if headroom.urgent_priority is None else headroom.urgent_priority
+    priority = headroom.urgent_priority  # a stored headroom's is always a number
     lent = ", lent to preemptible work" if headroom.lend_to_preemptible else ""
     where = f"every pool ({pools})" if pools else "every pool"
     return f"{headroom.share_milli / 10:g} % of {where} for urgent work (priority >= {priority} or inference){lent}"
@@ -161,6 +167,11 @@ def register(subparsers: Any) -> None:
     apply.add_argument("file", metavar="FILE", help="the quota file (YAML)")
     url_arg(apply)
     apply.add_argument("--dry-run", action="store_true", help="say what would change; write nothing")
+    apply.add_argument(
+        "--strict",
+        action="store_true",
+        help="refuse a nominal quota above what its flavor holds (default: apply it with a warning, as Kueue does)",
+    )
     apply.add_argument("--json", action="store_true", help="print one JSON object")
     apply.set_defaults(func=cmd_quota_apply)
     show = sub.add_parser(

@@ -67,7 +67,14 @@ class PodPriorities:
         filled = (pod.get("spec") or {}).get("priority")
         if isinstance(filled, int) and not isinstance(filled, bool):
             return ResolvedPriority(ledger_priority(filled))
-        value = self._value(str(name))
+        return self.of_class(str(name))
+
+    def of_class(self, name: str) -> ResolvedPriority:
+        """Return the ledger priority a PriorityClass's value gives, or why it gives none.
+
+        :param name: the class (read from the cluster once per pass)
+        """
+        value = self._value(name)
         if isinstance(value, str):
             return ResolvedPriority(None, value)
         return ResolvedPriority(ledger_priority(value))

@@ -5,7 +5,9 @@ with Kubernetes access. Each sync interval it syncs the cluster's GPU nodes into
 (:func:`~airflow_gpupool.inventory.sync.sync_inventory`); each reconcile interval it reconciles
 grants with their pods (:func:`~airflow_gpupool.controller.reconcile.reconcile`), reaps
 expired leases (``Ledger.reap``) and acts on the node agents' heartbeats
-(:func:`~airflow_gpupool.controller.heartbeats.check_heartbeats`). It acts only while it holds the Lease
+(:func:`~airflow_gpupool.controller.heartbeats.check_heartbeats`); each autoscale interval, when
+pools are scalable, it asks the cluster's autoscaler for the nodes waiting requests need
+(:class:`~airflow_gpupool.controller.autoscale.step.Autoscaler`). It acts only while it holds the Lease
 (:class:`~airflow_gpupool.controller.leader.LeaderElector`), so replicas never act at once. While
 it runs, a thread of its own renews the Lease every retry period, so a long pass (a big cluster,
 a slow API server) never lets it lapse to a replica mid-step; reconcile also checks before each
@@ -26,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from airflow_gpupool.controller.early_warning import request_emergency_checkpoints
+from airflow_gpupool.controller.external_pods import ExternalPodCounter
 from airflow_gpupool.controller.gatekeeper import GateResult, gatekeep
 from airflow_gpupool.controller.heartbeats import check_heartbeats
 from airflow_gpupool.controller.reconcile import ReconcileResult, reconcile
@@ -36,10 +39,13 @@ from airflow_gpupool.settings import history_retention_seconds
 from airflow_gpupool.validate import positive_seconds
 
 if TYPE_CHECKING:
+    from airflow_gpupool.controller.autoscale.step import AutoscaleResult
     from airflow_gpupool.controller.leader import LeaderElector
+    from airflow_gpupool.health import LoopHealth
     from airflow_gpupool.ledger import HeartbeatCheck, Ledger, ReapResult
 
 __all__ = [
+    "DEFAULT_AUTOSCALE_INTERVAL",
     "DEFAULT_RECONCILE_INTERVAL",
     "DEFAULT_SYNC_INTERVAL",
     "ControllerIntervals",
@@ -52,6 +58,7 @@ log = logging.getLogger(__name__)
 DEFAULT_SYNC_INTERVAL = 60.0
 DEFAULT_RECONCILE_INTERVAL = 30.0
 DEFAULT_GATE_INTERVAL = 2.0  # gatekeeper: a gated pod waits at most this long after its grant
+DEFAULT_AUTOSCALE_INTERVAL = 10.0
 
 
 @dataclass(frozen=True)
@@ -61,17 +68,20 @@ class ControllerIntervals:
     :param sync: inventory sync
     :param reconcile: reconcile of grants with pods, then reap
     :param gate: the gatekeeper (admit the pods the executor hook gated)
+    :param autoscale: the autoscale step (ask for the nodes waiting requests need)
     """
 
     sync: float = DEFAULT_SYNC_INTERVAL
     reconcile: float = DEFAULT_RECONCILE_INTERVAL
     gate: float = DEFAULT_GATE_INTERVAL
+    autoscale: float = DEFAULT_AUTOSCALE_INTERVAL
 
     def __post_init__(self) -> None:
         checked = (
             ("sync interval", self.sync),
             ("reconcile interval", self.reconcile),
             ("gate interval", self.gate),
+            ("autoscale interval", self.autoscale),
         )
         for what, value in checked:
             try:
@@ -95,6 +105,7 @@ class PassResult:
     heartbeats: HeartbeatCheck | None = None
     checkpoints_asked: list[str] | None = None
     gated: GateResult | None = None
+    autoscaled: AutoscaleResult | None = None
     errors: list[tuple[str, str]] = field(default_factory=list)
 
     def summary(self) -> str:
@@ -119,6 +130,9 @@ class PassResult:
             parts.append(f"early warning: checkpoint asked of {', '.join(self.checkpoints_asked)}")
         if self.gated is not None and (self.gated.admitted or self.gated.deleted or self.gated.released):
             parts.append(f"gatekeeper: {self.gated.summary()}")
+        a = self.autoscaled
+        if a is not None and (a.created or a.deleted):
+            parts.append(f"autoscale: {a.summary()}")
         parts += [f"{step} failed: {message}" for step, message in self.errors]
         return "; ".join(parts) or "nothing due"
 
@@ -131,6 +145,12 @@ class GpuPoolController:
     :param elector: the Lease candidate of this process
     :param intervals: how often each step runs
     :param clock: a monotonic clock, in seconds (tests pass a fake one)
+    :param count_external_pods: keep a watch on every pod while leading, and count the GPUs of
+        pods this project did not make in the ledger (:mod:`~airflow_gpupool.controller.external_pods`)
+    :param pod_relist_seconds: the watch lists every pod again at least this often
+    :param autoscaler: the autoscale step (:class:`~airflow_gpupool.controller.autoscale.step.Autoscaler`);
+        ``None`` when no pool is scalable
+    :param health: told of each pass :meth:`run` ends (the liveness and readiness probes)
     """
 
     def __init__(
@@ -141,15 +161,27 @@ class GpuPoolController:
         intervals: ControllerIntervals | None = None,
         *,
         clock: Callable[[], float] = time.monotonic,
+        count_external_pods: bool = True,
+        pod_relist_seconds: float = 300.0,
+        autoscaler: Callable[[], AutoscaleResult] | None = None,
+        health: LoopHealth | None = None,
     ) -> None:
+        self.health = health
         self.ledger = ledger
         self.api = core_v1_api
         self.elector = elector
         self.intervals = intervals or ControllerIntervals()
         self._clock = clock
-        self._next_sync = self._next_reconcile = self._next_gate = float("-inf")
+        self.autoscaler = autoscaler
+        self._next_sync = self._next_reconcile = self._next_gate = self._next_autoscale = float("-inf")
         self._next_election = float("-inf")
         self._election = threading.Lock()  # the pass and the Lease keeper both renew
+        self.external_pods = (
+            ExternalPodCounter(ledger, core_v1_api, relist_seconds=pod_relist_seconds)
+            if count_external_pods
+            else None
+        )
+        self._watching = False  # the pod watch runs only while this replica leads
 
     def run_pass(self) -> PassResult:
         """Renew (or seek) the Lease if due, then run the steps that are due, while leading."""
@@ -159,10 +191,16 @@ class GpuPoolController:
         result = PassResult(leading=self.elector.is_leader())
         if not result.leading:
             log.debug("Not leading (the Lease is held by %s): nothing done", self.elector.holder)
+            self._stop_watching()
             return result
         if now >= self._next_sync:
             self._next_sync = now + self.intervals.sync
             result.synced = self._step(result, "sync", lambda: sync_inventory(self.ledger, self.api))
+            if self.external_pods is not None and self._watching:
+                self.external_pods.retry_unknown_nodes()
+        if self.external_pods is not None and not self._watching:
+            self._watching = True
+            self.external_pods.start()
         if now >= self._next_reconcile and self.elector.is_leader():
             self._next_reconcile = now + self.intervals.reconcile
             result.reconciled = self._step(
@@ -185,8 +223,14 @@ class GpuPoolController:
         if now >= self._next_gate and self.elector.is_leader():  # gatekeeper (controller/gatekeeper.py)
             self._next_gate = now + self.intervals.gate
             result.gated = self._step(result, "gatekeeper", lambda: gatekeep(self.ledger, self.api))
+        if self.autoscaler is not None and now >= self._next_autoscale and self.elector.is_leader():
+            self._next_autoscale = now + self.intervals.autoscale
+            result.autoscaled = self._step(result, "autoscale", self.autoscaler)
         admitted = result.gated is not None and bool(result.gated.admitted or result.gated.deleted)
-        if result.synced or result.reconciled or result.reaped or result.errors or admitted:
+        scaled = result.autoscaled is not None and bool(
+            result.autoscaled.created or result.autoscaled.deleted
+        )
+        if result.synced or result.reconciled or result.reaped or result.errors or admitted or scaled:
             log.info("Controller pass (%s): %s", self.elector.identity, result.summary())
         self._log_details(result)
         return result
@@ -203,11 +247,20 @@ class GpuPoolController:
         try:
             while not stop.is_set():
                 self.run_pass()
+                if self.health is not None:
+                    self.health.beat()
                 stop.wait(self._seconds_to_next())
         finally:
             stop.set()
             keeper.join()
+            self._stop_watching()
             self.elector.release()
+
+    def _stop_watching(self) -> None:
+        if self.external_pods is not None and self._watching:
+            self._watching = False
+            self.external_pods.stop()
+            log.info("Not leading any more: the pod watch stopped")
 
     def _keep_lease(self, stop: threading.Event) -> None:
         """Renew the Lease each time a renewal is due while this replica holds it, whatever the steps do.
@@ -245,7 +298,14 @@ class GpuPoolController:
                     log.warning("The Lease is held by %s: nothing done", self.elector.holder)
                     return PassResult(leading=False)
             self._next_election = self._clock() + self.elector.lease.retry_period
-            return self.run_pass()
+            counter, self.external_pods = self.external_pods, None  # one pass: a list, not a watch
+            try:
+                result = self.run_pass()
+                if counter is not None:
+                    self._step(result, "external pods", counter.count_once)
+                return result
+            finally:
+                self.external_pods = counter
         finally:
             self.elector.release()
 
@@ -253,6 +313,8 @@ class GpuPoolController:
 
     def _seconds_to_next(self) -> float:
         due = min(self._next_election, self._next_sync, self._next_reconcile, self._next_gate)
+        if self.autoscaler is not None:
+            due = min(due, self._next_autoscale)
         if not self.elector.is_leader():
             due = self._next_election
         return max(0.05, due - self._clock())

@@ -31,6 +31,7 @@ from :class:`KeyError`), so ``except ValueError`` keeps working::
     ├── NoGpuError                         the node agent: no NVIDIA driver, GPU or NVML permission on this node
     ├── SupervisorStoppedError             ``make ui``'s supervisor: a signal came while it started services
     ├── ServiceEndedError                  ``make ui``'s supervisor: a service ended while the others needed it
+    ├── WatchExpiredError                  the controller's pod watch: 410 Gone or a relist due (caught: it lists again)
     └── PodFailureError                    GpuPodOperator: a try failed; one subclass per FailureClass
         ├── OutOfMemoryError               OOMKilled, or CUDA out of memory in the log tail
         ├── PreemptedError                 preempted by the scheduler for higher-priority work
@@ -88,7 +89,7 @@ from airflow_gpupool.exceptions.pods import (
     PreemptedError,
     UnknownPodFailureError,
 )
-from airflow_gpupool.exceptions.processes import ServiceEndedError, SupervisorStoppedError
+from airflow_gpupool.exceptions.processes import ServiceEndedError, SupervisorStoppedError, WatchExpiredError
 from airflow_gpupool.exceptions.simulation import SimulationError, TraceFetchError, TraceFormatError
 from airflow_gpupool.exceptions.validation import (
     ConfigurationError,
@@ -136,6 +137,7 @@ __all__ = [
     "TraceFormatError",
     "UnknownPodFailureError",
     "UnknownReservationError",
+    "WatchExpiredError",
     "UnverifiedGpuUuidError",
 ]
 

@@ -1,4 +1,4 @@
-"""The demo's process supervisor (``make ui``): a signal that stops it, a service that ends under it."""
+"""Long-running processes: the demo's supervisor (``make ui``) stopped or left without a service, the controller's pod watch expired."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import signal
 
 from airflow_gpupool.exceptions.base import GpuPoolError
 
-__all__ = ["ServiceEndedError", "SupervisorStoppedError"]
+__all__ = ["ServiceEndedError", "SupervisorStoppedError", "WatchExpiredError"]
 
 
 class SupervisorStoppedError(GpuPoolError):
@@ -31,3 +31,10 @@ class ServiceEndedError(GpuPoolError):
         super().__init__(f"{name} ended with exit status {returncode}")
         self.name = name
         self.returncode = returncode
+
+
+class WatchExpiredError(GpuPoolError):
+    """A watch cannot go on from where it is (``410 Gone``, another error event, or a relist is due): list again.
+
+    The controller's pod watch catches it and lists again; it never reaches a user.
+    """

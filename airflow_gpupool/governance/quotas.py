@@ -37,7 +37,14 @@ from typing import Any
 
 from airflow_gpupool.exceptions import QuotaFileError
 
-__all__ = ["Flavor", "Headroom", "QuotaPlan", "TeamQuota", "gpu_milli_of_mig", "parse_quota_file"]
+__all__ = [
+    "Flavor",
+    "Headroom",
+    "QuotaPlan",
+    "TeamQuota",
+    "gpu_milli_of_mig",
+    "parse_quota_file",
+]
 
 _FLAVOR_KINDS = ("pool", "model")
 _TEAM_KEYS = frozenset({"name", "cohort", "quotas"})
@@ -79,6 +86,7 @@ class Flavor:
 class TeamQuota:
     """One team's quota of one flavor, in milli-GPU.
 
+    :param path: its YAML path in the quota file, for messages (not compared)
     :param borrowing_limit_milli: how far above nominal it may borrow; None: no limit in its cohort
     :param lending_limit_milli: how much of its unused nominal it lends; None: all of it
     """
@@ -89,6 +97,8 @@ class TeamQuota:
     cohort: str | None = None
     borrowing_limit_milli: int | None = None
     lending_limit_milli: int | None = None
+    #: Where the quota file declares it (``teams[1].quotas[0]``); empty for a quota read from the ledger.
+    path: str = field(default="", compare=False, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         """Return primitives, in GPUs (``quota list --json``)."""
@@ -177,8 +187,9 @@ def parse_quota_file(document: Any) -> QuotaPlan:
     :param document: ``{"teams": [{"name": ..., "cohort": ..., "quotas": [...]}, ...], "headroom": {...}}``
     :raises QuotaFileError: the first problem, naming the team, the entry and the field
     """
-    if not isinstance(document, Mapping) or set(document) - _FILE_KEYS:
-        raise QuotaFileError("quota file", _keys(document), "a mapping with teams and an optional headroom")
+    if not isinstance(document, Mapping):
+        raise QuotaFileError("quota file", document, "a mapping with teams and an optional headroom")
+    _known_keys(document, _FILE_KEYS, "")
     teams = document.get("teams")
     if not isinstance(teams, list) or not teams:
         raise QuotaFileError("teams", teams, "a non-empty list of teams")
@@ -192,10 +203,13 @@ def parse_quota_file(document: Any) -> QuotaPlan:
             raise QuotaFileError(f"{where}.name", team, "a team named once in the file")
         names.add(team)
         for number, raw in enumerate(entries):
-            quota = _quota(raw, team, cohort, f"{where}.quotas[{number}] (team {team})")
+            quota = _quota(raw, team, cohort, f"{where}.quotas[{number}]")
             if (team, quota.flavor) in seen:
                 raise QuotaFileError(
-                    f"{where}.quotas[{number}].flavor", str(quota.flavor), "each flavor once per team"
+                    f"{where}.quotas[{number}].flavor",
+                    str(quota.flavor),
+                    "each flavor once per team",
+                    team=team,
                 )
             seen.add((team, quota.flavor))
             quotas.append(quota)
@@ -206,12 +220,8 @@ def parse_quota_file(document: Any) -> QuotaPlan:
 def _headroom(raw: Any) -> Headroom:
     """Read the file's ``headroom`` (absent: 20 % of every pool, not lent)."""
     if not isinstance(raw, Mapping):
-        raise QuotaFileError("headroom", raw, f"a mapping with {sorted(_HEADROOM_KEYS)}")
-    unknown = set(raw) - _HEADROOM_KEYS
-    if unknown:
-        raise QuotaFileError(
-            "headroom: unknown key", sorted(map(str, unknown)), f"only {sorted(_HEADROOM_KEYS)}"
-        )
+        raise QuotaFileError("headroom", raw, f"a mapping with some of {_words(_HEADROOM_KEYS)}")
+    _known_keys(raw, _HEADROOM_KEYS, "headroom")
     share = _share(raw.get("share", DEFAULT_HEADROOM_SHARE), "headroom.share")
     pools = raw.get("pools", {})
     if not isinstance(pools, Mapping):
@@ -227,7 +237,7 @@ def _headroom(raw: Any) -> Headroom:
         raise QuotaFileError("headroom.lend_to_preemptible", lend, "true or false")
     urgent = raw.get("urgent_priority")
     if urgent is not None and (isinstance(urgent, bool) or not isinstance(urgent, int)):
-        raise QuotaFileError("headroom.urgent_priority", urgent, "an integer priority")
+        raise QuotaFileError("headroom.urgent_priority", urgent, "a whole number (a priority, such as 100)")
     return Headroom(share, shares, lend, urgent)
 
 
@@ -249,70 +259,87 @@ def _share(value: Any, where: str) -> int:
 def _team(entry: Any, where: str) -> tuple[str, str | None, list[Any]]:
     if not isinstance(entry, Mapping):
         raise QuotaFileError(where, entry, "a mapping with name, quotas and an optional cohort")
-    unknown = set(entry) - _TEAM_KEYS
-    if unknown:
-        raise QuotaFileError(f"{where}: unknown key", sorted(map(str, unknown)), f"only {sorted(_TEAM_KEYS)}")
+    _known_keys(entry, _TEAM_KEYS, where)
     name = _name(entry.get("name"), f"{where}.name")
-    cohort = None if entry.get("cohort") is None else _name(entry.get("cohort"), f"{where}.cohort")
+    cohort = None if entry.get("cohort") is None else _name(entry.get("cohort"), f"{where}.cohort", team=name)
     entries = entry.get("quotas")
     if not isinstance(entries, list) or not entries:
-        raise QuotaFileError(f"{where}.quotas", entries, "a non-empty list of {flavor, nominal, ...}")
+        raise QuotaFileError(
+            f"{where}.quotas", entries, "a non-empty list of mappings with flavor and nominal", team=name
+        )
     return name, cohort, entries
 
 
 def _quota(raw: Any, team: str, cohort: str | None, where: str) -> TeamQuota:
     if not isinstance(raw, Mapping):
-        raise QuotaFileError(where, raw, "a mapping with flavor and nominal")
-    unknown = set(raw) - _QUOTA_KEYS
-    if unknown:
-        raise QuotaFileError(
-            f"{where}: unknown key", sorted(map(str, unknown)), f"only {sorted(_QUOTA_KEYS)}"
-        )
-    nominal = _milli(raw.get("nominal"), f"{where}.nominal", required=True)
+        raise QuotaFileError(where, raw, "a mapping with flavor and nominal", team=team)
+    _known_keys(raw, _QUOTA_KEYS, where, team=team)
+    nominal = _milli(raw.get("nominal"), f"{where}.nominal", team, required=True)
     assert nominal is not None
-    borrowing = _milli(raw.get("borrowing_limit"), f"{where}.borrowing_limit")
-    lending = _milli(raw.get("lending_limit"), f"{where}.lending_limit")
+    borrowing = _milli(raw.get("borrowing_limit"), f"{where}.borrowing_limit", team)
+    lending = _milli(raw.get("lending_limit"), f"{where}.lending_limit", team)
     if lending is not None and lending > nominal:
         raise QuotaFileError(
-            f"{where}.lending_limit", lending / 1000, f"at most the nominal quota ({nominal / 1000:g} GPUs)"
+            f"{where}.lending_limit",
+            lending / 1000,
+            f"a number of GPUs at most the nominal quota ({nominal / 1000:g} GPUs)",
+            team=team,
         )
     if cohort is None and (borrowing or lending):
+        field = "borrowing_limit" if borrowing else "lending_limit"
         raise QuotaFileError(
-            f"{where}: borrowing_limit/lending_limit",
-            team,
-            "a cohort for the team (only cohorts lend and borrow)",
+            f"{where}.{field}",
+            (borrowing or lending or 0) / 1000,
+            "no limit for a team without a cohort (only cohorts lend and borrow: give the team a cohort)",
+            team=team,
         )
-    return TeamQuota(team, _flavor(raw.get("flavor"), f"{where}.flavor"), nominal, cohort, borrowing, lending)
+    flavor = _flavor(raw.get("flavor"), f"{where}.flavor", team)
+    return TeamQuota(team, flavor, nominal, cohort, borrowing, lending, path=where)
 
 
-def _flavor(value: Any, where: str) -> Flavor:
+def _flavor(value: Any, where: str, team: str) -> Flavor:
     if not isinstance(value, Mapping) or len(value) != 1 or next(iter(value)) not in _FLAVOR_KINDS:
-        raise QuotaFileError(where, value, "{pool: NAME} or {model: NAME}")
+        raise QuotaFileError(where, value, "a mapping of one key, {pool: NAME} or {model: NAME}", team=team)
     kind, name = next(iter(value.items()))
-    return Flavor(str(kind), _name(name, f"{where}.{kind}"))
+    return Flavor(str(kind), _name(name, f"{where}.{kind}", team=team))
 
 
-def _name(value: Any, where: str) -> str:
+def _name(value: Any, where: str, *, team: str | None = None) -> str:
     if not isinstance(value, str) or not value.strip() or len(value) > _MAX_NAME or value != value.strip():
-        raise QuotaFileError(where, value, f"a name of 1 to {_MAX_NAME} characters, no surrounding spaces")
+        raise QuotaFileError(
+            where, value, f"a name of 1 to {_MAX_NAME} characters, no surrounding spaces", team=team
+        )
     return value
 
 
-def _milli(value: Any, where: str, *, required: bool = False) -> int | None:
+def _milli(value: Any, where: str, team: str, *, required: bool = False) -> int | None:
     """Return GPUs as milli-GPU; None when absent (and not required)."""
     if value is None and not required:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-        raise QuotaFileError(where, value, "a finite number of GPUs >= 0 (fractions allowed, such as 0.25)")
+        raise QuotaFileError(
+            where, value, "a number of GPUs, 0 or more (fractions allowed, such as 0.25)", team=team
+        )
     milli = round(value * 1000)
     if abs(milli - value * 1000) > 1e-6:
-        raise QuotaFileError(where, value, "GPUs to at most three decimals (milli-GPU)")
+        raise QuotaFileError(
+            where, value, "a number of GPUs to at most three decimals (milli-GPU)", team=team
+        )
     return milli
+
+
+def _known_keys(
+    entry: Mapping[Any, Any], allowed: frozenset[str], where: str, *, team: str | None = None
+) -> None:
+    """Refuse the first key ``entry`` may not have, named by its YAML path."""
+    for key in sorted(set(entry) - allowed, key=str):
+        path = f"{where}.{key}" if where else str(key)
+        raise QuotaFileError(path, key, f"a key among {_words(allowed)}", team=team)
+
+
+def _words(keys: frozenset[str]) -> str:
+    return ", ".join(sorted(keys))
 
 
 def _gpus(milli: int | None) -> float | None:
     return None if milli is None else milli / 1000
-
-
-def _keys(document: Any) -> Any:
-    return sorted(map(str, document)) if isinstance(document, Mapping) else type(document).__name__

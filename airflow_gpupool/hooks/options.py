@@ -36,7 +36,7 @@ class LedgerOptions:
     binding: str
     node_pool_bindings: dict[str, str] = field(default_factory=dict)
     lease_ttl_seconds: float = 600.0
-    reservation_timeout_seconds: float = 300.0
+    reservation_timeout_seconds: float = 3600.0
     poll_interval_seconds: float = 5.0
 
     @property

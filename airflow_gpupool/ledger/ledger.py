@@ -37,6 +37,7 @@ from airflow_gpupool.ledger.grants.concurrent_grants import ConcurrentGrants
 from airflow_gpupool.ledger.grants.grant_reports import PodBinding, bind_pod, bind_pods, note_checkpoint
 from airflow_gpupool.ledger.grants.serialized import LedgerGrants, ReserveArgs
 from airflow_gpupool.ledger.nodes.api import LedgerNodeApi
+from airflow_gpupool.ledger.nodes.external import LedgerExternalHolds
 from airflow_gpupool.ledger.nodes.health import LedgerHealth
 from airflow_gpupool.ledger.nodes.inventory import InventoryChange, LedgerInventory
 from airflow_gpupool.ledger.queue.cycle import WriteCycle
@@ -141,6 +142,7 @@ class Ledger(LedgerNodeApi, LedgerReadApi):
             ),
         )
         self._inventory = LedgerInventory(self._store, self._cycle)
+        self._external = LedgerExternalHolds(self._store, self._cycle)
         self._grants = LedgerGrants(self._store, self._cycle)
         path = self._store.concurrent
         self._concurrent = ConcurrentGrants(self._store, path, self._cycle) if path is not None else None

@@ -6,12 +6,14 @@ Every policy calls these functions (or, vectorized, the same rules in
 When a node rejects a request, the reason names the *first* dimension that does not fit,
 checked in this documented order (what the ledger's ``explain`` tells a user):
 
-1. **health**: the node is cordoned, draining or quarantined;
+1. **health**: the node is cordoned, draining or quarantined (the reason says which);
 2. **workload class**: training and inference never share a node;
 3. **binding**: the node pool's slice binding cannot express the request (``whole`` and a
    fraction, see :mod:`~airflow_gpupool.placement.pools`);
-4. **GPU model**: the node lacks a required label, has no GPU, none of an accepted model,
-   or (with ``gpu_memory_mib``) none that large;
+4. **GPU model**: the node lacks a required label (the capacity type named as such: spot or
+   on-demand), has no GPU, none of an accepted model, none that is not MIG-partitioned or
+   quarantined (said so: the model matches, MIG or the quarantine is the blocker), or (with
+   ``gpu_memory_mib``) none that large;
 5. **MIG availability**: for a MIG request, the node has no MIG-partitioned GPU (such a
    node is never "close"), or no free slice of the profile;
 6. **GPU milli**: not enough free GPUs, or no GPU with the milli-GPU a fraction needs;
@@ -26,6 +28,7 @@ class conflict, else the missing share of the dimension that failed (0 < s <= 1)
 
 from __future__ import annotations
 
+from airflow_gpupool.labels import CAPACITY_TYPE_LABEL
 from airflow_gpupool.placement.pools import UNCONSTRAINED, PoolBindings
 from airflow_gpupool.placement.snapshot import GpuState, NodeState
 from airflow_gpupool.placement.verdict import Assignment, NoFitReason
@@ -57,7 +60,8 @@ def check_node(
 ) -> NoFitReason | None:
     """Return why ``request`` cannot go on ``node`` for its health, class, binding or labels, or None."""
     if not node.schedulable:
-        return NoFitReason(NEVER, node.name, "node is not schedulable (cordoned, draining or quarantined)")
+        which = node.health or "cordoned, draining or quarantined"
+        return NoFitReason(NEVER, node.name, f"node is not schedulable ({which})")
     conflicting = EXCLUSIVE_CLASSES.get(request.workload_class.value)
     if conflicting is not None and conflicting in node.classes:
         return NoFitReason(
@@ -70,8 +74,17 @@ def check_node(
         return NoFitReason(NEVER, node.name, unbindable)
     for key, value in request.node_labels:
         if (key, value) not in node.labels:
-            return NoFitReason(NEVER, node.name, f"node lacks label {key}={value}")
+            return NoFitReason(NEVER, node.name, _label_reason(node, key, value))
     return None
+
+
+def _label_reason(node: NodeState, key: str, value: str) -> str:
+    """Say which required label the node lacks; the capacity type as what it is (spot, on-demand)."""
+    if key == CAPACITY_TYPE_LABEL:
+        have = dict(node.labels).get(key)
+        if have:
+            return f"node is {have} capacity, the request needs {value} ({key}={value})"
+    return f"node lacks label {key}={value}"
 
 
 def host_reason(node: NodeState, request: GpuRequest) -> NoFitReason | None:
@@ -129,9 +142,28 @@ def choices(
 def _model_reason(node: NodeState, request: GpuRequest) -> NoFitReason:
     if not node.gpus:
         return NoFitReason(NEVER, node.name, "node has no GPUs")
+    accepted = [g for g in node.gpus if gpu_model_ok(request, g)]
+    partitioned = [g for g in accepted if g.partitioned and not g.quarantined]
+    if partitioned and request.kind is not GpuKind.MIG:
+        # The model matches: what rules the node out is MIG, which only a MIG profile can use.
+        return NoFitReason(
+            NEVER,
+            node.name,
+            f"node's {partitioned[0].model} GPUs are MIG-partitioned: only a MIG profile "
+            "(mig_profile) can use them",
+        )
+    if any(g.quarantined for g in accepted):
+        return _quarantined_reason(node, accepted)
     models = "|".join(sorted(request.gpu_models))
     have = "|".join(sorted(node.models))
     return NoFitReason(NEVER, node.name, f"needs GPU model {models}, node has {have}")
+
+
+def _quarantined_reason(node: NodeState, accepted: list[GpuState]) -> NoFitReason:
+    """Say that the GPUs of an accepted model that could take the request are quarantined."""
+    bad = [g for g in accepted if g.quarantined]
+    indices = ", ".join(str(g.index) for g in bad)
+    return NoFitReason(NEVER, node.name, f"node's {bad[0].model} GPU(s) {indices} are quarantined")
 
 
 def _usable(node: NodeState, request: GpuRequest) -> list[GpuState] | NoFitReason:
@@ -206,6 +238,8 @@ def _mig(node: NodeState, request: GpuRequest) -> list[Assignment] | NoFitReason
     partitioned = [g for g in accepted if g.partitioned or g.mig_free]
     if not partitioned:
         return NoFitReason(NEVER, node.name, "node has no MIG-partitioned GPU")
+    if all(g.quarantined for g in partitioned):
+        return _quarantined_reason(node, partitioned)
     out = []
     for gpu in partitioned:
         for slice_id, slice_profile in gpu.mig_free:

@@ -18,6 +18,8 @@ class GpuState:
     :param free_memory_mib: unallocated GPU memory
     :param mig_free: free MIG slices as ``(slice_id, profile)`` pairs
     :param partitioned: whether the GPU is MIG-partitioned (only MIG requests use it)
+    :param quarantined: whether the GPU is quarantined; the ledger then also shows it partitioned
+        with no free slice, so nothing fits it; this says why, for the reasons
     """
 
     index: int
@@ -27,6 +29,7 @@ class GpuState:
     free_memory_mib: int = -1
     mig_free: tuple[tuple[str, str], ...] = ()
     partitioned: bool = False
+    quarantined: bool = False
 
     def __post_init__(self) -> None:
         if self.free_memory_mib < 0:
@@ -44,6 +47,7 @@ class NodeState:
 
     :param classes: workload classes that hold grants on the node (training and inference never mix)
     :param schedulable: False for cordoned, draining or quarantined nodes
+    :param health: which of those it is, for the reasons (None: not said)
     """
 
     name: str
@@ -56,6 +60,7 @@ class NodeState:
     classes: frozenset[str] = field(default_factory=frozenset)
     schedulable: bool = True
     node_pool: str = "default"
+    health: str | None = None
 
     def __post_init__(self) -> None:
         if self.cpu_free < 0:

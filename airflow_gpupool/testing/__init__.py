@@ -21,6 +21,7 @@ from airflow_gpupool.testing.behaviour import ANNOTATION_PREFIX, ANNOTATIONS, Po
 from airflow_gpupool.testing.checkpoints import COMPLETE_MARKER, MANIFEST_NAME, RESUME_ENV
 from airflow_gpupool.testing.nodes import cpu_node, default_nodes, gpu_node, load_nodes
 from airflow_gpupool.testing.pools import GpuPool, hami_pool, kai_pool, mig_pool, whole_gpu_pool
+from airflow_gpupool.testing.provisioner import ScalableNodePool
 from airflow_gpupool.testing.server import KubernetesEmulatorServer, kubeconfig, write_kubeconfig
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "PodBehaviour",
     "PodRule",
     "RecordedRequest",
+    "ScalableNodePool",
     "cpu_node",
     "default_nodes",
     "gpu_node",

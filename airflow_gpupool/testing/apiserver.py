@@ -20,6 +20,10 @@ On top of kmock 0.8 this serves what clients such as ``KubernetesPodOperator`` r
   when the ``resourceVersion`` sent is not the stored one;
 * scheduling.k8s.io/v1 ``priorityclasses``, whose value a new pod naming one gets as
   ``spec.priority`` (:mod:`~airflow_gpupool.testing.priority`);
+* core/v1 ``podtemplates`` and autoscaling.x-k8s.io/v1 ``provisioningrequests``, checked as the
+  CRD's schema checks them (:mod:`~airflow_gpupool.testing.provisioning`) and answered by the node
+  provisioner (:mod:`~airflow_gpupool.testing.provisioner`); a cluster built without the group
+  leaves it out of discovery and answers 404;
 * pod deletion as Kubernetes does it: a graceful ``DELETE`` answers at once with the pod
   ``Terminating``, removed once its containers exit or its grace ends
   (:mod:`~airflow_gpupool.testing.termination`);
@@ -40,8 +44,15 @@ import aiohttp.web
 from kmock import KubernetesError, KubernetesObjectNotFoundError, action
 from kmock._internal.dicts import patch_dict  # the merge kmock applies: the object we check is the one stored
 
-from airflow_gpupool.testing import gates
-from airflow_gpupool.testing.discovery import SERVED, discovery_document, kmock_resources, not_found
+from airflow_gpupool.testing import gates, provisioning
+from airflow_gpupool.testing.discovery import (
+    SERVED,
+    UNSERVED_BY_DEFAULT,
+    discovery_document,
+    kmock_resources,
+    not_found,
+    served,
+)
 from airflow_gpupool.testing.jobs import JobController, prepare_new_job, propagation_policy
 from airflow_gpupool.testing.kinds import (
     JOBS,
@@ -50,10 +61,12 @@ from airflow_gpupool.testing.kinds import (
     NODES,
     PODS,
     PRIORITY_CLASSES,
+    PROVISIONING_REQUESTS,
     RESOURCE_CLAIMS,
 )
 from airflow_gpupool.testing.kubelet import SimulatedKubelet
 from airflow_gpupool.testing.priority import admit_priority
+from airflow_gpupool.testing.provisioner import NodeProvisioner, ScalableNodePool
 from airflow_gpupool.testing.storage import StoredObjects
 from airflow_gpupool.testing.tables import table, wants_table
 from airflow_gpupool.testing.termination import PodTerminations
@@ -128,17 +141,29 @@ class KubernetesApiEmulator(StoredObjects):
 
     :param nodes: Node objects to start with
     :param default_duration_seconds: how long containers run unless told otherwise
+    :param scalable_pools: node pools the provisioner grows and shrinks
+        (:mod:`~airflow_gpupool.testing.provisioner`)
+    :param unserved_groups: API groups this cluster lacks (``autoscaling.x-k8s.io``: no
+        ProvisioningRequest CRD), absent from discovery and answered 404; by default
+        ``karpenter.sh`` (name the groups to leave out, ``()`` for none, to serve it)
     """
 
     def __init__(
-        self, *, nodes: Iterable[Mapping[str, Any]] = (), default_duration_seconds: float = 0.5
+        self,
+        *,
+        nodes: Iterable[Mapping[str, Any]] = (),
+        default_duration_seconds: float = 0.5,
+        scalable_pools: Iterable[ScalableNodePool] = (),
+        unserved_groups: Iterable[str] | None = None,
     ) -> None:
         super().__init__()
         self.recorded: list[RecordedRequest] = []
         self.kubelet = SimulatedKubelet(self, default_duration_seconds=default_duration_seconds)
         self.terminations = PodTerminations(self)
         self.jobs = JobController(self)
-        for key, info in kmock_resources().items():
+        self.provisioner = NodeProvisioner(self, scalable_pools)
+        self.served = served(frozenset(UNSERVED_BY_DEFAULT if unserved_groups is None else unserved_groups))
+        for key, info in kmock_resources(self.served).items():
             self.resources[key] = cast("Any", info)  # kmock takes the plain dict
         self.objects[NAMESPACES, None, "default"] = self._stamp(
             {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "default"}}
@@ -229,10 +254,10 @@ class KubernetesApiEmulator(StoredObjects):
         :param request: kmock's parsed request
         """
         self._record(request)
-        if (doc := discovery_document(request.url.path)) is not None:
+        if (doc := discovery_document(request.url.path, self.served)) is not None:
             return aiohttp.web.json_response(doc, status=int(doc.get("code", 200)))
-        if request.resource is None or request.resource.plural is None:
-            return await super()._handle(request)
+        if request.resource is None or request.resource.plural is None or not self._serves(request):
+            return await self._serve_unnamed(request)
         if is_watch(request):
             return await serve_watch_stream(self, request, self._buses[request.resource])
         if request.resource == PODS and request.subresource == "log":
@@ -265,6 +290,23 @@ class KubernetesApiEmulator(StoredObjects):
         return aiohttp.web.json_response(
             await self.jobs.delete_in_foreground(request.namespace, request.name)
         )
+
+    def _serves(self, request: Any) -> bool:
+        """Return whether this cluster serves the request's resource (a CRD it lacks is not).
+
+        :param request: kmock's parsed request, with a resource
+        """
+        res = request.resource
+        return any(s.plural == res.plural and s.group == res.group for s in self.served)
+
+    async def _serve_unnamed(self, request: Any) -> aiohttp.web.StreamResponse:
+        """Serve a request for no resource (kmock's), or 404 for a resource this cluster does not serve.
+
+        :param request: kmock's parsed request
+        """
+        if request.resource is None or request.resource.plural is None:
+            return await super()._handle(request)
+        return aiohttp.web.json_response(not_found(request.url.path), status=404)
 
     async def _serve_pod_delete(self, request: Any) -> aiohttp.web.StreamResponse | None:
         """Delete a pod as the API server does (:mod:`~airflow_gpupool.testing.termination`); ``None``
@@ -354,6 +396,8 @@ class KubernetesApiEmulator(StoredObjects):
 
         :param request: kmock's parsed request
         """
+        if request.resource == PROVISIONING_REQUESTS:
+            self._check_provisioning_request(request)
         if request.action == action.CREATE and isinstance(request.data, dict):
             if request.resource == PODS:
                 gates.check_pod_create(request.data)  # scheduling gates: testing/gates.py
@@ -369,6 +413,18 @@ class KubernetesApiEmulator(StoredObjects):
             request.data.setdefault("metadata", {})
             if isinstance(request.data["metadata"], dict):
                 request.data["metadata"]["resourceVersion"] = self.next_resource_version()
+
+    def _check_provisioning_request(self, request: Any) -> None:
+        """Refuse a ProvisioningRequest, or a change of one, its CRD refuses.
+
+        :param request: kmock's parsed request
+        """
+        if request.action == action.CREATE and isinstance(request.data, dict):
+            provisioning.check_create(request.data)
+        elif request.action == action.UPDATE and request.name and isinstance(request.data, dict | list):
+            current = self.get_object(PROVISIONING_REQUESTS, request.namespace, request.name)
+            if current is not None:
+                provisioning.check_update(current, patch_dict(current, request.data))
 
     def _check_pod_update(self, request: Any) -> None:
         """Refuse a pod patch the real API server refuses (:func:`gates.check_pod_update`).

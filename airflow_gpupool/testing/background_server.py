@@ -20,6 +20,7 @@ from typing import Any, Self, TypeVar
 from airflow_gpupool.testing.apiserver import KubernetesApiEmulator
 from airflow_gpupool.testing.kubeconfig import write_kubeconfig
 from airflow_gpupool.testing.nodes import default_nodes
+from airflow_gpupool.testing.provisioner import ScalableNodePool
 
 T = TypeVar("T")
 
@@ -49,6 +50,9 @@ class BackgroundEmulatorServer:
     :param namespace: the kubeconfig context's namespace
     :param default_duration_seconds: how long containers run unless told otherwise
     :param access_log: log every request through the ``aiohttp.access`` logger
+    :param scalable_pools: node pools the emulator's provisioner grows and shrinks
+    :param unserved_groups: API groups the emulated cluster lacks (e.g. ``autoscaling.x-k8s.io``);
+        ``None``: Karpenter's ``karpenter.sh``
     """
 
     def __init__(
@@ -61,8 +65,12 @@ class BackgroundEmulatorServer:
         namespace: str = "default",
         default_duration_seconds: float = 0.5,
         access_log: bool = False,
+        scalable_pools: Iterable[ScalableNodePool] = (),
+        unserved_groups: Iterable[str] | None = None,
     ) -> None:
         self.access_log = access_log
+        self.scalable_pools = tuple(scalable_pools)
+        self.unserved_groups = None if unserved_groups is None else tuple(unserved_groups)
         self.initial_nodes = [copy.deepcopy(dict(n)) for n in (default_nodes() if nodes is None else nodes)]
         self.host = host
         self._requested_port = port
@@ -136,7 +144,10 @@ class BackgroundEmulatorServer:
 
         self._stop = asyncio.Event()
         self.api = KubernetesApiEmulator(
-            nodes=self.initial_nodes, default_duration_seconds=self.default_duration_seconds
+            nodes=self.initial_nodes,
+            default_duration_seconds=self.default_duration_seconds,
+            scalable_pools=self.scalable_pools,
+            unserved_groups=self.unserved_groups,
         )
         extra: dict[str, Any] = {} if self.access_log else {"server_cls": _quiet_test_server()}
         async with (
@@ -144,8 +155,10 @@ class BackgroundEmulatorServer:
             Server(self.api, host=self.host, port=self._requested_port or None, **extra) as server,
         ):
             self._port = server.port
+            self.api.provisioner.start()
             self._ready.set()
             await self._stop.wait()
+            await self.api.provisioner.shutdown()
             await self.api.jobs.shutdown()
             await self.api.terminations.shutdown()
             await self.api.kubelet.shutdown()

@@ -27,6 +27,14 @@ KUBELET_VERSION = f"v{EMULATED_MAJOR}.{EMULATED_MINOR}.0"
 """What the emulated nodes report as ``status.nodeInfo.kubeletVersion``."""
 
 
+#: Cluster Autoscaler's API group (the ProvisioningRequest CRD), absent from clusters without it.
+AUTOSCALING_GROUP = "autoscaling.x-k8s.io"
+#: Karpenter's API group (NodePools, stored as sent), served only when a test asks for it.
+KARPENTER_GROUP = "karpenter.sh"
+#: The groups an emulated cluster lacks unless told otherwise: it runs Cluster Autoscaler, not Karpenter.
+UNSERVED_BY_DEFAULT = (KARPENTER_GROUP,)
+
+
 @dataclasses.dataclass(frozen=True)
 class ServedResource:
     """One resource the emulator serves.
@@ -70,11 +78,34 @@ SERVED: tuple[ServedResource, ...] = (
     ServedResource("coordination.k8s.io", "v1", "leases", "Lease", True),
     ServedResource("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", True, (), ("status",)),
     ServedResource("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", False, ("pc",)),
+    ServedResource("", "v1", "podtemplates", "PodTemplate", True),
+    ServedResource(
+        AUTOSCALING_GROUP,
+        "v1",
+        "provisioningrequests",
+        "ProvisioningRequest",
+        True,
+        ("provreq",),
+        ("status",),
+    ),
+    ServedResource(KARPENTER_GROUP, "v1", "nodepools", "NodePool", False, (), ("status",)),
 )
 
 
-def kmock_resources() -> dict[str, dict[str, Any]]:
-    """Return the resources as kmock's ``resources`` registry takes them (``"<group>/<version>/<plural>"`` keys)."""
+def served(without: frozenset[str] = frozenset()) -> tuple[ServedResource, ...]:
+    """Return the served resources, less the API groups a cluster does not serve.
+
+    :param without: API groups left out (``autoscaling.x-k8s.io`` for a cluster without Cluster
+        Autoscaler's ProvisioningRequest CRD)
+    """
+    return tuple(res for res in SERVED if res.group not in without)
+
+
+def kmock_resources(resources: tuple[ServedResource, ...] = SERVED) -> dict[str, dict[str, Any]]:
+    """Return the resources as kmock's ``resources`` registry takes them (``"<group>/<version>/<plural>"`` keys).
+
+    :param resources: the served resources
+    """
     return {
         f"{res.group_version}/{res.plural}": {
             "namespaced": res.namespaced,
@@ -85,7 +116,7 @@ def kmock_resources() -> dict[str, dict[str, Any]]:
             "categories": ["all"] if res.plural == "pods" else [],
             "subresources": list(res.subresources),
         }
-        for res in SERVED
+        for res in resources
     }
 
 
@@ -134,13 +165,16 @@ def _resource_entries(res: ServedResource) -> list[dict[str, Any]]:
     return entries
 
 
-def resource_list(group: str, version: str) -> dict[str, Any] | None:
+def resource_list(
+    group: str, version: str, resources: tuple[ServedResource, ...] = SERVED
+) -> dict[str, Any] | None:
     """Return the ``APIResourceList`` of a group version, or ``None`` when it is not served.
 
     :param group: ``""`` for the core group
     :param version: e.g. ``v1``
+    :param resources: the served resources
     """
-    served = [res for res in SERVED if res.group == group and res.version == version]
+    served = [res for res in resources if res.group == group and res.version == version]
     if not served:
         return None
     return {
@@ -151,30 +185,33 @@ def resource_list(group: str, version: str) -> dict[str, Any] | None:
     }
 
 
-def _group(name: str) -> dict[str, Any]:
+def _group(name: str, resources: tuple[ServedResource, ...]) -> dict[str, Any]:
     """Return the ``APIGroup`` entry of a group.
 
     :param name: the group
+    :param resources: the served resources
     """
-    versions = sorted({res.version for res in SERVED if res.group == name})
+    versions = sorted({res.version for res in resources if res.group == name})
     listed = [{"groupVersion": f"{name}/{v}", "version": v} for v in versions]
     return {"name": name, "versions": listed, "preferredVersion": listed[0]}
 
 
-def api_group(name: str) -> dict[str, Any] | None:
+def api_group(name: str, resources: tuple[ServedResource, ...] = SERVED) -> dict[str, Any] | None:
     """Return the ``APIGroup`` document of ``/apis/<group>``, or ``None``.
 
     :param name: the group
+    :param resources: the served resources
     """
-    if not name or name not in {res.group for res in SERVED}:
+    if not name or name not in {res.group for res in resources}:
         return None
-    return {"kind": "APIGroup", "apiVersion": "v1", **_group(name)}
+    return {"kind": "APIGroup", "apiVersion": "v1", **_group(name, resources)}
 
 
-def discovery_document(path: str) -> dict[str, Any] | None:
+def discovery_document(path: str, resources: tuple[ServedResource, ...] = SERVED) -> dict[str, Any] | None:
     """Return the discovery document for a path, or ``None`` when the path is not discovery.
 
     :param path: URL path, e.g. ``/api/v1``
+    :param resources: the served resources
     """
     parts = [p for p in path.split("/") if p]
     if parts == ["version"]:
@@ -186,14 +223,18 @@ def discovery_document(path: str) -> dict[str, Any] | None:
             "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": ""}],
         }
     if parts == ["apis"]:
-        groups = sorted({res.group for res in SERVED if res.group})
-        return {"kind": "APIGroupList", "apiVersion": "v1", "groups": [_group(g) for g in groups]}
+        groups = sorted({res.group for res in resources if res.group})
+        return {
+            "kind": "APIGroupList",
+            "apiVersion": "v1",
+            "groups": [_group(g, resources) for g in groups],
+        }
     if len(parts) == 2 and parts[0] == "api":
-        return resource_list("", parts[1]) or not_found(path)
+        return resource_list("", parts[1], resources) or not_found(path)
     if len(parts) == 2 and parts[0] == "apis":
-        return api_group(parts[1]) or not_found(path)
+        return api_group(parts[1], resources) or not_found(path)
     if len(parts) == 3 and parts[0] == "apis":
-        return resource_list(parts[1], parts[2]) or not_found(path)
+        return resource_list(parts[1], parts[2], resources) or not_found(path)
     return None
 
 

@@ -14,3 +14,7 @@ LEASES = resource(group="coordination.k8s.io", version="v1", plural="leases")
 RESOURCE_CLAIMS = resource(group="resource.k8s.io", version="v1", plural="resourceclaims")
 #: Pod priority: the classes a pod's ``spec.priorityClassName`` names (cluster-scoped).
 PRIORITY_CLASSES = resource(group="scheduling.k8s.io", version="v1", plural="priorityclasses")
+#: Pod templates (core/v1), which a ProvisioningRequest's pod sets name.
+PODTEMPLATES = resource(group="", version="v1", plural="podtemplates")
+#: Cluster Autoscaler's ProvisioningRequest CRD.
+PROVISIONING_REQUESTS = resource(group="autoscaling.x-k8s.io", version="v1", plural="provisioningrequests")

@@ -41,9 +41,10 @@ from airflow_gpupool.testing.pod_status import (
     bind,
     mark_running,
     mark_unschedulable,
+    reject_at_admission,
     terminate,
 )
-from airflow_gpupool.testing.scheduling import choose_node
+from airflow_gpupool.testing.scheduling import admission_rejection, choose_node
 from airflow_gpupool.testing.workload import CheckpointPlan, PodWorkload, checkpoint_plan
 
 if TYPE_CHECKING:
@@ -317,6 +318,14 @@ class SimulatedKubelet:
                 message = f"0/{len(nodes)} nodes are available: {len(nodes)} node(s) were excluded by the gpupool.emulator/never-schedule annotation."
             elif not node_name:
                 node_name, message = choose_node(pod, nodes, self.api.live_objects(PODS))
+            elif (rejected := _admission(pod, nodes, node_name, self.api.live_objects(PODS))) is not None:
+                await self.api.update_object(
+                    PODS, namespace, name, lambda p: reject_at_admission(p, *rejected)
+                )
+                await self.event(pod, "Warning", rejected[0], rejected[1], "kubelet")
+                self.history.ended(pod["metadata"]["uid"], "Failed")
+                self.notify()
+                return None
             if node_name:
                 address = _node_address(nodes, node_name)
                 await self.api.update_object(
@@ -415,6 +424,14 @@ class SimulatedKubelet:
             for kind, reason, message, component in outcome.events:
                 await self.event(pod, kind, reason, message, component, node)
         self.notify()
+
+
+def _admission(
+    pod: dict[str, Any], nodes: list[dict[str, Any]], node_name: str, pods: list[dict[str, Any]]
+) -> tuple[str, str] | None:
+    """The kubelet's refusal of a pod bound to ``node_name`` by its author, if it refuses it."""
+    node = next((n for n in nodes if n["metadata"]["name"] == node_name), None)
+    return None if node is None else admission_rejection(pod, node, pods)
 
 
 def _delay(value: float | None) -> float:

@@ -161,6 +161,16 @@ def mark_running(pod: dict[str, Any], pod_ip: str) -> None:
     set_container_statuses(pod, lambda c: {"running": {"startedAt": started}}, ready=True)
 
 
+def reject_at_admission(pod: dict[str, Any], reason: str, message: str) -> None:
+    """Fail a pod its node's kubelet refused to admit (``OutOfnvidia.com/gpu``): it never runs.
+
+    :param pod: the pod, changed in place
+    :param reason: the kubelet's reason
+    :param message: its message
+    """
+    pod["status"].update({"phase": "Failed", "reason": reason, "message": message})
+
+
 def mark_terminating(pod: dict[str, Any], grace_seconds: float) -> None:
     """Mark a pod being deleted gracefully, as the API server does before its kubelet stops it.
 

@@ -189,6 +189,34 @@ def reject_reason(
     return None
 
 
+def admission_rejection(
+    pod: Mapping[str, Any], node: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]
+) -> tuple[str, str] | None:
+    """Return the kubelet's ``(reason, message)`` for refusing a pod bound to its node directly, or ``None``.
+
+    A pod whose ``spec.nodeName`` was set by its author skips kube-scheduler; the node's kubelet
+    still admits it against what the node's other pods hold, and fails it (``OutOf<resource>``)
+    when an extended resource is short, as a device plugin's resources are.
+
+    :param pod: the pod
+    :param node: its node
+    :param pods: every pod of the cluster
+    """
+    uid = (pod.get("metadata") or {}).get("uid")
+    others = [p for p in pods if (p.get("metadata") or {}).get("uid") != uid]
+    allocatable = (node.get("status") or {}).get("allocatable") or {}
+    used = used_resources(node["metadata"]["name"], others)
+    for key, amount in sorted(extended_requests(pod).items()):
+        capacity = _quantity(allocatable.get(key, 0))
+        if amount > capacity - used.get(key, 0.0):
+            message = (
+                f"Pod was rejected: Node didn't have enough resource: {key}, requested: {amount:g}, "
+                f"used: {used.get(key, 0.0):g}, capacity: {capacity:g}"
+            )
+            return f"OutOf{key}", message
+    return None
+
+
 def choose_node(
     pod: Mapping[str, Any], nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]]
 ) -> tuple[str | None, str]:

@@ -22,7 +22,15 @@ from airflow_gpupool.testing.apiserver import KubernetesApiEmulator, RecordedReq
 from airflow_gpupool.testing.background_server import BackgroundEmulatorServer
 from airflow_gpupool.testing.behaviour import PodBehaviour, PodPredicate, PodRule
 from airflow_gpupool.testing.job_pods import is_finished
-from airflow_gpupool.testing.kinds import EVENTS, JOBS, NODES, PODS, PRIORITY_CLASSES
+from airflow_gpupool.testing.kinds import (
+    EVENTS,
+    JOBS,
+    NODES,
+    PODS,
+    PODTEMPLATES,
+    PRIORITY_CLASSES,
+    PROVISIONING_REQUESTS,
+)
 from airflow_gpupool.testing.kubeconfig import CONTEXT_NAME, kubeconfig, write_kubeconfig
 from airflow_gpupool.testing.nodes import gpu_node
 from airflow_gpupool.testing.pod_history import PodRecord
@@ -92,6 +100,10 @@ class KubernetesEmulatorServer(BackgroundEmulatorServer):
             return [copy.deepcopy(v.raw) for v in api.objects[key].history if v is not None]
 
         return self._run_sync(history)
+
+    def compact(self) -> None:
+        """Forget the watch history, as etcd's compaction does: a watch from an older resourceVersion gets ``410 Gone``."""
+        self._run_sync(lambda api: api.compact())
 
     def pod_records(self) -> list[PodRecord]:
         """Return every pod's node, pinned GPUs and running time, deleted pods included (pod history).
@@ -420,7 +432,8 @@ class KubernetesEmulatorServer(BackgroundEmulatorServer):
             await api.jobs.shutdown()
             await api.terminations.shutdown()
             await api.kubelet.shutdown()
-            for res in (JOBS, PODS, EVENTS, NODES, PRIORITY_CLASSES):
+            await api.provisioner.shutdown()
+            for res in (JOBS, PODS, EVENTS, NODES, PRIORITY_CLASSES, PROVISIONING_REQUESTS, PODTEMPLATES):
                 for obj in api.list_objects(res):
                     await api.delete_object(res, obj["metadata"].get("namespace"), obj["metadata"]["name"])
             for node in self.initial_nodes:
@@ -430,5 +443,6 @@ class KubernetesEmulatorServer(BackgroundEmulatorServer):
             api.kubelet.history.clear()
             api.recorded.clear()
             api.kubelet.notify()
+            api.provisioner.start()
 
         self._call(reset())

@@ -42,6 +42,8 @@ class StoredObjects(KubernetesEmulator):
         self._tombstones: dict[resource, collections.deque[dict[str, Any]]] = collections.defaultdict(
             lambda: collections.deque(maxlen=_TOMBSTONES)
         )
+        # etcd's compaction: a watch from a resourceVersion older than this cannot be replayed.
+        self.compacted_version = 0
 
     def _KubernetesEmulator__get_objs(self, request: Any, strict: bool) -> list[Any]:
         """Find the objects a request addresses: by key when it names one (kmock's own walks them all).
@@ -59,6 +61,24 @@ class StoredObjects(KubernetesEmulator):
             return [self.objects[key]] if key in self.objects else []
         found_all: list[Any] = super()._KubernetesEmulator__get_objs(request, strict)  # type: ignore[misc]
         return found_all
+
+    @property
+    def resource_version(self) -> int:
+        """The newest resourceVersion given out."""
+        return self._resource_version
+
+    def compact(self) -> None:
+        """Forget the history before now, as etcd's compaction does: older watches get ``410 Gone``."""
+        self.compacted_version = self._resource_version
+        self._tombstones.clear()
+
+    def replayable(self, res: resource, since: int) -> bool:
+        """Whether a watch of ``res`` from resourceVersion ``since`` can be replayed (else ``410 Gone``)."""
+        if since < self.compacted_version:
+            return False
+        kept = self._tombstones.get(res)
+        # A full history dropped deletions older than its first: those cannot be replayed.
+        return not (kept and len(kept) == kept.maxlen and since < int(kept[0]["metadata"]["resourceVersion"]))
 
     def next_resource_version(self) -> str:
         """Return a new, larger resourceVersion."""

@@ -5,6 +5,12 @@ a watch (``watch=true``) streams JSON lines of ``{type, object}``, starting from
 object (``ADDED``) or from those changed since the ``resourceVersion`` asked for (``MODIFIED``),
 until ``timeoutSeconds`` or the client leaves. :mod:`~airflow_gpupool.testing.apiserver` routes
 requests here.
+
+As the API server does: a watch from a ``resourceVersion`` the history no longer holds (after
+:meth:`~airflow_gpupool.testing.storage.StoredObjects.compact`, as etcd compacts) gets one
+``ERROR`` event with a ``410 Gone`` Status and ends; with ``allowWatchBookmarks=true`` the stream
+carries a ``BOOKMARK`` (the kind and the current ``resourceVersion`` only) every
+:data:`BOOKMARK_SECONDS` and just before it times out, so a client resumes from there.
 """
 
 from __future__ import annotations
@@ -21,10 +27,19 @@ from airflow_gpupool.testing.selectors import parse_field_selector, parse_label_
 if TYPE_CHECKING:
     from airflow_gpupool.testing.storage import StoredObjects
 
-__all__ = ["DEFAULT_WATCH_SECONDS", "initial_watch_events", "is_watch", "selected_by", "serve_watch_stream"]
+__all__ = [
+    "BOOKMARK_SECONDS",
+    "DEFAULT_WATCH_SECONDS",
+    "initial_watch_events",
+    "is_watch",
+    "selected_by",
+    "serve_watch_stream",
+]
 
 _WATCH_VALUES = {"true", "1", "yes"}
 DEFAULT_WATCH_SECONDS = 1800.0
+#: How often a watch that allows bookmarks gets one (the API server: about every minute).
+BOOKMARK_SECONDS = 5.0
 
 
 def is_watch(request: Any) -> bool:
@@ -68,10 +83,7 @@ def initial_watch_events(
     :param request: kmock's parsed request
     :param selected: the selection predicate
     """
-    try:
-        since = int(request.params.get("resourceVersion") or 0)
-    except ValueError:
-        since = 0
+    since = _since(request)
     objs = [obj for obj in store.list_objects(request.resource, request.namespace) if selected(obj)]
     if since == 0:
         return [{"type": "ADDED", "object": obj} for obj in objs]
@@ -95,23 +107,38 @@ async def serve_watch_stream(store: StoredObjects, request: Any, bus: Any) -> ai
     """
     selected = selected_by(request)
     timeout = float(request.params.get("timeoutSeconds") or DEFAULT_WATCH_SECONDS)
+    bookmarks = str(request.params.get("allowWatchBookmarks", "")).lower() in _WATCH_VALUES
+    response = aiohttp.web.StreamResponse(headers={"Content-Type": "application/json"})
+    since = _since(request)
+    if since and not store.replayable(request.resource, since):
+        await response.prepare(request._raw_request)
+        await response.write(json.dumps(_gone(since, store.compacted_version)).encode() + b"\n")
+        await response.write_eof()
+        return response
     marker = await bus.mark()
     initial = initial_watch_events(store, request, selected)
-    response = aiohttp.web.StreamResponse(headers={"Content-Type": "application/json"})
     await response.prepare(request._raw_request)
     events = cast("AsyncGenerator[dict[str, Any], None]", bus.stream(since=marker))
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
+    next_bookmark = loop.time() + BOOKMARK_SECONDS
+    kind = _kind_of(request)
     try:
         for event in initial:
             await response.write(json.dumps(event).encode() + b"\n")
         while (remaining := deadline - loop.time()) > 0:
+            wait = min(remaining, next_bookmark - loop.time()) if bookmarks else remaining
             try:
-                event = await asyncio.wait_for(anext(events), remaining)
+                event = await asyncio.wait_for(anext(events), max(wait, 0.0))
             except TimeoutError:
-                break
+                if bookmarks and loop.time() < deadline:
+                    await response.write(json.dumps(_bookmark(kind, store.resource_version)).encode() + b"\n")
+                    next_bookmark = loop.time() + BOOKMARK_SECONDS
+                continue
             if selected(event.get("object") or {}):
                 await response.write(json.dumps(event).encode() + b"\n")
+        if bookmarks:
+            await response.write(json.dumps(_bookmark(kind, store.resource_version)).encode() + b"\n")
         await response.write_eof()
     except (ConnectionError, RuntimeError):
         pass  # the client went away
@@ -119,3 +146,39 @@ async def serve_watch_stream(store: StoredObjects, request: Any, bus: Any) -> ai
         await events.aclose()
         await bus.unmark(marker)
     return response
+
+
+def _since(request: Any) -> int:
+    try:
+        return int(request.params.get("resourceVersion") or 0)
+    except ValueError:
+        return 0
+
+
+def _kind_of(request: Any) -> dict[str, str]:
+    group, version = request.resource.group, request.resource.version
+    plural = request.resource.plural or ""
+    kind = plural[:-1].capitalize() if plural.endswith("s") else plural.capitalize()
+    return {"apiVersion": f"{group}/{version}" if group else str(version or "v1"), "kind": kind}
+
+
+def _bookmark(kind: Mapping[str, str], resource_version: int) -> dict[str, Any]:
+    """A ``BOOKMARK``: the object's kind and the current resourceVersion, nothing else."""
+    return {"type": "BOOKMARK", "object": {**kind, "metadata": {"resourceVersion": str(resource_version)}}}
+
+
+def _gone(since: int, compacted: int) -> dict[str, Any]:
+    """The ``ERROR`` event the API server sends to a watch from a compacted resourceVersion."""
+    message = f"too old resource version: {since} ({compacted})"
+    return {
+        "type": "ERROR",
+        "object": {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": message,
+            "reason": "Expired",
+            "code": 410,
+        },
+    }

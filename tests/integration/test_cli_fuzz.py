@@ -39,6 +39,7 @@ RESERVE_OPTIONS = {
     "--ttl": NUMBERS,
     "--timeout": NUMBERS,
     "--id": TEXT,
+    "--capacity": st.sampled_from(["on-demand", "spot", "any", "cheap", ""]),
 }
 
 

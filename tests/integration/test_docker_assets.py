@@ -25,7 +25,6 @@ from tests.skips import skip_or_fail
 
 DOCKER = Path(__file__).resolve().parents[2] / "docker"
 RULES = DOCKER / "prometheus" / "rules.yaml"
-KUBERNETES = DOCKER / "kubernetes"
 
 
 def _agent_reported(url: str) -> Any:

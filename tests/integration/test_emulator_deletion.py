@@ -146,6 +146,13 @@ def test_these_are_removed_at_once_with_no_terminating_state(
     core.create_namespaced_pod("default", gpu_pod("quick", **annotations))
     phase = {"unscheduled": "Pending", "finished": "Succeeded", "grace-0": "Running"}[how]
     emulator.wait_for_pod("quick", phases={phase})
+    if how == "unscheduled":  # the scheduler's verdict first, so the watch starts after it
+        deadline = time.monotonic() + 10
+        while (
+            not (emulator.pod("quick") or {}).get("status", {}).get("conditions")
+            and time.monotonic() < deadline
+        ):
+            time.sleep(0.02)
     seen, watcher = watch_pod(core, "quick")
     core.delete_namespaced_pod("quick", "default", grace_period_seconds=0 if how == "grace-0" else 30)
     with pytest.raises(ApiException) as gone:

@@ -21,6 +21,11 @@ class ReservationState(str, Enum):
     ended (its holder then releases it, and it ends ``preempted``) or until its grace deadline,
     when it ends (or, with a pod still bound, is orphaned for the controller to delete the pod).
     The database stores it as a grant with a ``preempt_deadline``; only the value read says so.
+
+    An ``external`` reservation is a hold for a pod this project did not make (a notebook, an
+    inference Deployment, another scheduler's job) that the controller's pod watch found on a
+    node's GPUs: it holds its slice as a grant does, has no lease and no team quota, is never a
+    preemption victim, and ends ``released`` when its pod is gone.
     """
 
     WAITING = "waiting"
@@ -32,6 +37,7 @@ class ReservationState(str, Enum):
     EXPIRED = "expired"
     TIMED_OUT = "timed_out"
     CANCELLED = "cancelled"
+    EXTERNAL = "external"
 
     @property
     def ended(self) -> bool:
@@ -40,17 +46,32 @@ class ReservationState(str, Enum):
 
     @property
     def holds(self) -> bool:
-        """Whether the reservation holds capacity now (granted, preempting or orphaned)."""
+        """Whether the reservation holds capacity now (granted, preempting, orphaned or external)."""
         return self in _HOLDS
 
 
-_HOLDS = frozenset({ReservationState.GRANTED, ReservationState.PREEMPTING, ReservationState.ORPHANED})
+_HOLDS = frozenset(
+    {
+        ReservationState.GRANTED,
+        ReservationState.PREEMPTING,
+        ReservationState.ORPHANED,
+        ReservationState.EXTERNAL,
+    }
+)
 _LIVE = _HOLDS | {ReservationState.WAITING}
 
 
-#: The states (stored values) that hold capacity: a grant (a preempting one included), and an
-#: orphan whose pod may still run on it.
-HOLDING_STATES = (ReservationState.GRANTED.value, ReservationState.ORPHANED.value)
+#: The states (stored values) that hold capacity: a grant (a preempting one included), an
+#: orphan whose pod may still run on it, and an external hold (a pod this project did not make).
+HOLDING_STATES = (
+    ReservationState.GRANTED.value,
+    ReservationState.ORPHANED.value,
+    ReservationState.EXTERNAL.value,
+)
+#: The holder of an external hold: this prefix, then the pod's ``namespace/name``.
+EXTERNAL_HOLDER_PREFIX = "external:"
+#: The team column of an external hold: no team pays for it and no quota counts it.
+EXTERNAL_TEAM = "external"
 
 
 @dataclass(frozen=True)
@@ -247,6 +268,8 @@ class LedgerSnapshot:
     gpu_capacity_milli: int = 0
     gpu_allocated_milli: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    #: The pods this project did not make that hold GPUs (state ``external``), one row per GPU or slice.
+    external: tuple[Reservation, ...] = ()
 
     @property
     def allocation(self) -> float:
@@ -281,6 +304,7 @@ class LedgerSnapshot:
                 for n in self.nodes
             ],
             "grants": [r.to_dict() for r in self.grants],
+            "external": [r.to_dict() for r in self.external],
             "queue": [r.to_dict() for r in self.queue],
             "orphaned": [r.id for r in self.grants if r.state is ReservationState.ORPHANED],
             # The node agent's GPU memory leaks past their grace (schema v7).

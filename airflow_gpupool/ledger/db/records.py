@@ -24,6 +24,7 @@ from airflow_gpupool.resources import GpuRequest, WorkloadClass
 WAITING = ReservationState.WAITING.value
 GRANTED = ReservationState.GRANTED.value
 ORPHANED = ReservationState.ORPHANED.value
+EXTERNAL = ReservationState.EXTERNAL.value
 HOLDING = HOLDING_STATES
 
 

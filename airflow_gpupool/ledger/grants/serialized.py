@@ -332,6 +332,10 @@ class LedgerGrants:
                 return ReleaseResult(
                     reservation_id, False, state, f"nothing to release: reservation {state.value} at {when}"
                 )
+            if state is ReservationState.EXTERNAL:
+                pod = f"{row.pod_namespace}/{row.pod_name}"
+                message = f"not released: an external hold ends when its pod {pod} is gone (delete the pod)"
+                return ReleaseResult(reservation_id, False, state, message)
             if row.gang_id is not None and row.gang_index == 0:  # the leader: the whole gang ends
                 gangs.end_gang(
                     self._cycle,

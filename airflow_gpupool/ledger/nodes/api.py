@@ -11,9 +11,12 @@ from typing import TYPE_CHECKING
 from airflow_gpupool import settings
 
 if TYPE_CHECKING:
+    from airflow_gpupool.ledger.db.models import Reservation
     from airflow_gpupool.ledger.nodes.agent_report import NodeReport
+    from airflow_gpupool.ledger.nodes.external import ExternalSync, LedgerExternalHolds
     from airflow_gpupool.ledger.nodes.health import HeartbeatCheck, HeartbeatResult, LedgerHealth
     from airflow_gpupool.ledger.nodes.inventory import InventoryChange, LedgerInventory
+    from airflow_gpupool.pod_gpus import ExternalPod
     from airflow_gpupool.resources import NodeHealth, NodeInventory
 
 __all__ = ["LedgerNodeApi"]
@@ -24,6 +27,25 @@ class LedgerNodeApi:
 
     _inventory: LedgerInventory
     _health: LedgerHealth
+    _external: LedgerExternalHolds
+
+    def sync_external(
+        self, pods: Iterable[ExternalPod], gone: Iterable[str] = (), *, complete: bool = False
+    ) -> ExternalSync:
+        """Hold the GPUs of pods this project did not make; release those of pods gone (one transaction).
+
+        A pod bound to a grant (by name, or labelled with a live reservation or gang) is the
+        ledger's already and is skipped. See :mod:`~airflow_gpupool.ledger.nodes.external`.
+
+        :param pods: live, scheduled pods that hold GPUs
+        :param gone: ``namespace/name`` of pods that ended or were deleted
+        :param complete: ``pods`` are every such pod of the cluster (a relist): every other hold ends
+        """
+        return self._external.sync_external(pods, gone, complete=complete)
+
+    def external_holds(self) -> list[Reservation]:
+        """Return the live external holds (state ``external``), by pod then GPU."""
+        return self._external.external_holds()
 
     def upsert_nodes(self, inventory: Iterable[NodeInventory]) -> InventoryChange:
         """Add or update nodes, all in one transaction; unchanged nodes are left alone.

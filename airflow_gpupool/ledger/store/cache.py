@@ -281,6 +281,7 @@ class CapacityCache:
                     free_memory_mib=g["free_memory_mib"],
                     mig_free=() if quarantined else tuple(sorted(free_migs.get(g["idx"], ()))),
                     partitioned=bool(g["partitioned"]) or quarantined,
+                    quarantined=quarantined,
                 )
             )
         self.health[row["name"]] = row["health"]
@@ -295,6 +296,7 @@ class CapacityCache:
             classes=classes_from_counts(row["n_training"], row["n_inference"]),
             schedulable=row["health"] == NodeHealth.HEALTHY.value,
             node_pool=row["node_pool"],
+            health=row["health"],
         )
 
     def empty_snapshot(self, nodes: Iterable[NodeState]) -> ClusterSnapshot:

@@ -10,13 +10,14 @@ headroom in one write transaction: a refused plan changes nothing. ``usage`` cou
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import delete, insert, select
 
 from airflow_gpupool import settings
 from airflow_gpupool.exceptions import QuotaFileError
+from airflow_gpupool.governance.quota_capacity import nominals_above_capacity
 from airflow_gpupool.governance.quotas import Flavor, Headroom, QuotaPlan, TeamQuota, gpu_milli_of_mig
 from airflow_gpupool.ledger.db import schema
 from airflow_gpupool.ledger.db import statements as sql
@@ -46,6 +47,10 @@ class AppliedQuotas:
     changed: tuple[str, ...] = ()
     removed: tuple[str, ...] = ()
     headroom_changed: bool = False
+    #: Quotas larger than their flavor (:func:`~airflow_gpupool.governance.quota_capacity.nominals_above_capacity`).
+    warnings: tuple[str, ...] = ()
+    #: The headroom as stored: its urgent priority a number (``[gpupool] urgent_priority`` when the file names none).
+    headroom: Headroom = field(default_factory=Headroom)
 
     def summary(self) -> str:
         """Return ``2 added, 1 changed, 0 removed``."""
@@ -68,16 +73,23 @@ class LedgerQuotas:
     def __init__(self, ledger: LedgerAccess) -> None:
         self.ledger = ledger
 
-    def apply(self, plan: QuotaPlan, *, dry_run: bool = False) -> AppliedQuotas:
+    def apply(self, plan: QuotaPlan, *, dry_run: bool = False, strict: bool = False) -> AppliedQuotas:
         """Replace the stored quotas with ``plan`` (idempotent); with ``dry_run`` only say what would change.
 
-        :raises QuotaFileError: a flavor names no node pool or GPU model of the ledger (nothing written)
+        A nominal quota above what its flavor holds is applied with a warning (as Kueue applies it),
+        refused with ``strict``.
+
+        :raises QuotaFileError: a flavor names no node pool or GPU model of the ledger, or, with
+            ``strict``, a nominal quota is above what its flavor holds (nothing written)
         """
 
         headroom = _resolved(plan.headroom)
 
         def run(tx: Tx) -> AppliedQuotas:
             self._check_flavors(tx.conn, plan)
+            oversized = nominals_above_capacity(plan, _flavor_capacity(tx.conn))
+            if strict and oversized:
+                raise oversized[0].error()
             before = {_key(q): q for q in read_quotas(tx.conn)}
             after = {_key(q): q for q in plan.quotas}
             applied = AppliedQuotas(
@@ -85,6 +97,8 @@ class LedgerQuotas:
                 tuple(sorted(k for k in after.keys() & before.keys() if after[k] != before[k])),
                 tuple(sorted(before.keys() - after.keys())),
                 read_headroom(tx.conn) != headroom,
+                tuple(map(str, oversized)),
+                headroom,
             )
             if dry_run or not (
                 applied.added or applied.changed or applied.removed or applied.headroom_changed
@@ -126,11 +140,15 @@ class LedgerQuotas:
         pools = set(conn.execute(select(schema.nodes.c.node_pool).distinct()).scalars())
         models = set(conn.execute(select(schema.gpus.c.model).distinct()).scalars())
         known = {"pool": pools, "model": models}
-        for flavor in sorted(plan.flavors):
+        for quota in plan.quotas:
+            flavor = quota.flavor
             if flavor.name not in known[flavor.kind]:
                 have = ", ".join(sorted(known[flavor.kind])) or "none yet"
                 raise QuotaFileError(
-                    f"flavor {flavor}", flavor.name, f"a {flavor.kind} of the ledger's inventory ({have})"
+                    f"{quota.path}.flavor.{flavor.kind}" if quota.path else f"flavor {flavor}",
+                    flavor.name,
+                    f"a {flavor.kind} of the ledger's inventory ({have})",
+                    team=quota.team,
                 )
         for pool, _ in plan.headroom.pools:
             if pool not in pools:
@@ -138,6 +156,20 @@ class LedgerQuotas:
                 raise QuotaFileError(
                     f"headroom.pools.{pool}", pool, f"a pool of the ledger's inventory ({have})"
                 )
+
+
+def _flavor_capacity(conn: Connection) -> dict[Flavor, int]:
+    """Return the milli-GPU each pool and each GPU model holds in the inventory (a GPU counts 1000)."""
+    rows = conn.execute(
+        select(schema.nodes.c.node_pool, schema.gpus.c.model).join(
+            schema.gpus, schema.gpus.c.node == schema.nodes.c.name
+        )
+    ).all()
+    capacity: dict[Flavor, int] = defaultdict(int)
+    for pool, model in rows:
+        capacity[Flavor("pool", pool)] += 1000
+        capacity[Flavor("model", model)] += 1000
+    return dict(capacity)
 
 
 def _stamp_quota_version(tx: Tx, version: int) -> None:

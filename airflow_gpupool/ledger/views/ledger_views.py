@@ -17,7 +17,7 @@ from airflow_gpupool.exceptions import UnknownReservationError
 from airflow_gpupool.labels import RESERVATION_LABEL
 from airflow_gpupool.ledger.db import records, schema
 from airflow_gpupool.ledger.db.models import Gang, LedgerSnapshot, NodeRecord, Reservation, ReservationState
-from airflow_gpupool.ledger.db.records import HOLDING, WAITING
+from airflow_gpupool.ledger.db.records import EXTERNAL, HOLDING, WAITING
 from airflow_gpupool.ledger.queue import gangs
 from airflow_gpupool.ledger.queue.cycle import WriteCycle
 from airflow_gpupool.ledger.store.cache import CapacityCache
@@ -129,7 +129,12 @@ class LedgerViews:
             .where(r.state.in_([WAITING, *HOLDING]))
             .order_by(r.priority.desc(), r.seq)
         ).all()
-        grants = tuple(self._store.reservation(conn, row) for row in live if row.state in HOLDING)
+        grants = tuple(
+            self._store.reservation(conn, row)
+            for row in live
+            if row.state in HOLDING and row.state != EXTERNAL
+        )
+        external = tuple(self._store.reservation(conn, row) for row in live if row.state == EXTERNAL)
         queue = tuple(self._store.reservation(conn, row) for row in live if row.state == WAITING)
         return LedgerSnapshot(
             taken_at=self._store.clock(conn),
@@ -139,6 +144,7 @@ class LedgerViews:
             queue=queue,
             gpu_capacity_milli=sum(len(n.gpus) for n in nodes) * MILLI_PER_GPU,
             gpu_allocated_milli=sum(g.request.total_gpu_milli for g in grants),
+            external=external,
         )
 
     def check_invariants(self, core_v1_api: Any = None) -> list[str]:

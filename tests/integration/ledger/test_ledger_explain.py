@@ -40,7 +40,7 @@ CASES = {
         [node("n1", gpus=1, cpu=500)],
         [GpuRequest(gpus=1, cpu_milli=100)],
         GpuRequest(gpus=1, cpu_milli=100),
-        "n1: node is not schedulable (cordoned, draining or quarantined)",
+        "n1: node is not schedulable (cordoned)",
         cordon="n1",
     ),
     "workload class": Case(

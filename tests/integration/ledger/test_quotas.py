@@ -84,7 +84,11 @@ def test_apply_is_idempotent_and_replaces_the_quotas_as_a_whole(pool: Ledger) ->
 def test_a_flavor_the_ledger_lacks_is_refused_and_nothing_changes(pool: Ledger) -> None:
     quotas = LedgerQuotas(pool)
     quotas.apply(plan())  # type: ignore[arg-type]
-    with pytest.raises(QuotaFileError, match=r"flavor pool:h100.*a100, a100-mig"):
+    refused = (
+        r"quota file teams\[0\]\.quotas\[0\]\.flavor\.pool \(team vision\): expected a pool of the "
+        r"ledger's inventory \(a100, a100-mig\); found the text 'h100'"
+    )
+    with pytest.raises(QuotaFileError, match=refused):
         quotas.apply(plan(FILE.replace("{pool: a100}", "{pool: h100}")))  # type: ignore[arg-type]
     with pytest.raises(QuotaFileError, match=r"headroom.pools.h100.*a100, a100-mig"):
         quotas.apply(plan("headroom: {pools: {h100: 0.5}}\n" + FILE))  # type: ignore[arg-type]
@@ -132,7 +136,7 @@ def test_quota_cli_applies_lists_and_refuses_bad_files(
     for text, message in (
         ("teams: [", "valid YAML"),
         (FILE.replace("lending_limit: 1", "lending_limit: 9"), "lending_limit"),
-        (FILE.replace("{pool: a100}", "{pool: nowhere}"), "flavor pool:nowhere"),
+        (FILE.replace("{pool: a100}", "{pool: nowhere}"), "teams[0].quotas[0].flavor.pool (team vision)"),
     ):
         bad.write_text(text)
         assert main(["quota", "apply", str(bad), "--url", ledger_url]) == 2
@@ -170,3 +174,86 @@ def test_the_headroom_is_applied_changed_and_turned_off_with_the_quotas(
     assert LedgerQuotas(pool).list().headroom == Headroom()  # share 0: none stored
     assert main(["quota", "list", "--url", ledger_url]) == 0
     assert "headroom: none" in capsys.readouterr().out
+
+
+def test_a_nominal_above_the_pool_is_applied_with_a_warning_and_refused_with_strict(
+    pool: Ledger, ledger_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "quotas.yaml"
+    path.write_text(FILE)
+    assert main(["quota", "apply", str(path), "--url", ledger_url]) == 0
+    assert "warning" not in capsys.readouterr().err  # 4 and 2.5 GPUs fit the 8 the flavors hold
+    before = LedgerQuotas(pool).list()
+
+    path.write_text(FILE.replace("nominal: 4", "nominal: 1000"))
+    assert main(["quota", "apply", str(path), "--url", ledger_url, "--strict"]) == 2
+    err = capsys.readouterr().err
+    assert "quota file teams[0].quotas[0].nominal (team vision)" in err
+    assert "at most the 8 GPUs pool:a100 holds" in err and "found the number 1000" in err
+    assert LedgerQuotas(pool).list() == before  # refused before anything is written
+
+    assert main(["quota", "apply", str(path), "--url", ledger_url, "--json"]) == 0
+    captured = capsys.readouterr()
+    warning = (
+        "team vision's nominal quota of 1000 GPUs on pool:a100 (teams[0].quotas[0].nominal) is above "
+        "the 8 GPUs that pool holds in the ledger's inventory"
+    )
+    assert f"gpupool: warning: {warning}" in captured.err
+    assert json.loads(captured.out)["warnings"] == [warning]
+    assert {q.team: q.nominal_milli for q in LedgerQuotas(pool).list().quotas}["vision"] == 1_000_000
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        pytest.param(
+            "",
+            "quota file: expected a mapping with teams and an optional headroom; found nothing",
+            id="empty",
+        ),
+        pytest.param("- vision\n", "found a list of 1 item(s)", id="list"),
+        pytest.param(
+            FILE.replace("nominal: 2.5", "nominal: lots"),
+            "quota file teams[1].quotas[0].nominal (team nlp): expected a number of GPUs",
+            id="text-nominal",
+        ),
+        pytest.param(
+            FILE.replace("nominal: 2.5", "nominal:"),
+            "teams[1].quotas[0].nominal (team nlp): expected a number of GPUs, 0 or more (fractions allowed, "
+            "such as 0.25); found nothing (null or empty)",
+            id="null-nominal",
+        ),
+    ],
+)
+def test_a_refused_file_names_the_yaml_path_in_words_and_changes_nothing(
+    pool: Ledger, ledger_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, says: str
+) -> None:
+    path = tmp_path / "quotas.yaml"
+    path.write_text(FILE)
+    assert main(["quota", "apply", str(path), "--url", ledger_url]) == 0
+    before = LedgerQuotas(pool).list()
+    capsys.readouterr()
+
+    path.write_text(text)
+    assert main(["quota", "apply", str(path), "--url", ledger_url]) == 2
+
+    err = capsys.readouterr().err
+    assert says in err
+    assert "NoneType" not in err and "'list'" not in err
+    assert LedgerQuotas(pool).list() == before
+
+
+def test_the_first_apply_prints_the_urgent_priority_as_a_number(
+    pool: Ledger, ledger_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "quotas.yaml"
+    path.write_text("headroom: {share: 0.2}\n" + FILE)  # no urgent_priority: [gpupool] urgent_priority
+
+    assert main(["quota", "apply", str(path), "--url", ledger_url]) == 0
+
+    out = capsys.readouterr().out
+    priority = settings.urgent_priority()
+    assert f"headroom 20 % of every pool for urgent work (priority >= {priority} or inference)" in out
+    assert "[gpupool]" not in out
+    assert main(["quota", "list", "--url", ledger_url]) == 0
+    assert f"(priority >= {priority} or inference)" in capsys.readouterr().out

@@ -57,6 +57,7 @@ def test_to_dict_is_primitives_in_a_fixed_shape() -> None:
             }
         ],
         "grants": [snapshot.grants[0].to_dict()],
+        "external": [],
         "queue": [snapshot.queue[0].to_dict()],
         "orphaned": [],
         "leaks": [],
@@ -69,6 +70,7 @@ def test_to_dict_is_primitives_in_a_fixed_shape() -> None:
         "allocation",
         "nodes",
         "grants",
+        "external",
         "queue",
         "orphaned",
         "leaks",
