@@ -66,6 +66,7 @@ from airflow_gpupool.labels import (
     SCHEDULING_GATE,
 )
 from airflow_gpupool.ledger import FINISHED_PHASES, ReservationState
+from airflow_gpupool.pod_failures import describe_end
 from airflow_gpupool.pod_options import check_sigterm_promise
 from airflow_gpupool.resources import GpuRequest
 from airflow_gpupool.task_try import RESERVATION_ID_PREFIX
@@ -363,7 +364,7 @@ class _Pass:
             if self.keeps_leader(reservation):
                 return
             if self.ledger.release(
-                reservation.id, reason=f"gatekeeper: pod {_name(pod)} finished ({phase})"
+                reservation.id, reason=f"gatekeeper: pod {_name(pod)} finished ({describe_end(pod)})"
             ).released:
                 self.result.released.append(reservation.id)
             return

@@ -6,6 +6,10 @@ grace ends. A slice released when the ``DELETE`` answers can be granted to a pod
 the GPU with one still writing its checkpoint. So the pod is watched until it is gone; if it
 outlives its grace by :data:`GONE_MARGIN_S` (its node lost, its kubelet stuck) it is deleted with
 ``gracePeriodSeconds=0``, which removes it from the API at once, and only then is the slice free.
+
+Several pods are deleted together by sending every ``DELETE`` first (:func:`begin_deletion`), then
+waiting for each (:func:`finish_deletion`), its grace counted from its own ``DELETE``: they
+terminate at once, so the wait is the longest grace, not the sum.
 """
 
 from __future__ import annotations
@@ -14,9 +18,19 @@ import enum
 import logging
 import math
 import time
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["GONE_MARGIN_S", "PodGone", "delete_pod_until_gone", "settle_deleted_pod", "wait_until_gone"]
+__all__ = [
+    "GONE_MARGIN_S",
+    "PodDeletion",
+    "PodGone",
+    "begin_deletion",
+    "delete_pod_until_gone",
+    "finish_deletion",
+    "settle_deleted_pod",
+    "wait_until_gone",
+]
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +102,58 @@ def wait_until_gone(api: Any, namespace: str, name: str, timeout: float) -> bool
             stream.stop()
 
 
+@dataclass(frozen=True)
+class PodDeletion:
+    """A pod whose ``DELETE`` was answered: what :func:`finish_deletion` waits for.
+
+    :param namespace: the pod's namespace
+    :param name: the pod's name
+    :param grace: the termination grace the API server gave it, in seconds
+    :param started: when the ``DELETE`` was answered (``time.monotonic()``)
+    """
+
+    namespace: str
+    name: str
+    grace: int
+    started: float
+
+
+def begin_deletion(api: Any, namespace: str, name: str, *, grace_seconds: float | None) -> PodDeletion | None:
+    """Send a pod's ``DELETE`` (answered at once; the pod terminates meanwhile) without waiting.
+
+    :param api: a ``kubernetes.client.CoreV1Api``
+    :param namespace: the pod's namespace
+    :param name: the pod's name
+    :param grace_seconds: the termination grace (rounded up to whole seconds; 0: remove at once;
+        ``None``: the pod's own ``terminationGracePeriodSeconds``)
+    :return: what to wait for, or None when the pod was gone already
+    :raises ApiException: the API refused (a pod already gone is not an error)
+    """
+    grace = None if grace_seconds is None else max(0, math.ceil(grace_seconds))
+    answer = _delete(api, namespace, name, grace)
+    if answer is None:
+        return None
+    granted = getattr(getattr(answer, "metadata", None), "deletion_grace_period_seconds", None)
+    return PodDeletion(namespace, name, granted if granted is not None else grace or 0, time.monotonic())
+
+
+def finish_deletion(
+    api: Any, deletion: PodDeletion, *, why: str, margin_seconds: float = GONE_MARGIN_S
+) -> PodGone:
+    """Wait until a pod :func:`begin_deletion` deleted is gone, force-deleting it past its grace.
+
+    The grace is counted from the pod's ``DELETE``, not from this call: pods deleted together are
+    waited for one after another, in about the time of the longest grace.
+
+    :param api: a ``kubernetes.client.CoreV1Api``
+    :param deletion: the deleted pod
+    :param why: for the log
+    :param margin_seconds: how long past its grace the pod may take to go
+    """
+    d = deletion
+    return _settle(api, d.namespace, d.name, d.grace, why, margin_seconds, started=d.started)
+
+
 def delete_pod_until_gone(
     api: Any,
     namespace: str,
@@ -108,13 +174,11 @@ def delete_pod_until_gone(
     :param margin_seconds: how long past its grace the pod may take to go
     :raises ApiException: the API refused (a pod already gone is not an error)
     """
-    grace = None if grace_seconds is None else max(0, math.ceil(grace_seconds))
-    answer = _delete(api, namespace, name, grace)
-    if answer is None:
+    deletion = begin_deletion(api, namespace, name, grace_seconds=grace_seconds)
+    if deletion is None:
         log.info("Pod %s/%s was gone already: %s", namespace, name, why)
         return PodGone.ALREADY
-    granted = getattr(getattr(answer, "metadata", None), "deletion_grace_period_seconds", None)
-    return _settle(api, namespace, name, granted if granted is not None else grace or 0, why, margin_seconds)
+    return finish_deletion(api, deletion, why=why, margin_seconds=margin_seconds)
 
 
 def settle_deleted_pod(
@@ -144,8 +208,17 @@ def settle_deleted_pod(
     return _settle(api, namespace, name, grace, why, margin_seconds)
 
 
-def _settle(api: Any, namespace: str, name: str, grace: int, why: str, margin_seconds: float) -> PodGone:
-    """Wait for a terminating pod to go; past its grace and the margin, delete it at once."""
+def _settle(
+    api: Any,
+    namespace: str,
+    name: str,
+    grace: int,
+    why: str,
+    margin_seconds: float,
+    *,
+    started: float | None = None,
+) -> PodGone:
+    """Wait for a terminating pod to go; past its grace and the margin (from ``started``), delete it at once."""
     if grace > 0:
         log.info(
             "Waiting up to %d s (+%g s) for pod %s/%s to end before its GPU slice is released: %s",
@@ -155,7 +228,8 @@ def _settle(api: Any, namespace: str, name: str, grace: int, why: str, margin_se
             name,
             why,
         )
-    if wait_until_gone(api, namespace, name, grace + margin_seconds):
+    waited = 0.0 if started is None else time.monotonic() - started
+    if wait_until_gone(api, namespace, name, max(0.0, grace + margin_seconds - waited)):
         log.info("Pod %s/%s is gone: %s", namespace, name, why)
         return PodGone.ENDED
     log.warning(

@@ -3,14 +3,17 @@
 A grant is judged by the pods labelled with its reservation id (``gpupool.io/reservation-id``), in
 all namespaces: kept while any of them is not finished, released when all have finished, when its
 bound pod is gone, or when no pod has appeared within the grace period (the operator creates its
-pod after the grant).
+pod after the grant). A grant released because its pod ended says how the pod ended, classed by
+the operators' own rules (:func:`~airflow_gpupool.pod_failures.describe_end`): reconcile may get
+there before the pod's operator, whose record of the try must then agree with it.
 
 An *orphaned* grant (its lease expired while a pod was bound to it: its worker died) still holds
 its slice. It is released as soon as its pods are finished or gone; while one still runs it is
 kept for ``orphan_grace_seconds`` after it became orphaned (time for a retry to re-attach and
 renew it), then its pods are deleted, with an Event on each saying why, and the slice freed once
 they are gone (:mod:`~airflow_gpupool.controller.pod_deletion`): a deleted pod runs on while it
-terminates. A preemption victim orphaned at its deadline has had its grace: its pods are removed
+terminates. A pass sends every such ``DELETE`` first and then waits for the pods together, so it
+lasts about the longest grace, not their sum. A preemption victim orphaned at its deadline has had its grace: its pods are removed
 with ``gracePeriodSeconds=0``.
 
 :func:`reconcile` judges every grant of a cluster (``gpupool reconcile``), :func:`reconcile_grant`
@@ -26,13 +29,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from airflow_gpupool import settings
-from airflow_gpupool.controller.events import pod_event
 from airflow_gpupool.controller.gang_pods import live_member_pod, replacements_by_member
-from airflow_gpupool.controller.pod_deletion import delete_pod_until_gone
+from airflow_gpupool.controller.orphan_pods import ORPHAN_EVENT_REASON, delete_orphan_pod
+from airflow_gpupool.controller.pod_deletion import PodDeletion, finish_deletion
 from airflow_gpupool.exceptions import InvalidRequestError
 from airflow_gpupool.inventory.sync import list_nodes, list_objects
 from airflow_gpupool.labels import GANG_RESERVATION_LABEL, RESERVATION_LABEL
 from airflow_gpupool.ledger import FINISHED_PHASES, ReservationState
+from airflow_gpupool.pod_failures import describe_end
 from airflow_gpupool.task_try import RESERVATION_ID_PREFIX
 
 if TYPE_CHECKING:
@@ -42,6 +46,7 @@ __all__ = [
     "DEFAULT_GRACE_SECONDS",
     "FINISHED_PHASES",
     "OPERATOR_ID_PREFIX",
+    "ORPHAN_EVENT_REASON",
     "ReconcileResult",
     "check_grace",
     "reconcile",
@@ -55,9 +60,6 @@ DEFAULT_GRACE_SECONDS = 300.0
 #: The reservation ids GpuPodOperator makes (:attr:`airflow_gpupool.task_try.TaskTry.reservation_id`):
 #: by default reconcile judges only these, never a grant made by hand.
 OPERATOR_ID_PREFIX = RESERVATION_ID_PREFIX
-#: The ``reason`` of the Event left on a pod deleted because its orphaned grant's grace ran out.
-ORPHAN_EVENT_REASON = "GpuPoolOrphanDeleted"
-_EVENT_SOURCE = "gpupool-reconcile"
 
 
 @dataclass(frozen=True)
@@ -136,7 +138,7 @@ def verdict(
             return None
         # Retries may leave older pods of the same reservation: name the newest.
         last = max(pods, key=lambda p: str(p["metadata"].get("creationTimestamp") or ""))
-        return f"pod {_name(last)} finished ({_phase(last)})"
+        return f"pod {_name(last)} finished ({describe_end(last)})"
     grant = reservation.grant
     assert grant is not None
     if grant.pod_uid is not None:
@@ -156,39 +158,6 @@ def _pods_by_reservation(api: Any, selector: str) -> dict[str, list[dict[str, An
     return pods
 
 
-def _event(pod: Mapping[str, Any], message: str, now: float) -> dict[str, Any]:
-    return pod_event(
-        pod,
-        kind="Warning",
-        reason=ORPHAN_EVENT_REASON,
-        message=message,
-        component=_EVENT_SOURCE,
-        now=now,
-        suffix=f"gpupool-{int(now * 1000):x}",
-    )
-
-
-def delete_orphan_pod(
-    core_v1_api: Any, pod: Mapping[str, Any], message: str, now: float, *, grace_seconds: float | None = None
-) -> None:
-    """Leave an Event on ``pod`` saying why, then delete it and wait until it is gone (already gone is fine).
-
-    :param core_v1_api: a ``kubernetes.client.CoreV1Api``
-    :param pod: the pod as a JSON dict
-    :param grace_seconds: its termination grace (``None``: the pod's own; 0: removed at once)
-    """
-    from kubernetes.client.exceptions import ApiException
-
-    meta = pod.get("metadata") or {}
-    namespace, name = meta.get("namespace", "default"), meta.get("name")
-    try:
-        core_v1_api.create_namespaced_event(namespace, _event(pod, message, now))
-    except ApiException as e:  # the deletion matters; the event only explains it
-        log.warning("Could not record an event on pod %s/%s: %s", namespace, name, e.reason)
-    # The slice is released after this returns: never while the pod still runs on it.
-    delete_pod_until_gone(core_v1_api, namespace, str(name), grace_seconds=grace_seconds, why=message)
-
-
 @dataclass
 class _Reconcile:
     """One pass over the grants of a snapshot (see :func:`reconcile`)."""
@@ -205,6 +174,8 @@ class _Reconcile:
     orphans_kept: list[str] = field(default_factory=list)
     orphans_released: list[str] = field(default_factory=list)
     deleted: list[tuple[str, str]] = field(default_factory=list)
+    #: orphans whose pods this pass deleted: released by :meth:`finish` once those pods are gone
+    ending: list[tuple[Reservation, str, list[PodDeletion]]] = field(default_factory=list)
 
     def judge(self, reservation: Reservation) -> None:
         orphaned = reservation.state is ReservationState.ORPHANED
@@ -212,6 +183,20 @@ class _Reconcile:
         reason = verdict(reservation, pods, self.now, self.grace_seconds)
         if reason is None and orphaned:
             reason = self._end_orphan(reservation, pods)
+            if reason is not None:
+                return  # released by finish(), once its deleted pods are gone
+        self._settle(reservation, reason, orphaned)
+
+    def finish(self) -> None:
+        """Wait for the pods this pass deleted (all terminating at once), then release their grants."""
+        for reservation, reason, deletions in self.ending:
+            for deletion in deletions:
+                # The slice is released after this returns: never while the pod still runs on it.
+                finish_deletion(self.api, deletion, why=reason)
+            self._settle(reservation, reason, orphaned=True)
+
+    def _settle(self, reservation: Reservation, reason: str | None, orphaned: bool) -> None:
+        """Keep the grant (``reason`` None, or a gang leader whose gang still runs) or release it."""
         if reason is not None and (running := live_member_pod(reservation, self.grants, self.pods)):
             log.info(
                 "Keeping gang leader %s (%s): its gang's pod %s still runs", reservation.id, reason, running
@@ -252,11 +237,16 @@ class _Reconcile:
                 f"gpupool: the lease of reservation {reservation.id} expired and nobody renewed it for "
                 f"{self.orphan_grace_seconds:g}s; deleting the pod to free its GPU slice"
             )
+        deletions: list[PodDeletion] = []
         for pod in live:
             log.warning("Deleting pod %s of orphaned grant %s: %s", _name(pod), reservation.id, message)
             # A victim past its deadline had its grace (the holder's delete gave it): none more.
-            delete_orphan_pod(self.api, pod, message, self.now, grace_seconds=0.0 if preempted else None)
+            pod_grace = 0.0 if preempted else None
+            deletion = delete_orphan_pod(self.api, pod, message, self.now, grace_seconds=pod_grace)
+            if deletion is not None:
+                deletions.append(deletion)
             self.deleted.append((reservation.id, _name(pod)))
+        self.ending.append((reservation, reason, deletions))
         return reason
 
 
@@ -329,6 +319,7 @@ def reconcile(
             )
             break
         run.judge(reservation)
+    run.finish()
     return ReconcileResult(
         tuple(run.released),
         tuple(run.kept),

@@ -183,6 +183,7 @@ class GpuPodOperator(UnschedulableFailFast, GpuPodLease, GpuPodTries):
         self._failure: tuple[Classification, str] | None = None
         self._drift: Classification | None = None  # the node lacked the granted GPUs (UnschedulableFailFast)
         self._own_pod: tuple[str, str] | None = None  # (namespace, name) once created
+        self._pod_done = False  # the parent's cleanup has the pod's final state
         self._adopted = False  # the grant is an earlier try's, whose running pod the parent re-attaches to
         check_keep_checkpoints(keep_checkpoints)
         check_log_tail_lines(log_tail_lines)
@@ -441,21 +442,21 @@ class GpuPodOperator(UnschedulableFailFast, GpuPodLease, GpuPodTries):
             try:
                 outcome = self._failed(context, rid, e)
             finally:
-                self._settle_own_pod(f"{what} failed: {type(e).__name__}")
-                self._release(rid, f"{what} failed: {type(e).__name__}")
+                self._release_off_the_pod(rid, f"{what} failed: {type(e).__name__}")
             raise outcome  # noqa: B904 (_failed sets the cause)
         except BaseException as e:
-            self._settle_own_pod(f"{what} failed: {type(e).__name__}")
-            self._release(rid, f"{what} failed: {type(e).__name__}")
+            self._release_off_the_pod(rid, f"{what} failed: {type(e).__name__}")
             raise
         self._release(rid, "pod succeeded")
         return result
 
     def on_kill(self) -> None:
-        """Delete the pod like the parent, wait until it is gone, then release the slice."""
+        """Delete the pod like the parent, wait until it is gone, then release the slice.
+
+        A pod kept running (``on_kill_action="keep_pod"``) keeps its slice until it ends.
+        """
         try:
             super().on_kill()
         finally:
             if self._held_id:
-                self._settle_own_pod("the task was killed")
-                self._release(self._held_id, "task killed")
+                self._release_off_the_pod(self._held_id, "task killed")

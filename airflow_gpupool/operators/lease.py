@@ -3,7 +3,8 @@
 A lease that is lost (the ledger says the grant ended, or it could not be renewed for a whole
 TTL) means the slice may be handed to someone else: the renewer deletes the pod and the task
 fails with :class:`~airflow_gpupool.exceptions.LeaseLostError`, never running on a slice it
-does not hold.
+does not hold. A grant that ends after its pod did (reconcile saw the pod end before the task
+did) lost nothing: the renewer stops, and the pod's own outcome decides the try.
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ class LeaseRenewer(threading.Thread):
     :param log: where to report the renewals that failed
     :param reconcile: release the grant if its pod is gone; return why, or None when kept
     :param on_lost: called once, in this thread, when the lease is lost (deletes the pod)
+    :param pod_ended: whether the pod has ended; asked when the lease is lost: a grant released
+        after its pod ended is no loss (the pod's outcome, not ``lease_lost``, is the try's)
     :param clock: monotonic seconds (injected in tests)
     """
 
@@ -57,11 +60,12 @@ class LeaseRenewer(threading.Thread):
         reconcile: Callable[[], str | None],
         *,
         on_lost: Callable[[LeaseLostError], None] = lambda lost: None,
+        pod_ended: Callable[[], bool] = lambda: False,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__(name=f"gpupool-lease-{reservation_id}", daemon=True)
         self._hook, self._id, self._ttl, self._log = hook, reservation_id, ttl, log
-        self._reconcile, self._on_lost = reconcile, on_lost
+        self._reconcile, self._on_lost, self._pod_ended = reconcile, on_lost, pod_ended
         self._watch = LeaseWatch(reservation_id, ttl, clock)
         self._stopped = threading.Event()
         self._lost_handled = threading.Event()
@@ -102,10 +106,27 @@ class LeaseRenewer(threading.Thread):
             if lost is None:
                 self._log.warning("Renewing the lease of %s failed; will retry: %s", self._id, e)
                 return True
+            if self._ended_first(lost):
+                return False
             self._lose(lost, e)
             return False
         self._watch.renewed()
         return True
+
+    def _ended_first(self, lost: LeaseLostError) -> bool:
+        """Whether the pod ended before its lease was lost: then nothing was lost, nothing is deleted."""
+        try:
+            ended = self._pod_ended()
+        except Exception:
+            self._log.exception("Could not tell whether the pod of %s has ended", self._id)
+            return False
+        if ended:
+            self._log.info(
+                "GPU slice %s ended after its pod did (%s); the pod's outcome decides this try",
+                self._id,
+                lost.why,
+            )
+        return ended
 
     def _lose(self, lost: LeaseLostError, error: Exception) -> None:
         lost.__cause__ = error

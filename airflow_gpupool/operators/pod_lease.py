@@ -5,7 +5,8 @@ in the worker, by :class:`~airflow_gpupool.triggers.pod.LeasedPodTrigger` when d
 preemptible try tells the ledger when its newest valid checkpoint was written, so a preemption
 takes the victims that lose the least work first. When the lease is lost the pod is deleted (a
 preemption victim's with what is left of its grace, waiting until it is gone) and its emergency
-checkpoint is reported, all before the try fails and its slice is released.
+checkpoint is reported, all before the try fails and its slice is released. A grant that
+ends after its pod did (reconcile released it first) is no lost lease: the pod's outcome decides.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperato
 from airflow.providers.cncf.kubernetes.triggers.pod import KubernetesPodTrigger
 
 from airflow_gpupool.controller.pod_deletion import settle_deleted_pod
+from airflow_gpupool.ledger import FINISHED_PHASES
 from airflow_gpupool.operators.lease import LeaseRenewer, delete_pod
 from airflow_gpupool.triggers.lease import lost_from_event
 from airflow_gpupool.triggers.pod import LeasedPodTrigger
@@ -31,7 +33,8 @@ __all__ = ["GpuPodLease"]
 class GpuPodLease(KubernetesPodOperator):
     """The lease's side of :class:`~airflow_gpupool.operators.GpuPodOperator` (a base, not a task).
 
-    The attributes below are set by ``GpuPodOperator.__init__``; ``_own_pod`` once the pod exists.
+    The attributes below are set by ``GpuPodOperator.__init__``; ``_own_pod`` once the pod exists,
+    ``_pod_done`` once the parent's ``cleanup`` has the pod's final state.
     """
 
     preemptible: bool
@@ -42,6 +45,7 @@ class GpuPodLease(KubernetesPodOperator):
     gpu_hook: GpuPoolHook
     _held_id: str | None
     _own_pod: tuple[str, str] | None
+    _pod_done: bool
 
     unschedulable_grace_seconds: float
 
@@ -53,11 +57,38 @@ class GpuPodLease(KubernetesPodOperator):
         def granted_node(self) -> str | None:
             """The node the pod is pinned to (``UnschedulableFailFast``')."""
 
+        def _release(self, rid: str, reason: str) -> None:
+            """Release the slice (``GpuPodOperator``'s)."""
+
     def _lease_renewer(self, rid: str) -> LeaseRenewer:
         """Return the renewer of a sync pod's grant: it reconciles, reports checkpoints, deletes a lost pod."""
         ttl = self.lease_ttl or self.gpu_hook.options.lease_ttl_seconds
         reconcile = lambda: self._reconcile_own_grant(rid)  # noqa: E731
-        return LeaseRenewer(self.gpu_hook, rid, ttl, self.log, reconcile, on_lost=self._delete_own_pod)
+        return LeaseRenewer(
+            self.gpu_hook,
+            rid,
+            ttl,
+            self.log,
+            reconcile,
+            on_lost=self._delete_own_pod,
+            pod_ended=self._own_pod_ended,
+        )
+
+    def _own_pod_ended(self) -> bool:
+        """Whether the try's pod has ended: the parent has its final state, or its phase is final.
+
+        Asked when the lease is lost: a grant released after its pod ended (reconcile got there
+        first) lost nothing, and the try is what the pod did.
+
+        :raises ApiException: the pod could not be read
+        """
+        if self._pod_done:
+            return True  # the parent read it and is deleting it: gone or finished, its outcome is known
+        if self._own_pod is None:
+            return False
+        namespace, name = self._own_pod
+        pod = self.client.read_namespaced_pod(name, namespace)
+        return getattr(pod.status, "phase", None) in FINISHED_PHASES
 
     def _reconcile_own_grant(self, rid: str) -> str | None:
         # The pod may take up to the launch timeout to appear; only then is "no pod" news.
@@ -121,13 +152,43 @@ class GpuPodLease(KubernetesPodOperator):
             # the preemption took before the slice is released.
             self._note_checkpoint(self._held_id)
 
-    def _settle_own_pod(self, why: str) -> None:
-        """Wait until the try's pod, if being deleted (KPO's clean-up, ``on_kill``), is gone: its
-        slice is released next, and a terminating pod still runs on it."""
-        if self._own_pod is None:
+    def _release_off_the_pod(self, rid: str, why: str) -> None:
+        """Release the slice once the try's pod no longer runs on it; a pod kept running keeps it.
+
+        A pod being deleted (KPO's clean-up, ``on_kill``) is waited for until it is gone. A pod
+        kept running (``on_kill_action`` or ``on_finish_action`` ``keep_pod``) still uses the
+        slice: the grant is not released but left to lapse into an orphan, which the controller
+        releases when the pod ends (or deletes it after ``orphan_grace_seconds``), and which a
+        retry re-attaching to the pod adopts.
+
+        :param rid: the grant
+        :param why: for the log and the release
+        """
+        if self._own_pod_still_runs(why):
+            self.log.warning(
+                "Pod %s/%s was kept and still runs on GPU slice %s: the slice stays held until the pod "
+                "ends (%s)",
+                *(self._own_pod or ("?", "?")),
+                rid,
+                why,
+            )
             return
+        self._release(rid, why)
+
+    def _own_pod_still_runs(self, why: str) -> bool:
+        """Wait until the try's pod, if being deleted, is gone; return whether it was kept and still runs."""
+        from kubernetes.client.exceptions import ApiException
+
+        if self._own_pod is None:
+            return False
         try:
             settle_deleted_pod(self.client, *self._own_pod, why=why)
+            pod = self.client.read_namespaced_pod(self._own_pod[1], self._own_pod[0])
+        except ApiException as e:
+            if e.status != 404:
+                self.log.exception("Could not tell whether pod %s/%s is gone", *self._own_pod)
+            return False  # gone; or unknown: a slice held forever is worse than one freed early
         except Exception:
-            # The release must still come: a slice held forever is worse than one freed early.
             self.log.exception("Could not tell whether pod %s/%s is gone", *self._own_pod)
+            return False
+        return getattr(pod.status, "phase", None) not in FINISHED_PHASES

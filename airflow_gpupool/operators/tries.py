@@ -53,6 +53,7 @@ class GpuPodTries(KubernetesPodOperator):
     _request_override: GpuRequest | None
     _failure: tuple[Classification, str] | None
     _drift: Classification | None
+    _pod_done: bool
     gpu_hook: GpuPoolHook
 
     def gpu_request(self) -> GpuRequest:
@@ -110,6 +111,7 @@ class GpuPodTries(KubernetesPodOperator):
         context: Context | None = None,
     ) -> None:
         """Read why a failed pod failed (status, events, log tail) before the parent deletes it."""
+        self._pod_done = True  # its outcome is known now: a lease lost from here on lost nothing
         phase = getattr(getattr(remote_pod, "status", None), "phase", None)
         if remote_pod is not None and not self._killed and phase != "Succeeded":
             self._failure = read_failure(self, pod, remote_pod)

@@ -15,7 +15,7 @@ On top of kmock 0.8 this serves what clients such as ``KubernetesPodOperator`` r
 * resource.k8s.io/v1 ``resourceclaims`` (Dynamic Resource Allocation), stored as sent; a claim a
   pod owns (``ownerReferences``) is deleted with the pod, as Kubernetes' garbage collector does;
 * batch/v1 ``jobs``, run by a Job controller (:mod:`~airflow_gpupool.testing.jobs`): pods made from
-  the template, status, deletion with ``propagationPolicy``;
+  the template, status, deletion with ``propagationPolicy`` (``Foreground`` keeps the Job until its pods are gone);
 * coordination.k8s.io/v1 ``leases`` (leader election): ``PUT`` replaces, refused with 409 Conflict
   when the ``resourceVersion`` sent is not the stored one;
 * scheduling.k8s.io/v1 ``priorityclasses``, whose value a new pod naming one gets as
@@ -266,7 +266,7 @@ class KubernetesApiEmulator(StoredObjects):
             return aiohttp.web.json_response(await self._serve_replace(request))
         if (read := self._serve_read(request)) is not None:
             return read
-        if (deleted := await self._serve_pod_delete(request)) is not None:
+        if (deleted := await self._serve_deletion(request)) is not None:
             return deleted
         deleted_job = self._deleted_job(request)
         self._before_write(request)
@@ -276,6 +276,20 @@ class KubernetesApiEmulator(StoredObjects):
             if deleted_job is not None:
                 await self.jobs.deleted(deleted_job, propagation_policy(request))
         return response
+
+    async def _serve_deletion(self, request: Any) -> aiohttp.web.StreamResponse | None:
+        """Serve the deletes that do not remove the object at once: a pod's, a Job's in the foreground
+        (it stays until its pods are gone: :mod:`~airflow_gpupool.testing.jobs`); ``None`` for others.
+
+        :param request: kmock's parsed request
+        """
+        if (deleted := await self._serve_pod_delete(request)) is not None:
+            return deleted
+        if self._deleted_job(request) is None or propagation_policy(request) != "Foreground":
+            return None
+        return aiohttp.web.json_response(
+            await self.jobs.delete_in_foreground(request.namespace, request.name)
+        )
 
     def _serves(self, request: Any) -> bool:
         """Return whether this cluster serves the request's resource (a CRD it lacks is not).

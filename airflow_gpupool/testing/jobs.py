@@ -5,8 +5,11 @@ right after creating it, as ``KubernetesJobOperator`` does, finds them); afterwa
 of a pod the Job owns re-syncs the Job: pods that ended are counted (once, even after deletion),
 replacements are created while ``backoffLimit`` allows, and the Job ends ``Complete`` or
 ``Failed`` with its ``completionTime``. A Job deleted with ``propagationPolicy`` ``Foreground``
-or ``Background`` takes its pods with it; ``Orphan`` (the API's default for Jobs) leaves them
-without owner. The controller reads pod changes from the pods' watch bus in one task, and all
+or ``Background`` takes its pods with it, as the garbage collector does: ``Foreground`` answers
+with the Job still there, its ``deletionTimestamp`` set and the ``foregroundDeletion`` finalizer
+on it, deletes its pods (gracefully) and removes the Job once they are gone, creating no
+replacements meanwhile; ``Background`` removes the Job at once and its pods after.
+``Orphan`` (the API's default for Jobs) leaves the pods without owner. The controller reads pod changes from the pods' watch bus in one task, and all
 syncs take one lock, so two never create the same pod.
 
 What each step writes is :mod:`~airflow_gpupool.testing.job_pods`' job. Not emulated:
@@ -37,9 +40,18 @@ from airflow_gpupool.testing.storage import now_iso
 if TYPE_CHECKING:
     from airflow_gpupool.testing.apiserver import KubernetesApiEmulator
 
-__all__ = ["JobController", "owner_job_uid", "prepare_new_job", "propagation_policy"]
+__all__ = [
+    "FOREGROUND_FINALIZER",
+    "JobController",
+    "owner_job_uid",
+    "prepare_new_job",
+    "propagation_policy",
+]
 
 log = logging.getLogger(__name__)
+
+#: The finalizer a ``Foreground`` deletion puts on the Job until its pods are gone.
+FOREGROUND_FINALIZER = "foregroundDeletion"
 
 
 def owner_job_uid(pod: Mapping[str, Any]) -> str | None:
@@ -98,23 +110,43 @@ class JobController:
         await self.sync(namespace, name)
 
     async def deleted(self, job: Mapping[str, Any], policy: str | None) -> None:
-        """Take a deleted Job's pods with it (each terminating as a pod ``DELETE`` makes it), or orphan them.
-
-        Unlike Kubernetes' foreground deletion, the Job itself is gone at once, not after its pods.
+        """Take a Job removed from the API (``Background``) with its pods, each terminating as a pod
+        ``DELETE`` makes it, or orphan them (``Orphan``).
 
         :param job: the Job as it was
-        :param policy: ``Foreground``, ``Background`` or ``Orphan`` (``None``: Orphan, the Job default)
+        :param policy: ``Background`` or ``Orphan`` (``None``: Orphan, the Job default)
         """
         uid = job["metadata"].get("uid")
         self._progress.pop(str(uid), None)
         for pod in self._pods_of(job):
             meta = pod["metadata"]
-            if policy in ("Foreground", "Background"):
-                # Deleted as the garbage collector does: gracefully, with the pod's own grace.
-                grace = float((pod.get("spec") or {}).get("terminationGracePeriodSeconds", 30))
-                await self.api.terminations.delete(meta.get("namespace"), meta["name"], grace)
+            if policy == "Background":
+                await self._delete_pod(pod)
             else:
                 await self.api.update_object(PODS, meta.get("namespace"), meta["name"], _orphan)
+
+    async def delete_in_foreground(self, namespace: str | None, name: str) -> dict[str, Any] | None:
+        """Delete a Job in the foreground: return it marked (``deletionTimestamp``, the
+        ``foregroundDeletion`` finalizer), its pods terminating; it is removed once they are gone.
+
+        :param namespace: its namespace
+        :param name: its name
+        :return: the Job as the ``DELETE`` answers it, or ``None`` if there is none
+        """
+        job = await self.api.update_object(JOBS, namespace, name, _mark_foreground)
+        if job is None:
+            return None
+        self._ensure_watching()
+        for pod in self._pods_of(job):
+            await self._delete_pod(pod)
+        await self.sync(namespace, name)  # no pods left: removed now
+        return job
+
+    async def _delete_pod(self, pod: Mapping[str, Any]) -> None:
+        """Delete a Job's pod as the garbage collector does: gracefully, with the pod's own grace."""
+        meta = pod["metadata"]
+        grace = float((pod.get("spec") or {}).get("terminationGracePeriodSeconds", 30))
+        await self.api.terminations.delete(meta.get("namespace"), meta["name"], grace)
 
     async def shutdown(self) -> None:
         """Stop watching pods and forget every Job's progress."""
@@ -162,6 +194,9 @@ class JobController:
             job = self.api.get_object(JOBS, namespace, name)
             if job is None:
                 return
+            if job["metadata"].get("deletionTimestamp"):
+                await self._finish_foreground(job)
+                return
             progress = self._progress.setdefault(job["metadata"]["uid"], JobProgress())
             pods = self._pods_of(job)
             progress.record(pods)
@@ -177,6 +212,13 @@ class JobController:
                     status["active"] = int(status.get("active", 0)) + 1
             if status != job.get("status"):
                 await self.api.update_object(JOBS, namespace, name, lambda j: j.__setitem__("status", status))
+
+    async def _finish_foreground(self, job: Mapping[str, Any]) -> None:
+        """Remove a Job being deleted in the foreground once its pods are gone (none replaced meanwhile)."""
+        if self._pods_of(job):
+            return
+        self._progress.pop(str(job["metadata"].get("uid")), None)
+        await self.api.delete_object(JOBS, job["metadata"].get("namespace"), job["metadata"]["name"])
 
     async def _create_pod(self, job: Mapping[str, Any], index: int | None) -> None:
         """Create one pod of a Job, through the same steps as a pod ``POST``.
@@ -206,6 +248,18 @@ class JobController:
         return next(
             (j for j in self.api.list_objects(JOBS, namespace) if j["metadata"].get("uid") == uid), None
         )
+
+
+def _mark_foreground(job: dict[str, Any]) -> None:
+    """Mark a Job as being deleted in the foreground, as the API server does.
+
+    :param job: the Job, changed in place
+    """
+    meta = job["metadata"]
+    meta.setdefault("deletionTimestamp", now_iso())
+    meta.setdefault("deletionGracePeriodSeconds", 0)
+    if FOREGROUND_FINALIZER not in (meta.get("finalizers") or []):
+        meta["finalizers"] = [*(meta.get("finalizers") or []), FOREGROUND_FINALIZER]
 
 
 def _orphan(pod: dict[str, Any]) -> None:

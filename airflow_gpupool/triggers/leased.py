@@ -96,6 +96,10 @@ class LeasedTrigger(BaseTrigger):
         """Delete the workload the lost lease no longer covers; return the lease-lost event."""
         raise NotImplementedError
 
+    async def _workload_ended(self) -> bool:
+        """Whether the workload has ended by itself (asked when the lease is lost; default: not known)."""
+        return False
+
     async def _renew_until_lost(self) -> dict[str, Any]:
         """Renew every ``ttl / 3`` (at once when the grant is being preempted); return
         :meth:`_lease_lost`'s event once the lease is lost."""
@@ -112,6 +116,9 @@ class LeasedTrigger(BaseTrigger):
                     await self._renew(hook)
                 except Exception as e:
                     lost = watch.failed(e)
+                    if lost is not None and await self._ended_first(lost):
+                        # Nothing was lost: the wrapped trigger reports the end, whose outcome is the try's.
+                        await asyncio.Event().wait()
                     if lost is not None:
                         return await self._lease_lost(lost)
                     self.log.warning(
@@ -122,6 +129,22 @@ class LeasedTrigger(BaseTrigger):
                 await asyncio.sleep(watch.look_interval)
         finally:
             await asyncio.to_thread(hook.close)
+
+    async def _ended_first(self, lost: LeaseLostError) -> bool:
+        """Whether the workload ended before its lease was lost (reconcile released the grant of a
+        finished pod before this trigger saw it finish): then nothing is deleted and no loss reported."""
+        try:
+            ended = await self._workload_ended()
+        except Exception:
+            self.log.exception("Could not tell whether the workload of %s has ended", self.reservation_id)
+            return False
+        if ended:
+            self.log.info(
+                "GPU slice %s ended after its workload did (%s); its outcome decides the try",
+                self.reservation_id,
+                lost.why,
+            )
+        return ended
 
     async def _preempting(self, hook: AsyncGpuPoolHook) -> bool:
         """Whether the grant is being preempted (one read; the renewal then brings the notice)."""

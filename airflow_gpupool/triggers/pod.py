@@ -12,6 +12,7 @@ from airflow.providers.cncf.kubernetes.triggers.pod import KubernetesPodTrigger
 from airflow.triggers.base import TriggerEvent
 
 from airflow_gpupool.hooks.gpupool import AsyncGpuPoolHook
+from airflow_gpupool.ledger import FINISHED_PHASES
 from airflow_gpupool.triggers.events import trigger_event
 from airflow_gpupool.triggers.lease import lease_lost_event
 from airflow_gpupool.triggers.leased import LeasedTrigger, cancel_quietly
@@ -138,6 +139,11 @@ class LeasedPodTrigger(LeasedTrigger, KubernetesPodTrigger):
                 self.log.warning("Could not open the checkpoints at %s: %s", checkpoint_dir, e)
                 return
         await hook.anote_newest_checkpoint(self.reservation_id, self._store)
+
+    async def _workload_ended(self) -> bool:
+        """Whether the pod's phase is final (a pod gone is not known to have ended by itself)."""
+        pod = await self.hook.get_pod(self.pod_name, self.pod_namespace)
+        return getattr(pod.status, "phase", None) in FINISHED_PHASES
 
     async def _lease_lost(self, lost: LeaseLostError) -> dict[str, Any]:
         """Delete the pod; return the lease-lost event (kept for a pod watch that sees the deletion first)."""

@@ -133,18 +133,55 @@ def test_gated_template_keeps_its_pods_pending_until_ungated(
     assert condition(k8s.wait_for_job("gated"))[0] == "Complete"
 
 
-@pytest.mark.parametrize("policy", ["Foreground", "Background"])
-def test_delete_with_propagation_takes_the_pods(
-    k8s: KubernetesEmulatorServer, batch: Any, policy: str
-) -> None:
-    body = job_body(
-        "long", annotations={"gpupool.emulator/duration-seconds": "30"}, completions=2, parallelism=2
+def long_job_with_slow_pods(k8s: KubernetesEmulatorServer, batch: Any, name: str) -> None:
+    """A Job of two running pods that would run 30 s and take 2 s to exit on SIGTERM (grace 30 s)."""
+    annotations = {"gpupool.emulator/duration-seconds": "30", "gpupool.emulator/sigterm-exit-seconds": "2"}
+    batch.create_namespaced_job(
+        "default", job_body(name, annotations=annotations, completions=2, parallelism=2)
     )
-    batch.create_namespaced_job("default", body)
+    for pod in job_pods(k8s, name):  # a pod not yet scheduled would be removed at once
+        k8s.wait_for_pod(pod["metadata"]["name"], phases={"Running"})
+
+
+def test_a_foreground_delete_keeps_the_job_marked_until_its_pods_are_gone(
+    k8s: KubernetesEmulatorServer, batch: Any
+) -> None:
+    long_job_with_slow_pods(k8s, batch, "long")
     assert len(job_pods(k8s, "long")) == 2
-    batch.delete_namespaced_job("long", "default", propagation_policy=policy)
-    assert job_pods(k8s, "long") == []
+
+    batch.delete_namespaced_job("long", "default", propagation_policy="Foreground")
+
+    # As Kubernetes does: the Job is still there, marked, while its pods terminate; none is replaced.
+    job = batch.read_namespaced_job("long", "default")
+    assert job.metadata.deletion_timestamp is not None
+    assert job.metadata.finalizers == ["foregroundDeletion"]
+    pods = job_pods(k8s, "long")
+    assert len(pods) == 2 and all(p["metadata"].get("deletionTimestamp") for p in pods)
+    names = {p["metadata"]["name"] for p in pods}
+    deadline = time.monotonic() + 20
+    while k8s.job("long") is not None and time.monotonic() < deadline:
+        # Until it is gone, the Job's pods are the terminating ones: no replacement is made.
+        assert {p["metadata"]["name"] for p in job_pods(k8s, "long")} <= names
+        time.sleep(0.05)
     assert k8s.job("long") is None
+    assert job_pods(k8s, "long") == [] and all(k8s.pod(name) is None for name in names)
+
+
+def test_a_background_delete_removes_the_job_at_once_and_its_pods_after(
+    k8s: KubernetesEmulatorServer, batch: Any
+) -> None:
+    long_job_with_slow_pods(k8s, batch, "long")
+    pods = job_pods(k8s, "long")
+    assert len(pods) == 2
+
+    batch.delete_namespaced_job("long", "default", propagation_policy="Background")
+
+    assert k8s.job("long") is None
+    names = [p["metadata"]["name"] for p in pods]
+    terminating = [k8s.pod(name) for name in names]
+    assert all(p is not None and p["metadata"].get("deletionTimestamp") for p in terminating)
+    for name in names:
+        k8s.wait_for_pod_gone(name, timeout=20)
 
 
 def test_delete_without_propagation_orphans_the_pods(k8s: KubernetesEmulatorServer, batch: Any) -> None:

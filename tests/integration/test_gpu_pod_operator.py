@@ -312,6 +312,55 @@ def test_on_kill_deletes_the_pod_and_releases(
     assert_nothing_held(gpu_ledger)
 
 
+def test_on_kill_keeping_the_pod_keeps_its_slice_until_the_pod_ends(
+    k8s, gpu_ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from types import SimpleNamespace
+
+    from airflow_gpupool.operators import GpuPodOperator
+
+    monkeypatch.setenv("GPUPOOL_LEDGER_URL", gpu_ledger.url)
+    task = GpuPodOperator(
+        task_id="kept-train",
+        name="kept-train",
+        namespace="default",
+        image="train:1",
+        config_file=k8s.kubeconfig_path,
+        in_cluster=False,
+        get_logs=False,
+        startup_check_interval_seconds=1,
+        gpus=1,
+        ledger_conn_id=None,
+        on_kill_action="keep_pod",
+        on_finish_action="keep_pod",
+        annotations={"gpupool.emulator/duration-seconds": "8"},
+    )
+    ti = FakeTaskInstance("kept-train")
+    context = {"ti": ti, "task_instance": ti, "run_id": ti.run_id, "dag": SimpleNamespace(dag_id=ti.dag_id)}
+    worker = threading.Thread(target=task.execute, args=(context,), daemon=True)
+    worker.start()
+    deadline = time.monotonic() + 30
+    while not (k8s.created_pods() and k8s.pods()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pod_name = only_pod(k8s)["metadata"]["name"]
+    k8s.wait_for_pod(pod_name, phases={"Running"}, timeout=10)
+    (held,) = gpu_ledger.snapshot().grants
+
+    task.on_kill()
+
+    # The pod was kept and runs on: its slice is not released under it.
+    pod = k8s.pod(pod_name)
+    assert pod is not None and pod["status"]["phase"] == "Running"
+    assert "deletionTimestamp" not in pod["metadata"]
+    assert gpu_ledger.get(held.id).state is ReservationState.GRANTED
+    # The pod's end frees it (here the task itself, still waiting on the pod, releases it).
+    worker.join(timeout=60)
+    assert not worker.is_alive()
+    assert [p["status"]["phase"] for p in k8s.pod_history(pod_name)][-1] == "Succeeded"
+    assert gpu_ledger.get(held.id).state is ReservationState.RELEASED
+    assert_nothing_held(gpu_ledger)
+
+
 def test_example_dag_runs_under_dag_test(run_dag, k8s, gpu_ledger: Ledger) -> None:
     dag_run = run_dag("example_gpu_pod")
 

@@ -197,7 +197,7 @@ def test_reconcile(ledger: Ledger, clock: FakeClock, k8s: KubernetesEmulatorServ
     result = reconcile(ledger, core)
 
     assert sorted(result.released) == [
-        ("gp-failed", "pod default/failed finished (Failed)"),
+        ("gp-failed", "pod default/failed finished (Failed: application_error (Error, exit code 1))"),
         ("gp-succeeded", "pod default/succeeded finished (Succeeded)"),
         ("gp-vanished", "no pod for 300s"),
     ]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -41,12 +42,14 @@ def running_pod(
     *,
     gpus: tuple[int, ...] = (),
     node: str | None = None,
+    termination_grace: int | None = None,
     **annotations: str,
 ) -> str:
     """Create a pod labelled with ``reservation_id`` that runs for two minutes; return its uid.
 
     :param gpus: the GPU indices it is pinned to (the pod history's ``GPUPOOL_GPU_INDICES``)
     :param node: place it on this node by name
+    :param termination_grace: its ``terminationGracePeriodSeconds`` (None: Kubernetes' 30)
     :param annotations: more ``gpupool.emulator/`` annotations (``sigterm_exit_seconds="3"``)
     """
     emulated = {"duration-seconds": "120"} | {k.replace("_", "-"): v for k, v in annotations.items()}
@@ -67,6 +70,7 @@ def running_pod(
                 "restartPolicy": "Never",
                 "containers": [container],
                 **({"nodeName": node} if node else {}),
+                **({"terminationGracePeriodSeconds": termination_grace} if termination_grace else {}),
             },
         },
     )
@@ -113,7 +117,9 @@ def test_an_orphan_keeps_its_gpus_until_its_pod_ends_then_the_queue_gets_them(
     k8s.wait_for_pod("first")
     freed = reconcile(ledger, core)
 
-    assert freed.released == (("gp-first", "pod default/first finished (Failed)"),)
+    assert freed.released == (
+        ("gp-first", "pod default/first finished (Failed: evicted (Evicted, exit code 137))"),
+    )
     assert freed.orphans_released == ("gp-first",)
     assert ledger.get("gp-first").state is ReservationState.RELEASED
     granted = ledger.get("gp-second")
@@ -166,6 +172,38 @@ def test_an_orphan_whose_pod_runs_past_the_grace_has_its_pod_deleted_with_an_eve
     released = ledger.get("gp-stuck")
     assert released.state is ReservationState.RELEASED
     assert released.message == "reconcile: orphaned for over 30s: deleted pod default/stuck"
+    assert ledger.snapshot().grants == () and ledger.check_invariants(core) == []
+
+
+def test_a_pass_deletes_several_orphans_pods_together_and_waits_about_one_grace_not_their_sum(
+    synced: Ledger, k8s: KubernetesEmulatorServer, core: Any, clock: FakeClock
+) -> None:
+    ledger = synced
+    names = ("orphan-a", "orphan-b", "orphan-c")
+    for name in names:
+        rid = f"gp-{name}"
+        granted = ledger.reserve(GpuRequest(gpus=2), "worker-1", ttl=4, reservation_id=rid)
+        assert granted.state is ReservationState.GRANTED and granted.grant is not None
+        # A 20 s grace, of which its containers take 8 s to exit after SIGTERM.
+        gpus = granted.grant.gpu_indices
+        uid = running_pod(k8s, core, name, rid, gpus=gpus, termination_grace=20, sigterm_exit_seconds="8")
+        ledger.bind(rid, namespace="default", name=name, uid=uid)
+    clock.advance(6)
+    assert len(ledger.reap().orphaned) == 3
+    clock.advance(31)
+
+    started = time.monotonic()
+    result = reconcile(ledger, core, orphan_grace_seconds=30)
+    took = time.monotonic() - started
+
+    assert sorted(result.orphans_released) == [f"gp-{n}" for n in names]
+    deletes = [r for r in k8s.requests if r.method == "DELETE"]
+    assert len(deletes) == 3 and deletes[-1].time - deletes[0].time < 4, "all deleted before any wait"
+    # Released only once the pods were gone (8 s each, at once), not one after another (24 s).
+    assert 8 <= took < 16, took
+    assert all(k8s.pod(name) is None for name in names)
+    assert all(ledger.get(f"gp-{n}").state is ReservationState.RELEASED for n in names)
+    assert gpu_overlaps(k8s.pod_records()) == []
     assert ledger.snapshot().grants == () and ledger.check_invariants(core) == []
 
 
@@ -239,7 +277,10 @@ def test_a_returning_holder_renews_its_orphan_and_reconcile_grant_releases_a_gon
     assert reconcile_grant(ledger, core, "gp-back") is None  # its pod runs
     k8s.interrupt_pod("back")
     k8s.wait_for_pod("back")
-    assert reconcile_grant(ledger, core, "gp-back") == "pod default/back finished (Failed)"
+    assert (
+        reconcile_grant(ledger, core, "gp-back")
+        == "pod default/back finished (Failed: evicted (Evicted, exit code 137))"
+    )
 
 
 def test_reconcile_leaves_manual_grants_alone_unless_asked(

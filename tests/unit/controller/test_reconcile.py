@@ -20,9 +20,17 @@ def granted() -> Reservation:
     return Reservation("gp-1", "h", ReservationState.GRANTED, GpuRequest(gpus=1), 900.0, 9999.0, grant)
 
 
-def pod(name: str, phase: str | None, created: str = "2026-01-01T00:00:00Z") -> dict[str, Any]:
-    status = {"phase": phase} if phase else {}
+def pod(name: str, phase: str | None, created: str = "2026-01-01T00:00:00Z", **status: Any) -> dict[str, Any]:
+    """A pod in ``phase``; ``status`` adds to its status (``containerStatuses``, ``reason``)."""
+    if phase:
+        status["phase"] = phase
     return {"metadata": {"name": name, "namespace": "ml", "creationTimestamp": created}, "status": status}
+
+
+def ended(exit_code: int, reason: str) -> dict[str, Any]:
+    """The status of a pod whose main container ended with ``exit_code`` and ``reason``."""
+    terminated = {"exitCode": exit_code, "reason": reason}
+    return {"containerStatuses": [{"name": "base", "state": {"terminated": terminated}}]}
 
 
 @pytest.mark.parametrize(
@@ -36,8 +44,33 @@ def pod(name: str, phase: str | None, created: str = "2026-01-01T00:00:00Z") -> 
         pytest.param(
             [pod("old", "Failed", "2026-01-01T00:00:00Z"), pod("new", "Failed", "2026-01-01T01:00:00Z")],
             GRANTED_AT,
-            "pod ml/new finished (Failed)",
+            "pod ml/new finished (Failed: unknown (Failed))",
             id="names-the-newest",
+        ),
+        # A failed pod's release says its class, as the operator's ladder reads it: never a lost lease.
+        pytest.param(
+            [pod("p", "Failed", **ended(1, "Error"))],
+            GRANTED_AT,
+            "pod ml/p finished (Failed: application_error (Error, exit code 1))",
+            id="crashed",
+        ),
+        pytest.param(
+            [pod("p", "Failed", **ended(137, "OOMKilled"))],
+            GRANTED_AT,
+            "pod ml/p finished (Failed: out_of_memory (OOMKilled, exit code 137))",
+            id="oom-killed",
+        ),
+        pytest.param(
+            [pod("p", "Failed", reason="Evicted")],
+            GRANTED_AT,
+            "pod ml/p finished (Failed: evicted (Evicted))",
+            id="evicted",
+        ),
+        pytest.param(
+            [pod("p", "Succeeded", **ended(0, "Completed"))],
+            GRANTED_AT,
+            "pod ml/p finished (Succeeded)",
+            id="succeeded-exit-0",
         ),
         pytest.param([pod("old", "Failed"), pod("retry", "Pending")], GRANTED_AT, None, id="retry-alive"),
     ],

@@ -149,3 +149,36 @@ def test_a_failing_pod_deletion_still_records_the_loss(ledger: Ledger) -> None:
     renewer = LeaseRenewer(ledger, rid, TTL, LOG, lambda: None, on_lost=cannot_delete)
     assert not renewer.renew_once()
     assert renewer.lost is not None
+
+
+@pytest.mark.parametrize("ended_by", ["release", "preempted"])
+def test_a_grant_ended_after_its_pod_did_is_no_loss_and_deletes_nothing(
+    ledger: Ledger, ended_by: str
+) -> None:
+    # Reconcile saw the pod end and released the grant before the task did: the pod's outcome is the try's.
+    rid = ledger.reserve(GpuRequest(gpus=1), "worker-1", reservation_id="gp-ended", ttl=TTL).id
+    ledger.release(rid, reason="reconcile: pod default/p finished (Succeeded)")
+    hook: Any = ledger if ended_by == "release" else PreemptedLedger()
+    deleted: list[LeaseLostError] = []
+    renewer = LeaseRenewer(hook, rid, TTL, LOG, lambda: None, on_lost=deleted.append, pod_ended=lambda: True)
+
+    assert not renewer.renew_once()  # renewing stops
+
+    assert renewer.lost is None and deleted == []
+    assert renewer.guard(lambda: "the pod's own result") == "the pod's own result"
+
+
+def test_a_pod_still_running_or_unreadable_when_the_grant_ends_is_a_loss(ledger: Ledger) -> None:
+    rid = ledger.reserve(GpuRequest(gpus=1), "worker-1", reservation_id="gp-running", ttl=TTL).id
+    ledger.release(rid, reason="taken back")
+
+    def unreadable() -> bool:
+        raise RuntimeError("API server down")
+
+    for pod_ended in (lambda: False, unreadable):
+        deleted: list[LeaseLostError] = []
+        renewer = LeaseRenewer(
+            ledger, rid, TTL, LOG, lambda: None, on_lost=deleted.append, pod_ended=pod_ended
+        )
+        assert not renewer.renew_once()
+        assert renewer.lost is not None and deleted == [renewer.lost]

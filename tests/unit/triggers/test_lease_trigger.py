@@ -113,6 +113,52 @@ def test_the_pod_watch_seeing_the_deletion_first_still_yields_the_lease_lost_eve
     assert "it is released" in event.payload["why"]
 
 
+def test_a_grant_released_after_its_pod_ended_leaves_the_pod_and_reports_its_own_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Reconcile released the grant of the finished pod before the pod watch's next poll saw it
+    # end: no loss, no deletion; the pod's own event (a crash here) is what the operator gets.
+    from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook
+    from airflow.providers.cncf.kubernetes.triggers.pod import KubernetesPodTrigger
+    from airflow.triggers.base import TriggerEvent
+    from kubernetes.client import V1Pod, V1PodStatus
+
+    url = f"sqlite:///{tmp_path}/ledger.db"
+    ledger = Ledger.create(url)
+    ledger.upsert_nodes([node("n1", gpus=2)])
+    rid = ledger.reserve(GpuRequest(gpus=1), "worker-1", reservation_id="gp-t", ttl=30).id
+    ledger.release(rid, reason="reconcile: pod ml/train-x finished (Failed: application_error (Error))")
+    read = asyncio.Event()
+
+    async def get_pod(self: Any, name: str, namespace: str) -> V1Pod:
+        read.set()
+        return V1Pod(status=V1PodStatus(phase="Failed"))
+
+    async def pod_ends_at_the_next_poll(self: Any) -> AsyncIterator[Any]:
+        await read.wait()  # the renewer looked at the pod first
+        yield TriggerEvent({"status": "failed", "name": "train-x", "namespace": "ml", "message": "exit 1"})
+
+    monkeypatch.setattr(KubernetesPodTrigger, "run", pod_ends_at_the_next_poll)
+    monkeypatch.setattr(AsyncKubernetesHook, "get_pod", get_pod)
+    delete_pod = mock.create_autospec(AsyncKubernetesHook.delete_pod)
+    monkeypatch.setattr(AsyncKubernetesHook, "delete_pod", delete_pod)
+
+    async def events() -> list[Any]:
+        return [e async for e in trigger_for(url, rid).run()]
+
+    (event,) = asyncio.run(asyncio.wait_for(events(), timeout=30))
+    ledger.close()
+
+    assert event.payload == {
+        "status": "failed",
+        "name": "train-x",
+        "namespace": "ml",
+        "message": "exit 1",
+        "reservation_id": rid,
+    }
+    delete_pod.assert_not_awaited()
+
+
 def test_each_renewal_reports_the_newest_valid_checkpoint_to_the_ledger(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
