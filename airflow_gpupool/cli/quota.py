@@ -76,6 +76,7 @@ def cmd_quota_apply(args: argparse.Namespace) -> int:
                 **{k: list(v) for k, v in changes.items()},
                 "headroom_changed": applied.headroom_changed,
                 "headroom": plan.headroom.to_dict(),
+                "warnings": list(applied.warnings),
             }
         )
         return 0
@@ -86,6 +87,8 @@ def cmd_quota_apply(args: argparse.Namespace) -> int:
             print(f"  {what} {key}")
     if applied.headroom_changed:
         print(f"  headroom {_headroom_text(plan.headroom)}")
+    for warning in applied.warnings:
+        print(f"  warning: {warning}")
     return 0
 
 

@@ -13,10 +13,11 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import delete, insert, select
+from sqlalchemy import delete, func, insert, select
 
 from airflow_gpupool import settings
 from airflow_gpupool.exceptions import QuotaFileError
+from airflow_gpupool.governance.capacity import headroom_overcommit
 from airflow_gpupool.governance.quotas import Flavor, Headroom, QuotaPlan, TeamQuota, gpu_milli_of_mig
 from airflow_gpupool.ledger.db import schema
 from airflow_gpupool.ledger.db import statements as sql
@@ -40,12 +41,16 @@ __all__ = ["QUOTA_VERSION_KEY", "AppliedQuotas", "LedgerQuotas", "grant_milli", 
 
 @dataclass(frozen=True)
 class AppliedQuotas:
-    """What ``apply`` changed: ``team flavor`` keys added, changed and removed, and whether the headroom changed."""
+    """What ``apply`` changed: ``team flavor`` keys added, changed and removed, and whether the headroom changed.
+
+    :param warnings: what the plan promises that it cannot always keep (one line each), applied anyway
+    """
 
     added: tuple[str, ...] = ()
     changed: tuple[str, ...] = ()
     removed: tuple[str, ...] = ()
     headroom_changed: bool = False
+    warnings: tuple[str, ...] = ()
 
     def summary(self) -> str:
         """Return ``2 added, 1 changed, 0 removed``."""
@@ -85,6 +90,7 @@ class LedgerQuotas:
                 tuple(sorted(k for k in after.keys() & before.keys() if after[k] != before[k])),
                 tuple(sorted(before.keys() - after.keys())),
                 read_headroom(tx.conn) != headroom,
+                _headroom_warnings(tx.conn, plan, headroom),
             )
             if dry_run or not (
                 applied.added or applied.changed or applied.removed or applied.headroom_changed
@@ -153,6 +159,29 @@ def _stamp_quota_version(tx: Tx, version: int) -> None:
         tx.conn.execute(sql.BUMP_META, values)
     tx.quota_version = version
     tx.dirty = tx.inventory_changed = True
+
+
+def _headroom_warnings(conn: Connection, plan: QuotaPlan, headroom: Headroom) -> tuple[str, ...]:
+    """Warn of each pool whose nominal quotas add up to more than it holds outside its headroom."""
+    if not headroom.active:
+        return ()
+    nominal: dict[str, int] = defaultdict(int)
+    for quota in plan.quotas:
+        if quota.flavor.kind == "pool":
+            nominal[quota.flavor.name] += quota.nominal_milli
+    n, g = schema.nodes.c, schema.gpus.c
+    counts = conn.execute(
+        select(n.node_pool, func.count())
+        .select_from(schema.gpus.join(schema.nodes, g.node == n.name))
+        .group_by(n.node_pool)
+        .order_by(n.node_pool)
+    )
+    found = (
+        headroom_overcommit(pool, nominal[pool], count * 1000, headroom.share(pool))
+        for pool, count in counts
+        if pool in nominal
+    )
+    return tuple(line for line in found if line)
 
 
 def _resolved(headroom: Headroom) -> Headroom:
