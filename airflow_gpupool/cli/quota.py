@@ -81,7 +81,7 @@ def cmd_quota_apply(args: argparse.Namespace) -> int:
                 **{k: list(v) for k, v in changes.items()},
                 "headroom_changed": applied.headroom_changed,
                 "headroom": applied.headroom.to_dict(),
-                "warnings": list(applied.warnings),
+                "warnings": [*applied.warnings, *applied.headroom_warnings],
             }
         )
         return 0
@@ -92,6 +92,8 @@ def cmd_quota_apply(args: argparse.Namespace) -> int:
             print(f"  {what} {key}")
     if applied.headroom_changed:
         print(f"  headroom {_headroom_text(applied.headroom)}")
+    for warning in applied.headroom_warnings:
+        print(f"  warning: {warning}")
     return 0
 
 

@@ -6,14 +6,12 @@ that only urgent requests may use: priority at or above ``urgent_priority``, or 
 pool *lends* its headroom to preemptible work (``lendable``): urgent work then takes it back by
 preemption, so the headroom is not idle while no urgent work waits (what keeps allocation up
 when urgent work is a small part of the load), at the cost of a victim's grace in urgent wait.
-A *non-preemptible* request that keeps its team within its nominal quota (its grants plus this
-one, in every flavor it is counted in) may use the headroom too: it cannot take the loan (no
-urgent work could take it back), and without this rule the headroom lent to preemptible work
-keeps the pool fuller than the headroom, so lower-priority work on loan keeps out work its team
-is entitled to. On the Alibaba trace by QoS class (``benchmarks/README.md``, governance), the
-Guaranteed class's non-preemptible pods got 0.672 of their entitled share at load 1.0 without
-it and every class gets its nominal share with it, urgent p99 unchanged. Preemptible work still
-uses the headroom only on loan.
+Nothing else may hold it: work that is neither urgent nor on loan stays out of it even while its
+team is within its nominal quota, because capacity urgent work cannot take back is not headroom
+(a team with nominal 8 on an 8-GPU pool with 25 % headroom could otherwise fill all 8 GPUs with
+non-preemptible priority-0 work, and urgent and inference requests then wait). Nominal quotas of
+a pool that add up to more than the pool less its headroom therefore promise what non-urgent work
+cannot always get: ``gpupool quota apply`` warns (:func:`headroom_overcommit`).
 
 **Spot.** A node pool is spot or on-demand, read from the labels cloud providers and Karpenter
 set (``karpenter.sh/capacity-type``, ``cloud.google.com/gke-spot``, ``eks.amazonaws.com/capacityType``).
@@ -44,6 +42,7 @@ __all__ = [
     "choose_capacity",
     "default_capacity",
     "fits_headroom",
+    "headroom_overcommit",
     "is_urgent",
     "names_capacity",
     "with_capacity_type",
@@ -142,17 +141,12 @@ def fits_headroom(
     *,
     urgent: bool,
     lendable: bool = False,
-    preemptible: bool = False,
-    within_nominal: bool = False,
 ) -> bool:
     """Return whether a request may take ``request_milli`` of a pool with ``free_milli`` free.
 
     :param share: the pool's headroom share, 0 to 1 (0: no headroom)
     :param urgent: the request may use the headroom
-    :param lendable: the pool lends its headroom to this request (it is preemptible)
-    :param preemptible: the request may be preempted (it then uses the headroom only on loan)
-    :param within_nominal: the request keeps its team within its nominal quota (its grants plus
-        this one); a non-preemptible one may then use the headroom (the module docstring says why)
+    :param lendable: the pool lends its headroom to this request (it is preemptible: a loan)
     :raises InvalidRequestError: ``share`` outside [0, 1]
     """
     if (
@@ -162,9 +156,29 @@ def fits_headroom(
         or not 0 <= share <= 1
     ):
         raise InvalidRequestError("headroom share", share, "a number from 0 to 1")
-    if urgent or lendable or (within_nominal and not preemptible):
+    if urgent or lendable:
         return request_milli <= free_milli
     return free_milli - request_milli >= math.ceil(share * capacity_milli)
+
+
+def headroom_overcommit(pool: str, nominal_milli: int, capacity_milli: int, share: float) -> str | None:
+    """Say when a pool's nominal quotas add up to more than the pool less its headroom (None: they do not).
+
+    Work that is not urgent cannot use the headroom outright, so such quotas promise it capacity it
+    cannot always get. Not an error: urgent work counts against nominal quotas too.
+
+    :param pool: the node pool
+    :param nominal_milli: the nominal quotas of the pool's flavor, added up
+    :param capacity_milli: the pool's milli-GPU
+    :param share: the pool's headroom share, 0 to 1
+    """
+    outside = capacity_milli - math.ceil(share * capacity_milli)
+    if not share or nominal_milli <= outside:
+        return None
+    return (
+        f"pool {pool}: nominal quotas add up to {nominal_milli / 1000:g} GPUs, above the {outside / 1000:g} GPUs "
+        f"outside its {share:.0%} headroom: work that is not urgent may wait within its nominal"
+    )
 
 
 def default_capacity(

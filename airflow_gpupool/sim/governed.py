@@ -6,11 +6,11 @@ module only keeps time. Policies compared (:data:`POLICIES`):
 
 - ``gpupool``: admission by quota with borrowing (:class:`QuotaState`), fair order
   (:class:`FairShare`), headroom for urgent work (:func:`fits_headroom`; lent to preemptible
-  work when the teams file says ``headroom_lent``, open to non-preemptible work that keeps its
-  team within its nominal quota, as the ledger's admission has it), and preemption of the
-  victims that lose the least work (:func:`choose_victims`) with a checkpoint grace: a victim that
-  can write a checkpoint on SIGTERM does so and ends, losing only the seconds spent writing it;
-  one that cannot runs to the grace's deadline and loses what followed its last periodic checkpoint;
+  work when the teams file says ``headroom_lent``, closed to any other work, as the ledger's
+  admission has it), and preemption of the victims that lose the least work
+  (:func:`choose_victims`) with a checkpoint grace: a victim that can write a checkpoint on
+  SIGTERM does so and ends, losing only the seconds spent writing it; one that cannot runs to
+  the grace's deadline and loses what followed its last periodic checkpoint;
 - ``kueue-like``: the same quotas and borrowing, priority then FIFO, no headroom, Kueue's victim
   order (borrowers, lowest priority, newest), victims stopped at once: they lose the work since
   their last periodic checkpoint, and there is no minimum runtime;
@@ -177,8 +177,6 @@ class TeamsSim(QueueSim):
             self.plan.headroom,
             urgent=self.urgent(job),
             lendable=self._lends(job),
-            preemptible=r.preemptible,
-            within_nominal=self._within_nominal(job),
         )
 
     def _within_nominal(self, job: Job) -> bool:

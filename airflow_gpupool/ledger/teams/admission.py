@@ -14,11 +14,11 @@ grants' usage (read once per pass), on which
   every pass, so it is granted once its team's usage drops or its cohort lends;
 - a request that is not urgent (:meth:`Governance.urgent`) is placed in a node pool only while
   the pool keeps its headroom free (:func:`~airflow_gpupool.governance.capacity.fits_headroom`
-  on what the pool's live grants hold); a preemptible one may take headroom the quota file
-  lends, and its grant is marked ``headroom_loan`` (:func:`mark_headroom_loan`) so urgent work
-  may preempt it; a non-preemptible one may take the headroom while it keeps its team within
-  its nominal quota (:meth:`Governance.within_nominal`; why: that function's docstring); refused
-  by every pool, it waits outside the pass as above;
+  on what the pool's live grants hold), whatever its team's quota: only urgent work holds the
+  headroom outright (:mod:`~airflow_gpupool.governance.capacity` says why). A preemptible one
+  may take headroom the quota file lends, and its grant is marked ``headroom_loan``
+  (:func:`mark_headroom_loan`) so urgent work may preempt it; refused by every pool, a request
+  waits outside the pass as above;
 - within one priority, the team furthest below its fair share goes first
   (:meth:`~airflow_gpupool.governance.fairness.FairShare.order`), then FIFO; the queue's
   no-starvation rule then applies to that order unchanged.
@@ -154,10 +154,8 @@ class Governance:
             for flavor in _flavors(node, assignment):
                 per_flavor[flavor] += milli
         # A gang is never preempted, so the headroom is never lent to it.
-        within = self._within_nominal_milli(request.team, per_flavor)
         if not all(
-            self._fits_headroom(request, pool, milli, lendable=False, within_nominal=within)
-            for pool, milli in per_pool.items()
+            self._fits_headroom(request, pool, milli, lendable=False) for pool, milli in per_pool.items()
         ):
             return False
         if request.team not in self.teams:
@@ -200,9 +198,7 @@ class Governance:
     def within_nominal(self, request: GpuRequest, node: NodeState) -> bool:
         """Whether ``request`` on ``node`` keeps its team within its nominal quota (it reclaims).
 
-        A non-preemptible request that does may use the pool's headroom: it cannot take the loan,
-        and the headroom lent to preemptible work would otherwise keep it out of what its team is
-        entitled to (:mod:`~airflow_gpupool.governance.capacity` says so with the trace's numbers).
+        Such a request may preempt other teams' borrowed grants; it never uses the headroom for it.
         """
         milli = self._milli(request, node)
         return self._within_nominal_milli(request.team, dict.fromkeys(_node_flavors(node), milli))
@@ -217,9 +213,7 @@ class Governance:
 
     def admits(self, request: GpuRequest, node: NodeState) -> bool:
         """Whether the quota admits ``request`` on ``node`` now, and its pool's headroom leaves room for it."""
-        milli = self._milli(request, node)
-        within = self.within_nominal(request, node)
-        if not self._fits_headroom(request, node.node_pool, milli, within_nominal=within):
+        if not self._fits_headroom(request, node.node_pool, self._milli(request, node)):
             return False
         return request.team not in self.teams or self._admits_on(request, node)
 
@@ -234,22 +228,13 @@ class Governance:
         if not self.plan.headroom.active or self.urgent(request):
             return False
         milli = _assignment_milli(request, assignment, node)
-        within = self.within_nominal(request, node)
-        return bool(milli) and not self._fits_headroom(
-            request, node.node_pool, milli, lendable=False, within_nominal=within
-        )
+        return bool(milli) and not self._fits_headroom(request, node.node_pool, milli, lendable=False)
 
     def _lends_to(self, request: GpuRequest) -> bool:
         return self.plan.headroom.lend_to_preemptible and request.preemptible and request.gang is None
 
     def _fits_headroom(
-        self,
-        request: GpuRequest,
-        pool: str,
-        milli: int,
-        *,
-        lendable: bool | None = None,
-        within_nominal: bool = False,
+        self, request: GpuRequest, pool: str, milli: int, *, lendable: bool | None = None
     ) -> bool:
         headroom = self.plan.headroom
         lent = self._lends_to(request) if lendable is None else lendable
@@ -257,24 +242,14 @@ class Governance:
             return True  # whether the pool has room for it is placement's question, not the headroom's
         capacity = self.pool_capacity.get(pool, 0)
         free = capacity - self.pool_held.get(pool, 0)
-        return fits_headroom(
-            capacity,
-            free,
-            milli,
-            headroom.share(pool),
-            urgent=False,
-            preemptible=request.preemptible,
-            within_nominal=within_nominal,
-        )
+        return fits_headroom(capacity, free, milli, headroom.share(pool), urgent=False)
 
     def _headroom_refusing(self, request: GpuRequest) -> list[str]:
         pools = {n.node_pool: n for n in self.nodes.values()}
         return [
             p
             for p, n in sorted(pools.items())
-            if not self._fits_headroom(
-                request, p, self._milli(request, n), within_nominal=self.within_nominal(request, n)
-            )
+            if not self._fits_headroom(request, p, self._milli(request, n))
         ]
 
     def _keeps_headroom(self, pool: str) -> str:

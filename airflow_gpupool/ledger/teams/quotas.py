@@ -13,10 +13,11 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import delete, insert, select
+from sqlalchemy import delete, func, insert, select
 
 from airflow_gpupool import settings
 from airflow_gpupool.exceptions import QuotaFileError
+from airflow_gpupool.governance.capacity import headroom_overcommit
 from airflow_gpupool.governance.quota_capacity import nominals_above_capacity
 from airflow_gpupool.governance.quotas import Flavor, Headroom, QuotaPlan, TeamQuota, gpu_milli_of_mig
 from airflow_gpupool.ledger.db import schema
@@ -41,7 +42,10 @@ __all__ = ["QUOTA_VERSION_KEY", "AppliedQuotas", "LedgerQuotas", "grant_milli", 
 
 @dataclass(frozen=True)
 class AppliedQuotas:
-    """What ``apply`` changed: ``team flavor`` keys added, changed and removed, and whether the headroom changed."""
+    """What ``apply`` changed: ``team flavor`` keys added, changed and removed, and whether the headroom changed.
+
+    :param warnings: what the plan promises that it cannot always keep (one line each), applied anyway
+    """
 
     added: tuple[str, ...] = ()
     changed: tuple[str, ...] = ()
@@ -51,6 +55,8 @@ class AppliedQuotas:
     warnings: tuple[str, ...] = ()
     #: The headroom as stored: its urgent priority a number (``[gpupool] urgent_priority`` when the file names none).
     headroom: Headroom = field(default_factory=Headroom)
+    #: Pools whose non-urgent nominal quotas exceed what their headroom leaves (:func:`~airflow_gpupool.governance.capacity.headroom_overcommit`).
+    headroom_warnings: tuple[str, ...] = ()
 
     def summary(self) -> str:
         """Return ``2 added, 1 changed, 0 removed``."""
@@ -99,6 +105,7 @@ class LedgerQuotas:
                 read_headroom(tx.conn) != headroom,
                 tuple(map(str, oversized)),
                 headroom,
+                _headroom_warnings(tx.conn, plan, headroom),
             )
             if dry_run or not (
                 applied.added or applied.changed or applied.removed or applied.headroom_changed
@@ -185,6 +192,29 @@ def _stamp_quota_version(tx: Tx, version: int) -> None:
         tx.conn.execute(sql.BUMP_META, values)
     tx.quota_version = version
     tx.dirty = tx.inventory_changed = True
+
+
+def _headroom_warnings(conn: Connection, plan: QuotaPlan, headroom: Headroom) -> tuple[str, ...]:
+    """Warn of each pool whose nominal quotas add up to more than it holds outside its headroom."""
+    if not headroom.active:
+        return ()
+    nominal: dict[str, int] = defaultdict(int)
+    for quota in plan.quotas:
+        if quota.flavor.kind == "pool":
+            nominal[quota.flavor.name] += quota.nominal_milli
+    n, g = schema.nodes.c, schema.gpus.c
+    counts = conn.execute(
+        select(n.node_pool, func.count())
+        .select_from(schema.gpus.join(schema.nodes, g.node == n.name))
+        .group_by(n.node_pool)
+        .order_by(n.node_pool)
+    )
+    found = (
+        headroom_overcommit(pool, nominal[pool], count * 1000, headroom.share(pool))
+        for pool, count in counts
+        if pool in nominal
+    )
+    return tuple(line for line in found if line)
 
 
 def _resolved(headroom: Headroom) -> Headroom:

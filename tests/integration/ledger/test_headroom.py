@@ -3,8 +3,9 @@
 Pool ``a100`` has 10 GPUs (nodes of 8 and 2); the quota file gives the teams room enough that
 only the headroom decides (team ``ml`` in the tests where it holds more than its nominal quota
 borrows from ``serving``, in one cohort). Urgent work is priority 100 and above (the file says
-so) or the ``inference`` class. Non-preemptible work that keeps its team within its nominal
-quota may use the headroom too; preemptible work only when the file lends it.
+so) or the ``inference`` class. Nothing else holds the headroom outright, even within its team's
+nominal quota: preemptible work may take it on loan when the file lends it, and urgent work takes
+it back by preemption.
 """
 
 from __future__ import annotations
@@ -168,23 +169,41 @@ def test_quotas_applied_before_schema_v12_keep_no_headroom_once_migrated(
     ledger.close()
 
 
-def test_non_preemptible_work_within_its_teams_nominal_quota_uses_the_headroom(pool: Ledger) -> None:
-    apply(pool, f"{{share: 0.2, urgent_priority: {URGENT}}}", ml=5)
+def test_urgent_work_is_served_from_the_headroom_while_work_within_its_nominal_fills_the_rest(
+    make_ledger: Callable[..., Ledger],
+) -> None:
+    # Issue 38's case: team ml's nominal is the whole 8-GPU pool, 25 % of which is headroom.
+    ledger = make_ledger()
+    ledger.upsert_nodes([node("a1", gpus=8, pool="a100")])
+    document = f"""
+headroom: {{share: 0.25, urgent_priority: {URGENT}}}
+teams: [{{name: ml, quotas: [{{flavor: {{pool: a100}}, nominal: 8}}]}}]
+"""
+    LedgerQuotas(ledger).apply(parse_quota_file(yaml.safe_load(document)))
+    assert take(ledger, "ml-6", 6) is GRANTED
+    # Within ml's nominal, not preemptible, not urgent: the last 2 GPUs are not its to hold.
+    assert take(ledger, "ml-7th", 1) is WAITING
+    assert "pool a100 keeps 25% of its GPUs for urgent work" in ledger.explain("ml-7th")
+    assert take(ledger, "urgent-1", 1, URGENT) is GRANTED
+    assert take(ledger, "infer-1", 1, workload_class=WorkloadClass.INFERENCE) is GRANTED
+    assert ledger.check_invariants() == []
+    ledger.release("urgent-1")
+    assert ledger.get("ml-7th").state is WAITING  # a GPU is free, but it is the headroom's
+    ledger.release("ml-6")
+    assert ledger.get("ml-7th").state is GRANTED
+
+
+def test_non_preemptible_work_within_its_teams_nominal_quota_stays_out_of_the_headroom(pool: Ledger) -> None:
+    apply(pool, f"{{share: 0.2, lend_to_preemptible: true, urgent_priority: {URGENT}}}", ml=5)
     assert take(pool, "serving-4", 4, team="serving") is GRANTED
     assert take(pool, "ml-4", 4) is GRANTED
-    # 8 of 10 held: ml's fifth GPU is in the headroom, and within its nominal of 5.
-    assert take(pool, "ml-5th", 1) is GRANTED
-    assert not pool.get("ml-5th").headroom_loan  # not preemptible: not a loan urgent work takes back
-    # A sixth would take ml above its nominal: the headroom is kept from it.
-    assert take(pool, "ml-6th", 1) is WAITING
-    assert "pool a100 keeps 20% of its GPUs for urgent work" in pool.explain("ml-6th")
-    # Serving is within its nominal, but preemptible work uses the headroom only on loan.
-    assert take(pool, "serving-loan", 1, team="serving", preemptible=True) is WAITING
-    assert take(pool, "serving-5th", 1, team="serving") is GRANTED  # not preemptible: it may
+    # 8 of 10 held: ml's fifth GPU would be in the headroom; within its nominal of 5, but no loan.
+    assert take(pool, "ml-5th", 1) is WAITING
+    assert "pool a100 keeps 20% of its GPUs for urgent work" in pool.explain("ml-5th")
+    # The same, preemptible: a loan urgent work may take back.
+    assert take(pool, "ml-loan", 1, preemptible=True) is GRANTED
+    assert pool.get("ml-loan").headroom_loan
     assert pool.check_invariants() == []
-    pool.release("serving-5th")
-    assert pool.get("serving-loan").state is WAITING  # still preemptible, still no loan
-    assert pool.get("ml-6th").state is WAITING  # still above ml's nominal
 
 
 def test_a_preemptible_request_within_its_nominal_takes_the_headroom_on_loan(pool: Ledger) -> None:
@@ -192,5 +211,4 @@ def test_a_preemptible_request_within_its_nominal_takes_the_headroom_on_loan(poo
     assert take(pool, "serving-8", 8, team="serving") is GRANTED
     assert take(pool, "ml-loan", 1, preemptible=True) is GRANTED
     assert pool.get("ml-loan").headroom_loan  # within ml's nominal, but preemptible: a loan
-    assert take(pool, "ml-steady", 1) is GRANTED
-    assert not pool.get("ml-steady").headroom_loan
+    assert take(pool, "ml-steady", 1) is WAITING  # within ml's nominal too, but no loan: kept out

@@ -11,10 +11,10 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -136,7 +136,13 @@ class Database:
 
 
 def run_ledger_machine(
-    machine: type[RuleBasedStateMachine], backend: str, tmp_path: Path, *, examples: int, steps: int = 25
+    machine: type[RuleBasedStateMachine],
+    backend: str,
+    tmp_path: Path,
+    *,
+    examples: int,
+    steps: int = 25,
+    fixed: bool = False,
 ) -> None:
     """Run a ledger state machine, each example on a fresh database of ``backend``.
 
@@ -144,6 +150,8 @@ def run_ledger_machine(
     :param backend: ``sqlite`` or ``postgresql`` (required in CI)
     :param examples: how many random sequences
     :param steps: how many calls each at most
+    :param fixed: the same sequences every run, and the first failure reported as found (not
+        shrunk): for runs that must fail, against a planted break
     """
     if backend == "postgresql":
         require_postgres()
@@ -156,6 +164,8 @@ def run_ledger_machine(
             deadline=None,
             database=None,
             suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+            derandomize=fixed,
+            phases=[Phase.generate] if fixed else list(Phase),
         ),
     )
 
@@ -169,12 +179,18 @@ class ReservingMachine(RuleBasedStateMachine):
     database: Database
     #: The no-starvation bound: small, so budgets are spent and nodes held within a few steps.
     max_overtakes = 2
+    #: More options of the ledger (a subclass's preemption timings).
+    ledger_options: ClassVar[dict[str, Any]] = {}
 
     def __init__(self) -> None:
         super().__init__()
         self.clock = FakeClock()
         self.ledger = Ledger.create(
-            self.database.new_url(), clock=self.clock, policy="bestfit", max_overtakes=self.max_overtakes
+            self.database.new_url(),
+            clock=self.clock,
+            policy="bestfit",
+            max_overtakes=self.max_overtakes,
+            **self.ledger_options,
         )
         self.ids: list[str] = []
 

@@ -1,27 +1,31 @@
-"""Random requests of teams with quotas, releases, renewals and lease expiry: the quota invariants hold.
+"""Random requests of teams with quotas, preemption, headroom loans and quota re-applies: the rules hold.
 
 A hypothesis state machine on SQLite and PostgreSQL. Three teams share pool ``a100`` in one
-cohort (one with a borrowing limit, one with a lending limit), a fourth team has a quota of its
-own and no cohort, a fifth has none; pool ``t4`` is governed by nobody. They reserve singles,
-fractions and gangs (fixed and elastic), release, renew, advance the clock and reap. After every
-step, on every governed flavor (the pool and the GPU model each grant draws on, as
-:meth:`LedgerQuotas.usage` counts them):
+cohort (with a borrowing limit and a lending limit among them), a fourth team has a quota of its
+own and no cohort, a fifth has none; pool ``t4`` is governed by nobody. They reserve singles
+(preemptible or not, urgent or not, some of the inference class), fractions and gangs (fixed and
+elastic); they release, renew, end preempted grants as their holders would, advance the clock
+through leases and preemption deadlines and reap; and the quota file is applied again, switching
+between two plans (each may come first: other nominal quotas and limits; a headroom of 20 % lent
+to preemptible work, or of 30 % not lent). After every step, on every governed flavor (the pool and the GPU model each
+grant draws on, as :meth:`LedgerQuotas.usage` counts them):
 
 - no team holds more than its nominal quota plus its borrowing limit (a team in no cohort: its
   nominal);
 - no lender lends beyond its lending limit: what the cohort's members borrow (held above their
   nominal) is at most what its members that do not borrow could lend (the nominal of each, or its
-  lending limit when lower). A member's lending floor (nominal less lending limit) is never lent.
+  lending limit when lower). A member's lending floor (nominal less lending limit) is never lent;
+- the headroom is held only by urgent work (priority 100, or inference) or loans
+  (``headroom_loan``): the rest of a pool's grants hold at most its capacity less its headroom;
+- a preemption victim is preempted for one request: once told, the request it names never changes,
+  and no GPU is held past its capacity (the freed slice is granted once).
 
-The file keeps the default headroom (20 % of each pool) and some requests are urgent (priority
-100): work that is not urgent holds more of a pool than its capacity less the headroom only by
-non-preemptible grants that kept their team within its nominal quota (each team's share of the
-excess is at most its nominal in the pool, and at most what its non-preemptible, non-urgent
-grants hold there: both bounds survive every release and admission the rule allows).
-
-Quotas do not move while the machine runs and nothing preempts, so a state the admission rule
-allowed stays allowed: a violation is a grant the ledger should have refused. The ledger's own
-invariants (:meth:`Ledger.check_invariants`) hold too.
+A re-applied file does not take back what was granted under the one before: a team may hold more
+than the new plan allows by grants made before it, never by one made after (each bound above is
+checked as ``held <= max(bound, held by grants older than the plan)``; the cohort's, which mixes
+teams, only once no older grant holds in the pool). The ledger's own invariants
+(:meth:`Ledger.check_invariants`) hold too. ``test_quota_state_machine_planted.py`` plants a
+break of each rule in a copy of the package and sees this machine fail.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import math
 from collections import defaultdict
 from dataclasses import replace
 from pathlib import Path
+from typing import Any, ClassVar
 
 import pytest
 import yaml
@@ -53,6 +58,7 @@ NODES = (
     node("t1", gpus=4, pool="t4", labels={"tier": "t4"}),
 )
 QUOTAS = """
+headroom: {share: 0.2, lend_to_preemptible: true, urgent_priority: 100}
 teams:
   - name: vision
     cohort: lab
@@ -70,15 +76,39 @@ teams:
     quotas:
       - {flavor: {pool: a100}, nominal: 1}
 """
-URGENT = 100  # [gpupool] urgent_priority's default: such work may use the pools' headroom
+#: The second plan: other nominal quotas and limits, a larger headroom, not lent.
+QUOTAS_AGAIN = """
+headroom: {share: 0.3, urgent_priority: 100}
+teams:
+  - name: vision
+    cohort: lab
+    quotas:
+      - {flavor: {pool: a100}, nominal: 2}
+  - name: nlp
+    cohort: lab
+    quotas:
+      - {flavor: {pool: a100}, nominal: 4, lending_limit: 0.5}
+  - name: speech
+    cohort: lab
+    quotas:
+      - {flavor: {pool: a100}, nominal: 1, borrowing_limit: 1}
+  - name: ads
+    quotas:
+      - {flavor: {pool: a100}, nominal: 1}
+"""
+URGENT = 100  # the files' urgent_priority: such work may use the pools' headroom
 TEAMS = ("vision", "nlp", "speech", "ads", "misc")  # misc: no quota, not governed
 SHAPES = ({"gpus": 1}, {"gpu_milli": 500}, {"gpus": 2}, {"gpus": 3})
 WHERE = ((), (("tier", "t4"),))  # anywhere, or on the ungoverned pool only
 singles = st.builds(
-    lambda shape, team, priority: GpuRequest(**shape, team=team, priority=priority),
+    lambda shape, team, priority, preemptible, workload: GpuRequest(
+        **shape, team=team, priority=priority, preemptible=preemptible, workload_class=workload
+    ),
     st.sampled_from(SHAPES),
     st.sampled_from(TEAMS),
-    st.sampled_from([0, 0, 1, URGENT]),
+    st.sampled_from([0, 0, 1, 50, URGENT, URGENT]),
+    st.booleans(),
+    st.sampled_from(["training", "training", "training", "inference"]),
 )
 gangs = st.builds(
     lambda shape, team, size, minimum: GpuRequest(
@@ -91,19 +121,28 @@ gangs = st.builds(
 )
 
 
-def violations(plan: QuotaPlan, used: dict[tuple[str, Flavor], int]) -> list[str]:
-    """Say which quota invariant the usage breaks, per team and cohort (empty: none)."""
+def violations(
+    plan: QuotaPlan, used: dict[tuple[str, Flavor], int], older: dict[tuple[str, Flavor], int] | None = None
+) -> list[str]:
+    """Say which quota invariant the usage breaks, per team and cohort (empty: none).
+
+    :param older: what grants made before ``plan`` was applied hold (they may keep more than it allows)
+    """
+    older = older or {}
     found = []
     by_cohort: dict[tuple[str, Flavor], list[TeamQuota]] = defaultdict(list)
     for quota in plan.quotas:
-        held = used.get((quota.team, quota.flavor), 0)
+        key = (quota.team, quota.flavor)
+        held = used.get(key, 0)
         ceiling = quota.nominal_milli
         if quota.cohort is not None:
             by_cohort[(quota.cohort, quota.flavor)].append(quota)
             ceiling = None if quota.borrowing_limit_milli is None else ceiling + quota.borrowing_limit_milli
-        if ceiling is not None and held > ceiling:
+        if ceiling is not None and held > max(ceiling, older.get(key, 0)):
             found.append(f"team {quota.team} holds {held}m of {quota.flavor}, above {ceiling}m")
     for (cohort, flavor), members in by_cohort.items():
+        if any(older.get((q.team, flavor), 0) for q in members):
+            continue  # grants of another plan hold there: what they borrowed is not this plan's
         borrowed = {q.team: max(0, used.get((q.team, flavor), 0) - q.nominal_milli) for q in members}
         lendable = sum(
             q.nominal_milli if q.lending_limit_milli is None else min(q.nominal_milli, q.lending_limit_milli)
@@ -118,16 +157,22 @@ def violations(plan: QuotaPlan, used: dict[tuple[str, Flavor], int]) -> list[str
 
 
 class QuotaMachine(ReservingMachine):
-    """Teams under quotas; after each call, no team above its ceiling and no lender past its limit."""
+    """Teams under quotas that change; after each call, every rule of the module docstring holds."""
+
+    ledger_options: ClassVar[dict[str, Any]] = {"min_runtime_seconds": 0, "preemption_grace_seconds": 30}
 
     def __init__(self) -> None:
         super().__init__()
         self.quotas = LedgerQuotas(self.ledger)
-        self.plan = parse_quota_file(yaml.safe_load(QUOTAS))
+        self.plans = [parse_quota_file(yaml.safe_load(text)) for text in (QUOTAS, QUOTAS_AGAIN)]
+        self.plan = self.plans[0]
+        self.older: set[str] = set()  # grants held when a plan was applied again
+        self.told: dict[str, str] = {}  # victim -> the request it was preempted for
 
-    @initialize()
-    def load_inventory_and_quotas(self) -> None:
+    @initialize(which=st.sampled_from([0, 1]))
+    def load_inventory_and_quotas(self, which: int) -> None:
         self.ledger.upsert_nodes(NODES)
+        self.plan = self.plans[which]
         self.quotas.apply(self.plan)
 
     @rule(
@@ -141,73 +186,127 @@ class QuotaMachine(ReservingMachine):
     ) -> None:
         self._reserve(replace(request, node_labels=where), request.team, ttl, timeout)
 
+    @rule(batch=st.lists(singles, min_size=2, max_size=5))
+    def reserve_several(self, batch: list[GpuRequest]) -> None:
+        """Fill the pool within one step: loans and preemption need it near full."""
+        for request in batch:
+            self._reserve(request, request.team, 600, 900)
+
+    @rule(shape=st.sampled_from(SHAPES), team=st.sampled_from(TEAMS))
+    def two_urgent_requests(self, shape: dict[str, Any], team: str) -> None:
+        """Two preemptors at once: each victim must be told for one of them only."""
+        for _ in range(2):
+            self._reserve(GpuRequest(**shape, team=team, priority=URGENT), team, 600, 900)
+
+    @rule(team=st.sampled_from(["vision", "speech"]), count=st.integers(3, 7))
+    def a_team_asks_for_more(self, team: str, count: int) -> None:
+        """One team asks beyond its nominal at once (urgent: only its quota binds): it borrows all it may."""
+        for _ in range(count):
+            self._reserve(GpuRequest(gpus=1, team=team, priority=URGENT), team, 600, 900)
+
     @rule(request=gangs, ttl=st.sampled_from([30, 600]), timeout=st.sampled_from([60, 900]))
     def reserve_gang(self, request: GpuRequest, ttl: int, timeout: int) -> None:
         self._reserve(request, request.team, ttl, timeout)
 
+    @rule(which=st.sampled_from([0, 1]))
+    def apply_again(self, which: int) -> None:
+        self.older |= {r.id for r in self.ledger.snapshot().grants}
+        self.plan = self.plans[which]
+        self.quotas.apply(self.plan)
+
+    @rule(data=st.data())
+    def end_a_preempted_grant(self, data: st.DataObject) -> None:
+        """Its holder saw the preemption, ended the pod and releases the grant."""
+        preempting = sorted(r.id for r in self.ledger.snapshot().grants if r.preempted_by is not None)
+        if preempting:
+            self.ledger.release(data.draw(st.sampled_from(preempting), label="preempted"))
+
+    def _older_grants(self) -> tuple[Reservation, ...]:
+        return tuple(r for r in self.ledger.snapshot().grants if r.id in self.older)
+
     @invariant()
     def quotas_hold(self) -> None:
-        assert self.ledger.check_invariants() == []
-        assert violations(self.plan, self.quotas.usage()) == []
+        broken = self.ledger.check_invariants()
+        assert not broken, broken
+        found = violations(self.plan, self.quotas.usage(), self.quotas.usage(self._older_grants()))
+        assert not found, found
 
     @invariant()
     def headroom_holds(self) -> None:
-        assert headroom_violations(self.quotas.list(), self.ledger.snapshot().grants) == []
+        found = headroom_violations(self.plan, self.ledger.snapshot().grants, self._older_grants())
+        assert not found, found
+
+    @invariant()
+    def a_victim_is_preempted_for_one_request(self) -> None:
+        held: dict[tuple[str, int], int] = defaultdict(int)
+        for reservation in self.ledger.snapshot().grants:
+            grant, by = reservation.grant, reservation.preempted_by
+            if by is not None:
+                assert self.told.setdefault(reservation.id, by) == by, (
+                    f"{reservation.id} preempted for {self.told[reservation.id]}, then for {by}"
+                )
+            if grant is not None and grant.mig_slice is None:
+                for index in grant.gpu_indices:
+                    held[(grant.node, index)] += grant.milli_per_gpu
+        over = {gpu: milli for gpu, milli in held.items() if milli > 1000}
+        assert not over, f"GPUs held past their capacity: {over}"
 
 
-def headroom_violations(plan: QuotaPlan, grants: tuple[Reservation, ...]) -> list[str]:
-    """Say which pool lets work that is not urgent into its headroom beyond what the rule allows.
+def headroom_violations(
+    plan: QuotaPlan, grants: tuple[Reservation, ...], older: tuple[Reservation, ...] = ()
+) -> list[str]:
+    """Say which pool lets work that is neither urgent nor on loan into its headroom.
 
-    Allowed there: loans (``headroom_loan``), and per team at most min(its nominal quota in the
-    pool, what its non-preemptible, non-urgent grants hold in it).
+    :param older: the grants made before ``plan`` was applied (they may hold what it keeps)
     """
     capacity: dict[str, int] = defaultdict(int)
     for n in NODES:
         capacity[n.node_pool] += len(n.gpus) * 1000
+    held, held_before = _not_urgent_held(grants), _not_urgent_held(older)
+    found = []
+    for pool, milli in sorted(held.items()):
+        outside = capacity[pool] - math.ceil(plan.headroom.share(pool) * capacity[pool])
+        if milli > max(outside, held_before.get(pool, 0)):
+            found.append(
+                f"pool {pool}: {milli}m held by work that is neither urgent nor on loan,"
+                f" above {capacity[pool]}m less its headroom"
+            )
+    return found
+
+
+def _not_urgent_held(grants: tuple[Reservation, ...]) -> dict[str, int]:
+    """Return per pool the milli-GPU that grants neither urgent nor on loan hold."""
     held: dict[str, int] = defaultdict(int)
-    steady: dict[tuple[str, str], int] = defaultdict(int)  # (pool, team): non-preemptible milli
     for reservation in grants:
         request, grant = reservation.request, reservation.grant
         urgent = request.priority >= URGENT or request.workload_class.value == "inference"
         if grant is not None and not urgent and not reservation.headroom_loan:
             held[grant.node_pool] += grant_milli(grant)
-            if not request.preemptible:
-                steady[(grant.node_pool, request.team)] += grant_milli(grant)
-    nominal = {(q.flavor.name, q.team): q.nominal_milli for q in plan.quotas if q.flavor.kind == "pool"}
-    allowed = {
-        pool: sum(min(milli, nominal.get((p, team), 0)) for (p, team), milli in steady.items() if p == pool)
-        for pool in held
-    }
-    return [
-        f"pool {pool}: {milli}m held by work that is not urgent, above {capacity[pool]}m less its headroom"
-        f" and {allowed[pool]}m of non-preemptible work within its team's nominal"
-        for pool, milli in sorted(held.items())
-        if milli > capacity[pool] - math.ceil(plan.headroom.share(pool) * capacity[pool]) + allowed[pool]
-    ]
+    return held
 
 
-def test_the_headroom_check_sees_work_that_is_not_urgent_in_the_headroom() -> None:
+def test_the_headroom_check_sees_work_neither_urgent_nor_on_loan_in_the_headroom() -> None:
     plan = parse_quota_file(yaml.safe_load(QUOTAS))
-    assert plan.headroom.share("a100") == 0.2  # the default: 2 of a100's 10 GPUs
+    assert plan.headroom.share("a100") == 0.2  # 2 of a100's 10 GPUs
     four = Grant("a1", "a100", (0, 1, 2, 3), ("u0", "u1", "u2", "u3"), "A100", 1000, 0, None, None, 0.0, 60.0)
-    ask = GpuRequest(gpus=4, preemptible=True)
+    ask = GpuRequest(gpus=4, team="nlp")
     reservation = Reservation("r", "h", ReservationState.GRANTED, ask, 0.0, 1.0, four)
-    assert headroom_violations(plan, (reservation, replace(reservation, id="s"))) == []
-    assert headroom_violations(plan, (reservation,) * 3) == [
-        "pool a100: 12000m held by work that is not urgent, above 10000m less its headroom"
-        " and 0m of non-preemptible work within its team's nominal"
-    ]
-    assert headroom_violations(plan, (replace(reservation, headroom_loan=True),) * 3) == []
-    # Non-preemptible work of team nlp (nominal 4) may hold 4 GPUs of the excess, not 4.5.
-    nlp = replace(reservation, request=GpuRequest(gpus=4, team="nlp"))
     half = replace(four, gpu_indices=(0,), gpu_uuids=("u0",), milli_per_gpu=500)
-    assert headroom_violations(plan, (reservation, reservation, nlp)) == []
-    (found,) = headroom_violations(plan, (reservation, reservation, nlp, replace(nlp, grant=half)))
-    assert found.endswith(
-        "above 10000m less its headroom and 4000m of non-preemptible work within its team's nominal"
+    assert headroom_violations(plan, (reservation, replace(reservation, id="s"))) == []
+    (found,) = headroom_violations(plan, (reservation, reservation, replace(reservation, grant=half)))
+    assert found == (
+        "pool a100: 8500m held by work that is neither urgent nor on loan, above 10000m less its headroom"
     )
-    # Preemptible work within its nominal is not let in: it counts in the excess, not in the allowance.
-    assert headroom_violations(plan, (reservation, reservation, replace(nlp, request=ask))) != []
+    # Within nlp's nominal or not, preemptible or not: only loans and urgent work may be there.
+    urgent = replace(reservation, request=GpuRequest(gpus=4, priority=URGENT))
+    inference = replace(reservation, request=GpuRequest(gpus=4, workload_class="inference"))
+    loan = replace(reservation, headroom_loan=True)
+    for allowed in (urgent, inference, loan):
+        assert headroom_violations(plan, (reservation, reservation, allowed)) == []
+    # Grants made before the plan may keep what they hold; none may be added above it.
+    three = (reservation, reservation, replace(reservation, grant=half))
+    assert headroom_violations(plan, three, older=three) == []
+    assert headroom_violations(plan, three, older=three[:2]) != []
 
 
 def test_the_checks_see_a_team_above_its_ceiling_and_a_cohort_lending_past_its_limits() -> None:
@@ -221,16 +320,20 @@ def test_the_checks_see_a_team_above_its_ceiling_and_a_cohort_lending_past_its_l
     # vision borrows 2 and speech 0.5: only nlp lends, 1 at most (its floor of 3 stays its own).
     (found,) = violations(plan, {("vision", a100): 5000, ("speech", a100): 2000})
     assert found.startswith("cohort lab borrows") and found.endswith("its lenders lend 1000m at most")
+    # Under a plan applied since, a team keeps what older grants hold, and gains nothing above it.
+    assert violations(plan, {("ads", a100): 2000}, {("ads", a100): 2000}) == []
+    assert violations(plan, {("ads", a100): 2500}, {("ads", a100): 2000}) != []
+    assert violations(plan, {("vision", a100): 5000, ("speech", a100): 2000}, {("speech", a100): 500}) == []
 
 
 @pytest.mark.parametrize(
     ("backend", "examples"),
     [
-        pytest.param("sqlite", 50, id="sqlite"),
+        pytest.param("sqlite", 40, id="sqlite"),
         pytest.param("postgresql", 20, id="postgresql", marks=pytest.mark.postgres),
     ],
 )
-def test_no_team_exceeds_its_quota_and_no_lender_lends_past_its_limit(
+def test_the_quota_rules_hold_through_preemption_loans_and_reapplies(
     backend: str, examples: int, tmp_path: Path
 ) -> None:
     run_ledger_machine(QuotaMachine, backend, tmp_path, examples=examples, steps=30)

@@ -199,7 +199,9 @@ def test_a_nominal_above_the_pool_is_applied_with_a_warning_and_refused_with_str
         "the 8 GPUs that pool holds in the ledger's inventory"
     )
     assert f"gpupool: warning: {warning}" in captured.err
-    assert json.loads(captured.out)["warnings"] == [warning]
+    # The headroom's own warning follows: 1000 GPUs of nominal leave no room for urgent work.
+    nominal, headroom = json.loads(captured.out)["warnings"]
+    assert nominal == warning and headroom.startswith("pool a100: nominal quotas add up to 1000 GPUs")
     assert {q.team: q.nominal_milli for q in LedgerQuotas(pool).list().quotas}["vision"] == 1_000_000
 
 
@@ -257,3 +259,24 @@ def test_the_first_apply_prints_the_urgent_priority_as_a_number(
     assert "[gpupool]" not in out
     assert main(["quota", "list", "--url", ledger_url]) == 0
     assert f"(priority >= {priority} or inference)" in capsys.readouterr().out
+
+
+def test_apply_warns_when_nominal_quotas_exceed_the_pool_less_its_headroom(
+    pool: Ledger, ledger_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Pool a100 has 8 GPUs; with 25 % kept for urgent work, 6 are outside the headroom.
+    path = tmp_path / "quotas.yaml"
+    fits = "headroom: {share: 0.25}\nteams:\n  - {name: ml, quotas: [{flavor: {pool: a100}, nominal: 6}]}\n"
+    path.write_text(fits)
+    assert main(["quota", "apply", str(path), "--url", ledger_url]) == 0
+    assert "warning" not in capsys.readouterr().out
+    path.write_text(fits + "  - {name: ads, quotas: [{flavor: {pool: a100}, nominal: 2}]}\n")
+    assert main(["quota", "apply", str(path), "--url", ledger_url]) == 0
+    warning = (
+        "pool a100: nominal quotas add up to 8 GPUs, above the 6 GPUs outside its 25% headroom:"
+        " work that is not urgent may wait within its nominal"
+    )
+    assert f"  warning: {warning}\n" in capsys.readouterr().out
+    assert [q.team for q in LedgerQuotas(pool).list().quotas] == ["ads", "ml"]  # applied all the same
+    assert main(["quota", "apply", str(path), "--url", ledger_url, "--json", "--dry-run"]) == 0
+    assert json.loads(capsys.readouterr().out)["warnings"] == [warning]

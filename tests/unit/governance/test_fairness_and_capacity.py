@@ -13,6 +13,7 @@ from airflow_gpupool.governance.capacity import (
     capacity_type,
     default_capacity,
     fits_headroom,
+    headroom_overcommit,
     is_urgent,
 )
 from airflow_gpupool.governance.fairness import FairShare
@@ -116,15 +117,16 @@ def test_headroom_is_kept_for_urgent_work() -> None:
     # A pool that lends its headroom lets preemptible work in; it must still fit.
     assert fits_headroom(10000, 2500, 1000, 0.2, urgent=False, lendable=True)
     assert not fits_headroom(10000, 500, 1000, 0.2, urgent=False, lendable=True)
-    # Non-preemptible work within its team's nominal quota may use the headroom; it must still fit.
-    assert fits_headroom(10000, 2500, 1000, 0.2, urgent=False, within_nominal=True)
-    assert not fits_headroom(10000, 500, 1000, 0.2, urgent=False, within_nominal=True)
-    # Preemptible work within its nominal does not (only on loan), nor work above its nominal.
-    assert not fits_headroom(10000, 2500, 1000, 0.2, urgent=False, preemptible=True, within_nominal=True)
-    assert not fits_headroom(10000, 2500, 1000, 0.2, urgent=False, within_nominal=False)
     for bad in (-0.1, 1.5, float("nan"), True):
         with pytest.raises(InvalidRequestError, match="headroom share"):
             fits_headroom(10000, 1000, 1000, bad, urgent=False)
+    # Nominal quotas above the pool less its headroom promise non-urgent work what it cannot take.
+    assert headroom_overcommit("a100", 8000, 10000, 0.2) is None  # exactly the 8 outside the headroom
+    assert headroom_overcommit("a100", 10000, 10000, 0.0) is None  # no headroom: nothing kept
+    assert headroom_overcommit("a100", 8500, 10000, 0.25) == (
+        "pool a100: nominal quotas add up to 8.5 GPUs, above the 7.5 GPUs outside its 25% headroom:"
+        " work that is not urgent may wait within its nominal"
+    )
     assert Capacity.of("spot") is Capacity.SPOT
     with pytest.raises(InvalidRequestError, match="capacity"):
         Capacity.of("cheap")

@@ -303,12 +303,13 @@ def test_the_instant_entitlement_does_not_count_demand_above_the_nominal_quota()
     assert result["teams"]["research"]["share_of_instant_entitled"] is None  # no demand
 
 
-def test_non_preemptible_work_within_its_nominal_quota_uses_the_headroom() -> None:
+def test_work_that_is_not_urgent_stays_out_of_the_headroom_within_its_nominal_quota() -> None:
     """Research (non-preemptible here) holds 6 of 8 GPUs, the most outside the 1.6 kept; data asks.
 
-    Data's 1-GPU batches that keep it within its nominal 2.5 GPUs start at once in the headroom
-    when they are not preemptible; preemptible ones wait for research to end (the file's headroom
-    not lent); a third batch, above data's nominal, waits though GPUs are free.
+    Data's 1-GPU batches, within its nominal 2.5 GPUs, wait for research to end whether or not
+    they are preemptible (the file's headroom is not lent): only urgent work holds the headroom.
+    With research at 4 GPUs, two batches fit outside the headroom and a third waits though GPUs
+    are free.
     """
     plan = replace(scenario("three-teams"), headroom_lent=False)
     assert plan.cluster is not None
@@ -325,7 +326,7 @@ def test_non_preemptible_work_within_its_nominal_quota_uses_the_headroom() -> No
         result = simulate_teams(plan.cluster.build(), jobs, plan, "gpupool", warmup_s=0.0, window_s=4 * HOUR)
         return dict(result["teams"]["data"])
 
-    assert waits(3, 2, preemptible=False)["mean_wait_s"] == pytest.approx(0.0)
+    assert waits(3, 2, preemptible=False)["mean_wait_s"] == pytest.approx(2.5 * HOUR, rel=0.01)
     assert waits(3, 2, preemptible=True)["mean_wait_s"] == pytest.approx(2.5 * HOUR, rel=0.01)
-    # Research holds 4: two batches fit outside the headroom, the third would take data to 3 GPUs.
+    # Research holds 4: two batches fit outside the headroom, the third would leave 1 GPU of the 1.6.
     assert waits(2, 3, preemptible=False)["mean_wait_s"] == pytest.approx(HOUR / 2 / 3, rel=0.01)
