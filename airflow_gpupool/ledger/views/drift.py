@@ -142,14 +142,17 @@ def _running(
 ) -> dict[str, dict[str, int]]:
     """Return node -> holder -> milli-GPU the live pods run."""
     live = [p for p in (external_pod(pod) for pod in pods) if p is not None]
+    on_node: dict[str, list[ExternalPod]] = defaultdict(list)
+    for pod in live:
+        on_node[pod.node].append(pod)
     runs: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     claimed: set[str] = set()
     for r in grants:
         g = r.grant
         if g is None:
             continue
-        for pod in live:
-            if pod.node == g.node and _runs_under(pod, r):
+        for pod in on_node.get(g.node, ()):
+            if _runs_under(pod, r):
                 runs[g.node][f"grant {r.id}"] = r.request.total_gpu_milli
                 claimed.add(pod.key)
     for pod in live:
