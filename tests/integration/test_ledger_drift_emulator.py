@@ -168,3 +168,12 @@ def test_without_a_kubeconfig_status_shows_the_ledger_side_and_says_so(
         ("gpu-a", 4, None),
         ("gpu-b", 4, None),
     ]
+
+
+def test_a_kubeconfig_that_cannot_be_read_is_refused_before_anything_is_shown(
+    ledger: Ledger, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    capsys.readouterr()
+    assert main(["status", "--url", ledger.url, "--kubeconfig", str(tmp_path / "missing")]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "cannot configure a Kubernetes client" in err
