@@ -6,7 +6,7 @@ import argparse
 import importlib
 import json
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,8 +17,13 @@ from airflow_gpupool.exceptions import GpuPoolError
 if TYPE_CHECKING:
     from airflow_gpupool.ledger import Ledger
 
+#: Lists every pod of the cluster as JSON.
+PodLister = Callable[[], list[dict[str, Any]]]
+
 __all__ = [
+    "PodLister",
     "cluster_args",
+    "cluster_pods",
     "health_args",
     "kubernetes_api_errors",
     "ledger_url",
@@ -186,3 +191,15 @@ def require_extra(package: str, extra: str, command: str) -> None:
             f"{command} needs {package}, which the {extra!r} extra installs: "
             f"pip install 'airflow-gpupool[{extra}]'"
         ) from e
+
+
+def cluster_pods(kubeconfig: str | None, context: str | None) -> PodLister:
+    """Return a function listing every pod of the cluster as JSON, page by page.
+
+    :param kubeconfig: kubeconfig file (default: ``KUBECONFIG``, ``~/.kube/config``, in-cluster)
+    :param context: kubeconfig context
+    """
+    from airflow_gpupool.inventory.sync import core_v1_api, list_objects
+
+    api = core_v1_api(kubeconfig, context)
+    return lambda: list(list_objects(api.list_pod_for_all_namespaces))

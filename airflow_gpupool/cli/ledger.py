@@ -6,19 +6,20 @@ import argparse
 from typing import TYPE_CHECKING, Any
 
 from airflow_gpupool.argtypes import non_empty
-from airflow_gpupool.cli.common import open_ledger, print_json, table, url_arg
+from airflow_gpupool.cli.common import cluster_pods, open_ledger, print_json, table, url_arg
 from airflow_gpupool.cli.reserve import register as register_reserve
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from airflow_gpupool.ledger import LedgerSnapshot, QuotaUse, Reservation
+    from airflow_gpupool.ledger import LedgerSnapshot, NodeDrift, QuotaUse, Reservation
 
 __all__ = [
     "cmd_ledger_init",
     "cmd_reap",
     "cmd_release",
     "cmd_status",
+    "format_drift",
     "format_status",
     "register_commands",
     "register_group",
@@ -127,17 +128,53 @@ def _quota_rows(quotas: Sequence[QuotaUse]) -> list[list[str]]:
     ]
 
 
+NO_CLUSTER = "the cluster's pods not read: pass --kubeconfig (or --context) to see drift"
+
+
+def format_drift(rows: Sequence[NodeDrift]) -> str:
+    """Render each node's books beside its pods as the table `gpupool status` prints.
+
+    :param rows: :func:`~airflow_gpupool.ledger.ledger_drift`'s rows
+    """
+    read = any(r.running is not None for r in rows) or not rows
+    head = "\nLedger beside the cluster, in GPUs" + ("" if read else f" ({NO_CLUSTER})")
+    if not rows:
+        return f"{head}\n  no nodes"
+    body = [
+        [
+            r.node,
+            *(f"{v:g}" for v in (r.capacity, r.granted, r.external, r.free)),
+            "-" if r.running is None else f"{r.running:g}",
+            "-" if r.drift is None else f"{r.drift:g}",
+            "; ".join(r.mismatched) or "-",
+        ]
+        for r in rows
+    ]
+    return (
+        head + "\n" + table(["NODE", "GPUS", "GRANTED", "EXTERNAL", "FREE", "RUNNING", "DRIFT", "WHO"], body)
+    )
+
+
 def cmd_status(args: argparse.Namespace) -> int:
-    """Print nodes, GPUs, free capacity, grants, the queue and the quotas' use."""
-    from airflow_gpupool.ledger import quota_uses
+    """Print nodes, GPUs, free capacity, grants, the queue, the quotas' use and the drift from the cluster."""
+    from airflow_gpupool.ledger import ledger_drift, quota_uses
 
     ledger = open_ledger(args)
+    read_cluster = args.kubeconfig is not None or args.context is not None
+    pods = cluster_pods(args.kubeconfig, args.context)() if read_cluster else None
     snapshot = ledger.snapshot()
     quotas = quota_uses(ledger, snapshot)
+    drift = ledger_drift(snapshot, pods)
     if args.json:
-        print_json({**snapshot.to_dict(), "quotas": [u.to_dict() for u in quotas]})
+        print_json(
+            {
+                **snapshot.to_dict(),
+                "quotas": [u.to_dict() for u in quotas],
+                "drift": {"cluster_read": read_cluster, "nodes": [r.to_dict() for r in drift]},
+            }
+        )
     else:
-        print(format_status(snapshot, quotas))
+        print(format_status(snapshot, quotas) + "\n" + format_drift(drift))
     return 0
 
 
@@ -199,6 +236,12 @@ def register_commands(subparsers: Any) -> None:
     )
     url_arg(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument(
+        "--kubeconfig",
+        metavar="F",
+        help="read the cluster's pods with this kubeconfig and show each node's drift (default: the ledger only)",
+    )
+    p.add_argument("--context", metavar="C", help="read the cluster's pods with this kubeconfig context")
     p.set_defaults(func=cmd_status)
     register_reserve(subparsers)
     p = subparsers.add_parser(

@@ -15,25 +15,32 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
+    from airflow_gpupool.cli.common import PodLister
+
 from airflow_gpupool.argtypes import non_empty, port
-from airflow_gpupool.cli.common import url_arg
+from airflow_gpupool.cli.common import cluster_pods, url_arg
 
 log = logging.getLogger(__name__)
 
 
-def make_registry(url: str | None = None) -> CollectorRegistry:
-    """Return a registry holding only a :class:`GpuPoolCollector` for the ledger at ``url``.
+def make_registry(url: str | None = None, pods: PodLister | None = None) -> CollectorRegistry:
+    """Return a registry holding a :class:`GpuPoolCollector` for the ledger at ``url``.
 
     :param url: ledger URL; default from :func:`airflow_gpupool.settings.ledger_url`
+    :param pods: lists every pod in the cluster: the drift gauge is exported too
     """
     from prometheus_client import CollectorRegistry
 
     from airflow_gpupool.hooks.gpupool import resolve_ledger_url
     from airflow_gpupool.ledger import Ledger
     from airflow_gpupool.metrics.collector import GpuPoolCollector
+    from airflow_gpupool.metrics.drift import LedgerDriftCollector
 
+    ledger = Ledger(resolve_ledger_url(url))
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(GpuPoolCollector(Ledger(resolve_ledger_url(url))))
+    registry.register(GpuPoolCollector(ledger))
+    if pods is not None:
+        registry.register(LedgerDriftCollector(ledger, pods))
     return registry
 
 
@@ -41,7 +48,11 @@ DEFAULT_BIND = "127.0.0.1"
 
 
 def serve(
-    port: int, url: str | None = None, addr: str = DEFAULT_BIND, stop: threading.Event | None = None
+    port: int,
+    url: str | None = None,
+    addr: str = DEFAULT_BIND,
+    stop: threading.Event | None = None,
+    pods: PodLister | None = None,
 ) -> None:
     """Serve ``/metrics`` on ``addr:port`` until ``stop`` is set (forever when None).
 
@@ -49,10 +60,11 @@ def serve(
     :param url: ledger URL; default from :func:`airflow_gpupool.settings.ledger_url`
     :param addr: address to bind
     :param stop: set it to shut the server down (tests)
+    :param pods: lists every pod in the cluster: the drift gauge is exported too
     """
     from prometheus_client import start_http_server
 
-    server, thread = start_http_server(port, addr=addr, registry=make_registry(url))
+    server, thread = start_http_server(port, addr=addr, registry=make_registry(url, pods))
     log.info("Serving GPU pool metrics on http://%s:%d/metrics", addr, port)
     try:
         (stop or threading.Event()).wait()
@@ -63,8 +75,9 @@ def serve(
 
 def cmd_metrics_serve(args: argparse.Namespace) -> int:
     """Serve the ledger's Prometheus metrics over HTTP (``/metrics``)."""
+    pods = cluster_pods(args.kubeconfig, args.context) if args.drift else None
     try:
-        serve(args.port, args.url, args.bind)
+        serve(args.port, args.url, args.bind, pods=pods)
     except KeyboardInterrupt:
         pass
     return 0
@@ -88,6 +101,19 @@ def register(subparsers: Any) -> None:
         default=DEFAULT_BIND,
         metavar="ADDR",
         help=f"address to listen on; 0.0.0.0 for every interface (default: {DEFAULT_BIND})",
+    )
+    p.add_argument(
+        "--drift",
+        action="store_true",
+        help="also export gpupool_ledger_drift_gpus{node}: each scrape lists every pod of the cluster",
+    )
+    p.add_argument(
+        "--kubeconfig",
+        metavar="F",
+        help="with --drift: kubeconfig file (default: KUBECONFIG, ~/.kube/config, in-cluster)",
+    )
+    p.add_argument(
+        "--context", metavar="C", help="with --drift: kubeconfig context (default: the current one)"
     )
     url_arg(p)
     p.set_defaults(func=cmd_metrics_serve)

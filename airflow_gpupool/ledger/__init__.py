@@ -34,6 +34,7 @@ from airflow_gpupool.ledger.teams.usage import (
     quota_uses,
     usage_report,
 )
+from airflow_gpupool.ledger.views.drift import NodeDrift, ledger_drift
 from airflow_gpupool.ledger.views.history import HistoryEntry, HistoryFilter, LedgerHistory
 from airflow_gpupool.ledger.views.invariants import FINISHED_PHASES, cluster_violations
 from airflow_gpupool.ledger.views.totals import (
@@ -68,6 +69,7 @@ __all__ = [
     "LedgerSnapshot",
     "LedgerTotals",
     "MigSample",
+    "NodeDrift",
     "NodeRecord",
     "NodeReport",
     "PreemptionLoss",
@@ -86,6 +88,7 @@ __all__ = [
     "cluster_violations",
     "grant_milli",
     "held_spans",
+    "ledger_drift",
     "ledger_totals",
     "member_id",
     "preemption_losses",

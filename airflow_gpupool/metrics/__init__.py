@@ -11,12 +11,16 @@ from airflow_gpupool.metrics.collector import (
     preemption_metrics,
     quota_metrics,
 )
+from airflow_gpupool.metrics.drift import DRIFT_METRIC_NAMES, LedgerDriftCollector, drift_metrics
 
 __all__ = [
+    "DRIFT_METRIC_NAMES",
     "METRIC_NAMES",
     "PREEMPTION_METRIC_NAMES",
     "QUOTA_METRIC_NAMES",
     "GpuPoolCollector",
+    "LedgerDriftCollector",
+    "drift_metrics",
     "ledger_metrics",
     "preemption_metrics",
     "quota_metrics",

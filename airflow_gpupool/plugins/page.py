@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from html import escape
 from typing import TYPE_CHECKING, Any
 
+from airflow_gpupool.plugins.books import books_html
 from airflow_gpupool.plugins.holders import task_instance_url
 from airflow_gpupool.resources import MIG_PROFILES, MILLI_PER_GPU
 from airflow_gpupool.task_try import TaskTry
@@ -238,7 +239,7 @@ def node_html(
         f'<span class="badge h-{health}" title="set by {escape(node.health_source)}">{health}</span></header>'
         f'<div class="meta">CPU {node.cpu_free / 1000:g}/{node.cpu_milli / 1000:g} free · '
         f"memory {node.memory_free // 1024}/{node.memory_mib // 1024} GiB free · {beat}</div>"
-        f"{gpus or '<div class=meta>no GPUs</div>'}</article>"
+        f"{books_html(index.books.get(node.name))}{gpus or '<div class=meta>no GPUs</div>'}</article>"
     )
 
 

@@ -15,11 +15,11 @@ from html import escape
 from typing import TYPE_CHECKING
 from urllib.parse import urlencode
 
-from airflow_gpupool.ledger import grant_milli
+from airflow_gpupool.ledger import grant_milli, ledger_drift
 from airflow_gpupool.plugins.page import UNHEALTHY, node_html
 
 if TYPE_CHECKING:
-    from airflow_gpupool.ledger import LedgerSnapshot, NodeRecord, Reservation
+    from airflow_gpupool.ledger import LedgerSnapshot, NodeDrift, NodeRecord, Reservation
 
 #: Clusters up to this many nodes show every pool open.
 OPEN_ALL_UP_TO = 24
@@ -27,10 +27,11 @@ OPEN_ALL_UP_TO = 24
 
 @dataclass
 class SnapshotIndex:
-    """A snapshot's grants by node and GPU, and free MIG slices by node and GPU, built in one pass."""
+    """A snapshot's grants and free MIG slices by node and GPU, and each node's books, built in one pass."""
 
     grants: dict[str, dict[int, list[Reservation]]] = field(default_factory=dict)
     mig_free: dict[str, dict[int, tuple[tuple[str, str], ...]]] = field(default_factory=dict)
+    books: dict[str, NodeDrift] = field(default_factory=dict)
 
     @classmethod
     def of(cls, snapshot: LedgerSnapshot) -> SnapshotIndex:
@@ -43,6 +44,7 @@ class SnapshotIndex:
                     per_gpu.setdefault(i, []).append(r)
         for state in snapshot.cluster.nodes:
             index.mig_free[state.name] = {g.index: g.mig_free for g in state.gpus}
+        index.books = {row.node: row for row in ledger_drift(snapshot)}
         return index
 
 

@@ -74,13 +74,14 @@ def exported() -> dict[str, tuple[str, frozenset[str]]]:
 
     Read from real scrapes: of the scenario ledger (tests/unit/metrics/scenario.py), of a
     ledger a fake node agent reported to (a leak past its grace, an idle grant), and of one
-    where a grant was preempted (the per-team preemption counters), so the assets
+    where a grant was preempted (the per-team preemption counters), each also compared with an empty pod list
+    (the drift gauge), so the assets
     are checked against what the exporter exports, not against a list kept beside it.
     """
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
-    from airflow_gpupool.metrics import GpuPoolCollector
+    from airflow_gpupool.metrics import GpuPoolCollector, LedgerDriftCollector
     from tests.unit.metrics.scenario import build_pool
 
     texts = []
@@ -93,6 +94,7 @@ def exported() -> dict[str, tuple[str, frozenset[str]]]:
         ):
             registry = CollectorRegistry(auto_describe=False)
             registry.register(GpuPoolCollector(ledger))
+            registry.register(LedgerDriftCollector(ledger, list))  # no pods: each node's drift is its grants
             texts.append(generate_latest(registry).decode())
             ledger.close()
     text = "".join(texts)
@@ -296,6 +298,7 @@ def _rules() -> dict[str, dict[str, Any]]:
         ("GpuPoolGpuMemoryLeak", "gpupool_gpu_memory_leak_mib > 0", "0s", "warning"),
         ("GpuPoolGpuQuarantined", 'gpupool_gpu_health{health="quarantined"} == 1', "1m", "warning"),
         ("GpuPoolGrantIdle", "gpupool_grant_idle_seconds > 1800", "0s", "info"),
+        ("GpuPoolLedgerDrift", "gpupool_ledger_drift_gpus > 0", "5m", "warning"),
     ],
 )
 def test_alert_rule(alert: str, expr: str, for_: str, severity: str) -> None:
@@ -316,6 +319,7 @@ def test_alert_rules_are_exactly_these() -> None:
         "GpuPoolGpuUtilizationHigh",
         "GpuPoolGrantIdle",
         "GpuPoolLedgerDown",
+        "GpuPoolLedgerDrift",
         "GpuPoolMetricsAbsent",
         "GpuPoolNodeHeartbeatMissing",
         "GpuPoolNodeQuarantined",

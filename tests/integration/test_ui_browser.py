@@ -129,6 +129,8 @@ def test_page_renders_the_gpu_map(server: str, viewport: tuple[int, int], name: 
                 in page.locator('div.pool[data-pool="train"]').inner_text()
             )
             assert page.locator("article.node.health-quarantined").get_attribute("data-node") == "t4-1"
+            books = page.locator('article.node[data-node="a100-1"] .books')
+            assert books.inner_text() == "ledger: 1.25 granted · 0 external · 0.75 free GPUs"
             assert page.locator(".gpu").count() == 4
             held = page.locator(".seg.held").evaluate_all("els => els.map(e => e.dataset.reservation)")
             assert sorted(held) == ["r-embed", "r-mig", "r-train"]

@@ -60,6 +60,8 @@ WAITING_SPENT = WAITING.where(_SPENT)
 FIRST_SPENT = WAITING_SPENT.limit(1)
 # The queue serves higher priorities first, then the older request (lower ``seq``), then by id
 # (a gang's growth members share its ``seq``).
+#: The external holds (pods the ledger did not grant), for why a request waits.
+EXTERNAL_HOLDS = select(schema.reservations).where(_r.state == "external")
 WAITING_AHEAD = select(func.count()).where(
     _r.state == "waiting",
     or_(

@@ -3,7 +3,9 @@
 It names the reservation's place in the queue and, when nothing fits, the nodes closest to
 fitting with the first dimension that does not fit on each (the order of
 :mod:`airflow_gpupool.placement.fit`), the nodes the queue holds for a starving request, and
-the node pools whose binding could take the request when bindings rule some out.
+the node pools whose binding could take the request when bindings rule some out. When pods the
+ledger did not grant (its external holds) stand between the request and a node, that is where
+their GPUs plus the node's free ones would be enough, it names them by node.
 """
 
 from __future__ import annotations
@@ -24,9 +26,9 @@ from airflow_gpupool.placement.pools import PoolBindings
 from airflow_gpupool.placement.queue import hold_node
 from airflow_gpupool.placement.snapshot import ClusterSnapshot
 from airflow_gpupool.placement.verdict import NoFit
-from airflow_gpupool.resources import GpuRequest
+from airflow_gpupool.resources import MILLI_PER_GPU, GpuRequest
 
-__all__ = ["WaitContext", "blocked_message", "held_nodes"]
+__all__ = ["WaitContext", "blocked_message", "external_note", "held_nodes"]
 
 
 class WaitContext:
@@ -101,6 +103,34 @@ def _gang_blocked(
     return blocked
 
 
+def external_note(
+    ctx: WaitContext, tx: Tx, snapshot: ClusterSnapshot, request: GpuRequest, held: Mapping[str, str]
+) -> str | None:
+    """Name the external holds on each node where they stand between ``request`` and a fit; None: nowhere.
+
+    A node counts when the request may go there (its pool's binding, not held for a starving
+    request) and its free GPU compute plus the external holds' would be enough.
+    """
+    holds: dict[str, dict[str, int]] = {}
+    for row in tx.conn.execute(sql.EXTERNAL_HOLDS):
+        hold = ctx.store.reservation(tx.conn, row)
+        if hold.grant is not None:
+            on_node = holds.setdefault(hold.grant.node, {})
+            on_node[hold.holder] = on_node.get(hold.holder, 0) + hold.request.total_gpu_milli
+    notes = []
+    for node in snapshot.nodes:
+        on_node = holds.get(node.name, {})
+        external = sum(on_node.values())
+        if not external or node.name in held or not ctx.bindings.allows(node.node_pool, request):
+            continue
+        if node.gpu_free_milli + external >= request.total_gpu_milli:
+            pods = ", ".join(sorted(on_node))
+            notes.append(
+                f"{node.name}: {external / MILLI_PER_GPU:g} GPUs held by pods the ledger did not grant ({pods})"
+            )
+    return "; ".join(notes) or None
+
+
 def blocked_message(
     ctx: WaitContext, tx: Tx, row: Row[Any], request: GpuRequest, quota_refusal: str | None = None
 ) -> str:
@@ -123,9 +153,12 @@ def blocked_message(
         reasons = explain(snapshot, request, ctx.bindings, held)
         closest = "; ".join(reasons.summary(3)) or "the inventory is empty"
         blocked = f"no node fits {request.describe()}; closest: {closest}"
-        note = pools_note(snapshot.nodes, request, ctx.bindings)
-        if note:
-            blocked += f"; {note}"
+        for note in (
+            external_note(ctx, tx, snapshot, request, held),
+            pools_note(snapshot.nodes, request, ctx.bindings),
+        ):
+            if note:
+                blocked += f"; {note}"
     else:
         blocked = f"it fits {verdict.node} now but {ahead} earlier request(s) hold the queue"
     return f"waited {waited:.0f}s with {ahead} request(s) ahead; {blocked}"
