@@ -243,6 +243,14 @@ def _v16(op: Operations, conn: Connection) -> None:
         pg_functions.install(conn)
 
 
+#: The schema version that adds the forecasts table (one constant: renumbered at merge if needed).
+FORECASTS_VERSION = 18
+
+
+def _v_forecasts(op: Operations, conn: Connection) -> None:
+    schema.metadata.create_all(conn, tables=[schema.forecasts])
+
+
 def sql_literal(value: object) -> Any:
     """Return the server default that fills a migrated column on existing rows (a SQL literal)."""
     if isinstance(value, bool):
@@ -289,6 +297,11 @@ MIGRATIONS: tuple[Migration, ...] = (
         16,
         "PostgreSQL: grants stop counting overtakes once no waiting request's budget is left unspent",
         _v16,
+    ),
+    Migration(
+        FORECASTS_VERSION,
+        "forecasts: each waiting request's start-time quantiles, written by the controller",
+        _v_forecasts,
     ),
 )
 LATEST = MIGRATIONS[-1].version
