@@ -11,8 +11,9 @@ from typing import Any, cast
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from airflow_gpupool.forecast.words import describe_forecast, describe_position
 from airflow_gpupool.hooks.gpupool import AsyncGpuPoolHook
-from airflow_gpupool.ledger import Reservation, ReservationState
+from airflow_gpupool.ledger import LedgerForecasts, Reservation, ReservationState
 from airflow_gpupool.triggers.events import trigger_event
 from airflow_gpupool.triggers.queue_life import QueueLife
 from airflow_gpupool.triggers.wait_room import WaitRoom, wait_room
@@ -118,7 +119,9 @@ class ReservationTrigger(BaseTrigger):
                 queue_life=life.to_dict(reservation.grant.granted_at - reservation.created_at),
             )
         if reservation.state is ReservationState.TIMED_OUT:
-            return self._event(ReservationEventStatus.TIMEOUT, reservation.message)
+            said = life.describe_forecasts()
+            message = f"{reservation.message}; {said}" if said else reservation.message
+            return self._event(ReservationEventStatus.TIMEOUT, message)
         if reservation.state.ended:
             return self._event(
                 ReservationEventStatus.ERROR,
@@ -132,9 +135,15 @@ class ReservationTrigger(BaseTrigger):
         """Log where the request stands and why it waits (the reason a few times a second per room)."""
         reason = await hook.aexplain(self.reservation_id) if room.may_explain() else None
         life.saw(position, reason)
+        forecast = room.forecasts.get(self.reservation_id)
+        if forecast is None and reason is not None:  # explained this time: the same budget reads it
+            forecast = await asyncio.to_thread(LedgerForecasts(hook.ledger).get, self.reservation_id)
+        now = time.time()
+        total = len(room.positions) or (forecast.queue_length if forecast else None)
+        life.forecast(describe_forecast(forecast, now), now)
         self.log.info(
-            "Reservation %s waits at position %s of the queue: %s",
+            "Reservation %s waits at %s: %s",
             self.reservation_id,
-            position if position is not None else "?",
+            describe_position(position, total, forecast, now),
             reason or life.blocked or "no explanation yet (many requests wait in this triggerer)",
         )

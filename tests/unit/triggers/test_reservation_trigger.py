@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 
 import pytest
 
-from airflow_gpupool.ledger import Ledger
+from airflow_gpupool.forecast.step import refresh_forecasts
+from airflow_gpupool.forecast.words import describe_forecast
+from airflow_gpupool.ledger import Ledger, LedgerForecasts
 from airflow_gpupool.resources import GpuRequest
 from airflow_gpupool.triggers import ReservationTrigger
 from tests.ledger_fixtures import node
@@ -84,6 +87,28 @@ def test_trigger_reports_timeout_with_the_blocker(ledger_url: str) -> None:
 
     assert event["status"] == "timeout"
     assert "n1: needs 1 free GPUs, 0 free of 1" in event["message"]
+
+
+def test_the_wait_log_and_the_timeout_say_what_the_forecast_said(
+    ledger_url: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    ledger = Ledger(ledger_url)
+    ledger.reserve(GpuRequest(gpus=1), "holder")
+    waiting = ledger.reserve(GpuRequest(gpus=1), "waiter", timeout=0.5)
+    refresh_forecasts(ledger)  # the controller's step; the trigger only reads what it stored
+    stored = LedgerForecasts(ledger).get(waiting.id)
+    assert stored is not None and stored.status == "forecast"
+    words = describe_forecast(stored, time.time())
+
+    event = asyncio.run(
+        asyncio.wait_for(first_event(ReservationTrigger(waiting.id, None, poll_interval=0.05)), 10)
+    )
+
+    out, err = capfd.readouterr()  # the trigger's logger writes through Airflow's structlog
+    assert f"waits at position 1 of 1; {words}" in out + err
+    assert event["status"] == "timeout"
+    blocker, said = event["message"].split("; the forecast said at ")
+    assert "n1: needs 1 free GPUs" in blocker and said.endswith(f"s: {words}")
 
 
 def test_trigger_turns_failures_into_an_error_event(ledger_url: str) -> None:
