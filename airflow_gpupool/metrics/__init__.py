@@ -11,12 +11,15 @@ from airflow_gpupool.metrics.collector import (
     preemption_metrics,
     quota_metrics,
 )
+from airflow_gpupool.metrics.forecast import FORECAST_METRIC_NAMES, forecast_metrics
 
 __all__ = [
+    "FORECAST_METRIC_NAMES",
     "METRIC_NAMES",
     "PREEMPTION_METRIC_NAMES",
     "QUOTA_METRIC_NAMES",
     "GpuPoolCollector",
+    "forecast_metrics",
     "ledger_metrics",
     "preemption_metrics",
     "quota_metrics",
