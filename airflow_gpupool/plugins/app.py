@@ -217,7 +217,7 @@ def _ui_base(root_path: str) -> str:
 
 
 def _body(state: _State, ui_base: str, view: PageView) -> str:
-    from airflow_gpupool.ledger import LedgerHistory, usage_report
+    from airflow_gpupool.ledger import LedgerForecasts, LedgerHistory, usage_report
     from airflow_gpupool.plugins import page
     from airflow_gpupool.plugins.history import PAGE_SIZE, definitions_html, history_html, usage_html
     from airflow_gpupool.plugins.pools import map_html
@@ -243,7 +243,7 @@ def _body(state: _State, ui_base: str, view: PageView) -> str:
         f"{definitions_html(['Allocation', 'Fragmentation', 'MIG slice'])}</section>"
         f'<section class="usage"><h2>Use per team and node pool, last {view.range_name}</h2>{usage_html(usage, view)}</section>'
         f'<section class="grants"><h2>Grants ({len(snapshot.grants)})</h2>{page.grants_html(snapshot, ui_base, rows)}</section>'
-        f'<section class="queue"><h2>Queue ({len(snapshot.queue)})</h2>{page.queue_html(snapshot, why, ui_base, rows)}</section>'
+        f'<section class="queue"><h2>Queue ({len(snapshot.queue)})</h2>{page.queue_html(snapshot, why, ui_base, rows, LedgerForecasts(ledger).get_many())}</section>'
         f'<section class="history"><h2>History</h2>{history_body}</section>'
     )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -58,3 +59,18 @@ def test_the_metric_is_each_teams_next_start(ledger: Ledger) -> None:
             assert at is not None
             expected[("gpupool_forecast_wait_seconds", (("quantile", quantile), ("team", team)))] = at - now
     assert samples == pytest.approx(expected)
+
+
+def test_the_page_shows_the_expected_start_with_its_range(ledger: Ledger) -> None:
+    app = create_app(lambda: ledger, snapshot_ttl=0)
+    app.dependency_overrides[get_user] = lambda: SimpleAuthManagerUser(username="viewer", role="viewer")
+    client = TestClient(app)
+    assert "no forecast yet" in client.get("/", params={"partial": 1}).text
+    refresh_forecasts(ledger)
+    f = LedgerForecasts(ledger).get("r-next")
+    assert f is not None and f.p10 is not None and f.p50 is not None and f.p90 is not None
+    html = client.get("/", params={"partial": 1}).text
+    assert "<th>Expected start</th>" in html
+    hhmm = [time.strftime("%H:%M", time.gmtime(t)) for t in (f.p10, f.p50, f.p90)]
+    assert f'title="80 % between {hhmm[0]} and {hhmm[2]} UTC; the queue as it stands' in html
+    assert f">{hhmm[1]}</span>" in html
