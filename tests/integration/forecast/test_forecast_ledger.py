@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import pytest
 
-from airflow_gpupool.forecast.step import Forecaster, refresh_forecasts
+from airflow_gpupool.forecast.step import Forecaster, compute_forecasts, refresh_forecasts
 from airflow_gpupool.ledger import Ledger, LedgerForecasts, StartForecast
 from airflow_gpupool.resources import GpuRequest
 from airflow_gpupool.task_try import TaskTry
@@ -70,3 +70,13 @@ def test_a_forecast_that_came_due_is_recomputed(queued: tuple[Ledger, list[str]]
     assert forecaster() == 2
     stored = LedgerForecasts(ledger).get(first)
     assert stored is not None and stored.p10 is not None and stored.p10 >= clock.now
+
+
+def test_only_the_head_of_the_queue_is_forecast(queued: tuple[Ledger, list[str]], clock: FakeClock) -> None:
+    ledger, (first, second) = queued
+    by_id = {f.reservation_id: f for f in compute_forecasts(ledger, ledger.snapshot(), max_waiting=1)}
+    assert by_id[first].status == "forecast" and by_id[first].p50 == clock.now + 500
+    assert (by_id[second].status, by_id[second].reason) == (
+        "unknown",
+        "only the first 1 waiting requests are forecast",
+    )
