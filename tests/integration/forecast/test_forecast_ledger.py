@@ -8,7 +8,7 @@ import pytest
 
 from airflow_gpupool.forecast.step import Forecaster, compute_forecasts, refresh_forecasts
 from airflow_gpupool.ledger import Ledger, LedgerForecasts, StartForecast
-from airflow_gpupool.resources import GpuRequest
+from airflow_gpupool.resources import GangSpec, GpuRequest
 from airflow_gpupool.task_try import TaskTry
 from tests.ledger_fixtures import FakeClock, node
 
@@ -80,3 +80,18 @@ def test_only_the_head_of_the_queue_is_forecast(queued: tuple[Ledger, list[str]]
         "unknown",
         "only the first 1 waiting requests are forecast",
     )
+
+
+def test_a_waiting_gang_says_unknown_and_singles_are_still_forecast(
+    make_ledger: Callable[..., Ledger], clock: FakeClock
+) -> None:
+    ledger = make_ledger()
+    ledger.upsert_nodes([node("n1", gpus=1), node("n2", gpus=1)])
+    ledger.reserve(GpuRequest(gpus=1), "holder-1")
+    ledger.reserve(GpuRequest(gpus=1), "holder-2")
+    gang = ledger.reserve(GpuRequest(gpus=1, gang=GangSpec(2, 2)), "gang", reservation_id="g1")
+    single = ledger.reserve(GpuRequest(gpus=1), "single", reservation_id="s1")
+    refresh_forecasts(ledger)
+    stored = LedgerForecasts(ledger).get_many()
+    assert (stored[gang.id].status, stored[gang.id].reason) == ("unknown", "gangs are not forecast yet")
+    assert stored[single.id].status == "forecast"  # the replay ran without the gang
