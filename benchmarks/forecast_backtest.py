@@ -116,7 +116,7 @@ def main() -> None:
                     now + position * mean_run / gpus_total,
                 )
     waits, covered, widths, errors, oracle_errors, naive_errors = [], 0, [], [], [], []
-    for k, (arrived, (p10, p50, p90), (best,), naive) in made.items():
+    for k, (arrived, (p10, p50, p90), (oracle_p50,), naive) in made.items():
         if k not in sim.started_at:
             continue
         actual = sim.started_at[k]
@@ -124,7 +124,7 @@ def main() -> None:
         covered += p10 <= actual <= p90
         widths.append(p90 - p10)
         errors.append(abs(p50 - actual))
-        oracle_errors.append(abs(best - actual))
+        oracle_errors.append(abs(oracle_p50 - actual))
         naive_errors.append(abs(naive - actual))
     n = len(errors)
     print(
