@@ -226,6 +226,18 @@ def get_provider_info() -> dict[str, Any]:
                         "30",
                         "float",
                     ),
+                    # Start-time forecasts (issue 39).
+                    "forecast_prior_seconds": _option(
+                        "Mean run time assumed of a GPU task with no successful run of its own, its team's "
+                        "or its workload class's in the ledger's history (the forecast's prior).",
+                        "3600",
+                        "float",
+                    ),
+                    "forecast_interval_seconds": _option(
+                        "The controller recomputes every waiting request's start-time forecast at most this often.",
+                        "30",
+                        "float",
+                    ),
                     # On-demand and spot capacity (issue 16).
                     "spot_node_pools": _option(
                         "Node pools (comma-separated) whose nodes are spot capacity, besides the nodes "

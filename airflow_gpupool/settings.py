@@ -403,6 +403,16 @@ def history_retention_seconds() -> float:
     return _positive("history_retention_days") * 86400
 
 
+def forecast_prior_seconds() -> float:
+    """``[gpupool] forecast_prior_seconds``: the mean run time assumed of a task with no history (default 1 h)."""
+    return _positive("forecast_prior_seconds")
+
+
+def forecast_interval_seconds() -> float:
+    """``[gpupool] forecast_interval_seconds``: the controller recomputes forecasts at most this often (default 30)."""
+    return _positive("forecast_interval_seconds")
+
+
 def spot_node_pools() -> frozenset[str]:
     """Return the node pools whose nodes are spot capacity, besides those the cloud's labels say."""
     return frozenset(p.strip() for p in _get("spot_node_pools").split(",") if p.strip())

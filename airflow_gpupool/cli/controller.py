@@ -55,6 +55,7 @@ def _run_controller(args: argparse.Namespace) -> int:
     from airflow_gpupool.controller.run import ControllerIntervals, GpuPoolController
     from airflow_gpupool.health import LoopHealth, serve_health, stale_after_for
     from airflow_gpupool.inventory.sync import core_v1_api
+    from airflow_gpupool.settings import forecast_interval_seconds
 
     # Bad configuration fails here, before the loop: exit 2 (GpuPoolError) or a traceback.
     intervals = ControllerIntervals(
@@ -62,6 +63,7 @@ def _run_controller(args: argparse.Namespace) -> int:
         reconcile=args.reconcile_interval,
         gate=args.gate_interval,
         autoscale=args.autoscale_interval,
+        forecast=forecast_interval_seconds(),
     )
     lease = LeaseSettings(
         namespace=args.namespace or default_namespace(),

@@ -10,9 +10,9 @@ from airflow_gpupool.cli.common import cluster_pods, open_ledger, print_json, ta
 from airflow_gpupool.cli.reserve import register as register_reserve
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
 
-    from airflow_gpupool.ledger import LedgerSnapshot, NodeDrift, QuotaUse, Reservation
+    from airflow_gpupool.ledger import LedgerSnapshot, NodeDrift, QuotaUse, Reservation, StartForecast
 
 __all__ = [
     "cmd_ledger_init",
@@ -46,12 +46,19 @@ def _gpu_cell(gpu: dict[str, Any]) -> str:
     return f"{gpu['idx']}:{gpu['free_milli'] / 1000:.2f}"
 
 
-def format_status(snapshot: LedgerSnapshot, quotas: Sequence[QuotaUse] = ()) -> str:
+def format_status(
+    snapshot: LedgerSnapshot,
+    quotas: Sequence[QuotaUse] = (),
+    forecasts: Mapping[str, StartForecast] | None = None,
+) -> str:
     """Render a ledger snapshot as the tables `gpupool status` prints.
 
     :param snapshot: the ledger's snapshot
     :param quotas: the stored quotas beside their teams' use (no table when none is stored)
+    :param forecasts: the stored forecasts of the waiting requests, by id (the queue's START column)
     """
+    from airflow_gpupool.forecast.words import describe_forecast
+
     out = []
     free_migs = {n.name: sum(len(g.mig_free) for g in n.gpus) for n in snapshot.cluster.nodes}
     rows = [
@@ -106,12 +113,15 @@ def format_status(snapshot: LedgerSnapshot, quotas: Sequence[QuotaUse] = ()) -> 
             r.request.priority,
             r.request.describe().split(",")[0],
             f"{now - r.created_at:.0f}s",
+            describe_forecast((forecasts or {}).get(r.id), now),
         ]
         for r in snapshot.queue
     ]
     out.append(f"\nQueue ({len(queue_rows)})")
     out.append(
-        table(["POS", "ID", "HOLDER", "PRIO", "ASKS", "WAITING"], queue_rows) if queue_rows else "  empty"
+        table(["POS", "ID", "HOLDER", "PRIO", "ASKS", "WAITING", "START"], queue_rows)
+        if queue_rows
+        else "  empty"
     )
     if quotas:
         out.append(f"\nQuotas ({len(quotas)}), in GPUs")
@@ -156,8 +166,8 @@ def format_drift(rows: Sequence[NodeDrift]) -> str:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    """Print nodes, GPUs, free capacity, grants, the queue, the quotas' use and the drift from the cluster."""
-    from airflow_gpupool.ledger import ledger_drift, quota_uses
+    """Print nodes, GPUs, free capacity, grants, the queue (with forecasts), the quotas' use and the drift."""
+    from airflow_gpupool.ledger import LedgerForecasts, ledger_drift, quota_uses
 
     ledger = open_ledger(args)
     read_cluster = args.kubeconfig is not None or args.context is not None
@@ -165,16 +175,43 @@ def cmd_status(args: argparse.Namespace) -> int:
     snapshot = ledger.snapshot()
     quotas = quota_uses(ledger, snapshot)
     drift = ledger_drift(snapshot, pods)
+    forecasts = LedgerForecasts(ledger).get_many()
     if args.json:
         print_json(
             {
                 **snapshot.to_dict(),
                 "quotas": [u.to_dict() for u in quotas],
                 "drift": {"cluster_read": read_cluster, "nodes": [r.to_dict() for r in drift]},
+                "forecasts": {rid: f.to_dict() for rid, f in sorted(forecasts.items())},
             }
         )
     else:
-        print(format_status(snapshot, quotas) + "\n" + format_drift(drift))
+        print(format_status(snapshot, quotas, forecasts) + "\n" + format_drift(drift))
+    return 0
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    """Say why a request waits and when it is expected to start (the controller's stored forecast)."""
+    from airflow_gpupool.forecast.words import describe_position
+    from airflow_gpupool.ledger import LedgerForecasts
+
+    ledger = open_ledger(args)
+    reservation = ledger.get(args.id)
+    forecast = LedgerForecasts(ledger).get(args.id)
+    if args.json:
+        print_json(
+            {
+                "id": args.id,
+                "state": reservation.state.value,
+                "explanation": ledger.explain(args.id),
+                "forecast": forecast.to_dict() if forecast else None,
+            }
+        )
+        return 0
+    print(ledger.explain(args.id))
+    if reservation.state.value == "waiting":
+        total = forecast.queue_length if forecast else None
+        print(describe_position(reservation.position, total, forecast, ledger.now()))
     return 0
 
 
@@ -244,6 +281,13 @@ def register_commands(subparsers: Any) -> None:
     p.add_argument("--context", metavar="C", help="read the cluster's pods with this kubeconfig context")
     p.set_defaults(func=cmd_status)
     register_reserve(subparsers)
+    p = subparsers.add_parser(
+        "explain", help="why a request waits, and when it should start", description=cmd_explain.__doc__
+    )
+    url_arg(p)
+    p.add_argument("id", type=non_empty, help="reservation id")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_explain)
     p = subparsers.add_parser(
         "release", help="release a grant or withdraw a request", description=cmd_release.__doc__
     )

@@ -34,6 +34,7 @@ from airflow_gpupool.controller.gatekeeper import GateResult, gatekeep
 from airflow_gpupool.controller.heartbeats import check_heartbeats
 from airflow_gpupool.controller.reconcile import ReconcileResult, reconcile
 from airflow_gpupool.exceptions import ConfigurationError
+from airflow_gpupool.forecast.step import Forecaster
 from airflow_gpupool.inventory.sync import SyncResult, resync_suspect_nodes, sync_inventory
 from airflow_gpupool.ledger import LedgerHistory
 from airflow_gpupool.settings import history_retention_seconds
@@ -60,6 +61,7 @@ DEFAULT_SYNC_INTERVAL = 60.0
 DEFAULT_RECONCILE_INTERVAL = 30.0
 DEFAULT_GATE_INTERVAL = 2.0  # gatekeeper: a gated pod waits at most this long after its grant
 DEFAULT_AUTOSCALE_INTERVAL = 10.0
+DEFAULT_FORECAST_INTERVAL = 30.0  # [gpupool] forecast_interval_seconds
 
 
 @dataclass(frozen=True)
@@ -70,12 +72,14 @@ class ControllerIntervals:
     :param reconcile: reconcile of grants with pods, then reap
     :param gate: the gatekeeper (admit the pods the executor hook gated)
     :param autoscale: the autoscale step (ask for the nodes waiting requests need)
+    :param forecast: the forecast step (each waiting request's start-time quantiles; issue 39)
     """
 
     sync: float = DEFAULT_SYNC_INTERVAL
     reconcile: float = DEFAULT_RECONCILE_INTERVAL
     gate: float = DEFAULT_GATE_INTERVAL
     autoscale: float = DEFAULT_AUTOSCALE_INTERVAL
+    forecast: float = DEFAULT_FORECAST_INTERVAL
 
     def __post_init__(self) -> None:
         checked = (
@@ -83,6 +87,7 @@ class ControllerIntervals:
             ("reconcile interval", self.reconcile),
             ("gate interval", self.gate),
             ("autoscale interval", self.autoscale),
+            ("forecast interval", self.forecast),
         )
         for what, value in checked:
             try:
@@ -108,6 +113,7 @@ class PassResult:
     checkpoints_asked: list[str] | None = None
     gated: GateResult | None = None
     autoscaled: AutoscaleResult | None = None
+    forecasts: int | None = None
     errors: list[tuple[str, str]] = field(default_factory=list)
 
     def summary(self) -> str:
@@ -178,7 +184,8 @@ class GpuPoolController:
         self._clock = clock
         self.autoscaler = autoscaler
         self._next_sync = self._next_reconcile = self._next_gate = self._next_autoscale = float("-inf")
-        self._next_election = float("-inf")
+        self._next_election = self._next_forecast = float("-inf")
+        self.forecaster = Forecaster(ledger)
         self._election = threading.Lock()  # the pass and the Lease keeper both renew
         self.external_pods = (
             ExternalPodCounter(ledger, core_v1_api, relist_seconds=pod_relist_seconds)
@@ -229,12 +236,7 @@ class GpuPoolController:
             self._step(
                 result, "history", lambda: LedgerHistory(self.ledger).prune(history_retention_seconds())
             )
-        if now >= self._next_gate and self.elector.is_leader():  # gatekeeper (controller/gatekeeper.py)
-            self._next_gate = now + self.intervals.gate
-            result.gated = self._step(result, "gatekeeper", lambda: gatekeep(self.ledger, self.api))
-        if self.autoscaler is not None and now >= self._next_autoscale and self.elector.is_leader():
-            self._next_autoscale = now + self.intervals.autoscale
-            result.autoscaled = self._step(result, "autoscale", self.autoscaler)
+        self._run_short_steps(now, result)
         admitted = result.gated is not None and bool(result.gated.admitted or result.gated.deleted)
         scaled = result.autoscaled is not None and bool(
             result.autoscaled.created or result.autoscaled.deleted
@@ -326,10 +328,24 @@ class GpuPoolController:
         finally:
             self.elector.release()
 
+    def _run_short_steps(self, now: float, result: PassResult) -> None:
+        """Run the gatekeeper, the autoscale step and the forecast step, those that are due."""
+        if now >= self._next_gate and self.elector.is_leader():  # gatekeeper (controller/gatekeeper.py)
+            self._next_gate = now + self.intervals.gate
+            result.gated = self._step(result, "gatekeeper", lambda: gatekeep(self.ledger, self.api))
+        if self.autoscaler is not None and now >= self._next_autoscale and self.elector.is_leader():
+            self._next_autoscale = now + self.intervals.autoscale
+            result.autoscaled = self._step(result, "autoscale", self.autoscaler)
+        if now >= self._next_forecast and self.elector.is_leader():  # issue 39 (forecast/step.py)
+            self._next_forecast = now + self.intervals.forecast
+            result.forecasts = self._step(result, "forecast", self.forecaster)
+
     # -- helpers -------------------------------------------------------------------------------
 
     def _seconds_to_next(self) -> float:
-        due = min(self._next_election, self._next_sync, self._next_reconcile, self._next_gate)
+        due = min(
+            self._next_election, self._next_sync, self._next_reconcile, self._next_gate, self._next_forecast
+        )
         if self.autoscaler is not None:
             due = min(due, self._next_autoscale)
         if not self.elector.is_leader():

@@ -35,6 +35,12 @@ from airflow_gpupool.ledger.teams.usage import (
     usage_report,
 )
 from airflow_gpupool.ledger.views.drift import NodeDrift, ledger_drift
+from airflow_gpupool.ledger.views.forecasts import (
+    FORECAST_STATUSES,
+    FinishedRun,
+    LedgerForecasts,
+    StartForecast,
+)
 from airflow_gpupool.ledger.views.history import HistoryEntry, HistoryFilter, LedgerHistory
 from airflow_gpupool.ledger.views.invariants import FINISHED_PHASES, cluster_violations
 from airflow_gpupool.ledger.views.totals import (
@@ -50,9 +56,11 @@ from airflow_gpupool.ledger.views.totals import (
 
 __all__ = [
     "ENDED_STATES",
+    "FORECAST_STATUSES",
     "FINISHED_PHASES",
     "RANGES",
     "WAIT_BUCKETS",
+    "FinishedRun",
     "Gang",
     "GpuSample",
     "Grant",
@@ -64,6 +72,7 @@ __all__ = [
     "HistoryFilter",
     "InventoryChange",
     "Ledger",
+    "LedgerForecasts",
     "LedgerHistory",
     "LedgerQuotas",
     "LedgerSnapshot",
@@ -79,6 +88,7 @@ __all__ = [
     "ReleaseResult",
     "Reservation",
     "ReservationState",
+    "StartForecast",
     "TaskAttempt",
     "TaskAttempts",
     "UsageReport",

@@ -12,15 +12,18 @@ from airflow_gpupool.metrics.collector import (
     quota_metrics,
 )
 from airflow_gpupool.metrics.drift import DRIFT_METRIC_NAMES, LedgerDriftCollector, drift_metrics
+from airflow_gpupool.metrics.forecast import FORECAST_METRIC_NAMES, forecast_metrics
 
 __all__ = [
     "DRIFT_METRIC_NAMES",
+    "FORECAST_METRIC_NAMES",
     "METRIC_NAMES",
     "PREEMPTION_METRIC_NAMES",
     "QUOTA_METRIC_NAMES",
     "GpuPoolCollector",
     "LedgerDriftCollector",
     "drift_metrics",
+    "forecast_metrics",
     "ledger_metrics",
     "preemption_metrics",
     "quota_metrics",

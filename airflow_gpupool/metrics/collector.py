@@ -369,7 +369,8 @@ class GpuPoolCollector:
         """Read one snapshot and yield every metric family."""
         from prometheus_client.core import GaugeMetricFamily
 
-        from airflow_gpupool.ledger import ledger_totals, preemption_losses, quota_uses
+        from airflow_gpupool.ledger import LedgerForecasts, ledger_totals, preemption_losses, quota_uses
+        from airflow_gpupool.metrics.forecast import forecast_metrics
 
         up = GaugeMetricFamily("gpupool_ledger_up", "1 when the ledger answered this scrape")
         url: str | None = None
@@ -380,6 +381,7 @@ class GpuPoolCollector:
             families = ledger_metrics(snapshot, ledger_totals(ledger.url))
             families += quota_metrics(quota_uses(ledger, snapshot))
             families += preemption_metrics(ledger.read(preemption_losses))
+            families += forecast_metrics(snapshot, LedgerForecasts(ledger).get_many())  # metrics/forecast.py
         except Exception as e:  # any failure to read means "down" for this scrape
             # The cause goes to the log, its text scrubbed of the URL's password; no traceback,
             # whose frames' messages could quote it.

@@ -100,6 +100,9 @@ class GpuPodOperator(UnschedulableFailFast, GpuPodLease, GpuPodTries):
         on-demand, checkpointed preemptible training prefers cheap spot; see
         :mod:`airflow_gpupool.operators.capacity`)
     :param expected_duration: seconds a run is expected to take, for the default rule (None: long)
+    :param fail_fast_on_forecast: while waiting deferred, give up (withdrawn, with the forecast in
+        the error) once the controller's forecast puts even the earliest likely start (p10) beyond
+        ``reservation_timeout``, or says "never, on the current nodes" (off by default)
     """
 
     template_fields: Sequence[str] = (
@@ -142,9 +145,11 @@ class GpuPodOperator(UnschedulableFailFast, GpuPodLease, GpuPodTries):
         cpu_fallback: bool = False,
         capacity: str | None = None,
         expected_duration: float | None = None,
+        fail_fast_on_forecast: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.fail_fast_on_forecast = fail_fast_on_forecast
         self.gpus = gpus
         self.gpu_milli = gpu_milli
         self.gpu_memory_mib = gpu_memory_mib
@@ -280,7 +285,13 @@ class GpuPodOperator(UnschedulableFailFast, GpuPodLease, GpuPodTries):
         self.log.info("No GPU slice fits now; %s", self.gpu_hook.explain(rid))
         if self._defer_reservation():
             self.defer(
-                **reservation_deferral(rid, self.ledger_conn_id, timeout, options.poll_interval_seconds)
+                **reservation_deferral(
+                    rid,
+                    self.ledger_conn_id,
+                    timeout,
+                    options.poll_interval_seconds,
+                    fail_fast_on_forecast=self.fail_fast_on_forecast,
+                )
             )
         return self._run_granted(context, rid, self._wait_in_place(rid, options.poll_interval_seconds))
 
@@ -314,6 +325,8 @@ class GpuPodOperator(UnschedulableFailFast, GpuPodLease, GpuPodTries):
             reservation = self.gpu_hook.get(rid)
             error = ReservationTimeoutError(rid, reservation.waited_seconds, [event["message"]])
             return self._timed_out(context, rid, error)
+        if status == ReservationEventStatus.FORECAST.value:  # fail_fast_on_forecast
+            raise GpuPoolError(f"reservation {rid} withdrawn: {event['message']}")
         raise GpuPoolError(f"waiting for reservation {rid} failed: {event['message']}")
 
     def _run_granted(self, context: Context, rid: str, grant: Grant) -> Any:

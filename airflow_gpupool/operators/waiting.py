@@ -56,7 +56,12 @@ def wait_in_place(
 
 
 def reservation_deferral(
-    rid: str, ledger_conn_id: str | None, timeout: float, poll_interval: float
+    rid: str,
+    ledger_conn_id: str | None,
+    timeout: float,
+    poll_interval: float,
+    *,
+    fail_fast_on_forecast: bool = False,
 ) -> dict[str, Any]:
     """Return the arguments of ``self.defer`` that wait for ``rid`` in ReservationTrigger.
 
@@ -67,9 +72,12 @@ def reservation_deferral(
     :param ledger_conn_id: the ``gpupool`` connection (None: ``[gpupool]`` configuration)
     :param timeout: the reservation's timeout, in seconds
     :param poll_interval: seconds between the trigger's reads
+    :param fail_fast_on_forecast: the trigger gives up once the forecast puts p10 past the timeout
     """
     return {
-        "trigger": ReservationTrigger(rid, ledger_conn_id, poll_interval=poll_interval),
+        "trigger": ReservationTrigger(
+            rid, ledger_conn_id, poll_interval=poll_interval, fail_fast_on_forecast=fail_fast_on_forecast
+        ),
         "method_name": "execute_granted",
         "timeout": timedelta(seconds=timeout + 5 * poll_interval + 60),
     }

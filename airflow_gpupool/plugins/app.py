@@ -217,7 +217,7 @@ def _ui_base(root_path: str) -> str:
 
 
 def _body(state: _State, ui_base: str, view: PageView) -> str:
-    from airflow_gpupool.ledger import LedgerHistory, usage_report
+    from airflow_gpupool.ledger import LedgerForecasts, LedgerHistory, usage_report
     from airflow_gpupool.plugins import page
     from airflow_gpupool.plugins.history import PAGE_SIZE, definitions_html, history_html, usage_html
     from airflow_gpupool.plugins.pools import map_html
@@ -243,7 +243,7 @@ def _body(state: _State, ui_base: str, view: PageView) -> str:
         f"{definitions_html(['Allocation', 'Fragmentation', 'MIG slice'])}</section>"
         f'<section class="usage"><h2>Use per team and node pool, last {view.range_name}</h2>{usage_html(usage, view)}</section>'
         f'<section class="grants"><h2>Grants ({len(snapshot.grants)})</h2>{page.grants_html(snapshot, ui_base, rows)}</section>'
-        f'<section class="queue"><h2>Queue ({len(snapshot.queue)})</h2>{page.queue_html(snapshot, why, ui_base, rows)}</section>'
+        f'<section class="queue"><h2>Queue ({len(snapshot.queue)})</h2>{page.queue_html(snapshot, why, ui_base, rows, LedgerForecasts(ledger).get_many())}</section>'
         f'<section class="history"><h2>History</h2>{history_body}</section>'
     )
 
@@ -409,6 +409,7 @@ def _add_reservation_route(app: FastAPI, state: _State) -> None:
 
 def _add_api_routes(app: FastAPI, state: _State) -> None:
     from airflow_gpupool.exceptions import UnknownReservationError
+    from airflow_gpupool.ledger import LedgerForecasts
 
     @app.get("/api/v1/snapshot")
     def api_snapshot() -> dict[str, Any]:
@@ -416,8 +417,10 @@ def _add_api_routes(app: FastAPI, state: _State) -> None:
         out = snapshot.to_dict()
         out["fragmentation"] = frag
         why = state.explanations(snapshot)
+        forecasts = LedgerForecasts(state.ledger()).get_many()  # the controller's; read only
         for entry in out["queue"]:
             entry["why"] = why.get(entry["id"], entry["message"])
+            entry["forecast"] = f.to_dict() if (f := forecasts.get(entry["id"])) else None
         for entry in out["grants"]:
             # What the page counts down: the grace a preempting grant has left, as of the snapshot.
             deadline = entry["preempt_deadline"] if entry["state"] == "preempting" else None
@@ -459,9 +462,15 @@ def _add_api_routes(app: FastAPI, state: _State) -> None:
         return state.derived(("series", hours), lambda s: state.series(hours, s))
 
     @app.get("/api/v1/explain/{reservation_id}")
-    def api_explain(reservation_id: str) -> dict[str, str]:
+    def api_explain(reservation_id: str) -> dict[str, Any]:
         try:
-            return {"id": reservation_id, "explanation": state.ledger().explain(reservation_id)}
+            explanation = state.ledger().explain(reservation_id)
+            forecast = LedgerForecasts(state.ledger()).get(reservation_id)
+            return {
+                "id": reservation_id,
+                "explanation": explanation,
+                "forecast": forecast and forecast.to_dict(),
+            }
         except UnknownReservationError as e:
             raise HTTPException(404, f"no reservation {reservation_id}") from e
 

@@ -18,7 +18,7 @@ from airflow_gpupool.resources import MIG_PROFILES, MILLI_PER_GPU
 from airflow_gpupool.task_try import TaskTry
 
 if TYPE_CHECKING:
-    from airflow_gpupool.ledger import LedgerSnapshot, NodeRecord, Reservation
+    from airflow_gpupool.ledger import LedgerSnapshot, NodeRecord, Reservation, StartForecast
     from airflow_gpupool.plugins.pools import SnapshotIndex
 
 #: Rows the grants and queue tables show (the JSON API has them all): long tables are paged.
@@ -311,16 +311,24 @@ def grants_html(snapshot: LedgerSnapshot, ui_base: str, max_rows: int | None = M
 
 
 def queue_html(
-    snapshot: LedgerSnapshot, why: Mapping[str, str], ui_base: str, max_rows: int | None = MAX_ROWS
+    snapshot: LedgerSnapshot,
+    why: Mapping[str, str],
+    ui_base: str,
+    max_rows: int | None = MAX_ROWS,
+    forecasts: Mapping[str, StartForecast] | None = None,
 ) -> str:
-    """Return the queue table: position, what is asked, the wait so far and why it waits.
+    """Return the queue table: position, what is asked, the wait so far, the expected start and why it waits.
 
     :param snapshot: a ledger snapshot
     :param why: :meth:`~airflow_gpupool.ledger.Ledger.explain` of each waiting reservation
     :param ui_base: the Airflow UI's path prefix
     :param max_rows: at most this many rows, the head of the queue (None: all)
+    :param forecasts: the controller's stored forecasts, by reservation id
     """
+    from airflow_gpupool.plugins.forecast import forecast_cell
+
     now = snapshot.taken_at
+    forecasts = forecasts or {}
     rows = [
         [
             str(r.position or ""),
@@ -330,11 +338,12 @@ def queue_html(
             str(r.request.priority),
             escape(r.request.describe()),
             duration(now - r.created_at),
+            forecast_cell(forecasts.get(r.id), now),
             f'<span class="why">{escape(why.get(r.id) or r.message)}</span>',
         ]
         for r in snapshot.queue[:max_rows]
     ]
-    headers = ["#", "ID", "Task", "Team", "Priority", "Asks", "Waiting", "Why it waits"]
+    headers = ["#", "ID", "Task", "Team", "Priority", "Asks", "Waiting", "Expected start", "Why it waits"]
     return table_html(headers, rows, "Nobody is waiting.", "queue") + _more(len(rows), len(snapshot.queue))
 
 

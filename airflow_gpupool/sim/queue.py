@@ -221,10 +221,16 @@ class QueueSim:
     """State of one queue simulation: nodes, waiting and running requests, accumulators."""
 
     def __init__(
-        self, nodes: list[NodeState], place: Callable[..., Any], shapes: Any, max_overtakes: int
+        self,
+        nodes: list[NodeState],
+        place: Callable[..., Any],
+        shapes: Any,
+        max_overtakes: int,
+        empty: Sequence[NodeState] | None = None,
     ) -> None:
         self.nodes = nodes
-        self.empty = tuple(nodes)  # the cluster starts empty: what each node could ever hold
+        # What each node could ever hold: the nodes given unless they start with tasks running.
+        self.empty = tuple(nodes) if empty is None else tuple(empty)
         self.eligible: dict[tuple[Any, ...], list[int]] = {}
         self.where = {n.name: i for i, n in enumerate(nodes)}
         self.place = place
@@ -264,6 +270,14 @@ class QueueSim:
         self.fresh.add(_key(request))
         self.arrived_at[k] = now
         self.useful[k] = useful
+
+    def adopt(self, k: int, request: GpuRequest, assignment: Assignment) -> None:
+        """Record a task already running on the nodes as given (its capacity is already taken there)."""
+        i = self.where[assignment.node]
+        self.running[k] = (request, assignment, i)
+        self.useful[k] = 0
+        if request.workload_class.value in EXCLUSIVE_CLASSES:
+            self.held[i][request.workload_class.value] += 1
 
     def depart(self, k: int) -> None:
         request, assignment, i = self.running.pop(k)

@@ -24,6 +24,7 @@ class QueueLife:
     started: float
     positions: list[tuple[float, int]] = field(default_factory=list)
     blocked: str = ""
+    forecasts: list[tuple[float, str]] = field(default_factory=list)
 
     def saw(self, position: int | None, reason: str | None, at: float | None = None) -> None:
         """Record a position (kept when it changed) and the latest reason it waited."""
@@ -34,6 +35,19 @@ class QueueLife:
         self.positions.append((round((at if at is not None else time.time()) - self.started, 1), position))
         if len(self.positions) > _MAX_POSITIONS:
             del self.positions[_MAX_POSITIONS // 2]
+
+    def forecast(self, words: str, at: float | None = None) -> None:
+        """Record what the forecast said (kept when it changed; the first and the latest few)."""
+        if self.forecasts and self.forecasts[-1][1] == words:
+            return
+        self.forecasts.append((round((at if at is not None else time.time()) - self.started, 1), words))
+        if len(self.forecasts) > _MAX_POSITIONS:
+            del self.forecasts[_MAX_POSITIONS // 2]
+
+    def describe_forecasts(self) -> str:
+        """Say what the forecast said at each point: ``forecast at 0s: ...; at 300s: ...`` (empty: none seen)."""
+        said = [f"at {t:g}s: {words}" for t, words in self.forecasts if words != "no forecast yet"]
+        return f"the forecast said {'; '.join(said)}" if said else ""
 
     def to_dict(self, waited_s: float) -> dict[str, Any]:
         """Return primitives only (the trigger event): ``waited_s`` as the ledger measured it."""

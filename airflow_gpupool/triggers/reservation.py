@@ -11,8 +11,9 @@ from typing import Any, cast
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from airflow_gpupool.forecast.words import clock_time, describe_forecast, describe_position
 from airflow_gpupool.hooks.gpupool import AsyncGpuPoolHook
-from airflow_gpupool.ledger import Reservation, ReservationState
+from airflow_gpupool.ledger import LedgerForecasts, Reservation, ReservationState, StartForecast
 from airflow_gpupool.triggers.events import trigger_event
 from airflow_gpupool.triggers.queue_life import QueueLife
 from airflow_gpupool.triggers.wait_room import WaitRoom, wait_room
@@ -28,6 +29,8 @@ class ReservationEventStatus(str, Enum):
 
     GRANTED = "granted"
     TIMEOUT = "timeout"
+    #: ``fail_fast_on_forecast``: the forecast's p10 already lies beyond the reservation's timeout.
+    FORECAST = "forecast"
     ERROR = "error"
 
 
@@ -46,6 +49,8 @@ class ReservationTrigger(BaseTrigger):
     :param ledger_conn_id: the ``gpupool`` connection (None: ``[gpupool]`` configuration)
     :param ledger_url: overrides the connection's ledger URL
     :param poll_interval: seconds between the batched reads when no notification can come
+    :param fail_fast_on_forecast: give up (a ``forecast`` event, with the forecast in its message)
+        as soon as the controller's forecast says the request starts after its timeout even at p10
     """
 
     def __init__(
@@ -54,12 +59,14 @@ class ReservationTrigger(BaseTrigger):
         ledger_conn_id: str | None = AsyncGpuPoolHook.default_conn_name,
         ledger_url: str | None = None,
         poll_interval: float = 5.0,
+        fail_fast_on_forecast: bool = False,
     ) -> None:
         cast("Callable[[], None]", super().__init__)()  # BaseTrigger.__init__ is not annotated
         self.reservation_id = reservation_id
         self.ledger_conn_id = ledger_conn_id
         self.ledger_url = ledger_url
         self.poll_interval = poll_interval
+        self.fail_fast_on_forecast = fail_fast_on_forecast
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         """Return the class path and every constructor argument."""
@@ -70,6 +77,7 @@ class ReservationTrigger(BaseTrigger):
                 "ledger_conn_id": self.ledger_conn_id,
                 "ledger_url": self.ledger_url,
                 "poll_interval": self.poll_interval,
+                "fail_fast_on_forecast": self.fail_fast_on_forecast,
             },
         )
 
@@ -91,7 +99,10 @@ class ReservationTrigger(BaseTrigger):
                 if event is not None:
                     yield event
                     return
-                await self._log_wait(hook, room, reservation.position, life)
+                forecast = await self._log_wait(hook, room, reservation.position, life)
+                if self.fail_fast_on_forecast and (hopeless := self._hopeless(reservation, forecast, life)):
+                    yield hopeless
+                    return
                 own_deadline = reservation.deadline - time.time()
                 quiet = min(_LOG_EVERY_S, max(own_deadline, 0.0) + _DEADLINE_SLACK_S)
                 woken = await room.wait(self.reservation_id, quiet)
@@ -118,7 +129,9 @@ class ReservationTrigger(BaseTrigger):
                 queue_life=life.to_dict(reservation.grant.granted_at - reservation.created_at),
             )
         if reservation.state is ReservationState.TIMED_OUT:
-            return self._event(ReservationEventStatus.TIMEOUT, reservation.message)
+            said = life.describe_forecasts()
+            message = f"{reservation.message}; {said}" if said else reservation.message
+            return self._event(ReservationEventStatus.TIMEOUT, message)
         if reservation.state.ended:
             return self._event(
                 ReservationEventStatus.ERROR,
@@ -126,15 +139,36 @@ class ReservationTrigger(BaseTrigger):
             )
         return None
 
+    def _hopeless(
+        self, reservation: Reservation, forecast: StartForecast | None, life: QueueLife
+    ) -> TriggerEvent | None:
+        """Return a ``forecast`` event when even the forecast's p10 lies beyond the reservation's deadline."""
+        never = forecast is not None and forecast.status == "never"
+        late = forecast is not None and forecast.p10 is not None and forecast.p10 > reservation.deadline
+        if not (never or late):
+            return None
+        due = clock_time(reservation.deadline, time.time())
+        return self._event(
+            ReservationEventStatus.FORECAST,
+            f"gave up before its reservation timeout ({due} UTC): {life.describe_forecasts()}",
+        )
+
     async def _log_wait(
         self, hook: AsyncGpuPoolHook, room: WaitRoom, position: int | None, life: QueueLife
-    ) -> None:
-        """Log where the request stands and why it waits (the reason a few times a second per room)."""
+    ) -> StartForecast | None:
+        """Log where the request stands, why it waits (the reason a few times a second per room) and its forecast."""
         reason = await hook.aexplain(self.reservation_id) if room.may_explain() else None
         life.saw(position, reason)
+        forecast = room.forecasts.get(self.reservation_id)
+        if forecast is None and reason is not None:  # explained this time: the same budget reads it
+            forecast = await asyncio.to_thread(LedgerForecasts(hook.ledger).get, self.reservation_id)
+        now = time.time()
+        total = len(room.positions) or (forecast.queue_length if forecast else None)
+        life.forecast(describe_forecast(forecast, now), now)
         self.log.info(
-            "Reservation %s waits at position %s of the queue: %s",
+            "Reservation %s waits at %s: %s",
             self.reservation_id,
-            position if position is not None else "?",
+            describe_position(position, total, forecast, now),
             reason or life.blocked or "no explanation yet (many requests wait in this triggerer)",
         )
+        return forecast

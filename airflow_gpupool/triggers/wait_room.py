@@ -8,7 +8,8 @@ queue; here they wait in one room per (event loop, ledger), which
   grants or ends a queued request notifies at commit, :mod:`airflow_gpupool.ledger.postgres.notify`)
   and wakes exactly the waiters of those ids;
 * reads, in one query per poll for all its waiters, the queue's order: who no longer waits
-  (woken) and where the others stand (:attr:`WaitRoom.positions`) (every
+  (woken) and where the others stand (:attr:`WaitRoom.positions`, with the forecasts the
+  controller stored, :attr:`WaitRoom.forecasts`) (every
   ``poll_interval`` without a listener, every ``[gpupool] wait_fallback_poll_seconds`` with
   one, in case a notification was lost), and wakes them;
 * checks once per ``[gpupool] waiter_reap_interval_seconds`` whether anything is overdue
@@ -29,10 +30,10 @@ import weakref
 from typing import TYPE_CHECKING
 
 from airflow_gpupool import settings
-from airflow_gpupool.ledger import GrantListener
+from airflow_gpupool.ledger import GrantListener, LedgerForecasts
 
 if TYPE_CHECKING:
-    from airflow_gpupool.ledger import Ledger
+    from airflow_gpupool.ledger import Ledger, StartForecast
 
 __all__ = ["WaitRoom", "wait_room"]
 
@@ -85,6 +86,8 @@ class WaitRoom:
         self._polled_at = time.monotonic()
         #: Where each waiting request stood at the last batched read (1: next in line).
         self.positions: dict[str, int] = {}
+        #: Each waiting request's stored forecast, read with the positions (the controller writes them).
+        self.forecasts: dict[str, StartForecast] = {}
         #: How many waiters the room woke, by cause (tests and the bench read it).
         self.woken = {"notify": 0, "poll": 0}
 
@@ -171,6 +174,7 @@ class WaitRoom:
             return
         try:
             self.positions = await asyncio.to_thread(self.ledger.queue_positions)
+            self.forecasts = await asyncio.to_thread(LedgerForecasts(self.ledger).get_many)
         except Exception:  # the waiters' own reads report the error; the room tries again
             log.warning("Reading the waiting requests failed; trying again", exc_info=True)
             return

@@ -336,3 +336,38 @@ def test_one_renewal_slower_than_the_deadline_does_not_hand_a_long_step_s_lease_
     leader = LeaderElector(api, settings)
     # The keeper renewed again after the slow call: the leader still leads at the end.
     hold_the_lease_through_a_slow_step(url, k8s, leases, leader, step, lambda: api.slowed.wait(30))
+
+
+# -- the forecast step (issue 39) -----------------------------------------------------------------
+
+
+def test_the_forecast_step_runs_on_its_interval_and_only_while_leading(
+    url: str, k8s: KubernetesEmulatorServer, leases: Any
+) -> None:
+    from airflow_gpupool.ledger import LedgerForecasts
+
+    clock = FakeClock(0)
+    core = core_v1_api(k8s.kubeconfig_path)
+    ledger = Ledger(url)
+    try:
+        leader = LeaderElector(leases, LeaseSettings("default", "forecaster", lease_duration=60), clock=clock)
+        intervals = ControllerIntervals(forecast=30)
+        controller = GpuPoolController(
+            ledger, core, leader, intervals, clock=clock, count_external_pods=False
+        )
+        assert controller.run_pass().forecasts == 0  # synced the nodes; nothing waits yet
+        ledger.reserve(GpuRequest(gpus=8), "a", reservation_id="gp-all")
+        ledger.reserve(GpuRequest(gpus=8), "b", reservation_id="gp-next")
+        assert controller.run_pass().forecasts is None  # not due: at most once per interval
+        clock.advance(30)
+        assert controller.run_pass().forecasts == 1
+        stored = LedgerForecasts(ledger).get("gp-next")
+        assert stored is not None and stored.status == "forecast"
+
+        replica = LeaderElector(leases, LeaseSettings("default", "replica", lease_duration=60), clock=clock)
+        other = GpuPoolController(ledger, core, replica, intervals, clock=clock, count_external_pods=False)
+        ledger.reserve(GpuRequest(gpus=8), "c", reservation_id="gp-last")
+        assert other.run_pass().forecasts is None  # not leading: no forecast written
+        assert set(LedgerForecasts(ledger).get_many()) == {"gp-next"}
+    finally:
+        ledger.close()

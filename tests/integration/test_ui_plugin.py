@@ -173,6 +173,7 @@ def test_explain_api(client: TestClient, pool: Pool) -> None:
     assert client.get("/api/v1/explain/r-wide").json() == {
         "id": "r-wide",
         "explanation": pool.ledger.explain("r-wide"),
+        "forecast": None,  # no controller has forecast it
     }
     assert client.get("/api/v1/explain/nope").status_code == 404
 

@@ -226,3 +226,21 @@ team_totals = Table(
     Column("preempted_grants", BigInteger, nullable=False),
     Column("lost_gpu_ms", BigInteger, nullable=False),
 )
+
+# Each waiting request's start-time forecast (schema v18), replaced as a whole by the
+# controller's forecast step (see :mod:`airflow_gpupool.forecast`); readers only read. Times
+# are on the ledger's clock; ``status`` is ``forecast``, ``never`` or ``unknown`` (then the
+# quantiles are null and ``reason`` says why).
+forecasts = Table(
+    "gpupool_forecasts",
+    metadata,
+    Column("reservation_id", String(64), primary_key=True),
+    Column("computed_at", Float, nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("p10", Float, nullable=True),
+    Column("p50", Float, nullable=True),
+    Column("p90", Float, nullable=True),
+    Column("position", Integer, nullable=True),
+    Column("queue_length", Integer, nullable=True),
+    Column("reason", String(500), nullable=False),
+)

@@ -249,6 +249,14 @@ def _v17(op: Operations, conn: Connection) -> None:
         pg_functions.install(conn)
 
 
+#: The schema version that adds the forecasts table (one constant: renumbered at merge if needed).
+FORECASTS_VERSION = 18
+
+
+def _v_forecasts(op: Operations, conn: Connection) -> None:
+    schema.metadata.create_all(conn, tables=[schema.forecasts])
+
+
 def sql_literal(value: object) -> Any:
     """Return the server default that fills a migrated column on existing rows (a SQL literal)."""
     if isinstance(value, bool):
@@ -301,6 +309,11 @@ MIGRATIONS: tuple[Migration, ...] = (
         "suspect nodes: a granted pod found the GPUs the ledger called free taken; no grant there until "
         "an inventory sync reads the node again",
         _v17,
+    ),
+    Migration(
+        FORECASTS_VERSION,
+        "forecasts: each waiting request's start-time quantiles, written by the controller",
+        _v_forecasts,
     ),
 )
 LATEST = MIGRATIONS[-1].version

@@ -20,7 +20,7 @@ from sqlalchemy import create_engine, func, select
 from airflow_gpupool.ledger import Ledger, ReservationState
 from airflow_gpupool.ledger.db import schema as ledger_schema
 from airflow_gpupool.ledger.db.engine import normalize_url
-from airflow_gpupool.ledger.store.migrations import LATEST
+from airflow_gpupool.ledger.store.migrations import MIGRATIONS
 from airflow_gpupool.resources import GpuRequest
 from tests.ledger_fixtures import node
 
@@ -125,7 +125,7 @@ def test_many_first_time_ledger_inits_at_once_all_succeed(ledger_url: str) -> No
             meta = conn.execute(select(func.count()).select_from(ledger_schema.ledger_meta)).scalar()
     finally:
         engine.dispose()
-    assert sorted(versions) == list(range(1, LATEST + 1))  # each migration ran exactly once
+    assert sorted(versions) == [m.version for m in MIGRATIONS]  # each migration ran exactly once
     assert meta == 2
     with Ledger(ledger_url, policy="bestfit") as ledger:
         ledger.upsert_nodes([node("n1", gpus=1)])

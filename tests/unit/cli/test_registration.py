@@ -20,6 +20,7 @@ COMMANDS = {
     "inventory": ["load", "sync"],
     "status": [],
     "reserve": [],
+    "explain": [],
     "release": [],
     "reap": [],
     "bench": ["ledger", "queue", "operator", "heartbeats", "ui"],

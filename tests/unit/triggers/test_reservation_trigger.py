@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 
 import pytest
 
-from airflow_gpupool.ledger import Ledger
+from airflow_gpupool.forecast.step import refresh_forecasts
+from airflow_gpupool.forecast.words import describe_forecast
+from airflow_gpupool.ledger import Ledger, LedgerForecasts
 from airflow_gpupool.resources import GpuRequest
 from airflow_gpupool.triggers import ReservationTrigger
 from tests.ledger_fixtures import node
@@ -25,6 +28,7 @@ def test_reservation_trigger_serializes_every_argument() -> None:
         "ledger_conn_id": "pool_eu",
         "ledger_url": "sqlite:////x.db",
         "poll_interval": 2.5,
+        "fail_fast_on_forecast": False,
     }
     assert ReservationTrigger(**kwargs).serialize() == (classpath, kwargs)
 
@@ -84,6 +88,53 @@ def test_trigger_reports_timeout_with_the_blocker(ledger_url: str) -> None:
 
     assert event["status"] == "timeout"
     assert "n1: needs 1 free GPUs, 0 free of 1" in event["message"]
+
+
+def test_the_wait_log_and_the_timeout_say_what_the_forecast_said(
+    ledger_url: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    ledger = Ledger(ledger_url)
+    ledger.reserve(GpuRequest(gpus=1), "holder")
+    waiting = ledger.reserve(GpuRequest(gpus=1), "waiter", timeout=0.5)
+    refresh_forecasts(ledger)  # the controller's step; the trigger only reads what it stored
+    stored = LedgerForecasts(ledger).get(waiting.id)
+    assert stored is not None and stored.status == "forecast"
+    words = describe_forecast(stored, time.time())
+
+    event = asyncio.run(
+        asyncio.wait_for(first_event(ReservationTrigger(waiting.id, None, poll_interval=0.05)), 10)
+    )
+
+    out, err = capfd.readouterr()  # the trigger's logger writes through Airflow's structlog
+    assert f"waits at position 1 of 1; {words}" in out + err
+    assert event["status"] == "timeout"
+    blocker, said = event["message"].split("; the forecast said at ")
+    assert "n1: needs 1 free GPUs" in blocker and said.endswith(f"s: {words}")
+
+
+@pytest.mark.parametrize("fail_fast", [True, False])
+def test_fail_fast_gives_up_once_p10_lies_past_the_timeout(ledger_url: str, fail_fast: bool) -> None:
+    ledger = Ledger(ledger_url)
+    ledger.reserve(GpuRequest(gpus=1), "holder")  # with no history it runs about an hour (the prior)
+    waiting = ledger.reserve(GpuRequest(gpus=1), "waiter", timeout=60)
+    refresh_forecasts(ledger)
+    stored = LedgerForecasts(ledger).get(waiting.id)
+    assert stored is not None and stored.p10 is not None and stored.p10 > ledger.get(waiting.id).deadline
+    trigger = ReservationTrigger(waiting.id, None, poll_interval=0.05, fail_fast_on_forecast=fail_fast)
+
+    async def first_or_none() -> dict | None:
+        try:
+            return await asyncio.wait_for(first_event(trigger), 1.5)
+        except TimeoutError:
+            return None
+
+    event = asyncio.run(first_or_none())
+    if not fail_fast:
+        assert event is None  # it keeps waiting for its timeout
+        return
+    assert event is not None and event["status"] == "forecast"
+    assert event["message"].startswith("gave up before its reservation timeout (")
+    assert describe_forecast(stored, time.time()) in event["message"]
 
 
 def test_trigger_turns_failures_into_an_error_event(ledger_url: str) -> None:

@@ -1,0 +1,97 @@
+"""The forecast on a hand-made queue whose answer is known exactly, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from airflow_gpupool.forecast.step import Forecaster, compute_forecasts, refresh_forecasts
+from airflow_gpupool.ledger import Ledger, LedgerForecasts, StartForecast
+from airflow_gpupool.resources import GangSpec, GpuRequest
+from airflow_gpupool.task_try import TaskTry
+from tests.ledger_fixtures import FakeClock, node
+
+RUN_S = 600.0
+
+
+def _try(run: int) -> TaskTry:
+    return TaskTry("train", "fit", f"scheduled__{run}", -1, 1, "w")
+
+
+@pytest.fixture
+def queued(make_ledger: Callable[..., Ledger], clock: FakeClock) -> tuple[Ledger, list[str]]:
+    """One GPU; train/fit ran three times for exactly 600 s; one run 100 s in; two more waiting."""
+    ledger = make_ledger()
+    ledger.upsert_nodes([node("n1", gpus=1)])
+    for run in range(3):
+        task = _try(run)
+        reservation = ledger.reserve(GpuRequest(gpus=1), task.holder, reservation_id=task.reservation_id)
+        clock.advance(RUN_S)
+        ledger.release(reservation.id)
+    ledger.reserve(GpuRequest(gpus=1), _try(3).holder, reservation_id=_try(3).reservation_id)
+    clock.advance(100)
+    waiting = [
+        ledger.reserve(GpuRequest(gpus=1), _try(run).holder, reservation_id=_try(run).reservation_id).id
+        for run in (4, 5)
+    ]
+    return ledger, waiting
+
+
+def test_fixed_durations_give_exact_starts(queued: tuple[Ledger, list[str]], clock: FakeClock) -> None:
+    ledger, (first, second) = queued
+    assert refresh_forecasts(ledger) == 2
+    stored = LedgerForecasts(ledger).get_many()
+    now = clock.now
+    # The running try ends 500 s from now; the first waiting one then runs 600 s.
+    assert stored[first] == StartForecast(
+        first, now, "forecast", now + 500, now + 500, now + 500, 1, 2, stored[first].reason
+    )
+    assert (stored[second].p10, stored[second].p50, stored[second].p90) == (now + 1100,) * 3
+    assert (stored[second].position, stored[second].queue_length) == (2, 2)
+    assert "later arrivals ignored" in stored[second].reason
+
+
+def test_a_new_pass_replaces_the_old_one(queued: tuple[Ledger, list[str]], clock: FakeClock) -> None:
+    ledger, (first, second) = queued
+    forecaster = Forecaster(ledger)
+    assert forecaster() == 2
+    assert forecaster() is None  # nothing changed, nothing due: no replay
+    ledger.release(ledger.get(first).id)  # withdrawn: no longer waiting
+    assert forecaster() == 1
+    assert set(LedgerForecasts(ledger).get_many()) == {second}
+
+
+def test_a_forecast_that_came_due_is_recomputed(queued: tuple[Ledger, list[str]], clock: FakeClock) -> None:
+    ledger, (first, _) = queued
+    forecaster = Forecaster(ledger)
+    forecaster()
+    clock.advance(501)  # the running try overran its history: the stored start is now in the past
+    assert forecaster() == 2
+    stored = LedgerForecasts(ledger).get(first)
+    assert stored is not None and stored.p10 is not None and stored.p10 >= clock.now
+
+
+def test_only_the_head_of_the_queue_is_forecast(queued: tuple[Ledger, list[str]], clock: FakeClock) -> None:
+    ledger, (first, second) = queued
+    by_id = {f.reservation_id: f for f in compute_forecasts(ledger, ledger.snapshot(), max_waiting=1)}
+    assert by_id[first].status == "forecast" and by_id[first].p50 == clock.now + 500
+    assert (by_id[second].status, by_id[second].reason) == (
+        "unknown",
+        "only the first 1 waiting requests are forecast",
+    )
+
+
+def test_a_waiting_gang_says_unknown_and_singles_are_still_forecast(
+    make_ledger: Callable[..., Ledger], clock: FakeClock
+) -> None:
+    ledger = make_ledger()
+    ledger.upsert_nodes([node("n1", gpus=1), node("n2", gpus=1)])
+    ledger.reserve(GpuRequest(gpus=1), "holder-1")
+    ledger.reserve(GpuRequest(gpus=1), "holder-2")
+    gang = ledger.reserve(GpuRequest(gpus=1, gang=GangSpec(2, 2)), "gang", reservation_id="g1")
+    single = ledger.reserve(GpuRequest(gpus=1), "single", reservation_id="s1")
+    refresh_forecasts(ledger)
+    stored = LedgerForecasts(ledger).get_many()
+    assert (stored[gang.id].status, stored[gang.id].reason) == ("unknown", "gangs are not forecast yet")
+    assert stored[single.id].status == "forecast"  # the replay ran without the gang
