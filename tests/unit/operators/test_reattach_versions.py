@@ -10,8 +10,6 @@ import pytest
 from airflow_gpupool.operators.reattach import DURABLE_FALLBACK, EarlierTries, durable_reattach_supported
 from airflow_gpupool.task_try import TaskTry
 
-pytestmark = pytest.mark.core
-
 TRY_2 = TaskTry("train_dag", "train", "manual__1", try_number=2)
 
 
