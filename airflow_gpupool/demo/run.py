@@ -139,7 +139,9 @@ def migrate_airflow_db(log: IO[str]) -> None:
 
 def run_dags(*dag_ids: str) -> list[Any]:
     """Parse the DAGs folder and run each DAG with ``dag.test()``, one after the other; return the DagRuns."""
-    from airflow.dag_processing.dagbag import DagBag
+    from airflow_gpupool.testing.dagbag import dag_bag_class
+
+    DagBag = dag_bag_class()
 
     bag = DagBag(str(DAGS_FOLDER))
     if bag.import_errors:

@@ -26,8 +26,8 @@ import time
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+from airflow.providers.common.compat.sdk import AirflowNotFoundException
 from airflow.sdk import BaseHook
-from airflow.sdk.exceptions import AirflowNotFoundException
 
 from airflow_gpupool import settings
 from airflow_gpupool.exceptions import ConfigurationError

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.providers.cncf.kubernetes.operators.job import KubernetesJobOperator
 from airflow.providers.cncf.kubernetes.triggers.job import KubernetesJobTrigger
-from airflow.sdk.exceptions import TaskDeferred
+from airflow.providers.common.compat.sdk import TaskDeferred
 
 from airflow_gpupool import settings
 from airflow_gpupool.controller.gang_pods import JOB_NAME_LABEL

@@ -8,7 +8,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
-from airflow.sdk.exceptions import TaskDeferred
+from airflow.providers.common.compat.sdk import TaskDeferred
 
 from airflow_gpupool import settings
 from airflow_gpupool.binding import SliceFacts, binding_for, check_binding_name

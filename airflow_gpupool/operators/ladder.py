@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+from airflow.providers.common.compat.sdk import AirflowFailException, AirflowSkipException
 
 from airflow_gpupool import settings
 from airflow_gpupool.exceptions import LeaseLostError

@@ -9,6 +9,10 @@ settles every earlier try's grant that still holds a slice:
   renewed under the new try's holder, one grant in the history, released once at the end;
 - with ``durable=False``, or when the pod finished or is gone, the old pod is deleted and its
   grant freed before the new try reserves: one task never holds two slices.
+
+Below Airflow 3.3 there is no task state store: ``KubernetesPodOperator`` ignores ``durable``
+(it warns) and re-attaches through ``reattach_on_restart``'s label search instead, which finds the
+same pod; the retry logs :data:`DURABLE_FALLBACK` once and settles the grants the same way.
 """
 
 from __future__ import annotations
@@ -26,7 +30,21 @@ if TYPE_CHECKING:
     from airflow_gpupool.ledger import Grant
     from airflow_gpupool.task_try import TaskTry
 
-__all__ = ["Adopted", "EarlierTries"]
+__all__ = ["DURABLE_FALLBACK", "Adopted", "EarlierTries", "durable_reattach_supported"]
+
+DURABLE_FALLBACK = (
+    "Durable re-attach through the task state store needs Airflow 3.3 (this is Airflow %s): "
+    "this retry re-attaches through KubernetesPodOperator's label search instead"
+)
+
+
+def durable_reattach_supported() -> bool:
+    """Return whether this Airflow keeps a pod's identity across tries (the task state store, 3.3+)."""
+    from airflow import __version__ as airflow_version
+    from packaging.version import Version
+
+    return Version(Version(airflow_version).base_version) >= Version("3.3")
+
 
 # KubernetesPodOperator does not re-attach to a pod in these phases (it deletes and recreates it).
 _ENDED_PHASES = frozenset({"Succeeded", "Failed"})
@@ -67,6 +85,10 @@ class EarlierTries:
         :param durable: whether the parent re-attaches to a running pod of an earlier try
         :param ttl: the lease seconds of an adopted grant
         """
+        if durable and not durable_reattach_supported():
+            from airflow import __version__ as airflow_version
+
+            self._log.info(DURABLE_FALLBACK, airflow_version)
         adopted: Adopted | None = None
         for number in range(task.try_number - 1, 0, -1):
             rid = replace(task, try_number=number).reservation_id

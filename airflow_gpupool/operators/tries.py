@@ -13,7 +13,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
-from airflow.sdk.exceptions import TaskDeferred
+from airflow.providers.common.compat.sdk import TaskDeferred
 
 from airflow_gpupool.operators.checkpointing import TaskCheckpoints
 from airflow_gpupool.operators.failures import Classification, read_failure

@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import BaseSensorOperator, PokeReturnValue, conf
+from airflow.providers.common.compat.sdk import conf
+from airflow.sdk import BaseSensorOperator, PokeReturnValue
 
 from airflow_gpupool.checkpoints.manifest import CheckpointManifest
 from airflow_gpupool.checkpoints.progress import CheckpointEventStatus, assess

@@ -123,7 +123,9 @@ class GpuCluster:
         :param test_args: passed to ``dag.test()`` (``logical_date``, ``run_conf``...)
         :raises LookupError: no such DAG in the folder, or the folder has import errors
         """
-        from airflow.dag_processing.dagbag import DagBag
+        from airflow_gpupool.testing.dagbag import dag_bag_class
+
+        DagBag = dag_bag_class()
 
         bag = DagBag()
         if bag.import_errors:

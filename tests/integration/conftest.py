@@ -69,7 +69,9 @@ def emulator() -> Iterator[KubernetesEmulatorServer]:
 
 @pytest.fixture(scope="session")
 def dagbag(airflow_db: None, emulator: KubernetesEmulatorServer) -> Any:
-    from airflow.dag_processing.dagbag import DagBag
+    from airflow_gpupool.testing.dagbag import dag_bag_class
+
+    DagBag = dag_bag_class()
 
     bag = DagBag(str(DAGS_FOLDER))
     assert bag.import_errors == {}

@@ -45,7 +45,9 @@ def _no_io(*args: Any, **kwargs: Any) -> None:
 def test_example_imports_fast_without_io(
     filename: str, airflow_db: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from airflow.dag_processing.dagbag import DagBag
+    from airflow_gpupool.testing.dagbag import dag_bag_class
+
+    DagBag = dag_bag_class()
     from kubernetes import config as k8s_config
 
     import airflow_gpupool.operators

@@ -44,3 +44,23 @@ def test_config_options_have_the_defaults_settings_use() -> None:
     for name, default in settings.DEFAULTS.items():
         assert name in options, f"[gpupool] {name} is read but not declared"
         assert options[name]["default"] == default, name
+
+
+def test_one_version_source_pyproject_read_by_the_package_and_the_provider_info() -> None:
+    import tomllib
+
+    import airflow_gpupool
+
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    version = tomllib.loads(pyproject.read_text())["project"]["version"]
+    assert airflow_gpupool.__version__ == version
+    assert get_provider_info()["versions"] == [version]
+
+
+def test_changelog_has_a_section_for_the_version_and_the_next() -> None:
+
+    import airflow_gpupool
+
+    changelog = (Path(__file__).resolve().parents[2] / "CHANGELOG.md").read_text()
+    assert f"\n## {airflow_gpupool.__version__} " in changelog
+    assert "\n## Unreleased" in changelog

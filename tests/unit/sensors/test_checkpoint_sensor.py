@@ -6,8 +6,8 @@ import datetime
 from typing import Any
 
 import pytest
+from airflow.providers.common.compat.sdk import TaskDeferred
 from airflow.sdk import PokeReturnValue
-from airflow.sdk.exceptions import TaskDeferred
 
 from airflow_gpupool.exceptions import ConfigurationError
 from airflow_gpupool.sensors import CheckpointSensor, CheckpointStalledError
