@@ -44,7 +44,7 @@ from airflow_gpupool.testing.pod_status import (
     reject_at_admission,
     terminate,
 )
-from airflow_gpupool.testing.scheduling import admission_rejection, choose_node
+from airflow_gpupool.testing.scheduling import admission_rejection, choose_node, extended_requests
 from airflow_gpupool.testing.workload import CheckpointPlan, PodWorkload, checkpoint_plan
 
 if TYPE_CHECKING:
@@ -318,7 +318,10 @@ class SimulatedKubelet:
                 message = f"0/{len(nodes)} nodes are available: {len(nodes)} node(s) were excluded by the gpupool.emulator/never-schedule annotation."
             elif not node_name:
                 node_name, message = choose_node(pod, nodes, self.api.live_objects(PODS))
-            elif (rejected := _admission(pod, nodes, node_name, self.api.live_objects(PODS))) is not None:
+            elif (
+                extended_requests(pod)
+                and (rejected := _admission(pod, nodes, node_name, self.api)) is not None
+            ):
                 await self.api.update_object(
                     PODS, namespace, name, lambda p: reject_at_admission(p, *rejected)
                 )
@@ -427,11 +430,15 @@ class SimulatedKubelet:
 
 
 def _admission(
-    pod: dict[str, Any], nodes: list[dict[str, Any]], node_name: str, pods: list[dict[str, Any]]
+    pod: dict[str, Any], nodes: list[dict[str, Any]], node_name: str, api: KubernetesApiEmulator
 ) -> tuple[str, str] | None:
-    """The kubelet's refusal of a pod bound to ``node_name`` by its author, if it refuses it."""
+    """The kubelet's refusal of a pod bound to ``node_name`` by its author, if it refuses it.
+
+    Only a pod that asks for an extended resource is checked: reading every pod costs the
+    emulator time that grows with the cluster.
+    """
     node = next((n for n in nodes if n["metadata"]["name"] == node_name), None)
-    return None if node is None else admission_rejection(pod, node, pods)
+    return None if node is None else admission_rejection(pod, node, api.live_objects(PODS))
 
 
 def _delay(value: float | None) -> float:
