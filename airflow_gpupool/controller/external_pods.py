@@ -62,6 +62,7 @@ class ExternalPodCounter:
         self._watch = watch_factory(core_v1_api, self.on_list, self.on_event, relist_seconds=relist_seconds)
         self._lock = threading.Lock()
         self._pending: dict[str, ExternalPod | None] = {}  # by key; None: gone
+        self._writing: set[str] = set()  # the keys of the write in progress
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._known: dict[str, ExternalPod] = {}  # the GPU pods last written, by key
@@ -138,7 +139,8 @@ class ExternalPodCounter:
         found = None if kind == "DELETED" else external_pod(pod)
         known = self._known.get(key)
         with self._lock:
-            queued = key in self._pending  # a change not written yet: this one replaces it
+            # A change not written yet, or being written: this one replaces it (or follows it).
+            queued = key in self._pending or key in self._writing
             if found is None and known is None and key not in self._unknown_node and not queued:
                 return  # no GPU now, none before: nothing to write
             if (
@@ -183,6 +185,7 @@ class ExternalPodCounter:
     def _flush(self) -> None:
         with self._lock:
             pending, self._pending = self._pending, {}
+            self._writing = set(pending)
         if not pending:
             return
         live = [pod for pod in pending.values() if pod is not None]
@@ -194,6 +197,9 @@ class ExternalPodCounter:
                 for key, pod in pending.items():
                     self._pending.setdefault(key, pod)
             raise
+        finally:
+            with self._lock:
+                self._writing = set()
         for key in gone:
             self._known.pop(key, None)
             self._unknown_node.pop(key, None)
