@@ -23,7 +23,6 @@ PodLister = Callable[[], list[dict[str, Any]]]
 __all__ = [
     "PodLister",
     "cluster_args",
-    "cluster_pods",
     "health_args",
     "kubernetes_api_errors",
     "ledger_url",
@@ -191,15 +190,3 @@ def require_extra(package: str, extra: str, command: str) -> None:
             f"{command} needs {package}, which the {extra!r} extra installs: "
             f"pip install 'airflow-gpupool[{extra}]'"
         ) from e
-
-
-def cluster_pods(kubeconfig: str | None, context: str | None) -> PodLister:
-    """Return a function listing every pod of the cluster as JSON, page by page.
-
-    :param kubeconfig: kubeconfig file (default: ``KUBECONFIG``, ``~/.kube/config``, in-cluster)
-    :param context: kubeconfig context
-    """
-    from airflow_gpupool.inventory.sync import core_v1_api, list_objects
-
-    api = core_v1_api(kubeconfig, context)
-    return lambda: list(list_objects(api.list_pod_for_all_namespaces))

@@ -6,7 +6,9 @@ import argparse
 from typing import TYPE_CHECKING, Any
 
 from airflow_gpupool.argtypes import non_empty
-from airflow_gpupool.cli.common import cluster_pods, open_ledger, print_json, table, url_arg
+from airflow_gpupool.cli.cluster import cluster_pods
+from airflow_gpupool.cli.common import open_ledger, print_json, table, url_arg
+from airflow_gpupool.cli.ledger_init import cmd_ledger_init
 from airflow_gpupool.cli.reserve import register as register_reserve
 
 if TYPE_CHECKING:
@@ -24,17 +26,6 @@ __all__ = [
     "register_commands",
     "register_group",
 ]
-
-
-def cmd_ledger_init(args: argparse.Namespace) -> int:
-    """Create or migrate the ledger schema."""
-    ledger = open_ledger(args, must_exist=False)
-    applied = ledger.migrate()
-    print(
-        f"ledger at {ledger.display_url}: "
-        + (f"applied schema {', '.join(f'v{v}' for v in applied)}" if applied else "already up to date")
-    )
-    return 0
 
 
 # -- status -----------------------------------------------------------------------------------

@@ -18,7 +18,8 @@ if TYPE_CHECKING:
     from airflow_gpupool.cli.common import PodLister
 
 from airflow_gpupool.argtypes import non_empty, port
-from airflow_gpupool.cli.common import cluster_pods, url_arg
+from airflow_gpupool.cli.cluster import cluster_pods
+from airflow_gpupool.cli.common import url_arg
 
 log = logging.getLogger(__name__)
 

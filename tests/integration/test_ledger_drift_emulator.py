@@ -16,7 +16,7 @@ import yaml
 from kubernetes import client, config
 
 from airflow_gpupool.cli import main
-from airflow_gpupool.cli.common import cluster_pods
+from airflow_gpupool.cli.cluster import cluster_pods
 from airflow_gpupool.cli.metrics import serve
 from airflow_gpupool.controller.external_pods import ExternalPodCounter
 from airflow_gpupool.inventory.sync import sync_inventory
