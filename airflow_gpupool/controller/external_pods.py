@@ -37,6 +37,11 @@ def _key(pod: PodJson) -> str:
     return f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
 
 
+def _same_pod(found: ExternalPod | None, known: ExternalPod | None) -> bool:
+    """Whether ``found`` is the pod last written: the same uid on the same node (what it holds cannot change)."""
+    return found is not None and known is not None and (found.uid, found.node) == (known.uid, known.node)
+
+
 class ExternalPodCounter:
     """Feed one pod watch into the ledger's external holds, on threads of its own.
 
@@ -143,16 +148,7 @@ class ExternalPodCounter:
             queued = key in self._pending or key in self._writing
             if found is None and known is None and key not in self._unknown_node and not queued:
                 return  # no GPU now, none before: nothing to write
-            if (
-                not queued
-                and found is not None
-                and known is not None
-                and (found.uid, found.node)
-                == (
-                    known.uid,
-                    known.node,
-                )
-            ):
+            if not queued and _same_pod(found, known):
                 return  # as written
             self._pending[key] = found
         self._wake.set()
