@@ -74,6 +74,9 @@ DEFAULTS: dict[str, str] = {
     "autoscale_namespace": "",
     "placeholder_priority_class": "gpupool-placeholder",
     "discover_node_pools": "",
+    # When each waiting request will start (issue 39).
+    "forecast_prior_seconds": "3600",
+    "forecast_interval_seconds": "30",
 }
 
 

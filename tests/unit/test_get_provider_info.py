@@ -44,6 +44,8 @@ def test_config_options_have_the_defaults_settings_use() -> None:
     for name, default in settings.DEFAULTS.items():
         assert name in options, f"[gpupool] {name} is read but not declared"
         assert options[name]["default"] == default, name
+    # And the other way: an option read outside Airflow's configuration falls back to DEFAULTS.
+    assert set(options) <= set(settings.DEFAULTS), sorted(set(options) - set(settings.DEFAULTS))
 
 
 def test_one_version_source_pyproject_read_by_the_package_and_the_provider_info() -> None:
