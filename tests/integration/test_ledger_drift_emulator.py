@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 import subprocess
 import threading
-import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ from airflow_gpupool.inventory.sync import sync_inventory
 from airflow_gpupool.ledger import Ledger
 from airflow_gpupool.testing import KubernetesEmulatorServer, gpu_node
 from tests.integration.multiworker.harness import free_port
+from tests.integration.test_external_pods import wait_for
 
 
 @pytest.fixture(scope="module")
@@ -37,15 +37,6 @@ def emulator() -> Iterator[KubernetesEmulatorServer]:
 def core(emulator: KubernetesEmulatorServer) -> Any:
     emulator.reset()
     return client.CoreV1Api(config.new_client_from_config(emulator.kubeconfig_path))
-
-
-def wait_for(check: Callable[[], object], what: str, timeout: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := check():
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def apply_notebook(emulator: KubernetesEmulatorServer, tmp_path: Path) -> None:
