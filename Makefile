@@ -10,13 +10,13 @@ ifneq ($(wildcard ../shared/traces/alibaba-gpu-v2023),)
 export GPUPOOL_TRACE_DIR ?= $(abspath ../shared/traces)
 endif
 
-# test-oldest: the core subset on the oldest supported Airflow (README, "Supported Airflow versions").
-.PHONY: install moto lint test test-fast test-oldest demo ui bench-placement bench-ledger clean constraints
+# test-oldest: the core subset on the oldest supported Airflow (docs/install.md, "Supported Airflow versions").
+.PHONY: install moto lint test test-fast test-oldest docs demo ui bench-placement bench-ledger clean constraints
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade "pip>=24"
-	$(BIN)/python -m pip install -q -c constraints.txt -e ".[test,lint,plot]"
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[test,lint,plot,docs]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -35,13 +35,19 @@ $(MOTO_STAMP): tests/moto-requirements.txt
 moto: $(MOTO_STAMP)
 
 lint: install
-	$(BIN)/ruff check airflow_gpupool tests benchmarks dags
-	$(BIN)/ruff format --check airflow_gpupool tests benchmarks dags
+	$(BIN)/ruff check airflow_gpupool tests benchmarks dags docs
+	$(BIN)/ruff format --check airflow_gpupool tests benchmarks dags docs
 	$(BIN)/mypy
 	$(BIN)/lint-imports  # the layering contract in pyproject.toml
 
 test: lint $(MOTO_STAMP)
 	$(BIN)/pytest -q
+
+# The documentation (docs/, Sphinx with MyST Markdown), strictly: -W makes every warning (a broken
+# internal link or anchor, a missing cross-reference) an error, -n checks every reference, -E
+# rereads every page. tests/integration/test_docs.py runs the same build in `make test`.
+docs: install
+	$(BIN)/sphinx-build -E -W --keep-going -n -q -b html docs docs/_build/html
 
 test-fast: install $(MOTO_STAMP)
 	$(BIN)/pytest -q -x -m "not slow"
@@ -100,4 +106,4 @@ constraints:
 	$(BIN)/python -m pip freeze --exclude-editable | grep -v '^airflow-gpupool' > constraints.txt
 
 clean:
-	rm -rf $(VENV) $(MOTO_VENV) $(OLDEST_VENV) .mypy_cache .ruff_cache .pytest_cache .import_linter_cache
+	rm -rf $(VENV) $(MOTO_VENV) $(OLDEST_VENV) docs/_build .mypy_cache .ruff_cache .pytest_cache .import_linter_cache

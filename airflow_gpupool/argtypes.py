@@ -7,10 +7,13 @@ anything is read or written; never a traceback from deep inside.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import math
+import re
 from collections.abc import Callable
 
 __all__ = [
+    "bind_address",
     "integer",
     "key_value",
     "non_empty",
@@ -97,3 +100,22 @@ def key_value(text: str) -> tuple[str, str]:
     if not sep or not key.strip():
         raise argparse.ArgumentTypeError(f"{text!r} is not key=value")
     return key.strip(), value.strip()
+
+
+_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+
+
+def bind_address(text: str) -> str:
+    """An argparse type: an IP address or a host name (RFC 1123) to listen on.
+
+    Checked here, not looked up: ``999.1.1.1`` or ``not an ip`` would otherwise reach the socket
+    and end in a lookup error's traceback.
+    """
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        pass
+    labels = text.removesuffix(".").split(".")
+    if len(text) > 253 or not all(_LABEL.fullmatch(label) for label in labels) or labels[-1].isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not an IP address or a host name")
+    return text

@@ -26,6 +26,7 @@ from typing import Any
 
 from airflow_gpupool.exceptions import ConfigurationError, UnverifiedGpuUuidError
 from airflow_gpupool.labels import (
+    DRA_DRIVER,
     GPU_RESOURCE,
     HAMI_CORES_RESOURCE,
     HAMI_MEMORY_RESOURCE,
@@ -161,9 +162,7 @@ class DevicePinningBinding(SliceBinding):
         return PodBinding(env={"NVIDIA_VISIBLE_DEVICES": ",".join(facts.gpu_uuids)})
 
 
-#: NVIDIA's DRA driver (k8s-dra-driver-gpu): its name qualifies the attributes it publishes, and
-#: its DeviceClasses select whole GPUs and MIG devices.
-DRA_DRIVER = "gpu.nvidia.com"
+#: NVIDIA's DRA driver's DeviceClasses: they select whole GPUs and MIG devices.
 DRA_GPU_CLASS = "gpu.nvidia.com"
 DRA_MIG_CLASS = "mig.nvidia.com"
 #: The name of the request in the claim, and of the claim in the pod and its container.

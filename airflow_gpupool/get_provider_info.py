@@ -238,6 +238,30 @@ def get_provider_info() -> dict[str, Any]:
                         "30",
                         "float",
                     ),
+                    "handoff_seconds": _option(
+                        "Seconds a GPU step's slice handed on to the next GPU step of its DAG run is held "
+                        "for that step to claim; then it is released.",
+                        "120",
+                        "float",
+                    ),
+                    "queue_ahead_lead_seconds": _option(
+                        "Seconds before its upstream GPU step's forecast end that a downstream GPU step of "
+                        "the same DAG run, which cannot be handed the slice, enters the queue (queue ahead).",
+                        "300",
+                        "float",
+                    ),
+                    "queue_ahead_idle_seconds": _option(
+                        "Seconds a request queued ahead, once granted, waits for its step to claim it; then "
+                        "it steps back, keeping its place in the queue.",
+                        "120",
+                        "float",
+                    ),
+                    "drift_alert_seconds": _option(
+                        "The controller logs a warning for a node whose ledger books disagree with the pods "
+                        "the cluster runs there for this long (seconds; the GpuPoolLedgerDrift alert's for).",
+                        "300",
+                        "float",
+                    ),
                     # On-demand and spot capacity (issue 16).
                     "spot_node_pools": _option(
                         "Node pools (comma-separated) whose nodes are spot capacity, besides the nodes "
@@ -306,11 +330,13 @@ def get_provider_info() -> dict[str, Any]:
                         "gpupool-placeholder",
                     ),
                     "discover_node_pools": _option(
-                        "Where else scalable pools are found: karpenter (NodePools that state a GPU shape "
-                        "in the gpupool.io/node-shape annotation or GFD labels), or empty: only "
-                        "scalable_node_pools.",
+                        "Where else scalable pools are found, comma-separated: karpenter (NodePools that "
+                        "state a GPU shape in the gpupool.io/node-shape annotation or GFD labels), "
+                        "cluster-api (Cluster Autoscaler's node groups: MachineDeployments and MachineSets "
+                        "with its size and capacity.cluster-autoscaler.kubernetes.io/* scale-from-zero "
+                        "annotations); empty: only scalable_node_pools.",
                         "",
-                        example="karpenter",
+                        example="karpenter,cluster-api",
                     ),
                 },
             }

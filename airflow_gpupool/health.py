@@ -16,6 +16,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from airflow_gpupool.exceptions import GpuPoolError
 from airflow_gpupool.validate import positive_seconds
 
 __all__ = ["LoopHealth", "serve_health", "stale_after_for"]
@@ -94,7 +95,10 @@ def serve_health(health: LoopHealth, port: int, bind: str = "0.0.0.0") -> Thread
         def log_message(self, format: str, *args: Any) -> None:
             log.debug("health: " + format, *args)
 
-    server = ThreadingHTTPServer((bind, port), Handler)
+    try:
+        server = ThreadingHTTPServer((bind, port), Handler)
+    except OSError as e:  # a name that does not resolve (socket.gaierror), a port in use
+        raise GpuPoolError(f"cannot serve /healthz on {bind}:{port}: {e.strerror or e}") from e
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name="gpupool-health", daemon=True).start()
     log.info("Serving /healthz and /readyz on http://%s:%d", bind, server.server_address[1])

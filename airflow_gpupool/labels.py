@@ -87,6 +87,9 @@ GPU_RESOURCE = "nvidia.com/gpu"
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 HAMI_MEMORY_RESOURCE = "nvidia.com/gpumem"
 HAMI_CORES_RESOURCE = "nvidia.com/gpucores"
+#: NVIDIA's DRA driver (k8s-dra-driver-gpu): its name qualifies the attributes it publishes and the
+#: devices it allocates (``gpu-<index>``) in a ResourceClaim's ``status.allocation``.
+DRA_DRIVER = "gpu.nvidia.com"
 PRODUCT_LABEL = "nvidia.com/gpu.product"
 MEMORY_LABEL = "nvidia.com/gpu.memory"
 COUNT_LABEL = "nvidia.com/gpu.count"

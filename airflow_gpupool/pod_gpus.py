@@ -19,21 +19,42 @@ cannot be read (not a whole number, negative, an unknown MIG profile name) makes
 an idle GPU than two pods on one), and says why.
 
 Placeholder pods (labelled ``gpupool.io/scale-up-for``, made to ask the autoscaler for a node)
-hold GPUs nobody uses and are not counted. DRA ResourceClaims are not read here: a pod whose GPUs come from a claim holds no
-``nvidia.com`` resource and is not counted (see the README's "Pods the ledger did not grant").
+hold GPUs nobody uses and are not counted.
+
+Dynamic Resource Allocation: a pod may name ResourceClaims in ``spec.resourceClaims`` (by
+``resourceClaimName``, or by ``resourceClaimTemplateName``, whose generated claim's name is in
+``status.resourceClaimStatuses``). The caller hands in a *claim lookup* (the controller reads the
+claims from the API server); each device NVIDIA's DRA driver (``gpu.nvidia.com``) was allocated
+(``status.allocation.devices.results``) named ``gpu-<index>`` is that GPU of the pod's node, held
+whole. A claim not found, not generated, not allocated or not reserved for the pod
+(``status.reservedFor``) yet makes the pod *waiting*: not
+counted yet (Kubernetes runs no pod before its claims are allocated), read again at its next
+change. Any other device of that driver (a MIG device) makes the pod unreadable.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
-from airflow_gpupool.labels import GANG_RESERVATION_LABEL, RESERVATION_LABEL, SCALE_UP_LABEL
+from airflow_gpupool.labels import DRA_DRIVER, GANG_RESERVATION_LABEL, RESERVATION_LABEL, SCALE_UP_LABEL
 from airflow_gpupool.quantity import parse_quantity
 
-__all__ = ["ExternalPod", "GpuUse", "external_pod", "gpu_use", "holds_gpus_now"]
+__all__ = [
+    "ClaimLookup",
+    "ExternalPod",
+    "GpuUse",
+    "claim_keys",
+    "claimed_gpus",
+    "external_pod",
+    "gpu_use",
+    "holds_gpus_now",
+]
+
+#: ``(namespace, name, pod uid)`` -> the ResourceClaim's JSON, or None when there is none.
+ClaimLookup = Callable[[str, str, str], Mapping[str, Any] | None]
 
 GPU_RESOURCE = "nvidia.com/gpu"
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
@@ -47,6 +68,7 @@ KAI_MEMORY_ANNOTATION = "gpu-memory"
 # NVIDIA's MIG profile names: ``1g.10gb``, ``3g.40gb``, ``1g.10gb+me``, ``1c.3g.40gb``.
 _MIG_PROFILE = re.compile(r"^(\d+c\.)?\d+g\.\d+gb(\+me)?$")
 _GPU_UUID = re.compile(r"GPU-[0-9a-fA-F-]+")
+_DRA_GPU_DEVICE = re.compile(r"^gpu-(\d+)$")
 _MILLI = 1000
 
 
@@ -60,6 +82,10 @@ class GpuUse:
     :param mig: MIG slices by profile, as ``(profile, count)`` pairs
     :param devices: the UUIDs of the GPUs the pod holds, when its annotations say (HAMi)
     :param unreadable: why the pod's GPUs could not be read; then every free GPU of its node is held
+    :param gpu_indices: the indices of the GPUs its ResourceClaims were allocated (held whole,
+        counted in ``whole``)
+    :param waiting: why the pod is not counted yet (a ResourceClaim not allocated, or not reserved
+        for it, yet)
     """
 
     whole: int = 0
@@ -69,11 +95,13 @@ class GpuUse:
     mig: tuple[tuple[str, int], ...] = ()
     devices: tuple[str, ...] = ()
     unreadable: str | None = None
+    gpu_indices: tuple[int, ...] = ()
+    waiting: str | None = None
 
     @property
     def any(self) -> bool:
-        """Whether the pod holds any GPU (an unreadable pod counts as holding some)."""
-        return bool(self.whole or self.shared or self.mig or self.unreadable)
+        """Whether the pod holds any GPU now (an unreadable pod counts as holding some; a waiting one none)."""
+        return not self.waiting and bool(self.whole or self.shared or self.mig or self.unreadable)
 
 
 @dataclass(frozen=True)
@@ -105,14 +133,17 @@ def holds_gpus_now(pod: Mapping[str, Any]) -> bool:
     return bool(spec.get("nodeName")) and phase not in ("Succeeded", "Failed")
 
 
-def external_pod(pod: Mapping[str, Any]) -> ExternalPod | None:
-    """Return the pod as the ledger counts it; None when it holds no GPU on a node now."""
+def external_pod(pod: Mapping[str, Any], claims: ClaimLookup | None = None) -> ExternalPod | None:
+    """Return the pod as the ledger counts it; None when it holds no GPU on a node now.
+
+    :param claims: reads the pod's ResourceClaims; None: they are not read
+    """
     if not holds_gpus_now(pod):
         return None
     meta = pod.get("metadata") or {}
     if SCALE_UP_LABEL in (meta.get("labels") or {}):
         return None  # a placeholder that asks the autoscaler for a node: nobody uses its GPUs
-    use = gpu_use(pod)
+    use = gpu_use(pod, claims)
     if not use.any:
         return None
     labels = meta.get("labels") or {}
@@ -127,20 +158,83 @@ def external_pod(pod: Mapping[str, Any]) -> ExternalPod | None:
     )
 
 
-def gpu_use(pod: Mapping[str, Any]) -> GpuUse:
-    """Return the GPUs ``pod`` holds, read from its resources and annotations."""
+def gpu_use(pod: Mapping[str, Any], claims: ClaimLookup | None = None) -> GpuUse:
+    """Return the GPUs ``pod`` holds, read from its resources, annotations and (with ``claims``) ResourceClaims."""
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
     try:
         requests = _pod_requests(pod.get("spec") or {})
         use = _from_resources(requests)
         if not use.any:
             use = _from_kai(annotations)
+        indices = claimed_gpus(pod, claims) if claims is not None else ()
     except _Unreadable as e:
         return GpuUse(unreadable=str(e))
+    except _Waiting as e:
+        return GpuUse(waiting=str(e))
     devices = tuple(_GPU_UUID.findall(str(annotations.get(HAMI_DEVICES_ANNOTATION) or "")))
     if devices and use.any:
-        use = GpuUse(use.whole, use.shared, use.share_milli, use.share_memory_mib, use.mig, devices)
+        use = replace(use, devices=devices)
+    if indices:
+        use = replace(use, whole=use.whole + len(indices), gpu_indices=indices)
     return use
+
+
+def claim_keys(pod: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """Return ``(namespace, name)`` of each ResourceClaim the pod names.
+
+    :raises _Waiting: a template's claim is not generated yet
+    """
+    spec, status = pod.get("spec") or {}, pod.get("status") or {}
+    namespace = str((pod.get("metadata") or {}).get("namespace") or "default")
+    generated = {s.get("name"): s for s in status.get("resourceClaimStatuses") or []}
+    keys = []
+    for ref in spec.get("resourceClaims") or []:
+        if ref.get("resourceClaimName"):
+            keys.append((namespace, str(ref["resourceClaimName"])))
+        elif ref.get("resourceClaimTemplateName"):
+            if ref.get("name") not in generated:
+                raise _Waiting(
+                    f"the ResourceClaim of template {ref['resourceClaimTemplateName']} is not made yet"
+                )
+            made = generated[ref.get("name")].get("resourceClaimName")
+            if made:  # none: the template's claim is not needed (Kubernetes' own rule)
+                keys.append((namespace, str(made)))
+    return tuple(keys)
+
+
+def claimed_gpus(pod: Mapping[str, Any], claims: ClaimLookup) -> tuple[int, ...]:
+    """Return the indices of the GPUs the pod's ResourceClaims were allocated, in order.
+
+    :raises _Waiting: a claim is not found or not allocated yet
+    :raises _Unreadable: a device of NVIDIA's driver that is not a whole GPU (``gpu-<index>``)
+    """
+    uid = str((pod.get("metadata") or {}).get("uid") or "")
+    indices: list[int] = []
+    for namespace, name in claim_keys(pod):
+        claim = claims(namespace, name, uid)
+        status = (claim or {}).get("status") or {}
+        allocation = status.get("allocation")
+        if not allocation:
+            state = "not found" if claim is None else "not allocated yet"
+            raise _Waiting(f"ResourceClaim {namespace}/{name} is {state}")
+        if not any(r.get("uid") == uid for r in status.get("reservedFor") or []):
+            # Kubernetes starts no pod on a claim not reserved for it (it may be another pod's still).
+            raise _Waiting(f"ResourceClaim {namespace}/{name} is not reserved for the pod yet")
+        for result in (allocation.get("devices") or {}).get("results") or []:
+            if result.get("driver") != DRA_DRIVER:
+                continue
+            device = _DRA_GPU_DEVICE.match(str(result.get("device") or ""))
+            if device is None:
+                raise _Unreadable(
+                    f"ResourceClaim {namespace}/{name}: device {result.get('device')!r} of {DRA_DRIVER} "
+                    "is not a whole GPU (gpu-<index>)"
+                )
+            indices.append(int(device.group(1)))
+    return tuple(sorted(set(indices)))
+
+
+class _Waiting(Exception):
+    """A ResourceClaim of a pod that is not allocated yet: the pod is not counted yet."""
 
 
 class _Unreadable(ValueError):

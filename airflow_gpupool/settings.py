@@ -77,6 +77,13 @@ DEFAULTS: dict[str, str] = {
     # When each waiting request will start (issue 39).
     "forecast_prior_seconds": "3600",
     "forecast_interval_seconds": "30",
+    # The controller's drift (issue 36).
+    "drift_alert_seconds": "300",
+    # Pipelines: an ending step hands its slice on to the next (issue 40).
+    "handoff_seconds": "120",
+    # Pipelines: a step that cannot be handed on queues ahead of its upstream's end (issue 40).
+    "queue_ahead_lead_seconds": "300",
+    "queue_ahead_idle_seconds": "120",
 }
 
 
@@ -414,6 +421,26 @@ def forecast_prior_seconds() -> float:
 def forecast_interval_seconds() -> float:
     """``[gpupool] forecast_interval_seconds``: the controller recomputes forecasts at most this often (default 30)."""
     return _positive("forecast_interval_seconds")
+
+
+def handoff_seconds() -> float:
+    """``[gpupool] handoff_seconds``: how long a slice handed on waits for its downstream step's claim (default 120)."""
+    return _positive("handoff_seconds")
+
+
+def queue_ahead_lead_seconds() -> float:
+    """``[gpupool] queue_ahead_lead_seconds``: how long before its upstream's forecast end a step enters the queue (default 300)."""
+    return _positive("queue_ahead_lead_seconds")
+
+
+def queue_ahead_idle_seconds() -> float:
+    """``[gpupool] queue_ahead_idle_seconds``: how long a request queued ahead, granted, waits for its claim (default 120)."""
+    return _positive("queue_ahead_idle_seconds")
+
+
+def drift_alert_seconds() -> float:
+    """``[gpupool] drift_alert_seconds``: the controller logs a node whose books drift this long (default 5 min)."""
+    return _positive("drift_alert_seconds")
 
 
 def spot_node_pools() -> frozenset[str]:

@@ -24,7 +24,7 @@ if os.path.isdir(_SHARED_TRACES):
 # The kit's fixtures (gpu_cluster, gpupool_ledger, k8s_emulator) come from the package's pytest11
 # entry point, as they do in a DAG author's project: no line here, so the repository's own tests
 # would fail if the documented way of loading them broke.
-pytest_plugins = ["tests.ledger_fixtures"]
+pytest_plugins = ["tests.ledger_fixtures", "tests.integration.fuzz_fixtures"]
 
 # CI runs the same property-test examples every time (a red CI must mean a change broke
 # something); local runs draw new ones, which is how the state machine finds new bugs.
@@ -51,7 +51,7 @@ def _close_shared_ledgers():  # type: ignore[no-untyped-def]
 
 
 # The core subset (`pytest -m core`), also run on the oldest supported Airflow by `make test-oldest`
-# (README, "Supported Airflow versions"): the operator, the triggers, the sensor, the hook, the
+# (docs/install.md, "Supported Airflow versions"): the operator, the triggers, the sensor, the hook, the
 # testing kit and the example DAGs. Marked here by file, so the kit's doc examples stay as written.
 CORE_FILES = frozenset(
     {

@@ -66,7 +66,9 @@ def client_endpoints() -> dict[str, frozenset[tuple[str, str, str]]]:
         if not (class_name.endswith("Api") and inspect.isclass(cls)) or class_name == "ApiClient":
             continue
         for name, function in inspect.getmembers(cls, inspect.isfunction):
-            if not (name.endswith("_with_http_info") and name.startswith(_RESOURCE_METHODS)):
+            # CustomObjectsApi reads with ``get_*_custom_object*``; other ``get_`` methods are discovery.
+            read = name.startswith("get_") and "custom_object" in name
+            if not (name.endswith("_with_http_info") and (name.startswith(_RESOURCE_METHODS) or read)):
                 continue  # discovery (get_api_resources, get_code) needs no rule
             match = _CALL_API.search(inspect.getsource(function))
             if match:

@@ -13,6 +13,7 @@ import os
 import random
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -146,11 +147,21 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def run_ledger_bench(
-    url: str, *, clients: int, seconds: float, nodes: int, hold_ms: float = 2.0, concurrent: bool = True
+    url: str,
+    *,
+    clients: int,
+    seconds: float,
+    nodes: int,
+    hold_ms: float = 2.0,
+    concurrent: bool = True,
+    beside: Callable[[str, Any, Any, Any], None] | None = None,
 ) -> dict[str, Any]:
     """Run the benchmark and return its numbers (see the module docstring).
 
     :param concurrent: False makes every PostgreSQL write take the exclusive lock
+    :param beside: run in a process of its own during the measured window, given the bench
+        ledger's URL, a queue to put one item on once warm, the event that starts the window and
+        one set when it ends (``gpupool bench forecast``'s forecaster)
     """
     bench_schema = f"gpupool_bench_{os.getpid()}"  # two benches on one database don't collide
     bench_url = fresh_bench_url(url, bench_schema)
@@ -168,9 +179,12 @@ def run_ledger_bench(
             )
             for i in range(clients)
         ]
-        for p in procs:
+        stop = ctx.Event()
+        extra = ctx.Process(target=beside, args=(bench_url, ready, go, stop)) if beside is not None else None
+        for p in procs + ([extra] if extra is not None else []):
             p.start()
-        gather(ready, procs)  # every client connected and warm: only then does the clock start
+        # Every client (and the process beside) connected and warm: only then does the clock start.
+        gather(ready, procs + ([extra] if extra is not None else []))
         go.set()
         samples, violations = 0, []
         deadline = time.time() + seconds
@@ -179,7 +193,8 @@ def run_ledger_bench(
             samples += 1
             time.sleep(min(1.0, max(0.0, deadline - time.time())))
         results = gather(out, procs)
-        for p in procs:
+        stop.set()
+        for p in procs + ([extra] if extra is not None else []):
             p.join()
         violations += ledger.check_invariants()
         leaked = len(ledger.snapshot().grants)

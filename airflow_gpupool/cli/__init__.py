@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -31,7 +32,7 @@ from airflow_gpupool.exceptions import GpuPoolError
 if TYPE_CHECKING:
     from typing import TextIO
 
-__all__ = ["build_parser", "main"]
+__all__ = ["EXIT_BROKEN_PIPE", "build_parser", "main"]
 
 log = logging.getLogger("gpupool")
 
@@ -135,7 +136,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         force=True,  # Airflow, when imported first, has configured logging to stdout
     )
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a reader gone fails here, in the handler below, not at the exit's flush
+        return code
     except GpuPoolError as e:
         print(f"gpupool: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # The reader left early (`gpupool status --json | head`): nothing is wrong, and nothing
+        # more can be said to it; stdout goes to /dev/null so the interpreter's last flush is quiet.
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
+
+
+#: What a shell reports for a command its reader closed: 128 + SIGPIPE.
+EXIT_BROKEN_PIPE = 141
+
+
+def _silence_stdout() -> None:
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # run in-process with stdout captured
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)

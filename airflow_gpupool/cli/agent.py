@@ -7,9 +7,11 @@ import logging
 import signal
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 from airflow_gpupool import settings
+from airflow_gpupool.argtypes import non_empty, number
 from airflow_gpupool.cli.common import health_args, logger_level, open_ledger, print_json, url_arg
 from airflow_gpupool.exceptions import ConfigurationError, NoGpuError
 
@@ -30,9 +32,18 @@ def make_collector(backend: str, node: str, fake_spec: str | None) -> Any:
             raise ConfigurationError(
                 "--backend fake needs --fake-spec FILE (a YAML of GPUs, see testing/fake_nvml.py)"
             )
+        import yaml
+
         from airflow_gpupool.testing.fake_nvml import FakeNvml
 
-        fake = FakeNvml(fake_spec)
+        # A spec that vanishes later is a driver gone (what the fake is for); one that is not
+        # there at the start is a wrong path, named as such.
+        if not Path(fake_spec).is_file():
+            raise ConfigurationError(f"--fake-spec {fake_spec!r}: no such file (a YAML of GPUs)")
+        try:
+            fake = FakeNvml(fake_spec)
+        except (OSError, ValueError, yaml.YAMLError) as e:  # UnicodeDecodeError is a ValueError
+            raise ConfigurationError(f"--fake-spec {fake_spec!r} is not a fake NVML spec: {e}") from e
         return NvmlCollector(fake, node, pod_uid_of=fake.pod_uid_of)
     if fake_spec:
         raise ConfigurationError("--fake-spec is only read with --backend fake")
@@ -108,11 +119,13 @@ def register(subparsers: Any) -> None:
     actions.required = True
     p = actions.add_parser("run", help="run the node agent", description=cmd_agent_run.__doc__)
     url_arg(p)
-    p.add_argument("--node", required=True, help="this node's name, as the ledger's inventory has it")
+    p.add_argument(
+        "--node", type=non_empty, required=True, help="this node's name, as the ledger's inventory has it"
+    )
     p.add_argument(
         "--interval",
         metavar="S",
-        type=float,
+        type=number(0, above=True),
         help="seconds between heartbeats (default: [gpupool] agent_interval_seconds, 30)",
     )
     p.add_argument("--once", action="store_true", help="sample and write one heartbeat, then exit")

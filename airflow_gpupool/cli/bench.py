@@ -13,6 +13,7 @@ from airflow_gpupool.bench import operator_bench
 from airflow_gpupool.cli.common import ledger_url, require_extra, url_arg
 
 __all__ = [
+    "cmd_bench_forecast",
     "cmd_bench_heartbeats",
     "cmd_bench_ledger",
     "cmd_bench_operator",
@@ -94,6 +95,73 @@ def cmd_bench_heartbeats(args: argparse.Namespace) -> int:
     )
     print(json.dumps(result, sort_keys=True) if args.json else json.dumps(result, indent=2, sort_keys=True))
     return 0
+
+
+def cmd_bench_forecast(args: argparse.Namespace) -> int:
+    """Measure the CPU one forecast pass costs (the controller's replays) on a full cluster with a long queue."""
+    from airflow_gpupool.bench.forecast_bench import run_forecast_bench
+
+    result = run_forecast_bench(args.nodes, args.waiting, samples=args.samples, seed=args.seed)
+    if args.ledger_seconds > 0:
+        from airflow_gpupool.bench.forecast_bench import ledger_cycles_beside_forecaster
+
+        result.update(
+            ledger_cycles_beside_forecaster(
+                ledger_url(args),
+                seconds=args.ledger_seconds,
+                nodes=args.nodes,
+                clients=args.ledger_clients,
+                every_s=args.forecast_every,
+                rounds=args.ledger_rounds,
+            )
+        )
+    if args.json:
+        print(json.dumps(result, sort_keys=True))
+    else:
+        for key, value in result.items():
+            print(f"{key:>28}: {value}")
+    return 0
+
+
+def _register_forecast(bench: Any) -> None:
+    # Issue 39 (the forecast's cost).
+    p = bench.add_parser(
+        "forecast",
+        help="CPU of one forecast pass; with --ledger-seconds, the ledger's cycle rate with and without it",
+        description=cmd_bench_forecast.__doc__,
+    )
+    url_arg(p)
+    p.add_argument("--nodes", type=integer(1, 100_000), default=1000, help="nodes, filled by running grants")
+    p.add_argument("--waiting", type=integer(0, 100_000), default=1000, help="requests waiting behind them")
+    p.add_argument("--samples", type=integer(1, 4096), default=64, help="replays in the pass")
+    p.add_argument("--seed", type=integer(0, 2**31 - 1), default=42, help="the state's seed")
+    p.add_argument(
+        "--ledger-seconds",
+        type=number(0),
+        default=0.0,
+        help="also run the ledger bench this long without, then beside, the controller's forecast step "
+        "(each phase; 0: skip)",
+    )
+    p.add_argument(
+        "--ledger-rounds",
+        type=integer(1, 100),
+        default=1,
+        help="without/with pairs, alternating in one run, so the ratio's spread shows (1-100)",
+    )
+    p.add_argument(
+        "--forecast-every",
+        type=number(0, above=True),
+        default=30.0,
+        help="the forecaster's interval in the with phases (default 30: forecast_interval_seconds' default)",
+    )
+    p.add_argument(
+        "--ledger-clients",
+        type=integer(1, 256),
+        default=8,
+        help="client processes of the ledger bench (1-256)",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_bench_forecast)
 
 
 def _register_heartbeats(bench: Any) -> None:
@@ -198,6 +266,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_bench_operator)
     _register_heartbeats(bench)
+    _register_forecast(bench)
     _register_ui(bench)
 
 

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from airflow_gpupool.argtypes import non_empty, port
+from airflow_gpupool.argtypes import bind_address, non_empty, port
 from airflow_gpupool.exceptions import GpuPoolError
 
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ def url_arg(parser: argparse.ArgumentParser) -> None:
 
     :param parser: a command's parser
     """
-    parser.add_argument("--url", help=URL_HELP)
+    parser.add_argument("--url", type=non_empty, help=URL_HELP)
 
 
 def ledger_url(args: argparse.Namespace) -> str:
@@ -95,7 +95,7 @@ def health_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--health-bind",
         metavar="ADDR",
-        type=non_empty,
+        type=bind_address,
         default="0.0.0.0",
         help="address the health server listens on (default %(default)s: the kubelet probes the pod's IP)",
     )

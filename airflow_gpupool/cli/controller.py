@@ -132,9 +132,14 @@ def _autoscaler(core: Any, namespace: str) -> Any:
     from airflow_gpupool.exceptions import ConfigurationError
 
     pools = parse_scalable_pools(settings.autoscale_option("scalable_node_pools"))
-    discover = settings.autoscale_option("discover_node_pools")
-    if discover not in ("", "karpenter"):
-        raise ConfigurationError(f"[gpupool] discover_node_pools: {discover!r} is not 'karpenter' or empty")
+    text = settings.autoscale_option("discover_node_pools")
+    discover = {part.strip() for part in text.split(",") if part.strip()}
+    unknown = sorted(discover - {"karpenter", "cluster-api"})
+    if unknown:
+        raise ConfigurationError(
+            f"[gpupool] discover_node_pools: {text!r} names {unknown}; expected a comma-separated list of "
+            "karpenter and cluster-api, or empty"
+        )
     chosen = AutoscaleSettings(
         pools=pools,
         namespace=settings.autoscale_option("autoscale_namespace") or namespace,
@@ -142,9 +147,10 @@ def _autoscaler(core: Any, namespace: str) -> Any:
         provisioning_class=settings.autoscale_option("provisioning_class"),
         placeholder_priority_class=settings.autoscale_option("placeholder_priority_class"),
         spot_pools=settings.spot_node_pools(),
-        discover_karpenter=discover == "karpenter",
+        discover_karpenter="karpenter" in discover,
+        discover_cluster_api="cluster-api" in discover,
     )
-    if not pools and not chosen.discover_karpenter:
+    if not pools and not discover:
         return None
     return lambda ledger: Autoscaler(ledger, core, chosen)
 
@@ -181,7 +187,7 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--gate-interval",
         metavar="S",
-        type=float,
+        type=number(0, above=True),
         default=DEFAULT_GATE_INTERVAL,
         help="seconds between gatekeeper passes over the pods the executor hook gated (default %(default)g)",
     )
@@ -208,6 +214,7 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--namespace",
         metavar="N",
+        type=non_empty,
         help="the Lease's namespace (default: POD_NAMESPACE, the pod's, or default)",
     )
     p.add_argument(

@@ -6,6 +6,7 @@ import argparse
 import json
 from typing import TYPE_CHECKING, Any
 
+from airflow_gpupool.argtypes import non_empty
 from airflow_gpupool.cli.common import cluster_args, kubernetes_api_errors, open_ledger, url_arg
 from airflow_gpupool.exceptions import GpuPoolError
 from airflow_gpupool.labels import GPU_RESOURCE
@@ -94,7 +95,7 @@ def register(subparsers: Any) -> None:
     p = inventory.add_parser(
         "load", help="load a static YAML inventory", description=cmd_inventory_load.__doc__
     )
-    p.add_argument("file", help="inventory YAML (see README, 'Static inventory')")
+    p.add_argument("file", help="inventory YAML (see the docs' Static inventory, docs/concepts/ledger.md)")
     p.add_argument("--prune", action="store_true", help="remove (or drain) ledger nodes absent from the file")
     p.add_argument(
         "--no-init", dest="init", action="store_false", help="fail if the ledger does not exist yet"
@@ -119,6 +120,7 @@ def _sync_parser(subparsers: Any) -> None:
     p.add_argument(
         "--tolerate-taint",
         action="append",
+        type=non_empty,
         metavar="KEY",
         help="taint key GPU pods tolerate (repeatable; nvidia.com/gpu always)",
     )

@@ -1,4 +1,4 @@
-"""``gpupool ledger init``, ``status``, ``release`` and ``reap``: the ledger by hand (``reserve``: :mod:`.reserve`)."""
+"""``gpupool ledger init``, ``status``, ``chain``, ``release`` and ``reap``: the ledger by hand (``reserve``: :mod:`.reserve`)."""
 
 from __future__ import annotations
 
@@ -15,12 +15,15 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
     from airflow_gpupool.ledger import LedgerSnapshot, NodeDrift, QuotaUse, Reservation, StartForecast
+    from airflow_gpupool.run_chain import RunChain
 
 __all__ = [
+    "cmd_chain",
     "cmd_ledger_init",
     "cmd_reap",
     "cmd_release",
     "cmd_status",
+    "format_chain",
     "format_drift",
     "format_status",
     "register_commands",
@@ -206,6 +209,61 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- chain ------------------------------------------------------------------------------------
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}s"
+
+
+def format_chain(chain: RunChain) -> str:
+    """Return a run's GPU steps as a table: one row a step, in order, with how each joined the chain."""
+    rows = [
+        [
+            s.task,
+            s.try_number,
+            s.state,
+            f"{s.node} {s.gpus}" if s.node else "-",
+            _seconds(s.waited),
+            _seconds(s.gap_before),
+            _seconds(s.held),
+            ", ".join(
+                m
+                for m in (
+                    "queued ahead" if s.queued_ahead else "",
+                    f"handed on from {s.handed_on_from}" if s.handed_on_from else "",
+                    f"handed on to {s.handed_on_to}" if s.handed_on_to else "",
+                    "admitted as a run" if s.admitted_as_run else "",
+                )
+                if m
+            )
+            or "-",
+            s.reservation_id,
+        ]
+        for s in chain.steps
+    ]
+    head = (
+        f"run {chain.run_id} of {chain.dag_id}: {len(chain.steps)} GPU steps, {chain.handed_on} handed on, "
+        f"gaps {chain.gap_seconds:.0f}s, first request to last end {chain.span:.0f}s"
+    )
+    headers = ["TASK", "TRY", "STATE", "WHERE", "WAITED", "GAP", "HELD", "CHAIN", "ID"]
+    return head + "\n" + table(headers, rows)
+
+
+def cmd_chain(args: argparse.Namespace) -> int:
+    """Show a DAG run's GPU steps as one chain: in order, each one's wait, the gaps, hand-ons and queue-aheads."""
+    from airflow_gpupool.run_chain import read_run_chain
+
+    chain = read_run_chain(open_ledger(args), args.dag_id, args.run_id)
+    if args.json:
+        print_json(chain.to_dict())
+    elif not chain.steps:
+        print(f"No GPU step of run {args.run_id} of DAG {args.dag_id} in the ledger.")
+    else:
+        print(format_chain(chain))
+    return 0
+
+
 # -- release / reap ----------------------------------------------------------------------
 
 
@@ -255,7 +313,7 @@ def register_group(subparsers: Any) -> None:
 
 
 def register_commands(subparsers: Any) -> None:
-    """Add ``gpupool status``, ``reserve``, ``release`` and ``reap``.
+    """Add ``gpupool status``, ``reserve``, ``explain``, ``chain``, ``release`` and ``reap``.
 
     :param subparsers: the top-level subparsers
     """
@@ -280,11 +338,19 @@ def register_commands(subparsers: Any) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_explain)
     p = subparsers.add_parser(
+        "chain", help="a DAG run's GPU steps as one chain (hand-ons, gaps)", description=cmd_chain.__doc__
+    )
+    url_arg(p)
+    p.add_argument("dag_id", type=non_empty, help="the DAG")
+    p.add_argument("run_id", type=non_empty, help="the DAG run")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_chain)
+    p = subparsers.add_parser(
         "release", help="release a grant or withdraw a request", description=cmd_release.__doc__
     )
     url_arg(p)
     p.add_argument("id", type=non_empty, help="reservation id")
-    p.add_argument("--reason", default="released from the gpupool CLI")
+    p.add_argument("--reason", type=non_empty, default="released from the gpupool CLI")
     p.set_defaults(func=cmd_release)
     p = subparsers.add_parser(
         "reap", help="expire dead leases and overdue requests", description=cmd_reap.__doc__

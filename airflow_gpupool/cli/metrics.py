@@ -17,9 +17,10 @@ if TYPE_CHECKING:
 
     from airflow_gpupool.cli.common import PodLister
 
-from airflow_gpupool.argtypes import non_empty, port
+from airflow_gpupool.argtypes import bind_address, port
 from airflow_gpupool.cli.cluster import cluster_pods
 from airflow_gpupool.cli.common import url_arg
+from airflow_gpupool.exceptions import GpuPoolError
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,11 @@ def serve(
     """
     from prometheus_client import start_http_server
 
-    server, thread = start_http_server(port, addr=addr, registry=make_registry(url, pods))
+    registry = make_registry(url, pods)
+    try:
+        server, thread = start_http_server(port, addr=addr, registry=registry)
+    except OSError as e:  # a name that does not resolve (socket.gaierror), a port in use
+        raise GpuPoolError(f"cannot serve metrics on {addr}:{port}: {e.strerror or e}") from e
     log.info("Serving GPU pool metrics on http://%s:%d/metrics", addr, port)
     try:
         (stop or threading.Event()).wait()
@@ -98,7 +103,7 @@ def register(subparsers: Any) -> None:
         "--bind",
         "--addr",
         dest="bind",
-        type=non_empty,
+        type=bind_address,
         default=DEFAULT_BIND,
         metavar="ADDR",
         help=f"address to listen on; 0.0.0.0 for every interface (default: {DEFAULT_BIND})",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from airflow_gpupool.argtypes import non_empty
 from airflow_gpupool.cli.common import open_ledger, print_json, url_arg
 from airflow_gpupool.resources import NodeHealth
 
@@ -22,11 +23,12 @@ def cmd_node_health(args: argparse.Namespace) -> int:
     the controller.
     """
     health = NodeHealth.QUARANTINED if args.node_command == "quarantine" else NodeHealth.HEALTHY
+    reason = args.reason or ""
     with open_ledger(args) as ledger:
         if args.gpu:
-            changed = ledger.set_gpu_health(args.node, args.gpu, health, source="admin", reason=args.reason)
+            changed = ledger.set_gpu_health(args.node, args.gpu, health, source="admin", reason=reason)
         else:
-            changed = ledger.set_health(args.node, health, source="admin", reason=args.reason)
+            changed = ledger.set_health(args.node, health, source="admin", reason=reason)
     what = f"GPU {args.gpu} of node {args.node}" if args.gpu else f"node {args.node}"
     if args.json:
         print_json({"node": args.node, "gpu": args.gpu, "health": health.value, "changed": changed})
@@ -49,10 +51,13 @@ def register(subparsers: Any) -> None:
     ):
         p = actions.add_parser(action, help=text, description=cmd_node_health.__doc__)
         url_arg(p)
-        p.add_argument("node", help="the node's name")
-        p.add_argument("--gpu", metavar="UUID", help="only this GPU (its UUID, or its index)")
+        p.add_argument("node", type=non_empty, help="the node's name")
+        p.add_argument("--gpu", metavar="UUID", type=non_empty, help="only this GPU (its UUID, or its index)")
         p.add_argument(
-            "--reason", required=action == "quarantine", default="", help="why, for status and the UI"
+            "--reason",
+            type=non_empty,
+            required=action == "quarantine",
+            help="why, for status and the UI" + (" (required)" if action == "quarantine" else ""),
         )
         p.add_argument("--json", action="store_true", help="print one JSON object")
         p.set_defaults(func=cmd_node_health)

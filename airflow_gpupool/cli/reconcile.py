@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from airflow_gpupool.argtypes import number
+from airflow_gpupool.argtypes import non_empty, number
 from airflow_gpupool.cli.common import cluster_args, kubernetes_api_errors, open_ledger
 from airflow_gpupool.controller.reconcile import DEFAULT_GRACE_SECONDS
 from airflow_gpupool.exceptions import GpuPoolError
@@ -89,6 +89,8 @@ def register(subparsers: Any) -> None:
         help="also judge grants on nodes this cluster does not have (one cluster per ledger)",
     )
     p.add_argument(
-        "--id-prefix", help="judge only reservations whose id starts with this (gp-: GpuPodOperator's)"
+        "--id-prefix",
+        type=non_empty,
+        help="judge only reservations whose id starts with this (gp-: GpuPodOperator's)",
     )
     p.set_defaults(func=cmd_reconcile)

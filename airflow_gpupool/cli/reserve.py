@@ -5,7 +5,8 @@ The request is built as the operators build theirs: ``--capacity`` is ``GpuPodOp
 :mod:`airflow_gpupool.governance.capacity`: urgent work on on-demand), and ``--priority-class``
 takes the ledger priority from a PriorityClass of the cluster as the gatekeeper takes a pod's
 (:mod:`airflow_gpupool.controller.priority_classes`: its value, clamped to the ledger's range).
-Everything is checked before the reservation id is made and anything is sent.
+Everything is checked before anything is sent; a made id is printed (on stderr) once the ledger
+has taken the arguments, even when no answer came back, so the reservation can be looked up.
 """
 
 from __future__ import annotations
@@ -31,13 +32,19 @@ def cmd_reserve(args: argparse.Namespace) -> int:
     """Reserve a slice by hand (debugging a pool; trying preemption with --preemptible, spot with --capacity)."""
     request = _request(args)
     # The id is made here, before anything is sent: a reserve that fails without an answer
-    # (the ledger unreachable) can be checked, or run again with the same --id.
+    # (the ledger unreachable) can be checked, or run again with the same --id. An id the
+    # ledger's own argument check refused (a lease too long) is never printed: nothing has it.
     reservation_id = args.id or uuid.uuid4().hex
-    if not args.id:
-        print(f"gpupool: reservation id {reservation_id}", file=sys.stderr)
-    reservation = open_ledger(args).reserve(
-        request, args.holder, ttl=args.ttl, timeout=args.timeout, reservation_id=reservation_id
-    )
+    try:
+        reservation = open_ledger(args).reserve(
+            request, args.holder, ttl=args.ttl, timeout=args.timeout, reservation_id=reservation_id
+        )
+    except InvalidRequestError:
+        raise  # the ledger checks its arguments before it writes: there is no reservation to name
+    except BaseException:
+        _print_made_id(args, reservation_id)
+        raise
+    _print_made_id(args, reservation_id)
     if args.json:
         print_json(reservation.to_dict())
     elif reservation.grant:
@@ -49,6 +56,11 @@ def cmd_reserve(args: argparse.Namespace) -> int:
     else:
         print(f"{reservation.id} {reservation.state.value}, position {reservation.position} in the queue")
     return 0
+
+
+def _print_made_id(args: argparse.Namespace, reservation_id: str) -> None:
+    if not args.id:
+        print(f"gpupool: reservation id {reservation_id}", file=sys.stderr)
 
 
 def _request(args: argparse.Namespace) -> GpuRequest:

@@ -11,6 +11,8 @@ from typing import Any
 
 from airflow_gpupool.cli.common import require_extra
 from airflow_gpupool.exceptions import GpuPoolError, SimulationError
+from airflow_gpupool.forecast.backtest import SAMPLES as FORECAST_SAMPLES
+from airflow_gpupool.forecast.backtest import Backtest
 from airflow_gpupool.placement.policy import DEFAULT_POLICY, policy_names
 from airflow_gpupool.sim.plot import plot_queue, plot_replay
 from airflow_gpupool.sim.replay import (
@@ -111,16 +113,81 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--scenario",
-        choices=("three-teams",),
-        help="queue mode: a built-in teams file (three-teams: three teams share 8 A100s)",
+        choices=("three-teams", "pipelines"),
+        help="queue mode: a built-in teams file (three-teams: three teams share 8 A100s) or pipelines file "
+        "(pipelines: DAG runs of chained GPU steps beside the three-teams background)",
+    )
+    parser.add_argument(
+        "--pipelines",
+        metavar="FILE",
+        help="queue mode: a pipelines file (DAG runs of chained GPU steps on schedules, beside a teams "
+        "background; see airflow_gpupool/sim/pipelines/spec.py); compares the pipeline policies per-task, "
+        "hand-on, hand-on+queue-ahead and hand-on+queue-ahead+run-admission under --policy (default gpupool)",
+    )
+    parser.add_argument(
+        "--pipeline-policy",
+        action="append",
+        help="with --pipelines: a pipeline policy to run, repeatable (default: the four compared; "
+        "also the yardsticks ideal-queue-ahead and ideal-reserve)",
     )
     parser.add_argument(
         "--teams-from",
         choices=("qos",),
         help="queue mode: teams drawn from the trace (qos: one team per QoS class, quotas by its GPU time)",
     )
+    parser.add_argument(
+        "--forecast",
+        action="store_true",
+        help="queue mode: backtest the start-time forecast: forecast each request that waits on arrival, "
+        "score against its actual start and the declared/naive/oracle baselines, and again at each change "
+        "of the queue or the grants while it waits (JSON key 'forecast', its 'at_changes'); "
+        "with the trace, --teams, --scenario three-teams or --teams-from (not --pipelines); slow: use a "
+        "small run (--queue-nodes, --arrivals, --hours)",
+    )
+    parser.add_argument(
+        "--forecast-samples",
+        type=int,
+        default=None,
+        help=f"with --forecast: replays per forecast (default: {FORECAST_SAMPLES})",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     parser.set_defaults(func=run)
+
+
+def check_forecast_args(args: argparse.Namespace) -> None:
+    """Check ``--forecast`` and ``--forecast-samples`` against the mode and the other options.
+
+    :raises SimulationError: ``--forecast`` outside queue mode or with pipelines, or
+        ``--forecast-samples`` without ``--forecast`` or below 1
+    """
+    forecast = getattr(args, "forecast", False)
+    samples = getattr(args, "forecast_samples", None)
+    if samples is not None and not forecast:
+        raise SimulationError(
+            "--forecast-samples", samples, "--forecast beside it (it sets the backtest's replays)"
+        )
+    if not forecast:
+        return
+    if args.mode != "queue":
+        raise SimulationError(
+            "--forecast", f"--mode {args.mode}", "--mode queue (the backtest needs a queue)"
+        )
+    if args.pipelines or args.scenario == "pipelines" or args.pipeline_policy:
+        raise SimulationError(
+            "--forecast",
+            "with pipelines",
+            "the trace, --teams, --scenario three-teams or --teams-from (the pipelines comparison has no backtest)",
+        )
+    if samples is not None and samples < 1:
+        raise SimulationError("--forecast-samples", samples, "a positive number of replays")
+
+
+def forecast_watch(args: argparse.Namespace) -> Backtest | None:
+    """Return a fresh forecast backtest for one policy's run when ``--forecast`` asks for one."""
+    if not getattr(args, "forecast", False):
+        return None
+    samples = FORECAST_SAMPLES if args.forecast_samples is None else args.forecast_samples
+    return Backtest(samples=samples)
 
 
 def _policies(args: argparse.Namespace) -> list[str]:
@@ -133,10 +200,11 @@ def _policies(args: argparse.Namespace) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     """Run the simulation the arguments describe; print results; return the exit code."""
     try:
+        check_forecast_args(args)
         if args.mode == "queue":
             return _run_queue(args)
-        if args.teams or args.scenario or args.teams_from:
-            raise SimulationError("--teams/--scenario/--teams-from", "--mode fgd", "--mode queue")
+        if args.teams or args.scenario or args.teams_from or args.pipelines:
+            raise SimulationError("--teams/--scenario/--teams-from/--pipelines", "--mode fgd", "--mode queue")
         return _run_fgd(args)
     except GpuPoolError as e:
         print(f"gpupool simulate: {e}", file=sys.stderr)
@@ -213,12 +281,18 @@ def format_table(results: Sequence[ReplayResult]) -> str:
 
 
 def _run_queue(args: argparse.Namespace) -> int:
-    from airflow_gpupool.sim.queue import MAX_OVERTAKES, QUEUE_BASELINE, check_queue_args, simulate_queue
+    from airflow_gpupool.sim.queue import (
+        MAX_OVERTAKES,
+        NO_WATCH,
+        QUEUE_BASELINE,
+        check_queue_args,
+        simulate_queue,
+    )
 
-    if args.teams or args.scenario or args.teams_from:
-        from airflow_gpupool.cli.simulate_teams import run_teams
+    if args.pipelines or args.scenario or args.teams or args.teams_from or args.pipeline_policy:
+        from airflow_gpupool.cli.simulate_teams import run_governed
 
-        return run_teams(args)
+        return run_governed(args)
 
     max_overtakes = MAX_OVERTAKES if args.max_overtakes is None else args.max_overtakes
     check_queue_args(
@@ -242,6 +316,7 @@ def _run_queue(args: argparse.Namespace) -> int:
         progress = None if args.quiet else stderr_progress(f"{name} load {args.load}")
         drawn: dict[str, Any] = {}
         series.append(drawn)
+        watch = forecast_watch(args)
         out = simulate_queue(
             nodes,
             pods,
@@ -255,7 +330,10 @@ def _run_queue(args: argparse.Namespace) -> int:
             max_overtakes=max_overtakes,
             progress=progress,
             series=drawn,
+            watch=watch or NO_WATCH,
         )
+        if watch is not None:
+            out["forecast"] = watch.report()
         if progress is not None:
             sys.stderr.write("\r" + " " * 40 + "\r")
         rows.append(out)

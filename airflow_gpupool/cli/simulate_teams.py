@@ -9,14 +9,15 @@ from typing import Any
 
 import numpy as np
 
+from airflow_gpupool.cli.simulate import forecast_watch
 from airflow_gpupool.exceptions import SimulationError
 from airflow_gpupool.sim.governed import POLICIES
-from airflow_gpupool.sim.queue import check_queue_args
+from airflow_gpupool.sim.queue import NO_WATCH, check_queue_args
 from airflow_gpupool.sim.team_runs import simulate_teams, trace_jobs
 from airflow_gpupool.sim.teams import generate_jobs, load_teams_file, scenario
 from airflow_gpupool.sim.trace import load_nodes, load_pods
 
-__all__ = ["format_teams_table", "run_teams"]
+__all__ = ["format_teams_table", "run_governed", "run_teams"]
 
 
 def _one_source(args: argparse.Namespace) -> None:
@@ -31,6 +32,19 @@ def _one_source(args: argparse.Namespace) -> None:
     ]
     if len(given) > 1:
         raise SimulationError(" and ".join(given), "both", "one of --teams, --scenario, --teams-from")
+
+
+def run_governed(args: argparse.Namespace) -> int:
+    """Run queue mode with teams: the pipelines comparison, or the governance policies compared."""
+    if args.pipelines or args.scenario == "pipelines":
+        from airflow_gpupool.cli.simulate_pipelines import run_pipelines
+
+        return run_pipelines(args)
+    if args.pipeline_policy:
+        raise SimulationError(
+            "--pipeline-policy", args.pipeline_policy, "--pipelines FILE or --scenario pipelines"
+        )
+    return run_teams(args)
 
 
 def run_teams(args: argparse.Namespace) -> int:
@@ -67,7 +81,10 @@ def run_teams(args: argparse.Namespace) -> int:
     for name in names:
         if not args.quiet:
             print(f"{name}: {len(jobs)} jobs ...", file=sys.stderr)
-        out = simulate_teams(nodes, jobs, plan, name, warmup_s=warm, window_s=window)
+        watch = forecast_watch(args)
+        out = simulate_teams(nodes, jobs, plan, name, warmup_s=warm, window_s=window, watch=watch or NO_WATCH)
+        if watch is not None:
+            out["forecast"] = watch.report()
         out["seed"] = args.seed
         rows.append(out)
         if args.json:

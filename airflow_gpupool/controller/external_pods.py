@@ -11,6 +11,12 @@ not keep yet (the inventory sync has not seen it) is tried again every
 
 A pod the ledger says is bound to a grant is remembered as such, and sent again whenever it
 changes, so that once its grant ends while the pod still runs it is counted.
+
+The ResourceClaims that pods name (DRA) are read by :class:`ResourceClaimCache`, not watched: a
+pod is bound only once its claims are allocated, and an allocation does not change while the pod
+holds it, so reading a claim when its pod's event or relist needs it is enough; a second watch
+would keep a stream open for objects most clusters have none of. Allocated claims are kept; a
+claim not found or not allocated yet is read again at the pod's next event, or the next relist.
 """
 
 from __future__ import annotations
@@ -27,9 +33,12 @@ from airflow_gpupool.pod_gpus import ExternalPod, external_pod
 if TYPE_CHECKING:
     from airflow_gpupool.ledger import Ledger
 
-__all__ = ["ExternalPodCounter"]
+__all__ = ["ExternalPodCounter", "GpuPodCache", "ResourceClaimCache"]
 
 log = logging.getLogger(__name__)
+
+#: resource.k8s.io/v1 (Kubernetes 1.34): the ResourceClaims of Dynamic Resource Allocation.
+_DRA_GROUP, _DRA_VERSION, _DRA_PLURAL = "resource.k8s.io", "v1", "resourceclaims"
 
 
 def _key(pod: PodJson) -> str:
@@ -40,6 +49,111 @@ def _key(pod: PodJson) -> str:
 def _same_pod(found: ExternalPod | None, known: ExternalPod | None) -> bool:
     """Whether ``found`` is the pod last written: the same uid on the same node (what it holds cannot change)."""
     return found is not None and known is not None and (found.uid, found.node) == (known.uid, known.node)
+
+
+def _names_claims(pod: PodJson) -> bool:
+    return bool((pod.get("spec") or {}).get("resourceClaims")) and bool(
+        (pod.get("spec") or {}).get("nodeName")
+    )
+
+
+def _reserved_for(claim: PodJson, uid: str) -> bool:
+    return any(r.get("uid") == uid for r in (claim.get("status") or {}).get("reservedFor") or [])
+
+
+class ResourceClaimCache:
+    """The allocated ResourceClaims the pod watch's pods name, by ``(namespace, name)``.
+
+    A kept claim answers for a pod it is reserved for (``status.reservedFor``); for any other pod it
+    is read again (a claim of that name may have been made anew). Each relist that finds pods naming
+    claims lists them all once and starts the cache over.
+
+    :param api_client: a ``kubernetes.client.ApiClient``
+    """
+
+    def __init__(self, api_client: Any) -> None:
+        self._api_client = api_client
+        self._lock = threading.Lock()
+        self._claims: dict[tuple[str, str], PodJson] = {}
+        #: API reads made (a list counts one): for tests.
+        self.reads = 0
+
+    @property
+    def _api(self) -> Any:
+        from kubernetes.client import CustomObjectsApi
+
+        return CustomObjectsApi(self._api_client)
+
+    def relisted(self, pods: list[PodJson]) -> None:
+        """Start over from one list of every claim, if any pod of a complete pod list names one."""
+        with self._lock:
+            self._claims = {}
+        if not any(_names_claims(p) for p in pods):
+            return
+        try:
+            self.reads += 1
+            listed = self._api.list_cluster_custom_object(_DRA_GROUP, _DRA_VERSION, _DRA_PLURAL)
+        except Exception as e:  # DRA not served, or not permitted: each pod reads its claims
+            log.warning("Could not list ResourceClaims (%s: %s)", type(e).__name__, e)
+            return
+        with self._lock:
+            for claim in listed.get("items") or []:
+                self._keep(claim)
+
+    def lookup(self, namespace: str, name: str, pod_uid: str) -> PodJson | None:
+        """Return the claim ``namespace/name`` for the pod ``pod_uid``; None when there is none."""
+        with self._lock:
+            kept = self._claims.get((namespace, name))
+        if kept is not None and _reserved_for(kept, pod_uid):
+            return kept
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            self.reads += 1
+            claim = self._api.get_namespaced_custom_object(
+                _DRA_GROUP, _DRA_VERSION, namespace, _DRA_PLURAL, name
+            )
+        except ApiException as e:
+            if e.status != 404:
+                log.warning("Could not read ResourceClaim %s/%s (%s)", namespace, name, e.reason)
+            return None
+        with self._lock:
+            self._keep(claim)
+        return dict(claim)
+
+    def _keep(self, claim: PodJson) -> None:
+        meta = claim.get("metadata") or {}
+        if (claim.get("status") or {}).get("allocation"):
+            self._claims[(str(meta.get("namespace") or "default"), str(meta.get("name")))] = claim
+
+
+class GpuPodCache:
+    """The live pods that hold GPUs, by ``namespace/name``, kept from the watch's lists and events."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pods: dict[str, PodJson] = {}
+        #: Whether a list was read since the watch started (before, the cache knows nothing).
+        self.listed = False
+
+    def relisted(self, pods: list[PodJson], found: set[str]) -> None:
+        """Replace the cache with the GPU pods of a complete list (``found``: their keys)."""
+        with self._lock:
+            self._pods = {_key(p): p for p in pods if _key(p) in found}
+            self.listed = True
+
+    def changed(self, key: str, pod: PodJson | None) -> None:
+        """Keep ``pod`` (it holds GPUs), or forget the key (None: gone, or no GPU now)."""
+        with self._lock:
+            if pod is None:
+                self._pods.pop(key, None)
+            else:
+                self._pods[key] = pod
+
+    def pods(self) -> list[PodJson]:
+        """Return a copy of the cached pods."""
+        with self._lock:
+            return list(self._pods.values())
 
 
 class ExternalPodCounter:
@@ -64,6 +178,8 @@ class ExternalPodCounter:
     ) -> None:
         self.ledger = ledger
         self.api = core_v1_api
+        #: The ResourceClaims the pods name (DRA), read as they are needed.
+        self.claims = ResourceClaimCache(core_v1_api.api_client)
         self._watch = watch_factory(core_v1_api, self.on_list, self.on_event, relist_seconds=relist_seconds)
         self._lock = threading.Lock()
         self._pending: dict[str, ExternalPod | None] = {}  # by key; None: gone
@@ -75,6 +191,8 @@ class ExternalPodCounter:
         self._flusher: threading.Thread | None = None
         #: When each pod was last counted or released (monotonic): for tests and the benchmark.
         self.written_at: dict[str, float] = {}
+        #: Every live pod that holds GPUs, ours too, as the watch last saw it: the drift step reads it.
+        self.gpu_pods = GpuPodCache()
 
     @property
     def watch(self) -> PodWatch:
@@ -122,11 +240,16 @@ class ExternalPodCounter:
 
     def on_list(self, pods: list[PodJson]) -> None:
         """Write a complete relist: the GPU pods found, every other hold ended."""
-        found = [p for p in (external_pod(pod) for pod in pods) if p is not None]
+        self.claims.relisted(pods)
+        found = [p for p in (self._read(pod) for pod in pods) if p is not None]
+        self.gpu_pods.relisted(pods, {p.key for p in found})
         with self._lock:
             self._pending.clear()
         result = self.ledger.sync_external(found, complete=True)
         self._written(found, result)
+        released_at = time.monotonic()
+        for key in result.released:
+            self.written_at[key] = released_at
         self._known = {p.key: p for p in found if p.key not in set(result.ours) | set(result.unknown_node)}
         log.info(
             "Pod relist: %d pods, %d hold GPUs: %d counted, %d released, %d already held, %d bound to grants",
@@ -141,7 +264,8 @@ class ExternalPodCounter:
     def on_event(self, kind: str, pod: PodJson) -> None:
         """Queue a change of a pod that holds, or held, GPUs for the writer."""
         key = _key(pod)
-        found = None if kind == "DELETED" else external_pod(pod)
+        found = None if kind == "DELETED" else self._read(pod)
+        self.gpu_pods.changed(key, pod if found is not None else None)
         known = self._known.get(key)
         with self._lock:
             # A change not written yet, or being written: this one replaces it (or follows it).
@@ -152,6 +276,9 @@ class ExternalPodCounter:
                 return  # as written
             self._pending[key] = found
         self._wake.set()
+
+    def _read(self, pod: PodJson) -> ExternalPod | None:
+        return external_pod(pod, self.claims.lookup)
 
     # -- the writer ----------------------------------------------------------------------------
 

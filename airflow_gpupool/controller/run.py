@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from airflow_gpupool.controller.drift import DriftKeeper, DriftPass
 from airflow_gpupool.controller.early_warning import request_emergency_checkpoints
 from airflow_gpupool.controller.external_pods import ExternalPodCounter
 from airflow_gpupool.controller.gatekeeper import GateResult, gatekeep
@@ -37,7 +38,7 @@ from airflow_gpupool.exceptions import ConfigurationError
 from airflow_gpupool.forecast.step import Forecaster
 from airflow_gpupool.inventory.sync import SyncResult, resync_suspect_nodes, sync_inventory
 from airflow_gpupool.ledger import LedgerHistory
-from airflow_gpupool.settings import history_retention_seconds
+from airflow_gpupool.settings import drift_alert_seconds, history_retention_seconds
 from airflow_gpupool.validate import positive_seconds
 
 if TYPE_CHECKING:
@@ -62,6 +63,7 @@ DEFAULT_RECONCILE_INTERVAL = 30.0
 DEFAULT_GATE_INTERVAL = 2.0  # gatekeeper: a gated pod waits at most this long after its grant
 DEFAULT_AUTOSCALE_INTERVAL = 10.0
 DEFAULT_FORECAST_INTERVAL = 30.0  # [gpupool] forecast_interval_seconds
+DEFAULT_DRIFT_INTERVAL = 30.0  # the drift step reads the watch's cache (no API call) and one ledger snapshot
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,7 @@ class ControllerIntervals:
     :param gate: the gatekeeper (admit the pods the executor hook gated)
     :param autoscale: the autoscale step (ask for the nodes waiting requests need)
     :param forecast: the forecast step (each waiting request's start-time quantiles; issue 39)
+    :param drift: the drift step (each node's books beside the watched pods; issue 36)
     """
 
     sync: float = DEFAULT_SYNC_INTERVAL
@@ -80,6 +83,7 @@ class ControllerIntervals:
     gate: float = DEFAULT_GATE_INTERVAL
     autoscale: float = DEFAULT_AUTOSCALE_INTERVAL
     forecast: float = DEFAULT_FORECAST_INTERVAL
+    drift: float = DEFAULT_DRIFT_INTERVAL
 
     def __post_init__(self) -> None:
         checked = (
@@ -88,6 +92,7 @@ class ControllerIntervals:
             ("gate interval", self.gate),
             ("autoscale interval", self.autoscale),
             ("forecast interval", self.forecast),
+            ("drift interval", self.drift),
         )
         for what, value in checked:
             try:
@@ -114,6 +119,7 @@ class PassResult:
     gated: GateResult | None = None
     autoscaled: AutoscaleResult | None = None
     forecasts: int | None = None
+    drift: DriftPass | None = None
     errors: list[tuple[str, str]] = field(default_factory=list)
 
     def summary(self) -> str:
@@ -184,7 +190,7 @@ class GpuPoolController:
         self._clock = clock
         self.autoscaler = autoscaler
         self._next_sync = self._next_reconcile = self._next_gate = self._next_autoscale = float("-inf")
-        self._next_election = self._next_forecast = float("-inf")
+        self._next_election = self._next_forecast = self._next_drift = float("-inf")
         self.forecaster = Forecaster(ledger)
         self._election = threading.Lock()  # the pass and the Lease keeper both renew
         self.external_pods = (
@@ -193,6 +199,7 @@ class GpuPoolController:
             else None
         )
         self._watching = False  # the pod watch runs only while this replica leads
+        self.drift = DriftKeeper(ledger, self._watched_gpu_pods, drift_alert_seconds(), self._claim)
 
     def run_pass(self) -> PassResult:
         """Renew (or seek) the Lease if due, then run the steps that are due, while leading."""
@@ -328,8 +335,20 @@ class GpuPoolController:
         finally:
             self.elector.release()
 
+    def _watched_gpu_pods(self) -> list[dict[str, Any]] | None:
+        """Return the watch's cached GPU pods; None before its first list (or with no watch)."""
+        counter = self.external_pods
+        if counter is None or not self._watching or not counter.gpu_pods.listed:
+            return None
+        return counter.gpu_pods.pods()
+
+    def _claim(self, namespace: str, name: str, pod_uid: str) -> dict[str, Any] | None:
+        """Read a ResourceClaim through the pod watch's cache (the drift step's pods name it)."""
+        counter = self.external_pods
+        return None if counter is None else counter.claims.lookup(namespace, name, pod_uid)
+
     def _run_short_steps(self, now: float, result: PassResult) -> None:
-        """Run the gatekeeper, the autoscale step and the forecast step, those that are due."""
+        """Run the gatekeeper, the autoscale, forecast and drift steps, those that are due."""
         if now >= self._next_gate and self.elector.is_leader():  # gatekeeper (controller/gatekeeper.py)
             self._next_gate = now + self.intervals.gate
             result.gated = self._step(result, "gatekeeper", lambda: gatekeep(self.ledger, self.api))
@@ -339,13 +358,15 @@ class GpuPoolController:
         if now >= self._next_forecast and self.elector.is_leader():  # issue 39 (forecast/step.py)
             self._next_forecast = now + self.intervals.forecast
             result.forecasts = self._step(result, "forecast", self.forecaster)
+        if now >= self._next_drift and self.elector.is_leader():  # issue 36 (controller/drift.py)
+            self._next_drift = now + self.intervals.drift
+            result.drift = self._step(result, "drift", self.drift)
 
     # -- helpers -------------------------------------------------------------------------------
 
     def _seconds_to_next(self) -> float:
-        due = min(
-            self._next_election, self._next_sync, self._next_reconcile, self._next_gate, self._next_forecast
-        )
+        due = min(self._next_election, self._next_sync, self._next_reconcile, self._next_gate)
+        due = min(due, self._next_forecast, self._next_drift)
         if self.autoscaler is not None:
             due = min(due, self._next_autoscale)
         if not self.elector.is_leader():

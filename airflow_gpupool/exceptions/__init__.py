@@ -18,6 +18,7 @@ from :class:`KeyError`), so ``except ValueError`` keeps working::
     ├── CorruptCheckpointError (ValueError) a checkpoint manifest exists but breaks the contract
     ├── NoCapacityError                    the ledger: a request fits no node, not even an empty one
     ├── ReservationTimeoutError            the operator: a queued request waited past its timeout
+    ├── RunTooLargeError                   the ledger: a run admitted as a whole needs more GPUs at once than its quota or the pool
     ├── UnknownReservationError (KeyError) the ledger: no request or grant has this id
     ├── LeaseExpiredError                  the ledger: a grant expired or was released before renewal
     │   └── GrantPreemptedError            the grant is a preemption victim: its pod must end by a deadline
@@ -32,6 +33,7 @@ from :class:`KeyError`), so ``except ValueError`` keeps working::
     ├── SupervisorStoppedError             ``make ui``'s supervisor: a signal came while it started services
     ├── ServiceEndedError                  ``make ui``'s supervisor: a service ended while the others needed it
     ├── WatchExpiredError                  the controller's pod watch: 410 Gone or a relist due (caught: it lists again)
+    ├── ConsoleActionRefusedError          the GPU pool console: an action not allowed, or not possible (an HTTP status)
     └── PodFailureError                    GpuPodOperator: a try failed; one subclass per FailureClass
         ├── OutOfMemoryError               OOMKilled, or CUDA out of memory in the log tail
         ├── PreemptedError                 preempted by the scheduler for higher-priority work
@@ -47,7 +49,7 @@ from :class:`KeyError`), so ``except ValueError`` keeps working::
 
 Each family has a module of its own (:mod:`.validation`: bad values given; :mod:`.ledger`:
 capacity, reservations, leases and the ledger's database; :mod:`.pods`: why a try failed;
-:mod:`.checkpoints`, :mod:`.simulation`, :mod:`.devices`, :mod:`.processes`), but this package is their one public
+:mod:`.checkpoints`, :mod:`.simulation`, :mod:`.devices`, :mod:`.processes`, :mod:`.console`), but this package is their one public
 home: every class's ``__module__`` is ``airflow_gpupool.exceptions``, as when they shared one
 module, so pickles, tracebacks and the docs keep naming them here.
 
@@ -62,6 +64,7 @@ from __future__ import annotations
 
 from airflow_gpupool.exceptions.base import GpuPoolError
 from airflow_gpupool.exceptions.checkpoints import CheckpointStalledError, CorruptCheckpointError
+from airflow_gpupool.exceptions.console import ConsoleActionRefusedError
 from airflow_gpupool.exceptions.devices import NoGpuError, UnverifiedGpuUuidError
 from airflow_gpupool.exceptions.ledger import (
     GrantPreemptedError,
@@ -72,6 +75,7 @@ from airflow_gpupool.exceptions.ledger import (
     LedgerUnavailableError,
     NoCapacityError,
     ReservationTimeoutError,
+    RunTooLargeError,
     StaleCacheError,
     UnknownReservationError,
 )
@@ -104,6 +108,7 @@ from airflow_gpupool.exceptions.validation import (
 __all__ = [
     "ApplicationError",
     "CheckpointStalledError",
+    "ConsoleActionRefusedError",
     "Classification",
     "ConfigurationError",
     "CorruptCheckpointError",
@@ -132,6 +137,7 @@ __all__ = [
     "PreemptedError",
     "QuotaFileError",
     "ReservationTimeoutError",
+    "RunTooLargeError",
     "ServiceEndedError",
     "SimulationError",
     "StaleCacheError",

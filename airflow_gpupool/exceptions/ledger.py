@@ -15,6 +15,7 @@ __all__ = [
     "LedgerUnavailableError",
     "NoCapacityError",
     "ReservationTimeoutError",
+    "RunTooLargeError",
     "StaleCacheError",
     "UnknownReservationError",
 ]
@@ -166,3 +167,30 @@ class StaleCacheError(GpuPoolError):
     Raised and caught inside one ledger write: the store reloads its copy and redoes the write,
     so it never reaches a caller.
     """
+
+
+class RunTooLargeError(GpuPoolError):
+    """A DAG run admitted as a whole needs more GPUs at once than its team's quota (or the pool) can ever give.
+
+    :param run: the run's admission key (DAG id, run id, task group)
+    :param team: the team its first step is accounted to
+    :param peak_milli: the run's peak concurrent need, in milli-GPU
+    :param steps: the GPU steps that make up the peak
+    :param limit_milli: the most its team's quota (or the pool) could ever give at once
+    :param limit: what that limit is (``team vision's quota on pool:a100``, ``the pool's GPUs``)
+    """
+
+    def __init__(
+        self, run: str, team: str, peak_milli: int, steps: Sequence[str], limit_milli: int, limit: str
+    ) -> None:
+        self.run = run
+        self.team = team
+        self.peak_milli = peak_milli
+        self.steps = tuple(steps)
+        self.limit_milli = limit_milli
+        self.limit = limit
+        super().__init__(
+            f"run {run} needs {peak_milli / 1000:g} GPUs at once ({', '.join(self.steps)}), more than "
+            f"{limit} can ever give ({limit_milli / 1000:g} GPUs): refused before its first GPU step. "
+            "Split the run's parallel GPU steps, or raise the team's quota"
+        )

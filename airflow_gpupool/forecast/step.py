@@ -12,20 +12,24 @@ from typing import TYPE_CHECKING
 
 from airflow_gpupool.forecast.durations import DurationModel, TaskKey
 from airflow_gpupool.forecast.replay import SAMPLES, SEED, Running, Waiting, forecast_starts
-from airflow_gpupool.ledger import LedgerForecasts, StartForecast
+from airflow_gpupool.governance.queue_pass import Governance
+from airflow_gpupool.ledger import LedgerForecasts, LedgerQuotas, StartForecast
 from airflow_gpupool.placement.verdict import Assignment
 from airflow_gpupool.settings import forecast_prior_seconds
 from airflow_gpupool.sim.replay import quick
 from airflow_gpupool.task_try import TaskTry
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from airflow_gpupool.ledger import Grant, Ledger, LedgerSnapshot, Reservation
+    from airflow_gpupool.placement.snapshot import NodeState
 
 __all__ = ["Forecaster", "compute_forecasts", "refresh_forecasts"]
 
 GANG_REASON = "gangs are not forecast yet"
-#: Requests forecast per pass, the head of the queue: a pass costs O(samples x events x waiting x
-#: nodes) on the controller's loop (measured in the branch's report); the rest say "unknown".
+#: Requests forecast per pass, the head of the queue: a pass visits the waiting requests after every
+#: event of each replay (`gpupool bench forecast`, benchmarks/README.md); the rest say "unknown".
 MAX_WAITING = 200
 
 
@@ -41,6 +45,16 @@ def _key(r: Reservation) -> TaskKey:
 
 def _assignment(g: Grant) -> Assignment:
     return Assignment(g.node, g.gpu_indices, g.milli_per_gpu, g.gpu_memory_mib, g.mig_slice)
+
+
+def _governance(ledger: Ledger, snapshot: LedgerSnapshot, empty: Sequence[NodeState]) -> Governance | None:
+    """The stored quotas and what the live grants hold, for the replay's passes (None: no quotas, no headroom)."""
+    plan = LedgerQuotas(ledger).list()
+    if not plan.quotas and not plan.headroom.active:
+        return None
+    held = [*snapshot.grants, *snapshot.external]  # pods this project did not make count for the headroom
+    grants = [(g.request, _assignment(g.grant)) for g in held if g.grant is not None]
+    return Governance.of_grants(plan, grants, {n.name: n for n in empty})
 
 
 def compute_forecasts(
@@ -60,6 +74,8 @@ def compute_forecasts(
     :param max_waiting: forecast at most this many single requests, the first in service order
     """
     now = snapshot.taken_at
+    if not snapshot.queue:  # nothing to forecast: no history, inventory or replay to read
+        return []
     model = DurationModel.from_runs(LedgerForecasts(ledger).successful_runs(), forecast_prior_seconds())
     running = [
         Running(g.id, g.request, _assignment(g.grant), model.sampler(_key(g), now - g.grant.granted_at))
@@ -68,17 +84,20 @@ def compute_forecasts(
     ]
     all_singles = [r for r in snapshot.queue if r.gang_id is None]
     singles, beyond = all_singles[:max_waiting], all_singles[max_waiting:]
-    waiting = [Waiting(r.id, r.request, model.sampler(_key(r))) for r in singles]
+    # Each with the overtakes it has counted: a head past max_overtakes lets nothing pass in the replay either.
+    waiting = [Waiting(r.id, r.request, model.sampler(_key(r)), r.overtakes) for r in singles]
+    empty = ledger.empty_cluster().nodes
     forecasts = forecast_starts(
         now,
         snapshot.cluster.nodes,
-        ledger.empty_cluster().nodes,
+        empty,
         running,
         waiting,
         quick(ledger.policy),
         ledger.max_overtakes,
         samples=samples,
         seed=seed,
+        governance=_governance(ledger, snapshot, empty),
     )
     positions = {r.id: i + 1 for i, r in enumerate(snapshot.queue)}
     total = len(snapshot.queue)
@@ -111,6 +130,8 @@ def refresh_forecasts(ledger: Ledger, *, samples: int = SAMPLES, seed: int = SEE
 class Forecaster:
     """Refresh the forecasts when the queue, the grants or the nodes changed, or a forecast came due.
 
+    An empty queue is one state, whatever the grants and nodes do: nothing to forecast.
+
     A forecast comes due once the ledger's clock passes its earliest p10: from then on it would
     show a start in the past, so the replay runs again from the state as it is.
 
@@ -125,10 +146,13 @@ class Forecaster:
     def __call__(self) -> int | None:
         """Refresh if anything changed; return how many forecasts were stored (None: nothing changed)."""
         snapshot = self.ledger.snapshot()
-        seen = (
-            tuple(r.id for r in snapshot.queue),
-            tuple(g.id for g in snapshot.grants),
-            tuple((n.name, n.health) for n in snapshot.nodes),
+        queue = tuple(r.id for r in snapshot.queue)
+        # While nothing waits, the grants and nodes change no forecast: one pass clears the stored
+        # ones, then no pass (no read of the history, no write under the ledger's lock) until a request waits.
+        seen: tuple[object, ...] = (
+            (queue, tuple(g.id for g in snapshot.grants), tuple((n.name, n.health) for n in snapshot.nodes))
+            if queue
+            else ((),)
         )
         if seen == self._seen and snapshot.taken_at < self._due:
             return None

@@ -41,12 +41,16 @@ from airflow_gpupool.hooks.options import (
 
 if TYPE_CHECKING:
     from airflow_gpupool.checkpoints.store import CheckpointStore
+    from airflow_gpupool.governance.runs import RunNeed
     from airflow_gpupool.ledger import (
         Gang,
+        HandOnResult,
         Ledger,
+        QueueAheadResult,
         ReapResult,
         ReleaseResult,
         Reservation,
+        StartForecast,
         TaskAttempt,
         TaskAttempts,
     )
@@ -145,14 +149,38 @@ class GpuPoolHook(BaseHook):
         reservation_id: str,
         ttl: float | None = None,
         timeout: float | None = None,
+        run_need: RunNeed | None = None,
+        task_key: str | None = None,
     ) -> Reservation:
-        """Reserve ``request`` (idempotent by ``reservation_id``)."""
+        """Reserve ``request`` (idempotent by ``reservation_id``).
+
+        :param run_need: the first GPU step of a run admitted as a whole: its run's peak
+        :param task_key: the step's task key: a slice handed on to it is taken over
+        """
         return self.ledger.reserve(
             request,
             holder,
             ttl=ttl or self.options.lease_ttl_seconds,
             timeout=timeout or self.options.reservation_timeout_seconds,
             reservation_id=reservation_id,
+            run_need=run_need,
+            task_key=task_key,
+        )
+
+    def hand_on(
+        self, reservation_id: str, to_task_key: str, request: GpuRequest, *, hold_seconds: float, reason: str
+    ) -> HandOnResult:
+        """End a grant, handing the part ``request`` takes on to the step ``to_task_key`` (see :meth:`Ledger.hand_on`)."""
+        return self.ledger.hand_on(
+            reservation_id, to_task_key, request, hold_seconds=hold_seconds, reason=reason
+        )
+
+    def queue_ahead(
+        self, upstream_id: str, to_task_key: str, request: GpuRequest, *, enter_at: float, not_before: float
+    ) -> QueueAheadResult:
+        """Queue the step ``to_task_key``'s request ahead of the grant ``upstream_id`` (see :meth:`Ledger.queue_ahead`)."""
+        return self.ledger.queue_ahead(
+            upstream_id, to_task_key, request, enter_at=enter_at, not_before=not_before
         )
 
     def now(self) -> float:
@@ -228,12 +256,17 @@ class GpuPoolHook(BaseHook):
             self.log.warning("Could not report the newest checkpoint of %s: %s", reservation_id, e)
             return None
 
-    def release(self, reservation_id: str, reason: str) -> ReleaseResult | None:
-        """Release (idempotent); None when the reservation was never recorded."""
+    def release(
+        self, reservation_id: str, reason: str, *, keep_queued_ahead: bool = False
+    ) -> ReleaseResult | None:
+        """Release (idempotent); None when the reservation was never recorded.
+
+        :param keep_queued_ahead: the step succeeded: requests queued ahead of it stay (else withdrawn)
+        """
         from airflow_gpupool.exceptions import UnknownReservationError
 
         try:
-            return self.ledger.release(reservation_id, reason=reason)
+            return self.ledger.release(reservation_id, reason=reason, keep_queued_ahead=keep_queued_ahead)
         except UnknownReservationError:
             return None
 
@@ -272,6 +305,12 @@ class GpuPoolHook(BaseHook):
     def explain(self, reservation_id: str) -> str:
         """Say why a waiting reservation waits (its queue position and the closest nodes)."""
         return self.ledger.explain(reservation_id)
+
+    def forecast(self, reservation_id: str) -> StartForecast | None:
+        """Read the controller's stored start forecast of a waiting request (None: none yet)."""
+        from airflow_gpupool.ledger import LedgerForecasts
+
+        return LedgerForecasts(self.ledger).get(reservation_id)
 
     def empty_cluster(self) -> ClusterSnapshot:
         """Return the inventory as if nothing were granted: what a request could ever get."""

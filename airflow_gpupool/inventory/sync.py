@@ -43,8 +43,13 @@ def core_v1_api(kubeconfig: str | None = None, context: str | None = None) -> An
     :param context: kubeconfig context (default: its current context)
     :raises ConfigurationError: no usable configuration
     """
+    import yaml
     from kubernetes import client, config
 
+    if kubeconfig is not None and not os.path.isfile(kubeconfig):
+        raise ConfigurationError(
+            f"cannot configure a Kubernetes client: no kubeconfig file at {kubeconfig!r}"
+        )
     try:
         if kubeconfig is None and context is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
             configuration = client.Configuration()
@@ -53,6 +58,12 @@ def core_v1_api(kubeconfig: str | None = None, context: str | None = None) -> An
         return client.CoreV1Api(config.new_client_from_config(config_file=kubeconfig, context=context))
     except config.ConfigException as e:
         raise ConfigurationError(f"cannot configure a Kubernetes client: {e}") from e
+    except (OSError, yaml.YAMLError, ValueError, TypeError, AttributeError, KeyError) as e:
+        # The client's loader fails on a file that is not a kubeconfig with whatever its parsing hit.
+        shown = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
+        raise ConfigurationError(
+            f"cannot configure a Kubernetes client: {shown!r} is not a kubeconfig file ({type(e).__name__})"
+        ) from e
 
 
 def list_objects(method: Callable[..., Any], **kwargs: Any) -> Iterator[dict[str, Any]]:

@@ -1,6 +1,6 @@
 """A static inventory in YAML, for clusters without GPU Feature Discovery and for tests.
 
-Format (every key but ``name`` optional; see README "Static inventory")::
+Format (every key but ``name`` optional; see docs/concepts/ledger.md, "Static inventory")::
 
     nodes:
       - name: gpu-a100-0
@@ -39,6 +39,8 @@ _MIB_PER_GB = 10**9 / 2**20
 #: 1g.10gb exists on the 40 GB A100 too (two memory slices there).
 _ALSO_ON_40GB = {"1g.10gb"}
 _MIG_SLICES = 7
+#: More GPUs than any node holds: a typo (``count: 80`` for 8) is refused, not expanded.
+_MAX_GPUS_PER_GROUP = 64
 
 
 def memory_to_mib(where: str, value: Any) -> int:
@@ -89,8 +91,10 @@ def _gpus(where: str, node: str, specs: Any) -> list[GpuDevice]:
         if memory is None:
             memory = memory_to_mib(f"{at}.memory", spec.get("memory", "16Gi"))
         count = _int(f"{at}.count", spec.get("count", 1))
-        if count < 1 or ("uuid" in spec and count != 1):
-            raise InvalidInventoryError(f"{at}.count", count, "a positive integer (1 when uuid is given)")
+        if not 1 <= count <= _MAX_GPUS_PER_GROUP or ("uuid" in spec and count != 1):
+            raise InvalidInventoryError(
+                f"{at}.count", count, f"an integer from 1 to {_MAX_GPUS_PER_GROUP} (1 when uuid is given)"
+            )
         mig = spec.get("mig") or []
         if not isinstance(mig, list):
             raise InvalidInventoryError(f"{at}.mig", mig, "a list of MIG profiles such as [3g.40gb, 3g.40gb]")
@@ -148,6 +152,10 @@ def _check_nulls(at: str, spec: Mapping[str, Any]) -> None:
     for key, value in spec.items():
         if value is None:
             raise InvalidInventoryError(f"{at}.{key}", None, "a value (leave the key out for its default)")
+    for one, other in (("cpu", "cpu_milli"), ("memory", "memory_mib")):
+        if one in spec and other in spec:
+            # Two amounts of one resource: which one was meant cannot be guessed.
+            raise InvalidInventoryError(at, [one, other], f"either {one} or {other}, not both")
 
 
 def _check_gpu_keys(at: str, spec: Any) -> None:
@@ -231,7 +239,13 @@ def load_inventory(path: str | Path) -> list[NodeInventory]:
     """Read and parse an inventory YAML file."""
     path = Path(path)
     try:
-        text = path.read_text()
+        data = path.read_bytes()
     except OSError as e:
         raise InvalidInventoryError("inventory file", str(path), f"a readable file ({e.strerror})") from e
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InvalidInventoryError(
+            str(path), f"byte {data[e.start]:#04x} at offset {e.start}", "a UTF-8 text file"
+        ) from None
     return parse_inventory(text, str(path))

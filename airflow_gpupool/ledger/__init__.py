@@ -18,12 +18,15 @@ from airflow_gpupool.ledger.db.models import (
     ReservationState,
 )
 from airflow_gpupool.ledger.grants.attempts import TaskAttempt, TaskAttempts
+from airflow_gpupool.ledger.grants.hand_on import HANDED_PREFIX, HandOnResult
+from airflow_gpupool.ledger.grants.queue_ahead import QueueAheadResult
 from airflow_gpupool.ledger.ledger import InventoryChange, Ledger
 from airflow_gpupool.ledger.nodes.agent_report import GpuSample, MigSample, NodeReport, ProcessSample
 from airflow_gpupool.ledger.nodes.health import HeartbeatCheck, HeartbeatResult
 from airflow_gpupool.ledger.postgres.notify import GrantListener
 from airflow_gpupool.ledger.queue.gangs import member_id
 from airflow_gpupool.ledger.shared import close_shared, release_shared, shared_ledger
+from airflow_gpupool.ledger.store.scalable import LedgerScalablePools, ScalableShape
 from airflow_gpupool.ledger.teams.quotas import LedgerQuotas, grant_milli
 from airflow_gpupool.ledger.teams.usage import (
     RANGES,
@@ -34,7 +37,9 @@ from airflow_gpupool.ledger.teams.usage import (
     quota_uses,
     usage_report,
 )
+from airflow_gpupool.ledger.views.actions import ACTIONS, ConsoleAction, LedgerActions
 from airflow_gpupool.ledger.views.drift import NodeDrift, ledger_drift
+from airflow_gpupool.ledger.views.drift_records import DriftRecord, LedgerDriftRecords
 from airflow_gpupool.ledger.views.forecasts import (
     FORECAST_STATUSES,
     FinishedRun,
@@ -55,11 +60,16 @@ from airflow_gpupool.ledger.views.totals import (
 )
 
 __all__ = [
+    "HANDED_PREFIX",
+    "HandOnResult",
+    "QueueAheadResult",
+    "ACTIONS",
     "ENDED_STATES",
     "FORECAST_STATUSES",
     "FINISHED_PHASES",
     "RANGES",
     "WAIT_BUCKETS",
+    "DriftRecord",
     "FinishedRun",
     "Gang",
     "GpuSample",
@@ -72,9 +82,11 @@ __all__ = [
     "HistoryFilter",
     "InventoryChange",
     "Ledger",
+    "LedgerDriftRecords",
     "LedgerForecasts",
     "LedgerHistory",
     "LedgerQuotas",
+    "LedgerScalablePools",
     "LedgerSnapshot",
     "LedgerTotals",
     "MigSample",
@@ -88,11 +100,14 @@ __all__ = [
     "ReleaseResult",
     "Reservation",
     "ReservationState",
+    "ScalableShape",
     "StartForecast",
     "TaskAttempt",
     "TaskAttempts",
     "UsageReport",
     "WaitHistogram",
+    "ConsoleAction",
+    "LedgerActions",
     "allocation_series",
     "close_shared",
     "cluster_violations",

@@ -1,21 +1,18 @@
 """The GPU ledger: inventory, reservations with leases, and the waiting queue.
 
-Every change is one transaction under the ledger's write lock (a PostgreSQL advisory
-lock, or SQLite's ``BEGIN IMMEDIATE``): a request is granted whole or not at all, and the
-queue is served by whichever client holds the lock when capacity changes. Each write
-transaction first expires dead leases and overdue requests, so a pool heals itself as
-long as anyone uses it; :meth:`Ledger.reap` does the same on demand.
+Every change is one transaction under the ledger's write lock (a PostgreSQL advisory lock, or
+SQLite's ``BEGIN IMMEDIATE``): a request is granted whole or not at all, and the queue is served
+by whichever client holds the lock when capacity changes. Each write transaction first expires
+dead leases and overdue requests, so a pool heals itself while anyone uses it (:meth:`Ledger.reap`).
 
-On PostgreSQL, a grant or release that needs no queue decision (nothing waits, no lease
-is overdue) takes the lock in shared mode instead and commits alongside others: see
-:mod:`airflow_gpupool.ledger.postgres.functions`. Anything else takes it exclusively.
+On PostgreSQL, a grant or release that needs no queue decision takes the lock in shared mode
+instead (:mod:`airflow_gpupool.ledger.postgres.functions`); anything else takes it exclusively.
 
 :class:`Ledger` is the one public face of rooms that each do one job (ARCHITECTURE.md maps
 them; ``pyproject.toml`` keeps their imports running downward). It composes them, inherits
-its reads and node methods (:mod:`~airflow_gpupool.ledger.views.api`,
-:mod:`~airflow_gpupool.ledger.nodes.api`) and picks the path of each grant and release: the
-concurrent one (:mod:`~airflow_gpupool.ledger.grants.concurrent_grants`) where the database has
-it, the serialized cycle (:mod:`~airflow_gpupool.ledger.queue.cycle`) when that one declines.
+its reads, node methods, hand-on and queue ahead (``views.api``, ``nodes.api``, ``grants.hand_on``,
+``grants.queue_ahead``) and picks the path of each grant and release: the concurrent one
+(``grants.concurrent_grants``) where the database has it, else the serialized ``queue.cycle``.
 """
 
 from __future__ import annotations
@@ -31,11 +28,17 @@ from sqlalchemy import Connection
 from airflow_gpupool import settings
 from airflow_gpupool.binding import check_binding_name
 from airflow_gpupool.exceptions import GpuPoolError
+from airflow_gpupool.governance.runs import RunNeed
 from airflow_gpupool.ledger.db.engine import transient_retry
 from airflow_gpupool.ledger.db.models import ReapResult, ReleaseResult, Reservation
 from airflow_gpupool.ledger.grants.concurrent_grants import ConcurrentGrants
 from airflow_gpupool.ledger.grants.grant_reports import PodBinding, bind_pod, bind_pods, note_checkpoint
-from airflow_gpupool.ledger.grants.serialized import LedgerGrants, ReserveArgs
+from airflow_gpupool.ledger.grants.hand_on import HandOns, LedgerHandOnApi
+from airflow_gpupool.ledger.grants.priority import set_priority
+from airflow_gpupool.ledger.grants.queue_ahead import LedgerQueueAheadApi, QueueAheads
+from airflow_gpupool.ledger.grants.reserve_args import ReserveArgs
+from airflow_gpupool.ledger.grants.revoke import revoke
+from airflow_gpupool.ledger.grants.serialized import LedgerGrants
 from airflow_gpupool.ledger.nodes.api import LedgerNodeApi
 from airflow_gpupool.ledger.nodes.external import LedgerExternalHolds
 from airflow_gpupool.ledger.nodes.health import LedgerHealth
@@ -71,7 +74,7 @@ def pool_bindings(binding: str | None, node_pool_bindings: Mapping[str, str] | N
     return PoolBindings(one(binding, "ledger binding") if binding is not None else None, pools)
 
 
-class Ledger(LedgerNodeApi, LedgerReadApi):
+class Ledger(LedgerQueueAheadApi, LedgerHandOnApi, LedgerNodeApi, LedgerReadApi):
     """The shared record of who holds which GPU slice.
 
     :param url: SQLAlchemy URL (``sqlite:////path/ledger.db``, ``postgresql://user@host/db``);
@@ -145,6 +148,8 @@ class Ledger(LedgerNodeApi, LedgerReadApi):
         self._inventory = LedgerInventory(self._store, self._cycle)
         self._external = LedgerExternalHolds(self._store, self._cycle)
         self._grants = LedgerGrants(self._store, self._cycle)
+        self._hand_ons = HandOns(self._store, self._cycle)
+        self._queue_aheads = QueueAheads(self._store, self._cycle)
         path = self._store.concurrent
         self._concurrent = ConcurrentGrants(self._store, path, self._cycle) if path is not None else None
         self._views = LedgerViews(self._store, self._cycle)
@@ -215,10 +220,9 @@ class Ledger(LedgerNodeApi, LedgerReadApi):
     def write(self, fn: Callable[[Tx], T]) -> T:
         """Run ``fn`` in one transaction under the ledger's write lock; return what it returns.
 
-        The transaction first expires the leases and requests that are due, as every write
-        does. ``fn`` works on ``tx.conn`` and reads the clock from ``tx.now``; it may run more
-        than once (a transient error or a stale capacity copy runs the transaction again),
-        so it must change nothing outside the database.
+        The transaction first expires the leases and requests that are due, as every write does.
+        ``fn`` works on ``tx.conn``, reads the clock from ``tx.now``, and may run more than once
+        (a transient error or a stale capacity copy): it must change nothing outside the database.
         """
         return self._cycle.write(fn)
 
@@ -236,31 +240,34 @@ class Ledger(LedgerNodeApi, LedgerReadApi):
         ttl: float | None = None,
         timeout: float | None = None,
         reservation_id: str | None = None,
+        not_before: float | None = None,
+        run_need: RunNeed | None = None,
+        task_key: str | None = None,
     ) -> Reservation:
-        """Grant ``request`` now, or queue it.
-
-        Idempotent by ``reservation_id``: reserving an id that exists returns its state.
-
-        A request with a ``gang`` waits as one entry and is granted its ``min_members`` all
-        or nothing (:mod:`~airflow_gpupool.ledger.queue.gangs`); the reservation returned is its
-        leader's (member 0), and :meth:`gang` lists the members.
+        """Grant ``request`` now, or queue it. Idempotent by ``reservation_id`` (an existing id: its state).
+        A ``gang`` waits as one entry, granted its ``min_members`` all or nothing (its leader is returned).
 
         :param holder: who holds it (task instance, host, process), for operators and the UI
         :param ttl: lease seconds (default ``[gpupool] lease_ttl_seconds``)
         :param timeout: seconds it may wait in the queue (default ``[gpupool] reservation_timeout_seconds``)
-        :raises NoCapacityError: it can never fit any node of the inventory
-        :raises InvalidRequestError: bad arguments; nothing is written (:class:`InvalidGangError`
-            for a gang's id too long for its members' ids)
+        :param not_before: ledger time (:attr:`now`) before which it is not granted: it waits in its place
+        :param run_need: a run's first GPU step, granted once its run's peak is served (too big: RunTooLargeError)
+        :param task_key: the step's task key: a slice handed on or a request queued ahead for it is taken over
+        :raises NoCapacityError: it can never fit a node of the inventory, nor a scalable pool's new one
+        :raises InvalidRequestError: bad arguments, nothing written (InvalidGangError: a gang's id too long)
         """
-        args = ReserveArgs.check(request, holder, ttl=ttl, timeout=timeout, reservation_id=reservation_id)
-        if self._concurrent is not None and request.gang is None:  # the concurrent path places singles
+        times = {"ttl": ttl, "timeout": timeout, "not_before": not_before}
+        args = ReserveArgs.check(request, holder, reservation_id=reservation_id, run_need=run_need, **times)
+        return self._reserve(args) if task_key is None else self._claim_or_reserve(args, task_key)
+
+    def _reserve(self, args: ReserveArgs) -> Reservation:
+        if self._concurrent is not None and args.concurrent:  # singles, not queued ahead, alone
             granted = self._reserve_concurrently(args)
             if granted is not None:
                 return granted
         return self._grants.reserve(args)
 
-    # The two paths' attempts are retried on their own: a lost connection on the concurrent
-    # path is retried there before the serialized path is tried.
+    # Each path retries on its own: a lost connection on the concurrent one, before the serialized one.
     @transient_retry
     def _reserve_concurrently(self, args: ReserveArgs) -> Reservation | None:
         assert self._concurrent is not None
@@ -286,9 +293,8 @@ class Ledger(LedgerNodeApi, LedgerReadApi):
     def adopt(self, reservation_id: str, holder: str, ttl: float | None = None) -> Reservation:
         """Take over a grant (orphaned or not) for ``holder`` and renew its lease.
 
-        A retry that re-attaches to the pod of an earlier try (``durable=True``) adopts that
-        try's grant: same slice, one grant in the history, released once at the end. Adopting
-        a gang's member adopts every member that holds.
+        A retry that re-attaches to the pod of an earlier try (``durable=True``) adopts that try's
+        grant: one grant in the history, released once. Adopting a gang's member adopts every member.
 
         :raises LeaseExpiredError: the grant already ended
         :raises UnknownReservationError: no such id
@@ -296,21 +302,35 @@ class Ledger(LedgerNodeApi, LedgerReadApi):
         """
         return self._grants.renew(reservation_id, ttl, holder=holder)
 
-    def release(self, reservation_id: str, *, reason: str = "released by holder") -> ReleaseResult:
-        """Give a grant back, or withdraw a waiting request. Idempotent.
+    def release(
+        self, reservation_id: str, *, reason: str = "released by holder", keep_queued_ahead: bool = False
+    ) -> ReleaseResult:
+        """Give a grant back, or withdraw a waiting request. Idempotent (a second release says so).
+        A gang's leader ends every member and withdraws its growth; another member, that one alone.
 
-        Releasing a gang's leader ends every member and withdraws its growth; releasing
-        another member ends that member alone.
-
-        A second release, or a release after the lease expired, changes nothing and says so.
-
+        :param keep_queued_ahead: its step succeeded: requests queued ahead of it stay (else withdrawn)
         :raises UnknownReservationError: no such id
         """
-        if self._concurrent is not None:
+        if self._concurrent is not None:  # declines a grant with requests queued ahead of it
             released = self._release_concurrently(reservation_id, reason)
             if released is not None:
                 return released
-        return self._grants.release(reservation_id, reason)
+        return self._grants.release(reservation_id, reason, keep_queued_ahead)
+
+    def set_priority(self, reservation_id: str, priority: int) -> Reservation:
+        """Give a waiting request (a gang: every member) a new priority and serve the queue in its new order.
+
+        :raises UnknownReservationError: no such id
+        :raises InvalidRequestError: the priority is out of range, or the request no longer waits
+        """
+        return set_priority(self._store, self._cycle, reservation_id, priority)
+
+    def revoke(
+        self, reservation_id: str, *, by: str, grace: float | None = None
+    ) -> Reservation | ReleaseResult:
+        """Take a grant back: a pod on it gets ``grace`` to end first (:mod:`~airflow_gpupool.ledger.grants.revoke`); none: released."""
+        victim = revoke(self._cycle, reservation_id, by=by, grace=grace)
+        return victim if victim is not None else self.release(reservation_id, reason=f"revoked by {by}")
 
     def bind(self, reservation_id: str, *, namespace: str, name: str, uid: str | None = None) -> Reservation:
         """Record the pod of a grant: once bound, its slice outlives an expired lease (``orphaned``).
@@ -364,10 +384,8 @@ class Ledger(LedgerNodeApi, LedgerReadApi):
     def reap_if_due(self, min_interval: float = 0.0) -> ReapResult | None:
         """Reap only if a lease or a wait is overdue, and at most once per ``min_interval`` seconds.
 
-        What a waiting client calls instead of :meth:`reap`: nothing due costs one read and no
-        write (None). Every user of this ledger object shares the interval, so a process
-        whose hooks and triggers share one ledger checks once per interval however many
-        requests it waits for.
+        What a waiting client calls instead of :meth:`reap`: nothing due costs a read, no write
+        (None). Every user of this ledger object shares the interval.
         """
         checked = time.monotonic()
         with self._due_lock:

@@ -26,6 +26,7 @@ from airflow_gpupool import settings
 from airflow_gpupool.controller.gang_pods import JOB_NAME_LABEL
 from airflow_gpupool.controller.pod_deletion import settle_deleted_pod
 from airflow_gpupool.exceptions import ConfigurationError, GpuPoolError, ReservationTimeoutError
+from airflow_gpupool.forecast.deadlines import dag_deadlines
 from airflow_gpupool.hooks.gpupool import GpuPoolHook
 from airflow_gpupool.labels import ANNOTATION_PREFIX, GANG_RESERVATION_ANNOTATION
 from airflow_gpupool.ledger import ReservationState
@@ -35,7 +36,8 @@ from airflow_gpupool.operators.lease import LeaseRenewer
 from airflow_gpupool.operators.pod_spec import gang_template
 from airflow_gpupool.operators.rendezvous import DEFAULT_RENDEZVOUS_PORT, rendezvous_env
 from airflow_gpupool.operators.request import REQUEST_FIELDS, build_request, check_seconds, templated
-from airflow_gpupool.operators.waiting import reservation_deferral, wait_in_place
+from airflow_gpupool.operators.run_admission import check_gpu_admission, run_need
+from airflow_gpupool.operators.waiting import deferral_after_deadline, reservation_deferral, wait_in_place
 from airflow_gpupool.resources import GangSpec, GpuRequest
 from airflow_gpupool.task_try import TaskTry
 from airflow_gpupool.triggers.job import LeasedJobTrigger
@@ -88,6 +90,8 @@ class GpuJobOperator(KubernetesJobOperator):
     :param rendezvous_subdomain: the pods' subdomain, the name of a headless Service selecting
         ``batch.kubernetes.io/job-name=<job>`` (default: the Job's name)
     :param pin_timeout: seconds the Job controller may take to create every member's pod
+    :param gpu_admission: ``task`` or ``run`` (the run admitted as a whole, as
+        :class:`~airflow_gpupool.operators.GpuPodOperator`'s)
 
     ``backoff_limit`` defaults to 0: a failed member fails the Job and the try, whose retry
     reserves a fresh gang. With ``backoff_limit > 0`` (trainers that take a rank back, such as
@@ -122,6 +126,7 @@ class GpuJobOperator(KubernetesJobOperator):
         rendezvous_port: int = DEFAULT_RENDEZVOUS_PORT,
         rendezvous_subdomain: str | None = None,
         pin_timeout: float = 60.0,
+        gpu_admission: str = "task",
         **kwargs: Any,
     ) -> None:
         keys = settings.gang_topology_keys() if topology_keys is None else tuple(topology_keys)
@@ -157,6 +162,7 @@ class GpuJobOperator(KubernetesJobOperator):
         self.reservation_deferrable = reservation_deferrable
         self.rendezvous_port, self.rendezvous_subdomain = rendezvous_port, rendezvous_subdomain
         self.pin_timeout = pin_timeout
+        self.gpu_admission = check_gpu_admission(gpu_admission)
         self._gang: Gang | None = None
         self._held_id: str | None = None
         self._replacements: ReplacementPinning | None = None
@@ -193,20 +199,35 @@ class GpuJobOperator(KubernetesJobOperator):
         request = self.gpu_request()
         timeout = self.reservation_timeout or options.reservation_timeout_seconds
         self.log.info("Reserving %s from the GPU ledger as %s", request.describe(), rid)
+        need = run_need(self, context, self.log)
         reservation = self.gpu_hook.reserve(
-            request, task.holder, reservation_id=rid, ttl=self.lease_ttl, timeout=timeout
+            request, task.holder, reservation_id=rid, ttl=self.lease_ttl, timeout=timeout, run_need=need
         )
         if reservation.state is ReservationState.GRANTED:
             return self._run_gang(context, rid)
         if reservation.state is not ReservationState.WAITING:
             raise GpuPoolError(f"gang {rid} is {reservation.state.value}: {reservation.message}")
         self.log.info("The gang does not fit now; %s", self.gpu_hook.explain(rid))
+        deadlines = dag_deadlines(context, self.log)
         if self.deferrable if self.reservation_deferrable is None else self.reservation_deferrable:
             self.defer(
-                **reservation_deferral(rid, self.ledger_conn_id, timeout, options.poll_interval_seconds)
+                **reservation_deferral(
+                    rid,
+                    self.ledger_conn_id,
+                    timeout,
+                    options.poll_interval_seconds,
+                    deadlines=[d.to_dict() for d in deadlines],
+                )
             )
         try:
-            wait_in_place(self.gpu_hook, rid, options.poll_interval_seconds, self.log)
+            wait_in_place(
+                self.gpu_hook,
+                rid,
+                options.poll_interval_seconds,
+                self.log,
+                deadlines=deadlines,
+                ti=context["ti"],
+            )
         except BaseException:
             self._release(rid, "the gang was not granted")
             raise
@@ -217,6 +238,10 @@ class GpuJobOperator(KubernetesJobOperator):
         rid, status = event["reservation_id"], event["status"]
         if status == ReservationEventStatus.GRANTED.value:
             return self._run_gang(context, rid)
+        if status == ReservationEventStatus.DEADLINE.value:  # said once; the gang keeps its place
+            self.defer(
+                **deferral_after_deadline(self.gpu_hook, self.ledger_conn_id, context["ti"], event, self.log)
+            )
         self._release(rid, f"reservation {status}")
         if status == ReservationEventStatus.TIMEOUT.value:
             raise ReservationTimeoutError(rid, self.gpu_hook.get(rid).waited_seconds, [event["message"]])

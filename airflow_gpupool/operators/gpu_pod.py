@@ -13,13 +13,16 @@ from airflow.providers.common.compat.sdk import TaskDeferred
 from airflow_gpupool import settings
 from airflow_gpupool.binding import SliceFacts, binding_for, check_binding_name
 from airflow_gpupool.exceptions import ConfigurationError, GpuPoolError, ReservationTimeoutError
+from airflow_gpupool.forecast.deadlines import dag_deadlines
 from airflow_gpupool.hooks.gpupool import GpuPoolHook
 from airflow_gpupool.ledger import Grant, ReservationState
 from airflow_gpupool.operators.capacity import check_capacity, duration_matters, typical_run, with_capacity
 from airflow_gpupool.operators.escalation import EscalationPolicy
+from airflow_gpupool.operators.hand_on import hand_on_target
 from airflow_gpupool.operators.links import GpuReservationLink  # kit (issue 15)
 from airflow_gpupool.operators.pod_lease import GpuPodLease
 from airflow_gpupool.operators.pod_spec import cpu_only, own_resource_claim, pin_pod, with_resource_claim
+from airflow_gpupool.operators.queue_ahead import plan_queue_ahead
 from airflow_gpupool.operators.reattach import EarlierTries
 from airflow_gpupool.operators.request import (
     REQUEST_FIELDS,
@@ -31,9 +34,14 @@ from airflow_gpupool.operators.request import (
     shm_mib,
     templated,
 )
+from airflow_gpupool.operators.run_admission import check_gpu_admission, run_need
 from airflow_gpupool.operators.tries import XCOM_DEVICE_KEY, GpuPodTries
 from airflow_gpupool.operators.unschedulable import UNSCHEDULABLE_STATUS, UnschedulableFailFast
-from airflow_gpupool.operators.waiting import reservation_deferral, wait_in_place
+from airflow_gpupool.operators.waiting import (
+    deferral_after_deadline,
+    reservation_deferral,
+    wait_in_place,
+)
 from airflow_gpupool.resources import GpuRequest
 from airflow_gpupool.task_try import TaskTry
 from airflow_gpupool.triggers.lease import LEASE_LOST_STATUS
@@ -45,6 +53,7 @@ if TYPE_CHECKING:
     from kubernetes.client import models as k8s
 
     from airflow_gpupool.checkpoints.manifest import CheckpointManifest
+    from airflow_gpupool.forecast.deadlines import DagDeadline
     from airflow_gpupool.operators.failures import Classification
 
 __all__ = ["XCOM_DEVICE_KEY", "XCOM_GRANT_KEY", "GpuPodOperator"]
@@ -103,6 +112,20 @@ class GpuPodOperator(UnschedulableFailFast, GpuPodLease, GpuPodTries):
     :param fail_fast_on_forecast: while waiting deferred, give up (withdrawn, with the forecast in
         the error) once the controller's forecast puts even the earliest likely start (p10) beyond
         ``reservation_timeout``, or says "never, on the current nodes" (off by default)
+    :param gpu_admission: ``task`` (each step on its own) or ``run``: the run's first GPU step is
+        granted only once its team's quota (or the pool) serves the run's peak concurrent need, and
+        a run that can never fit is refused up front (:mod:`~airflow_gpupool.operators.run_admission`;
+        usually set for a whole DAG or task group through ``default_args``)
+    :param hand_on: on success, hand the part of the slice a direct downstream GPU step of the
+        run needs on to it instead of releasing it (see :mod:`airflow_gpupool.operators.hand_on`);
+        False on either step, or the DAG param ``gpupool_hand_on`` false, turns it off
+    :param handoff_seconds: how long a slice handed on waits for the downstream step to take it
+        (default ``[gpupool] handoff_seconds``); then it is released
+    :param queue_ahead: once granted, queue the direct downstream GPU steps its slice will not be
+        handed on to ahead of its forecast end (:mod:`airflow_gpupool.operators.queue_ahead`); False
+        on either step, or the DAG param ``gpupool_queue_ahead`` false, turns it off
+    :param queue_ahead_lead_seconds: as a downstream step, enter the queue this long before the
+        upstream's forecast end (default ``[gpupool] queue_ahead_lead_seconds``)
     """
 
     template_fields: Sequence[str] = (
@@ -146,10 +169,25 @@ class GpuPodOperator(UnschedulableFailFast, GpuPodLease, GpuPodTries):
         capacity: str | None = None,
         expected_duration: float | None = None,
         fail_fast_on_forecast: bool = False,
+        gpu_admission: str = "task",
+        hand_on: bool = True,
+        handoff_seconds: float | None = None,
+        queue_ahead: bool = True,
+        queue_ahead_lead_seconds: float | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        if not isinstance(hand_on, bool):
+            raise ConfigurationError(f"task {self.task_id}: hand_on must be True or False, not {hand_on!r}")
+        self.hand_on = hand_on
+        if not isinstance(queue_ahead, bool):
+            raise ConfigurationError(
+                f"task {self.task_id}: queue_ahead must be True or False, not {queue_ahead!r}"
+            )
+        self.queue_ahead, self.queue_ahead_lead_seconds = queue_ahead, queue_ahead_lead_seconds
+        self.handoff_seconds = handoff_seconds
         self.fail_fast_on_forecast = fail_fast_on_forecast
+        self.gpu_admission = check_gpu_admission(gpu_admission)
         self.gpus = gpus
         self.gpu_milli = gpu_milli
         self.gpu_memory_mib = gpu_memory_mib
@@ -196,6 +234,8 @@ class GpuPodOperator(UnschedulableFailFast, GpuPodLease, GpuPodTries):
         check_seconds("lease_ttl", lease_ttl)
         check_seconds("expected_duration", expected_duration)
         check_seconds("preemption_grace_seconds", preemption_grace_seconds)
+        check_seconds("handoff_seconds", handoff_seconds)
+        check_seconds("queue_ahead_lead_seconds", queue_ahead_lead_seconds)
         check_checkpoint_on_sigterm(checkpoint_on_sigterm, checkpoint_dir)
         # Parse-time validation, no I/O: fail the DAG import, not the run, on a bad request. A
         # templated field (container_resources included, a KPO template field) is checked once
@@ -211,6 +251,11 @@ class GpuPodOperator(UnschedulableFailFast, GpuPodLease, GpuPodTries):
     def gpu_request(self) -> GpuRequest:
         """Return this try's request: the task's own, or the larger one an earlier try's escalation chose."""
         return self._request_override or self.declared_request()
+
+    def hand_on_request(self) -> GpuRequest | None:
+        """Return the request an upstream step hands its slice on for; None while it is templated."""
+        fields = [getattr(self, f) for f in REQUEST_FIELDS] + [self.container_resources]
+        return None if any(templated(value) for value in fields) else self.declared_request()
 
     def declared_request(self) -> GpuRequest:
         """Return the task's request, built from its (rendered) arguments, its capacity a node label."""
@@ -275,14 +320,23 @@ class GpuPodOperator(UnschedulableFailFast, GpuPodLease, GpuPodTries):
         timeout = self.reservation_timeout or options.reservation_timeout_seconds
         self.log.info("Reserving %s from the GPU ledger as %s", request.describe(), rid)
         reservation = self.gpu_hook.reserve(
-            request, task.holder, reservation_id=rid, ttl=self.lease_ttl, timeout=timeout
+            request,
+            task.holder,
+            reservation_id=rid,
+            ttl=self.lease_ttl,
+            timeout=timeout,
+            run_need=run_need(self, context, self.log),
+            task_key=task.task_key,
         )
         if reservation.state is ReservationState.GRANTED:
             assert reservation.grant is not None
+            if reservation.message and reservation.message.startswith("handed on from"):
+                self.log.info("Took over the GPU slice %s", reservation.message)
             return self._run_granted(context, rid, reservation.grant)
         if reservation.state is not ReservationState.WAITING:
             raise GpuPoolError(f"reservation {rid} is {reservation.state.value}: {reservation.message}")
         self.log.info("No GPU slice fits now; %s", self.gpu_hook.explain(rid))
+        deadlines = dag_deadlines(context, self.log)
         if self._defer_reservation():
             self.defer(
                 **reservation_deferral(
@@ -291,9 +345,11 @@ class GpuPodOperator(UnschedulableFailFast, GpuPodLease, GpuPodTries):
                     timeout,
                     options.poll_interval_seconds,
                     fail_fast_on_forecast=self.fail_fast_on_forecast,
+                    deadlines=[d.to_dict() for d in deadlines],
                 )
             )
-        return self._run_granted(context, rid, self._wait_in_place(rid, options.poll_interval_seconds))
+        grant = self._wait_in_place(context, rid, options.poll_interval_seconds, deadlines)
+        return self._run_granted(context, rid, grant)
 
     def _learn_typical_run(self, task: TaskTry) -> None:
         """Take how long this task's recent successful runs took, where the spot rule needs it."""
@@ -305,9 +361,13 @@ class GpuPodOperator(UnschedulableFailFast, GpuPodLease, GpuPodTries):
     def _defer_reservation(self) -> bool:
         return self.deferrable if self.reservation_deferrable is None else self.reservation_deferrable
 
-    def _wait_in_place(self, rid: str, poll_interval: float) -> Grant:
+    def _wait_in_place(
+        self, context: Context, rid: str, poll_interval: float, deadlines: list[DagDeadline]
+    ) -> Grant:
         # Read-only waiting (the queue is served by writers and the controller): see operators/waiting.py.
-        grant, life = wait_in_place(self.gpu_hook, rid, poll_interval, self.log)
+        grant, life = wait_in_place(
+            self.gpu_hook, rid, poll_interval, self.log, deadlines=deadlines, ti=context["ti"]
+        )
         self.log.info("Reservation %s %s", rid, describe_queue_life(life))
         return grant
 
@@ -320,6 +380,17 @@ class GpuPodOperator(UnschedulableFailFast, GpuPodLease, GpuPodTries):
             # The triggerer's wait lines may not outlive the pod phase in the stored log: this one does.
             self.log.info("Reservation %s %s", rid, describe_queue_life(event.get("queue_life")))
             return self._run_granted(context, rid, Grant.from_dict(event["grant"]))
+        if status == ReservationEventStatus.DEADLINE.value:  # said once; the request keeps its place
+            self.defer(
+                **deferral_after_deadline(
+                    self.gpu_hook,
+                    self.ledger_conn_id,
+                    context["ti"],
+                    event,
+                    self.log,
+                    fail_fast_on_forecast=self.fail_fast_on_forecast,
+                )
+            )
         self.gpu_hook.release(rid, reason=f"reservation {status}")
         if status == ReservationEventStatus.TIMEOUT.value:
             reservation = self.gpu_hook.get(rid)
@@ -342,6 +413,10 @@ class GpuPodOperator(UnschedulableFailFast, GpuPodLease, GpuPodTries):
             "Granted %s on node %s GPU %s; launching the pod", request.describe(), grant.node, where
         )
         context["ti"].xcom_push(key=XCOM_GRANT_KEY, value={"reservation_id": rid, **grant.to_dict()})
+        try:
+            plan_queue_ahead(self, context, rid, grant, self.log)
+        except Exception as e:  # the next steps then reserve when they run: this step runs on
+            self.log.warning("Nothing queued ahead of %s: %s: %s", rid, type(e).__name__, e)
         checkpoints = self._checkpoints()
         if checkpoints is not None:
             self._resume_from = checkpoints.resume_point(context["ti"].try_number, rid)
@@ -358,10 +433,29 @@ class GpuPodOperator(UnschedulableFailFast, GpuPodLease, GpuPodTries):
         name = self.binding or options.node_pool_bindings.get(grant.node_pool) or options.binding
         return binding_for(request, name, f"task {self.task_id} on node pool {grant.node_pool}")
 
-    def _release(self, rid: str, reason: str) -> None:
-        result = self.gpu_hook.release(rid, reason)
-        if result is not None:
-            self.log.info("GPU slice %s: %s", rid, result.message)
+    def _release(self, rid: str, reason: str, context: Context | None = None) -> None:
+        """Release the slice; with ``context`` (the pod succeeded), hand part of it on to the next GPU step."""
+        target = None
+        if context is not None:
+            try:
+                target = hand_on_target(self, context, self.log)
+            except Exception as e:  # a downstream the DAG got wrong must not keep the slice: released
+                self.log.warning("GPU slice %s not handed on: %s: %s", rid, type(e).__name__, e)
+        if target is not None:
+            hold = self.handoff_seconds or settings.handoff_seconds()
+            try:
+                handed = self.gpu_hook.hand_on(
+                    rid, target.task_key, target.request, hold_seconds=hold, reason=reason
+                )
+                self.log.info("GPU slice %s: %s", rid, handed.message)
+            except GpuPoolError as e:  # nothing handed on: the slice is released below (idempotent)
+                self.log.warning("GPU slice %s not handed on to %s: %s", rid, target.task_id, e)
+                target = None
+        if target is None:
+            # Succeeded (a context): what queued ahead of it stays; else it is withdrawn.
+            result = self.gpu_hook.release(rid, reason, keep_queued_ahead=context is not None)
+            if result is not None:
+                self.log.info("GPU slice %s: %s", rid, result.message)
         self._held_id = None
         checkpoints = self._checkpoints()
         if checkpoints is not None:
@@ -460,7 +554,7 @@ class GpuPodOperator(UnschedulableFailFast, GpuPodLease, GpuPodTries):
         except BaseException as e:
             self._release_off_the_pod(rid, f"{what} failed: {type(e).__name__}")
             raise
-        self._release(rid, "pod succeeded")
+        self._release(rid, "pod succeeded", context)
         return result
 
     def on_kill(self) -> None:

@@ -183,7 +183,7 @@ def build_request(
     return GpuRequest(
         cpu_milli=requested_cpu_milli(container_resources),
         memory_mib=requested_memory_mib(container_resources) + shm_mib(shm_size),
-        mig_profile=fields["mig_profile"] or None,
+        mig_profile=fields["mig_profile"],  # "" is refused by name, never read as "no profile"
         gpu_models=frozenset(models or ()),
         node_labels=labels["node_labels"],
         prefer_node_labels=labels["prefer_node_labels"],

@@ -2,7 +2,8 @@
 
 How a read is judged is :mod:`airflow_gpupool.triggers.unschedulable`'s: at once when the node can
 never hold the pod, else after :attr:`UnschedulableFailFast.unschedulable_grace_seconds`. The
-synchronous start-up is watched through the operator's pod manager; ``deferrable=True`` pods
+synchronous start-up is watched through the reads of the parent's own pod manager (never
+replaced, so a test that patches ``KubernetesPodOperator.pod_manager`` reaches it); ``deferrable=True`` pods
 start inside :class:`~airflow_gpupool.triggers.pod.LeasedPodTrigger`, which watches the same way
 and yields an ``unschedulable`` event that :meth:`UnschedulableFailFast.unplaceable` turns into
 the same failure.
@@ -15,11 +16,12 @@ until the controller has resynced it (:mod:`airflow_gpupool.ledger.nodes.suspect
 
 from __future__ import annotations
 
-from functools import cached_property
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from airflow.providers.cncf.kubernetes.kubernetes_helper_functions import PodLaunchFailedException
-from airflow.providers.cncf.kubernetes.utils.pod_manager import PodManager
+from kubernetes.client import V1Pod
 
 from airflow_gpupool.exceptions import Classification, FailureClass
 from airflow_gpupool.operators.failures import read_failure
@@ -55,17 +57,31 @@ def drift_classification(node: str, message: str, pod_name: str | None) -> Class
     return Classification(FailureClass.LEDGER_DRIFT, reason, None, pod_name)
 
 
-class _WatchedPodManager(PodManager):
-    """KPO's pod manager whose every pod read is shown to a watch while one is set."""
+@contextmanager
+def _watched_reads(manager: Any, watch: UnschedulableWatch) -> Iterator[None]:
+    """Show every pod the manager reads to ``watch`` while the block runs.
 
-    watch: UnschedulableWatch | None = None
+    The manager is the parent's ``pod_manager`` as it is, not a subclass of ours: a DAG author's
+    test that patches ``KubernetesPodOperator.pod_manager`` reaches this operator too. Only its
+    ``read_pod`` is wrapped, on the instance, and put back after.
+    """
+    had_own = "read_pod" in vars(manager)
+    read = manager.read_pod
 
-    def read_pod(self, pod: Any) -> Any:
-        """Read the pod as the parent does, then let the watch judge it."""
-        remote = super().read_pod(pod)
-        if self.watch is not None:
-            self.watch.check(remote)
+    def read_pod(pod: Any) -> Any:
+        remote = read(pod)
+        if isinstance(remote, V1Pod):  # a patched manager's stand-in is not judged
+            watch.check(remote)
         return remote
+
+    manager.read_pod = read_pod
+    try:
+        yield
+    finally:
+        if had_own:
+            manager.read_pod = read
+        else:
+            del manager.read_pod
 
 
 class UnschedulableFailFast:
@@ -127,35 +143,26 @@ class UnschedulableFailFast:
         delete_pod(op.client, namespace, name, why=str(verdict), log=op.log)
         raise PodLaunchFailedException(str(verdict))
 
-    @cached_property
-    def pod_manager(self) -> PodManager:
-        """KPO's pod manager, able to show the start-up loop's reads to an :class:`UnschedulableWatch`."""
-        op: Any = self
-        return _WatchedPodManager(kube_client=op.client, callbacks=op.callbacks)
-
     def await_pod_start(self, pod: Any) -> None:
         """Wait as the parent does, failing at once when the pod cannot be placed on its granted node.
 
         :param pod: the created ``V1Pod``
         """
         node = self.granted_node()
-        manager = self.pod_manager
-        watch = None
-        if node is not None and isinstance(manager, _WatchedPodManager):
-            op: Any = self
-            watch = UnschedulableWatch(
-                lambda: _read_node(op.client, node), grace_seconds=self.unschedulable_grace_seconds
-            )
-            manager.watch = watch
-        try:
+        if node is None:
             super().await_pod_start(pod)  # type: ignore[misc]
+            return
+        op: Any = self
+        watch = UnschedulableWatch(
+            lambda: _read_node(op.client, node), grace_seconds=self.unschedulable_grace_seconds
+        )
+        try:
+            with _watched_reads(op.pod_manager, watch):
+                super().await_pod_start(pod)  # type: ignore[misc]
         except PodLaunchFailedException:
-            if node is not None and watch is not None and watch.verdict is not None:
+            if watch.verdict is not None:
                 self._found_unplaceable(node, watch.verdict, pod.metadata.name)
             raise
-        finally:
-            if isinstance(manager, _WatchedPodManager):
-                manager.watch = None
 
 
 def _read_node(core: Any, name: str) -> Any:

@@ -117,7 +117,7 @@ class GpuPoolPolicy(FragmentationPolicy):
       CPU-rich 8-GPU nodes, the only ones with 120 cores for an 8-GPU task, fill with 1-GPU
       work by 83 % arrived on the default trace and such a task fails where FGD places it.
 
-    Scoring the exact growth instead of the band was measured worse (see the README): the
+    Scoring the exact growth instead of the band was measured worse (benchmarks/README.md): the
     band's randomization among near-equal nodes spreads risk across node types.
 
     :param strand_weight: weight of the stranded-capacity growth (0: FGD's growth only)

@@ -12,6 +12,11 @@ large request is never starved by a stream of small ones (apache/airflow#29474),
 pool is never idled for it beyond one node.
 A higher-priority request arriving later is served before, not "past", a blocked one, so
 it never counts as an overtake.
+
+A request may carry ``not_before`` (a downstream step queued ahead of its upstream's forecast
+end): a pass at an earlier ``now`` never places it, but it keeps its place (``seq``) and counts
+as blocked, so its wait counts for no-starvation: grants behind it overtake it, and once its
+budget is spent a node is held (drains) for it before it may be granted.
 """
 
 from __future__ import annotations
@@ -34,6 +39,12 @@ class QueueEntry:
     request: GpuRequest
     seq: int
     overtakes: int = 0
+    not_before: float | None = None
+
+
+def is_due(entry: QueueEntry, now: float | None) -> bool:
+    """Return whether ``entry`` may be granted at ``now`` (always, without ``not_before`` or ``now``)."""
+    return now is None or entry.not_before is None or entry.not_before <= now
 
 
 @dataclass
@@ -64,6 +75,8 @@ def serve(
     try_place: Callable[[QueueEntry, frozenset[str]], Assignment | None],
     max_overtakes: int,
     hold: Callable[[QueueEntry, frozenset[str]], str | tuple[str, ...] | None],
+    *,
+    now: float | None = None,
 ) -> ServeOutcome:
     """Run one pass of the queue rule.
 
@@ -74,6 +87,7 @@ def serve(
     :param max_overtakes: overtakes a blocked request tolerates before it holds a node
     :param hold: picks the node to hold for a blocked request (not one already held), the
         nodes for a gang, or None
+    :param now: the pass's time, for requests with ``not_before`` (None: every request is due)
     """
     outcome = ServeOutcome()
     # A blocked request's overtakes are its count when blocked plus the grants since, so
@@ -87,7 +101,7 @@ def serve(
             top, held = _take_holds(outcome, blocked, grants, max_overtakes, hold, held)
             if outcome.barrier is not None:
                 break
-        assignment = try_place(entry, held)
+        assignment = try_place(entry, held) if is_due(entry, now) else None
         if assignment is None:
             base = entry.overtakes - grants
             blocked.append((entry, base))
@@ -134,6 +148,7 @@ def hold_node(
     request: GpuRequest,
     held: frozenset[str],
     bindings: PoolBindings = UNCONSTRAINED,
+    fit: Callable[..., list[Assignment] | NoFitReason] = choices,
 ) -> str | None:
     """Return the node to hold for ``request``: of those that could hold it once emptied, the closest now.
 
@@ -143,12 +158,14 @@ def hold_node(
     :param held: nodes already held for other requests
     :param bindings: the binding of each node pool: a node whose binding cannot express the
         request is never held for it
+    :param fit: :func:`~airflow_gpupool.placement.fit.choices`, or a cache of it (the forecast's
+        replays ask the same node and request again and again)
     """
     best: tuple[float, str] | None = None
     for node, blank in zip(current, empty, strict=True):
-        if node.name in held or isinstance(choices(blank, request, bindings), NoFitReason):
+        if node.name in held or isinstance(fit(blank, request, bindings), NoFitReason):
             continue
-        now = choices(node, request, bindings)
+        now = fit(node, request, bindings)
         shortfall = now.shortfall if isinstance(now, NoFitReason) else 0.0
         if best is None or shortfall < best[0]:
             best = (shortfall, node.name)

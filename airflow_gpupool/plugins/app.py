@@ -12,7 +12,11 @@ Airflow API server:
 * ``GET /gpupool/api/v1/usage?range=1h|24h|7d`` GPU-hours and share per team and pool, quotas
 * ``GET /gpupool/api/v1/series?hours=`` allocation and fragmentation over time
 * ``GET /gpupool/api/v1/explain/{reservation_id}`` why a reservation waits or how it ended
+* ``GET /gpupool/run?dag_id=&run_id=`` one DAG run's GPU steps as one chain (handed on, queued
+  ahead, gaps); ``GET /gpupool/api/v1/run?dag_id=&run_id=`` the same as JSON
 * ``GET /gpupool/metrics`` Prometheus exposition
+* the console (:mod:`airflow_gpupool.plugins.console`): ``GET /gpupool/teams/{team}``, a release's
+  confirmation, ``POST /gpupool/actions/{action}`` behind the auth manager's pool permission
 
 Every route needs an authenticated Airflow user: Airflow's own ``get_user`` dependency
 reads the JWT from ``Authorization: Bearer`` or the UI's ``_token`` cookie (which the
@@ -26,6 +30,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from html import escape
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar, cast
 
@@ -217,7 +222,7 @@ def _ui_base(root_path: str) -> str:
 
 
 def _body(state: _State, ui_base: str, view: PageView) -> str:
-    from airflow_gpupool.ledger import LedgerForecasts, LedgerHistory, usage_report
+    from airflow_gpupool.ledger import LedgerDriftRecords, LedgerForecasts, LedgerHistory, usage_report
     from airflow_gpupool.plugins import page
     from airflow_gpupool.plugins.history import PAGE_SIZE, definitions_html, history_html, usage_html
     from airflow_gpupool.plugins.pools import map_html
@@ -231,7 +236,8 @@ def _body(state: _State, ui_base: str, view: PageView) -> str:
     facets = state.derived(("facets",), lambda _s: history.facets())
     history_body = history_html(entries, history.count(view.where), view, facets, ui_base)
     usage = state.derived(("usage", view.hours), lambda s: usage_report(ledger, s, view.hours))
-    nodes = map_html(snapshot, ui_base, view.opened, {"range": view.range_name, **view.where.to_dict()})
+    query = {"range": view.range_name, **view.where.to_dict()}
+    nodes = map_html(snapshot, ui_base, view.opened, query, LedgerDriftRecords(ledger).get())
     rows = None if view.all_rows else page.MAX_ROWS
     updated = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(snapshot.taken_at))
     return (
@@ -273,17 +279,18 @@ def page_view(
     return PageView(range_name, where, page_number)
 
 
-def render_page(body: str) -> str:
+def render_page(body: str, title: str = "GPU pool") -> str:
     """Return the whole HTML document around a rendered body.
 
     :param body: what the page's sections render to
+    :param title: the document's title
     """
     css = (_STATIC / "gpupool.css").read_text()
     js = (_STATIC / "gpupool.js").read_text()
     return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>GPU pool</title><style>{css}</style></head>"
+        f"<title>{escape(title)}</title><style>{css}</style></head>"
         f'<body><header class="top"><h1>GPU pool</h1><span class="sub">nodes × GPUs × slices</span></header>'
         f'<main id="gpupool">{body}</main><script>{js}</script></body></html>'
     )
@@ -310,6 +317,10 @@ def create_app(ledger_factory: Callable[[], Ledger] | None = None, *, snapshot_t
     _add_api_routes(app, state)
     _add_metrics_route(app, state)
     _add_reservation_route(app, state)
+    _add_run_routes(app, state)
+    from airflow_gpupool.plugins.console import add_console
+
+    add_console(app, state, render_page)
     return app
 
 
@@ -407,15 +418,42 @@ def _add_reservation_route(app: FastAPI, state: _State) -> None:
         return HTMLResponse(body if partial else render_page(body))
 
 
+#: A DAG id or a run id, as the run routes read it.
+NameParam = Annotated[str, Query(min_length=1, max_length=512)]
+
+
+def _add_run_routes(app: FastAPI, state: _State) -> None:
+    from airflow_gpupool.run_chain import RunChain, read_run_chain
+
+    def chain_of(dag_id: str, run_id: str) -> RunChain:
+        chain = read_run_chain(state.ledger(), dag_id, run_id)
+        if not chain.steps:
+            raise HTTPException(404, f"no GPU step of run {run_id!r} of DAG {dag_id!r} in the ledger")
+        return chain
+
+    @app.get("/run", response_class=HTMLResponse)
+    def run_page(dag_id: NameParam, run_id: NameParam, partial: bool = False) -> HTMLResponse:
+        from airflow_gpupool.plugins.runs import run_html
+
+        body = run_html(chain_of(dag_id, run_id))
+        return HTMLResponse(body if partial else render_page(body, f"GPU pool · {dag_id} · {run_id}"))
+
+    @app.get("/api/v1/run")
+    def api_run(dag_id: NameParam, run_id: NameParam) -> dict[str, Any]:
+        return chain_of(dag_id, run_id).to_dict()
+
+
 def _add_api_routes(app: FastAPI, state: _State) -> None:
     from airflow_gpupool.exceptions import UnknownReservationError
-    from airflow_gpupool.ledger import LedgerForecasts
+    from airflow_gpupool.ledger import LedgerDriftRecords, LedgerForecasts
+    from airflow_gpupool.plugins.books import drift_json
 
     @app.get("/api/v1/snapshot")
     def api_snapshot() -> dict[str, Any]:
         snapshot, frag = state.snapshot()
         out = snapshot.to_dict()
         out["fragmentation"] = frag
+        out["drift"] = drift_json(LedgerDriftRecords(state.ledger()).get())  # the controller's; read only
         why = state.explanations(snapshot)
         forecasts = LedgerForecasts(state.ledger()).get_many()  # the controller's; read only
         for entry in out["queue"]:

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlencode
 
 from airflow_gpupool.ledger import RANGES, HistoryFilter, ReservationState
-from airflow_gpupool.plugins.page import duration, holder_html, table_html, team_colour
+from airflow_gpupool.plugins.holders import rid_link, run_link, team_link
+from airflow_gpupool.plugins.page import duration, holder_html, queued_ahead_mark, table_html, team_colour
 
 if TYPE_CHECKING:
     from airflow_gpupool.ledger import HistoryEntry, PreemptionLoss, UsageReport
@@ -99,7 +100,7 @@ def usage_html(report: UsageReport, view: PageView) -> str:
     """Return the use per team and per node pool over the range, and the quotas next to it."""
     teams = [
         [
-            f'<span class="dot" style="background:{team_colour(t)}"></span>{escape(t)}',
+            f'<span class="dot" style="background:{team_colour(t)}"></span>{team_link(t)}',
             f"{h:.2f}",
             f"{report.share(h):.1%}",
             f"{report.team_utilization[t]:.0%}" if t in report.team_utilization else "–",
@@ -183,7 +184,8 @@ def filters_html(view: PageView, facets: Mapping[str, Sequence[str]]) -> str:
 
 def _outcome(e: HistoryEntry) -> str:
     failed = f' <span class="failure">{escape(e.failure_class)}</span>' if e.failure_class else ""
-    return f'<span class="state s-{escape(e.state)}">{escape(e.state)}</span>{failed}'
+    ahead = " " + queued_ahead_mark(e.not_before) if e.not_before is not None else ""
+    return f'<span class="state s-{escape(e.state)}">{escape(e.state)}</span>{failed}{ahead}'
 
 
 def history_html(
@@ -203,8 +205,8 @@ def history_html(
     """
     rows = [
         [
-            f'<a class="rid" href="reservations/{escape(e.id)}" title="{escape(e.id)}"><code>{escape(e.id[:12])}</code></a>',
-            holder_html(e.holder, ui_base),
+            rid_link(e.id),
+            holder_html(e.holder, ui_base) + run_link(e.holder),
             str(e.try_number or ""),
             f'<span class="dot" style="background:{team_colour(e.team)}"></span>{escape(e.team)}',
             escape(e.pool or ""),

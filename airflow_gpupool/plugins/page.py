@@ -13,7 +13,7 @@ from html import escape
 from typing import TYPE_CHECKING, Any
 
 from airflow_gpupool.plugins.books import books_html
-from airflow_gpupool.plugins.holders import task_instance_url
+from airflow_gpupool.plugins.holders import rid_link, run_link, task_instance_url, team_link
 from airflow_gpupool.resources import MIG_PROFILES, MILLI_PER_GPU
 from airflow_gpupool.task_try import TaskTry
 
@@ -82,6 +82,16 @@ def preempting_html(r: Reservation, now: float, link_base: str = "reservations/"
     )
     left = countdown_html(r.preempt_deadline, now) if r.preempt_deadline is not None else ""
     return f'<span class="state s-preempting">preempting</span>{preemptor}, {left} left'
+
+
+def queued_ahead_mark(not_before: float | None) -> str:
+    """Return the queued-ahead marker, the time before which it is not granted in its title.
+
+    :param not_before: the request's ``not_before`` (None: not known any more)
+    """
+    until = "" if not_before is None else time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(not_before))
+    title = f' title="not granted before {until}"' if until else ""
+    return f'<span class="mark queued-ahead"{title}>queued ahead</span>'
 
 
 def holder_html(holder: str, ui_base: str) -> str:
@@ -239,7 +249,7 @@ def node_html(
         f'<span class="badge h-{health}" title="set by {escape(node.health_source)}">{health}</span></header>'
         f'<div class="meta">CPU {node.cpu_free / 1000:g}/{node.cpu_milli / 1000:g} free · '
         f"memory {node.memory_free // 1024}/{node.memory_mib // 1024} GiB free · {beat}</div>"
-        f"{books_html(index.books.get(node.name))}{gpus or '<div class=meta>no GPUs</div>'}</article>"
+        f"{books_html(index.books.get(node.name), index.cluster.get(node.name))}{gpus or '<div class=meta>no GPUs</div>'}</article>"
     )
 
 
@@ -295,9 +305,9 @@ def grants_html(snapshot: LedgerSnapshot, ui_base: str, max_rows: int | None = M
     now = snapshot.taken_at
     rows = [
         [
-            f"<code>{escape(r.id[:12])}</code>",
-            holder_html(r.holder, ui_base),
-            f'<span class="dot" style="background:{team_colour(r.request.team)}"></span>{escape(r.request.team)}',
+            rid_link(r.id),
+            holder_html(r.holder, ui_base) + run_link(r.holder),
+            f'<span class="dot" style="background:{team_colour(r.request.team)}"></span>{team_link(r.request.team)}',
             escape(str(getattr(r.request.workload_class, "value", r.request.workload_class))),
             escape(r.request.describe()),
             _where(r),
@@ -332,14 +342,15 @@ def queue_html(
     rows = [
         [
             str(r.position or ""),
-            f"<code>{escape(r.id[:12])}</code>",
-            holder_html(r.holder, ui_base),
-            escape(r.request.team),
+            rid_link(r.id),
+            holder_html(r.holder, ui_base) + run_link(r.holder),
+            team_link(r.request.team),
             str(r.request.priority),
             escape(r.request.describe()),
             duration(now - r.created_at),
             forecast_cell(forecasts.get(r.id), now),
-            f'<span class="why">{escape(why.get(r.id) or r.message)}</span>',
+            (queued_ahead_mark(r.not_before) + " " if r.not_before is not None else "")
+            + f'<span class="why">{escape(why.get(r.id) or r.message)}</span>',
         ]
         for r in snapshot.queue[:max_rows]
     ]

@@ -19,7 +19,7 @@ from airflow_gpupool.ledger import grant_milli, ledger_drift
 from airflow_gpupool.plugins.page import UNHEALTHY, node_html
 
 if TYPE_CHECKING:
-    from airflow_gpupool.ledger import LedgerSnapshot, NodeDrift, NodeRecord, Reservation
+    from airflow_gpupool.ledger import DriftRecord, LedgerSnapshot, NodeDrift, NodeRecord, Reservation
 
 #: Clusters up to this many nodes show every pool open.
 OPEN_ALL_UP_TO = 24
@@ -32,11 +32,12 @@ class SnapshotIndex:
     grants: dict[str, dict[int, list[Reservation]]] = field(default_factory=dict)
     mig_free: dict[str, dict[int, tuple[tuple[str, str], ...]]] = field(default_factory=dict)
     books: dict[str, NodeDrift] = field(default_factory=dict)
+    cluster: dict[str, DriftRecord] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, snapshot: LedgerSnapshot) -> SnapshotIndex:
-        """Index ``snapshot``."""
-        index = cls()
+    def of(cls, snapshot: LedgerSnapshot, cluster: dict[str, DriftRecord] | None = None) -> SnapshotIndex:
+        """Index ``snapshot``; ``cluster`` is the controller's stored drift by node."""
+        index = cls(cluster=dict(cluster or {}))
         for r in snapshot.grants:
             if r.grant is not None:
                 per_gpu = index.grants.setdefault(r.grant.node, {})
@@ -95,16 +96,23 @@ def _toggle(name: str, opened: Collection[str], query: dict[str, object]) -> str
     return "?" + urlencode({**query, "open": sorted(now)}, doseq=True)
 
 
-def map_html(snapshot: LedgerSnapshot, ui_base: str, asked: Sequence[str], query: dict[str, object]) -> str:
+def map_html(
+    snapshot: LedgerSnapshot,
+    ui_base: str,
+    asked: Sequence[str],
+    query: dict[str, object],
+    cluster: dict[str, DriftRecord] | None = None,
+) -> str:
     """Return the GPU map: per node pool, its summary and, when open, its nodes.
 
     :param snapshot: a ledger snapshot
     :param ui_base: the Airflow UI's path prefix
     :param asked: the pools ``?open=`` names (``*``: all)
     :param query: the page's other query parameters, kept by the open/close links
+    :param cluster: the controller's stored drift by node (the books line's cluster side)
     """
     opened = opened_pools(snapshot, asked)
-    index = SnapshotIndex.of(snapshot) if opened is None or opened else SnapshotIndex()
+    index = SnapshotIndex.of(snapshot, cluster) if opened is None or opened else SnapshotIndex()
     out = []
     for pool in pool_summaries(snapshot):
         is_open = opened is None or pool.name in opened

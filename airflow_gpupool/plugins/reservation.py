@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from html import escape
 from typing import TYPE_CHECKING
 
+from airflow_gpupool.plugins.holders import run_link
 from airflow_gpupool.plugins.page import duration, holder_html, preempting_html
 
 if TYPE_CHECKING:
@@ -101,6 +102,6 @@ def reservation_html(
     )
     return (
         f'<section class="reservation"><h2>Reservation <code>{escape(r.id)}</code></h2>'
-        f'<p>{holder_html(r.holder, ui_base)} · <a href="../">back to the GPU pool</a></p>'
+        f'<p>{holder_html(r.holder, ui_base)}{run_link(r.holder, "../run")} · <a href="../">back to the GPU pool</a></p>'
         f'{adopted}<dl class="facts">{rows}</dl>{why}{tries}</section>'
     )

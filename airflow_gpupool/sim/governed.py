@@ -50,11 +50,11 @@ from airflow_gpupool.placement.accounting import deallocate
 from airflow_gpupool.placement.fit import EXCLUSIVE_CLASSES, choices
 from airflow_gpupool.placement.frag import DEFAULT_SHAPES
 from airflow_gpupool.placement.policy import get_policy
-from airflow_gpupool.placement.queue import QueueEntry, serve
+from airflow_gpupool.placement.queue import QueueEntry, is_due, serve
 from airflow_gpupool.placement.snapshot import ClusterSnapshot, NodeState
 from airflow_gpupool.placement.verdict import Assignment, NoFitReason
 from airflow_gpupool.sim.governance_policies import POLICIES, GovernancePolicy
-from airflow_gpupool.sim.queue import QueueSim, whole_slots
+from airflow_gpupool.sim.queue import NO_WATCH, QueueSim, QueueWatch, whole_slots
 from airflow_gpupool.sim.replay import quick
 from airflow_gpupool.sim.teams import Job, TeamsPlan
 
@@ -110,6 +110,7 @@ class TeamsSim(QueueSim):
         # quotas and headroom only tighten, so they are not placed again (the queue rule still
         # counts their overtakes).
         self.blocked: set[int] = set()
+        self.watch: QueueWatch = NO_WATCH  # the forecast backtest, when one runs
 
     # -- time and books ------------------------------------------------------------------------
 
@@ -127,6 +128,13 @@ class TeamsSim(QueueSim):
         self.tries[k] = _Try(job, remaining, now, was_preempted)
         request = whole_slots(job.request) if self.policy.whole_slots else job.request
         self.arrive(k, request, now, job.request.total_gpu_milli)
+        r = job.request
+        self.watch.label(
+            k,
+            f"{job.team}:{r.workload_class.value}:{r.total_gpu_milli}",
+            job.team,
+            r.workload_class.value,
+        )
 
     def _start(self, k: int, request: Any, assignment: Assignment, now: float) -> None:
         t = self.tries[k]
@@ -219,13 +227,13 @@ class TeamsSim(QueueSim):
         self._draining = {self.nodes[i].name for _, i in self.pending.values()}
         if self.freed:
             self.blocked, self.freed = set(), False
-        outcome = serve(entries, self._try_place, self.max_overtakes, self._hold)
+        outcome = serve(entries, self._try_place, self.max_overtakes, self._hold, now=now)
         for entry, assignment in outcome.granted:
             self._start(int(entry.request_id), entry.request, assignment, now)
         for rid, count in outcome.overtakes.items():
             self.waiting[rid] = replace(self.waiting[rid], overtakes=count)
         if self.policy.preemption is not None:
-            left = [int(e.request_id) for e in entries if e.request_id in self.waiting]
+            left = [int(e.request_id) for e in entries if e.request_id in self.waiting and is_due(e, now)]
             for k in left[:PREEMPTION_LOOKAHEAD]:
                 self._preempt_for(k, now)
 
@@ -464,6 +472,7 @@ class TeamsSim(QueueSim):
         if k not in self.running or self.tries[k].releasing:
             return False
         self.end(k)
+        self.watch.ended(k, self.tries[k].remaining_s)
         self._hand_over(k, now)
         return True
 

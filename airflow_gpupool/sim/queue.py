@@ -21,7 +21,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -29,7 +29,7 @@ from airflow_gpupool.exceptions import SimulationError
 from airflow_gpupool.placement.accounting import allocate, deallocate
 from airflow_gpupool.placement.fit import EXCLUSIVE_CLASSES, choices
 from airflow_gpupool.placement.policy import get_policy
-from airflow_gpupool.placement.queue import QueueEntry, hold_node, serve
+from airflow_gpupool.placement.queue import QueueEntry, ServeOutcome, hold_node, serve
 from airflow_gpupool.placement.snapshot import ClusterSnapshot, NodeState
 from airflow_gpupool.placement.verdict import Assignment, NoFitReason
 from airflow_gpupool.resources import GpuKind, GpuRequest
@@ -40,6 +40,58 @@ QUEUE_BASELINE = "airflow-pool"
 MAX_DURATION_S = 24 * 3600
 #: Overtakes a blocked request tolerates in the project's queue (the ledger's default).
 MAX_OVERTAKES = 8
+
+
+class QueueWatch(Protocol):
+    """What watches a queue simulation (the forecast backtest): told of tasks, waits and ends."""
+
+    def start(self, *, mean_run_s: float, gpus: float, warm_s: float) -> None: ...
+
+    def label(self, k: int, task: str, team: str, workload_class: str) -> None: ...
+
+    def ended(self, k: int, seconds: float) -> None: ...
+
+    def waiting(
+        self,
+        now: float,
+        sim: QueueSim,
+        k: int,
+        order: Callable[[], Sequence[QueueEntry]],
+        run_s: Callable[[int], float],
+    ) -> None:
+        """After the pass of an event about request ``k``: forecast ``k``'s start if it waits."""
+
+
+class NoWatch:
+    """The watch of a run nobody watches: does nothing (the queue's order is never computed)."""
+
+    def start(self, *, mean_run_s: float, gpus: float, warm_s: float) -> None:
+        pass
+
+    def label(self, k: int, task: str, team: str, workload_class: str) -> None:
+        pass
+
+    def ended(self, k: int, seconds: float) -> None:
+        pass
+
+    def waiting(
+        self,
+        now: float,
+        sim: QueueSim,
+        k: int,
+        order: Callable[[], Sequence[QueueEntry]],
+        run_s: Callable[[int], float],
+    ) -> None:
+        pass
+
+
+#: The watch of a run nobody watches.
+NO_WATCH = NoWatch()
+
+
+def by_priority(sim: QueueSim) -> Callable[[], list[QueueEntry]]:
+    """Return what lists ``sim``'s waiting requests in service order (priority, then arrival)."""
+    return lambda: sorted(sim.waiting.values(), key=lambda e: (-e.request.priority, e.seq))
 
 
 def check_queue_args(
@@ -114,6 +166,7 @@ def simulate_queue(
     max_overtakes: int = MAX_OVERTAKES,
     progress: Callable[[float], None] | None = None,
     series: dict[str, Any] | None = None,
+    watch: QueueWatch = NO_WATCH,
 ) -> dict[str, Any]:
     """Simulate the queue and return mean and p99 wait, mean allocation and fragmentation.
 
@@ -139,6 +192,8 @@ def simulate_queue(
     :param progress: called with the fraction done, now and then
     :param series: filled, when given, with what ``--plot`` draws: ``waits`` (seconds, one per
         request of the window) and ``alloc`` (``(hours, allocation %)`` samples of the window)
+    :param watch: told of every arrival (its task: the QoS class and GPU shape), every end,
+        and after each event's pass which request the event was about (the forecast backtest)
     :raises SimulationError: an argument is out of range (a load of 0 offers nothing)
     """
     check_queue_args(
@@ -170,6 +225,7 @@ def simulate_queue(
     engine = get_policy("spread" if baseline else policy, seed=seed, typical_shapes=shapes)
     sim = QueueSim(list(nodes), quick(engine), shapes, 10**9 if baseline else max_overtakes)
     horizon = float(times[-1])
+    watch.start(mean_run_s=float(np.mean(durations[picks])), gpus=capacity / 1000, warm_s=min(warm, horizon))
     events: list[tuple[float, int, int]] = [(float(t), 1, k) for k, t in enumerate(times)]
     heapq.heapify(events)
     while events:
@@ -181,10 +237,13 @@ def simulate_queue(
         if kind == 1:
             request = whole_slots(pod.request) if baseline else pod.request
             sim.arrive(k, request, now, pod.gpu_milli)
+            watch.label(k, f"{pod.qos}:{pod.gpu_milli}", pod.qos, pod.request.workload_class.value)
         else:
             sim.depart(k)
+            watch.ended(k, float(durations[int(picks[k])]))
         for started in sim.serve(now):
             heapq.heappush(events, (now + float(durations[int(picks[started])]), 0, started))
+        watch.waiting(now, sim, k, by_priority(sim), lambda j: float(durations[int(picks[j])]))
         if progress is not None and kind == 1 and k % 500 == 0:
             progress(k / arrivals)
     waits = sim.waits(horizon, warm)
@@ -265,8 +324,10 @@ class QueueSim:
             self.frag_samples.append(self.meter.percent(ClusterSnapshot(tuple(self.nodes))))
             self.alloc_samples.append((now, self.allocated))
 
-    def arrive(self, k: int, request: GpuRequest, now: float, useful: int) -> None:
-        self.waiting[str(k)] = QueueEntry(str(k), request, k)
+    def arrive(
+        self, k: int, request: GpuRequest, now: float, useful: int, not_before: float | None = None
+    ) -> None:
+        self.waiting[str(k)] = QueueEntry(str(k), request, k, not_before=not_before)
         self.fresh.add(_key(request))
         self.arrived_at[k] = now
         self.useful[k] = useful
@@ -296,18 +357,29 @@ class QueueSim:
         if request.workload_class.value in EXCLUSIVE_CLASSES:
             self.held[i][request.workload_class.value] += 1
 
-    def _hold(self, entry: QueueEntry, held: frozenset[str]) -> str | None:
+    def _eligible(self, request: GpuRequest) -> list[int]:
+        """Return the positions of the nodes that could ever hold ``request``."""
         # Which nodes could ever hold a shape does not change: look it up once per shape.
-        key = _key(entry.request)
+        key = _key(request)
         eligible = self.eligible.get(key)
         if eligible is None:
             eligible = self.eligible[key] = [
                 i
                 for i, blank in enumerate(self.empty)
-                if not isinstance(choices(blank, entry.request), NoFitReason)
+                if not isinstance(choices(blank, request), NoFitReason)
             ]
+        return eligible
+
+    def _hold(self, entry: QueueEntry, held: frozenset[str]) -> str | None:
+        eligible = self._eligible(entry.request)
         return hold_node(
             [self.nodes[i] for i in eligible], [self.empty[i] for i in eligible], entry.request, held
+        )
+
+    def _snapshot(self, held: frozenset[str]) -> ClusterSnapshot:
+        """Return the nodes a request may be placed on now: all but ``held``."""
+        return ClusterSnapshot(
+            tuple(n for n in self.nodes if n.name not in held) if held else tuple(self.nodes)
         )
 
     def serve(self, now: float) -> list[int]:
@@ -324,18 +396,21 @@ class QueueSim:
             key = _key(r)
             if key in failed:
                 return None  # capacity (and the nodes left unheld) only shrink during a pass
-            nodes = tuple(n for n in self.nodes if n.name not in held) if held else tuple(self.nodes)
-            verdict = self.place(ClusterSnapshot(nodes), r)
+            verdict = self.place(self._snapshot(held), r)
             if not isinstance(verdict, Assignment):
                 failed.add(key)
                 return None
             self._take(self.where[verdict.node], r, verdict)
             return verdict
 
-        outcome = serve(self.waiting.values(), try_place, self.max_overtakes, self._hold)
+        outcome = serve(self.waiting.values(), try_place, self.max_overtakes, self._hold, now=now)
+        return self._served(outcome, now)
+
+    def _served(self, outcome: ServeOutcome, now: float) -> list[int]:
+        """Start what a pass granted, keep the overtakes it counted; return the started requests."""
         started = []
         for entry, assignment in outcome.granted:
-            k = entry.seq
+            k = int(entry.request_id)  # its number, whatever rank a fair order gave its ``seq``
             del self.waiting[entry.request_id]
             self.running[k] = (entry.request, assignment, self.where[assignment.node])
             self.started_at[k] = now

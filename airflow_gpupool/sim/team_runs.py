@@ -30,7 +30,7 @@ import numpy as np
 from airflow_gpupool.exceptions import SimulationError
 from airflow_gpupool.placement.snapshot import ClusterSnapshot, NodeState
 from airflow_gpupool.sim.governed import ARRIVE, POLICIES, RELEASE, TeamsSim
-from airflow_gpupool.sim.queue import offered_rate, usable_workload
+from airflow_gpupool.sim.queue import NO_WATCH, QueueWatch, offered_rate, usable_workload
 from airflow_gpupool.sim.teams import Job, TeamsPlan, teams_from_qos, trace_preemption
 from airflow_gpupool.sim.trace import TracePod
 
@@ -45,11 +45,14 @@ def simulate_teams(
     *,
     warmup_s: float,
     window_s: float,
+    watch: QueueWatch = NO_WATCH,
 ) -> dict[str, Any]:
     """Run one policy over ``jobs`` and return the measures of the window after the warm-up.
 
     Waits are those of the tries queued in the window (a retry after a preemption is a try);
     shares and allocation are time averages over the window, in GPU time over capacity.
+    ``watch`` (the forecast backtest) is told of every try, every successful end, and after
+    each pass of the try the event queued (an arrival or a preempted task's retry).
 
     :raises SimulationError: an unknown policy
     """
@@ -57,6 +60,9 @@ def simulate_teams(
         raise SimulationError("--policy", policy, f"one of {', '.join(POLICIES)} with --teams or --scenario")
     sim = TeamsSim(list(nodes), plan, POLICIES[policy], warmup_s)
     horizon = warmup_s + window_s
+    sim.watch = watch
+    mean_run = float(np.mean([j.work_s for j in jobs] or [3600.0]))
+    watch.start(mean_run_s=mean_run, gpus=sim.capacity / 1000, warm_s=warmup_s)
     for job in jobs:
         heapq.heappush(sim.events, (job.arrival, ARRIVE, job.seq))
     while sim.events:
@@ -64,6 +70,7 @@ def simulate_teams(
         if now > horizon:
             break
         sim.advance(now, warmup_s)
+        arrived = sim.next_try
         if kind == ARRIVE:
             sim.enqueue(jobs[k], now, jobs[k].work_s)
         elif kind == RELEASE:
@@ -71,6 +78,8 @@ def simulate_teams(
         elif not sim.finish(k, now):
             continue
         sim.pass_(now)
+        # A try queued by this event (an arrival, or a preempted task's retry) is the next number.
+        watch.waiting(now, sim, arrived, sim.ordered, lambda j: sim.tries[j].remaining_s)
     sim.advance(horizon, warmup_s)
     for rid in sim.waiting:
         t = sim.tries[int(rid)]

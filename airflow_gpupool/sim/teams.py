@@ -44,6 +44,7 @@ __all__ = [
     "Workload",
     "generate_jobs",
     "load_teams_file",
+    "parse_cluster",
     "parse_teams_file",
     "scenario",
     "teams_from_qos",
@@ -284,17 +285,34 @@ def parse_teams_file(document: Any) -> TeamsPlan:
 
 
 def _cluster(raw: Any) -> ClusterSpec | None:
-    if raw is None:
-        return None
-    raw = _keys(raw, _CLUSTER_KEYS, "cluster")
+    return None if raw is None else parse_cluster(raw, "--teams")
+
+
+def parse_cluster(raw: Any, option: str) -> ClusterSpec:
+    """Validate a file's ``cluster`` mapping; errors name the field as ``<option> cluster.<field>``.
+
+    :raises SimulationError: a field is missing or wrong
+    """
+
+    def fail(where: str, value: Any, expected: str) -> SimulationError:
+        return SimulationError(f"{option} {where}", value, expected)
+
+    if not isinstance(raw, Mapping) or set(raw) - _CLUSTER_KEYS:
+        raise fail("cluster", raw, f"a mapping with keys among {sorted(_CLUSTER_KEYS)}")
     model = raw.get("model")
     if not isinstance(model, str) or not model:
-        raise _fail("cluster.model", model, "a GPU model name such as A100")
-    counts = {k: _number(raw, k, "cluster", None, low=1) for k in ("nodes", "gpus_per_node")}
-    if any(not isinstance(v, int) for v in counts.values()):
-        raise _fail("cluster.nodes/gpus_per_node", counts, "whole numbers >= 1")
-    extra = {k: int(_number(raw, k, "cluster", None, low=1)) for k in ("cpu_milli", "memory_mib") if k in raw}
-    return ClusterSpec(counts["nodes"], counts["gpus_per_node"], model, **extra)
+        raise fail("cluster.model", model, "a GPU model name such as A100")
+    counts = {k: raw.get(k) for k in ("nodes", "gpus_per_node", "cpu_milli", "memory_mib")}
+    bad = {
+        k: v
+        for k, v in counts.items()
+        if (k in raw or k in ("nodes", "gpus_per_node"))
+        and (isinstance(v, bool) or not isinstance(v, int) or v < 1)
+    }
+    if bad:
+        raise fail(f"cluster.{'/'.join(bad)}", bad, "whole numbers >= 1")
+    extra = {k: int(raw[k]) for k in ("cpu_milli", "memory_mib") if k in raw}
+    return ClusterSpec(int(raw["nodes"]), int(raw["gpus_per_node"]), model, **extra)
 
 
 def load_teams_file(path: str | Path) -> TeamsPlan:

@@ -31,8 +31,12 @@ KUBELET_VERSION = f"v{EMULATED_MAJOR}.{EMULATED_MINOR}.0"
 AUTOSCALING_GROUP = "autoscaling.x-k8s.io"
 #: Karpenter's API group (NodePools, stored as sent), served only when a test asks for it.
 KARPENTER_GROUP = "karpenter.sh"
-#: The groups an emulated cluster lacks unless told otherwise: it runs Cluster Autoscaler, not Karpenter.
-UNSERVED_BY_DEFAULT = (KARPENTER_GROUP,)
+#: Cluster API's group (MachineDeployments and MachineSets, stored as sent: Cluster Autoscaler's
+#: node groups on the clusterapi provider), served only when a test asks for it.
+CLUSTER_API_GROUP = "cluster.x-k8s.io"
+#: The groups an emulated cluster lacks unless told otherwise: it runs Cluster Autoscaler, not
+#: Karpenter, on a cloud provider, not Cluster API.
+UNSERVED_BY_DEFAULT = (KARPENTER_GROUP, CLUSTER_API_GROUP)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +93,10 @@ SERVED: tuple[ServedResource, ...] = (
         ("status",),
     ),
     ServedResource(KARPENTER_GROUP, "v1", "nodepools", "NodePool", False, (), ("status",)),
+    ServedResource(
+        CLUSTER_API_GROUP, "v1beta1", "machinedeployments", "MachineDeployment", True, ("md",), ("status",)
+    ),
+    ServedResource(CLUSTER_API_GROUP, "v1beta1", "machinesets", "MachineSet", True, ("ms",), ("status",)),
 )
 
 

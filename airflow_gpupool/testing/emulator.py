@@ -19,7 +19,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from airflow_gpupool.argtypes import non_negative, port_or_zero
+from airflow_gpupool.argtypes import bind_address, non_empty, non_negative, port_or_zero
 from airflow_gpupool.testing.nodes import load_nodes
 from airflow_gpupool.testing.server import KubernetesEmulatorServer
 
@@ -31,15 +31,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
     :param parser: the parser
     """
-    parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: %(default)s)")
+    parser.add_argument(
+        "--host", type=bind_address, default="127.0.0.1", help="interface to listen on (default: %(default)s)"
+    )
     parser.add_argument(
         "--port", type=port_or_zero, default=0, help="TCP port; 0 picks a free one (default: %(default)s)"
     )
-    parser.add_argument("--kubeconfig", required=True, help="where to write the kubeconfig for the emulator")
+    parser.add_argument(
+        "--kubeconfig", type=non_empty, required=True, help="where to write the kubeconfig for the emulator"
+    )
     parser.add_argument(
         "--nodes", default=None, help="YAML or JSON file of nodes (default: a small A100/H100 cluster)"
     )
-    parser.add_argument("--namespace", default="default", help="namespace of the kubeconfig context")
+    parser.add_argument(
+        "--namespace", type=non_empty, default="default", help="namespace of the kubeconfig context"
+    )
     parser.add_argument(
         "--default-duration",
         type=non_negative,

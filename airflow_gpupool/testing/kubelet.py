@@ -44,7 +44,12 @@ from airflow_gpupool.testing.pod_status import (
     reject_at_admission,
     terminate,
 )
-from airflow_gpupool.testing.scheduling import admission_rejection, choose_node, extended_requests
+from airflow_gpupool.testing.scheduling import (
+    NodeAllocations,
+    admission_rejection,
+    choose_node,
+    extended_requests,
+)
 from airflow_gpupool.testing.workload import CheckpointPlan, PodWorkload, checkpoint_plan
 
 if TYPE_CHECKING:
@@ -87,6 +92,9 @@ class SimulatedKubelet:
         self.history = PodHistory()
         #: The fake NVML a running pod's GPUs show processes in (issue 17; off without a directory).
         self.gpus = EmulatedGpuProcesses()
+        #: The scheduler's cache: what each node's pods hold, following every stored pod change.
+        self.allocations = NodeAllocations()
+        api.observe(PODS, self.allocations.observe)
 
     # -- wiring ------------------------------------------------------------------------------
 
@@ -311,17 +319,14 @@ class SimulatedKubelet:
                     await self.api.update_object(PODS, namespace, name, gates.mark_gated)
                 await updated.wait()
                 continue
-            nodes = self.api.live_objects(NODES)  # read at once, never changed
             node_name: str | None = (pod.get("spec") or {}).get("nodeName")
             message = ""
             if not node_name and behaviour.never_schedule:
-                message = f"0/{len(nodes)} nodes are available: {len(nodes)} node(s) were excluded by the gpupool.emulator/never-schedule annotation."
+                count = len(self.api.live_objects(NODES))
+                message = f"0/{count} nodes are available: {count} node(s) were excluded by the gpupool.emulator/never-schedule annotation."
             elif not node_name:
-                node_name, message = choose_node(pod, nodes, self.api.live_objects(PODS))
-            elif (
-                extended_requests(pod)
-                and (rejected := _admission(pod, nodes, node_name, self.api)) is not None
-            ):
+                node_name, message = choose_node(pod, self.api.live_objects(NODES), self.allocations)
+            elif extended_requests(pod) and (rejected := self._admission(pod, node_name)) is not None:
                 await self.api.update_object(
                     PODS, namespace, name, lambda p: reject_at_admission(p, *rejected)
                 )
@@ -330,7 +335,7 @@ class SimulatedKubelet:
                 self.notify()
                 return None
             if node_name:
-                address = _node_address(nodes, node_name)
+                address = _node_address(self.api.get_object(NODES, None, node_name))
                 await self.api.update_object(
                     PODS, namespace, name, functools.partial(bind, node=node_name, host_ip=address)
                 )
@@ -349,6 +354,15 @@ class SimulatedKubelet:
                 )
                 await self.event(pod, "Warning", "FailedScheduling", message, "default-scheduler")
             await self._cluster_changed()
+
+    def _admission(self, pod: dict[str, Any], node_name: str) -> tuple[str, str] | None:
+        """The kubelet's refusal of a pod bound to ``node_name`` by its author, if it refuses it.
+
+        :param pod: the pod
+        :param node_name: the node its author named (none such: no kubelet to refuse it)
+        """
+        node = self.api.get_object(NODES, None, node_name)
+        return None if node is None else admission_rejection(pod, node, self.allocations)
 
     async def _start_containers(
         self, namespace: str | None, name: str, uid: str, node: str
@@ -429,18 +443,6 @@ class SimulatedKubelet:
         self.notify()
 
 
-def _admission(
-    pod: dict[str, Any], nodes: list[dict[str, Any]], node_name: str, api: KubernetesApiEmulator
-) -> tuple[str, str] | None:
-    """The kubelet's refusal of a pod bound to ``node_name`` by its author, if it refuses it.
-
-    Only a pod that asks for an extended resource is checked: reading every pod costs the
-    emulator time that grows with the cluster.
-    """
-    node = next((n for n in nodes if n["metadata"]["name"] == node_name), None)
-    return None if node is None else admission_rejection(pod, node, api.live_objects(PODS))
-
-
 def _delay(value: float | None) -> float:
     """Return a configured delay or the default one.
 
@@ -449,15 +451,12 @@ def _delay(value: float | None) -> float:
     return DEFAULT_STEP_DELAY_SECONDS if value is None else value
 
 
-def _node_address(nodes: list[dict[str, Any]], node_name: str) -> str:
+def _node_address(node: dict[str, Any] | None) -> str:
     """Return a node's InternalIP.
 
-    :param nodes: every node
-    :param node_name: the node
+    :param node: the node, or ``None`` when there is no such node
     """
-    for node in nodes:
-        if node["metadata"]["name"] == node_name:
-            for address in (node.get("status") or {}).get("addresses") or []:
-                if address.get("type") == "InternalIP":
-                    return str(address["address"])
+    for address in ((node or {}).get("status") or {}).get("addresses") or []:
+        if address.get("type") == "InternalIP":
+            return str(address["address"])
     return "10.0.0.1"

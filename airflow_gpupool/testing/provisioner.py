@@ -33,7 +33,7 @@ from airflow_gpupool.labels import POOL_LABEL
 from airflow_gpupool.testing import provisioning as pr
 from airflow_gpupool.testing.kinds import NODES, PODS, PODTEMPLATES, PROVISIONING_REQUESTS
 from airflow_gpupool.testing.nodes import gpu_node
-from airflow_gpupool.testing.scheduling import TERMINAL_PHASES, reject_reason
+from airflow_gpupool.testing.scheduling import TERMINAL_PHASES, NodeAllocations, reject_reason
 
 if TYPE_CHECKING:
     from airflow_gpupool.testing.apiserver import KubernetesApiEmulator
@@ -69,9 +69,11 @@ class ScalableNodePool:
         return gpu_node(f"{self.name}-{index}", pool=self.name, **dict(self.node))
 
 
-def _on(pod: Mapping[str, Any], node: str) -> dict[str, Any]:
+def _on(pod: Mapping[str, Any], node: str, name: str) -> dict[str, Any]:
+    """A pod as planned on ``node``, under a name of its own (what it holds is counted by name)."""
     placed = copy.deepcopy(dict(pod))
     placed.setdefault("spec", {})["nodeName"] = node
+    placed["metadata"] = {**(placed.get("metadata") or {}), "name": name, "namespace": None}
     placed["status"] = {"phase": "Running"}
     return placed
 
@@ -150,13 +152,15 @@ class NodeProvisioner:
     # -- ProvisioningRequests -------------------------------------------------------------------
 
     def _pool_for(self, pod: Mapping[str, Any]) -> ScalableNodePool | None:
-        return next((p for p in self.pools if reject_reason(pod, p.build(0), ()) is None), None)
+        empty = NodeAllocations()
+        return next((p for p in self.pools if reject_reason(pod, p.build(0), empty) is None), None)
 
     def _per_node(self, pool: ScalableNodePool, pod: Mapping[str, Any]) -> int:
-        node, placed = pool.build(0), list[dict[str, Any]]()
-        while reject_reason(pod, node, placed) is None and len(placed) < 1000:
-            placed.append(_on(pod, node["metadata"]["name"]))
-        return max(1, len(placed))
+        node, placed, held = pool.build(0), 0, NodeAllocations()
+        while reject_reason(pod, node, held) is None and placed < 1000:
+            held.observe({"type": "ADDED", "object": _on(pod, node["metadata"]["name"], f"planned-{placed}")})
+            placed += 1
+        return max(1, placed)
 
     async def _provision(self, request: dict[str, Any], now: float) -> None:
         meta = request["metadata"]
@@ -216,15 +220,17 @@ class NodeProvisioner:
         if isinstance(pods, str):
             await self._set(meta.get("namespace"), meta["name"], pr.FAILED, True, "PodTemplateNotFound", pods)
             return
-        placed = self.api.list_objects(PODS)
+        held = NodeAllocations.of(self.api.live_objects(PODS))
         nodes = self.api.list_objects(NODES)
-        for pod in pods:
-            node = next((n for n in nodes if reject_reason(pod, n, placed) is None), None)
+        for planned, pod in enumerate(pods):
+            node = next((n for n in nodes if reject_reason(pod, n, held) is None), None)
             if node is None:
                 if not pr.has_condition(request, pr.ACCEPTED):
                     await self._set(meta.get("namespace"), meta["name"], pr.ACCEPTED, True, "Accepted", "")
                 return
-            placed.append(_on(pod, node["metadata"]["name"]))
+            held.observe(
+                {"type": "ADDED", "object": _on(pod, node["metadata"]["name"], f"planned-{planned}")}
+            )
         await self._set(meta.get("namespace"), meta["name"], pr.PROVISIONED, True, "CapacityIsFound", "")
 
     async def _set(
@@ -246,7 +252,7 @@ class NodeProvisioner:
         for uid in [u for u in self._pods if u not in pending_uids]:
             del self._pods[uid]
         new_nodes: list[dict[str, Any]] = []
-        placed: list[dict[str, Any]] = []
+        placed = NodeAllocations()
         for pod in pending:
             uid = pod["metadata"]["uid"]
             if uid not in self._pods:
@@ -262,7 +268,7 @@ class NodeProvisioner:
             if node is None:
                 node = await self._add_node(due.pool, now)
                 new_nodes.append(node)
-            placed.append(_on(pod, node["metadata"]["name"]))
+            placed.observe({"type": "ADDED", "object": _on(pod, node["metadata"]["name"], uid)})
 
     # -- nodes ----------------------------------------------------------------------------------
 

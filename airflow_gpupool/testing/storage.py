@@ -12,10 +12,12 @@ import collections
 import copy
 import datetime
 import uuid
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar, cast
 
-from kmock import KubernetesEmulator, resource
+import attrs
+from kmock import KubernetesEmulator, Object, ObjectsArray, resource
+from kmock._internal.aiobus import Bus  # kmock's watch bus, which it re-exports without __all__
 
 from airflow_gpupool.testing.discovery import SERVED
 
@@ -32,11 +34,86 @@ def now_iso() -> str:
     return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+#: What a store change tells its observers: the watch event (``{"type", "object"}``) it streams.
+ChangeObserver = Callable[[Mapping[str, Any]], None]
+
+
+@attrs.frozen(eq=False, order=False)
+class _IndexedObjects(ObjectsArray):
+    """kmock's objects array, with each resource's objects kept apart.
+
+    kmock keeps every object of every kind in one dict, and walking it to list one kind cost
+    the emulator time in proportion to everything ever stored (pods and their many events):
+    placing n pods cost O(n^2). Keys are only added (kmock soft-deletes), so the index follows
+    ``__setitem__`` and the rare hard ``del``.
+    """
+
+    _by_resource: dict[resource, dict[tuple[str | None, str], Object]] = attrs.field(factory=dict, init=False)
+
+    def __setitem__(self, key: Any, value: Any, /) -> None:
+        super().__setitem__(key, value)
+        if len(key) == 3:
+            res, namespace, name = _parse_key(key)
+            self._by_resource.setdefault(res, {})[namespace, name] = super().__getitem__(key)
+
+    def __delitem__(self, key: Any, /) -> None:
+        super().__delitem__(key)
+        if len(key) == 3:
+            res, namespace, name = _parse_key(key)
+            self._by_resource.get(res, {}).pop((namespace, name), None)
+
+    def clear(self) -> None:
+        super().clear()
+        self._by_resource.clear()
+
+    def of_resource(self, res: resource) -> Mapping[tuple[str | None, str], Object]:
+        """Return the objects ever stored of one resource, live or soft-deleted, by namespace and name.
+
+        :param res: the resource
+        """
+        return self._by_resource.get(res, {})
+
+
+def _parse_key(key: tuple[Any, str | None, str]) -> tuple[resource, str | None, str]:
+    res = key[0] if isinstance(key[0], resource) else resource(key[0])
+    return res, key[1], key[2]
+
+
+@attrs.mutable(weakref_slot=True)
+class _ObservedBus(Bus[Any]):
+    """A watch bus that tells the store's observers of each event before any watcher sees it.
+
+    Every change of a stored object, kmock's own included, is put on its resource's bus right
+    after it is stored (under the store's lock): the one place a cache can follow every change
+    synchronously, as the scheduler's cache follows its informer.
+    """
+
+    observers: list[ChangeObserver] = attrs.field(factory=list, kw_only=True)
+
+    async def put(self, *items: Any) -> None:
+        for item in items:
+            for observer in self.observers:
+                observer(item)
+        await super().put(*items)
+
+
+class _ObservedBuses(dict[resource, _ObservedBus]):
+    """kmock's buses by resource, created on first use, each one observed."""
+
+    def __missing__(self, res: resource) -> _ObservedBus:
+        bus = self[res] = _ObservedBus()
+        return bus
+
+
 class StoredObjects(KubernetesEmulator):
     """kmock's in-memory objects, stamped and versioned as the API server does."""
 
     def __init__(self) -> None:
         super().__init__()
+        self._indexed = _IndexedObjects()
+        self._objects = self._indexed
+        self._observed = _ObservedBuses()
+        self._buses = cast("Any", self._observed)
         self._resource_version = 0
         # The last deletions, so a watch from a resourceVersion sees a DELETED it would have missed.
         self._tombstones: dict[resource, collections.deque[dict[str, Any]]] = collections.defaultdict(
@@ -59,8 +136,24 @@ class StoredObjects(KubernetesEmulator):
         if request.name is not None and request.resource is not None and (strict or request.namespace):
             key = (request.resource, request.namespace, request.name)
             return [self.objects[key]] if key in self.objects else []
+        if request.resource is not None:  # kmock's own check, over one resource's objects
+            return [
+                obj
+                for (namespace, name), obj in self._indexed.of_resource(request.resource).items()
+                if (namespace == request.namespace if strict else request.namespace in (None, namespace))
+                and request.name in (None, name)
+            ]
         found_all: list[Any] = super()._KubernetesEmulator__get_objs(request, strict)  # type: ignore[misc]
         return found_all
+
+    def observe(self, res: resource, observer: ChangeObserver) -> None:
+        """Call ``observer`` with each change of ``res`` as it is stored, before any watcher sees it.
+
+        :param res: the resource
+        :param observer: called with the watch event (``{"type", "object"}``); it must only read
+            the object, and not await
+        """
+        self._observed[res].observers.append(observer)
 
     @property
     def resource_version(self) -> int:
@@ -134,12 +227,8 @@ class StoredObjects(KubernetesEmulator):
         """
         found = [
             obj.raw
-            for (key_res, key_ns, _), obj in list(self.objects.items())
-            # the plural first: a plain string compare rules out the other kinds (events) cheaply
-            if key_res.plural == res.plural
-            and key_res == res
-            and (namespace is None or key_ns == namespace)
-            and not obj.deleted
+            for (key_ns, _), obj in self._indexed.of_resource(res).items()
+            if (namespace is None or key_ns == namespace) and not obj.deleted
         ]
         return sorted(found, key=lambda o: int(o["metadata"].get("resourceVersion", "0")))
 
@@ -240,10 +329,13 @@ class StoredObjects(KubernetesEmulator):
         :param owner: the owners' resource, e.g. Pods
         :return: the names deleted
         """
-        live = {o["metadata"].get("uid") for o in self.list_objects(owner)}
+        dependents = self.list_objects(res)
+        if not dependents:  # nothing to collect: spare reading every owner (each pod removal asks)
+            return []
+        live = {o["metadata"].get("uid") for o in self.live_objects(owner)}
         kind = self.resources_kind(owner)
         deleted = []
-        for obj in self.list_objects(res):
+        for obj in dependents:
             meta = obj["metadata"]
             owners = [r for r in meta.get("ownerReferences") or [] if r.get("kind") == kind]
             if owners and not any(r.get("uid") in live for r in owners):

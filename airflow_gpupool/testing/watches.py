@@ -16,6 +16,7 @@ carries a ``BOOKMARK`` (the kind and the current ``resourceVersion`` only) every
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import TYPE_CHECKING, Any, cast
@@ -123,18 +124,22 @@ async def serve_watch_stream(store: StoredObjects, request: Any, bus: Any) -> ai
     deadline = loop.time() + timeout
     next_bookmark = loop.time() + BOOKMARK_SECONDS
     kind = _kind_of(request)
+    # One pending read of the bus, kept across bookmarks: cancelling a read would close the
+    # generator mid-await, and the next read would end the stream with a 500 mid-response.
+    pending: asyncio.Future[dict[str, Any]] | None = None
     try:
         for event in initial:
             await response.write(json.dumps(event).encode() + b"\n")
         while (remaining := deadline - loop.time()) > 0:
             wait = min(remaining, next_bookmark - loop.time()) if bookmarks else remaining
-            try:
-                event = await asyncio.wait_for(anext(events), max(wait, 0.0))
-            except TimeoutError:
+            pending = pending or asyncio.ensure_future(anext(events))
+            done, _ = await asyncio.wait({pending}, timeout=max(wait, 0.0))
+            if not done:
                 if bookmarks and loop.time() < deadline:
                     await response.write(json.dumps(_bookmark(kind, store.resource_version)).encode() + b"\n")
                     next_bookmark = loop.time() + BOOKMARK_SECONDS
                 continue
+            event, pending = pending.result(), None
             if selected(event.get("object") or {}):
                 await response.write(json.dumps(event).encode() + b"\n")
         if bookmarks:
@@ -143,6 +148,10 @@ async def serve_watch_stream(store: StoredObjects, request: Any, bus: Any) -> ai
     except (ConnectionError, RuntimeError):
         pass  # the client went away
     finally:
+        if pending is not None:
+            pending.cancel()
+            with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                await pending
         await events.aclose()
         await bus.unmark(marker)
     return response

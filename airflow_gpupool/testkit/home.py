@@ -8,6 +8,10 @@ to happen before anything imports Airflow: the kit's pytest plugin does it in
 ``pytest_load_initial_conftests``, which pytest calls for entry-point plugins before it reads
 any ``conftest.py`` or test module. Outside pytest, call :func:`isolate_airflow_home` first.
 
+Under pytest-xdist, each worker inherits the controller's environment, and with it the kit's
+home: workers sharing one SQLite metadata database lock each other out, so a worker given the
+kit's own temporary home makes one of its own (a home the user set is still shared).
+
 Standard library only: the plugin imports this module in every pytest run of the environment.
 """
 
@@ -23,6 +27,8 @@ from pathlib import Path
 from types import TracebackType
 
 PREFIX = "gpupool-airflow-home-"
+#: Set to the kit's temporary home, so that a pytest-xdist worker can tell it from the user's own.
+KIT_HOME_VARIABLE = "GPUPOOL_KIT_AIRFLOW_HOME"
 
 
 class AirflowHomeWarning(UserWarning):
@@ -44,8 +50,9 @@ class AirflowHome:
         """Remove a temporary home and unset ``AIRFLOW_HOME`` again; leave the user's own alone."""
         if not self.temporary:
             return
-        if os.environ.get("AIRFLOW_HOME") == str(self.path):
-            del os.environ["AIRFLOW_HOME"]
+        for variable in ("AIRFLOW_HOME", KIT_HOME_VARIABLE):
+            if os.environ.get(variable) == str(self.path):
+                del os.environ[variable]
         shutil.rmtree(self.path, ignore_errors=True)
 
     def __enter__(self) -> AirflowHome:
@@ -65,7 +72,8 @@ def isolate_airflow_home() -> AirflowHome:
     ``~/airflow`` for good: the home is reported as that, with an :class:`AirflowHomeWarning`.
     """
     chosen = os.environ.get("AIRFLOW_HOME")
-    if chosen:
+    inherited_from_kit = chosen and chosen == os.environ.get(KIT_HOME_VARIABLE)
+    if chosen and not (inherited_from_kit and os.environ.get("PYTEST_XDIST_WORKER")):
         return AirflowHome(Path(chosen), temporary=False)
     if "airflow.configuration" in sys.modules:
         # Setting the variable now would split the process: Airflow's config keeps ~/airflow while
@@ -80,5 +88,5 @@ def isolate_airflow_home() -> AirflowHome:
         )
         return AirflowHome(Path(AIRFLOW_HOME), temporary=False)
     path = Path(tempfile.mkdtemp(prefix=PREFIX))
-    os.environ["AIRFLOW_HOME"] = str(path)
+    os.environ["AIRFLOW_HOME"] = os.environ[KIT_HOME_VARIABLE] = str(path)
     return AirflowHome(path, temporary=True)

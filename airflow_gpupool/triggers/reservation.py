@@ -11,6 +11,7 @@ from typing import Any, cast
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from airflow_gpupool.forecast.deadlines import DagDeadline, deadlines_missed
 from airflow_gpupool.forecast.words import clock_time, describe_forecast, describe_position
 from airflow_gpupool.hooks.gpupool import AsyncGpuPoolHook
 from airflow_gpupool.ledger import LedgerForecasts, Reservation, ReservationState, StartForecast
@@ -31,6 +32,8 @@ class ReservationEventStatus(str, Enum):
     TIMEOUT = "timeout"
     #: ``fail_fast_on_forecast``: the forecast's p10 already lies beyond the reservation's timeout.
     FORECAST = "forecast"
+    #: The forecast makes one of the DAG run's deadlines unreachable (said once per deadline).
+    DEADLINE = "deadline"
     ERROR = "error"
 
 
@@ -51,6 +54,9 @@ class ReservationTrigger(BaseTrigger):
     :param poll_interval: seconds between the batched reads when no notification can come
     :param fail_fast_on_forecast: give up (a ``forecast`` event, with the forecast in its message)
         as soon as the controller's forecast says the request starts after its timeout even at p10
+    :param deadlines: the DAG run's Airflow deadlines (:meth:`DagDeadline.to_dict`): the first
+        time the forecast makes one unreachable, a warning is logged and a ``deadline`` event
+        (the operator records it and waits again)
     """
 
     def __init__(
@@ -60,6 +66,7 @@ class ReservationTrigger(BaseTrigger):
         ledger_url: str | None = None,
         poll_interval: float = 5.0,
         fail_fast_on_forecast: bool = False,
+        deadlines: list[dict[str, Any]] | None = None,
     ) -> None:
         cast("Callable[[], None]", super().__init__)()  # BaseTrigger.__init__ is not annotated
         self.reservation_id = reservation_id
@@ -67,6 +74,7 @@ class ReservationTrigger(BaseTrigger):
         self.ledger_url = ledger_url
         self.poll_interval = poll_interval
         self.fail_fast_on_forecast = fail_fast_on_forecast
+        self.deadlines = [DagDeadline.from_dict(d) for d in deadlines or ()]
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         """Return the class path and every constructor argument."""
@@ -78,6 +86,7 @@ class ReservationTrigger(BaseTrigger):
                 "ledger_url": self.ledger_url,
                 "poll_interval": self.poll_interval,
                 "fail_fast_on_forecast": self.fail_fast_on_forecast,
+                "deadlines": [d.to_dict() for d in self.deadlines],
             },
         )
 
@@ -93,6 +102,7 @@ class ReservationTrigger(BaseTrigger):
         try:
             await hook.aoptions()
             room = wait_room(hook.ledger, self.poll_interval)
+            read_at = time.monotonic()
             reservation = await hook.apoll_waiting(self.reservation_id)
             while True:
                 event = self._settled(reservation, life)
@@ -103,10 +113,14 @@ class ReservationTrigger(BaseTrigger):
                 if self.fail_fast_on_forecast and (hopeless := self._hopeless(reservation, forecast, life)):
                     yield hopeless
                     return
+                if missed := self._deadlines_missed(forecast):
+                    yield missed
+                    return
                 own_deadline = reservation.deadline - time.time()
                 quiet = min(_LOG_EVERY_S, max(own_deadline, 0.0) + _DEADLINE_SLACK_S)
-                woken = await room.wait(self.reservation_id, quiet)
+                woken = await room.wait(self.reservation_id, quiet, since=read_at)
                 if woken or time.time() >= reservation.deadline:
+                    read_at = time.monotonic()
                     reservation = await hook.apoll_waiting(self.reservation_id)
                 else:
                     reservation = replace(
@@ -152,6 +166,15 @@ class ReservationTrigger(BaseTrigger):
             ReservationEventStatus.FORECAST,
             f"gave up before its reservation timeout ({due} UTC): {life.describe_forecasts()}",
         )
+
+    def _deadlines_missed(self, forecast: StartForecast | None) -> TriggerEvent | None:
+        """Return a ``deadline`` event when the forecast makes a deadline not yet warned of unreachable."""
+        missed = deadlines_missed(self.deadlines, forecast, time.time())
+        if missed is None:
+            return None
+        for words in missed.new:
+            self.log.warning("Reservation %s %s", self.reservation_id, words)
+        return self._event(ReservationEventStatus.DEADLINE, missed.message, **missed.fields())
 
     async def _log_wait(
         self, hook: AsyncGpuPoolHook, room: WaitRoom, position: int | None, life: QueueLife

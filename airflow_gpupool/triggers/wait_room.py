@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 import weakref
 from typing import TYPE_CHECKING
@@ -44,6 +45,8 @@ _LISTEN_RETRY_S = 30.0
 # At most this many waiters per second of one room explain why they wait (an explanation
 # places the request on the whole inventory): the others log their position only.
 _EXPLANATIONS_PER_S = 5.0
+# How long the room remembers a settled id for a waiter that was not in the room when it settled.
+_SETTLED_MEMORY_S = 300.0
 
 _rooms: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, WaitRoom]] = (
     weakref.WeakKeyDictionary()
@@ -89,7 +92,10 @@ class WaitRoom:
         #: Each waiting request's stored forecast, read with the positions (the controller writes them).
         self.forecasts: dict[str, StartForecast] = {}
         #: How many waiters the room woke, by cause (tests and the bench read it).
-        self.woken = {"notify": 0, "poll": 0}
+        self.woken = {"notify": 0, "poll": 0, "forecast": 0}
+        # When each id was seen settled (notified, or missing from a batched read): a waiter that
+        # read its request before then, and entered the room after, would else sleep through it.
+        self._settled_at: dict[str, float] = {}
 
     @property
     def listening(self) -> bool:
@@ -99,11 +105,15 @@ class WaitRoom:
     def __len__(self) -> int:
         return len(self._events)
 
-    async def wait(self, reservation_id: str, timeout: float) -> bool:
+    async def wait(self, reservation_id: str, timeout: float, *, since: float | None = None) -> bool:
         """Wait until ``reservation_id`` may have stopped waiting, at most ``timeout`` seconds.
 
+        :param since: when (``time.monotonic()``) the caller began its last read of the request: a
+            settlement the room saw after that returns at once, though the caller was not yet waiting
         :returns: True when woken (read the reservation now), False on the timeout
         """
+        if since is not None and self._settled_at.get(reservation_id, -math.inf) >= since:
+            return True
         event = asyncio.Event()
         self._events.setdefault(reservation_id, set()).add(event)
         if self._task is None or self._task.done():
@@ -130,11 +140,24 @@ class WaitRoom:
 
     def wake(self, reservation_ids: list[str] | set[str], cause: str) -> None:
         """Wake the waiters of ``reservation_ids``."""
+        if cause != "forecast":
+            self._remember_settled(reservation_ids)
         for rid in reservation_ids:
             for event in self._events.get(rid, ()):
                 if not event.is_set():
                     event.set()
                     self.woken[cause] += 1
+
+    def _remember_settled(self, reservation_ids: list[str] | set[str]) -> None:
+        now = time.monotonic()
+        oldest = next(iter(self._settled_at.values()), now)
+        if now - oldest > _SETTLED_MEMORY_S:  # ordered oldest first: forget the old ones
+            self._settled_at = {
+                rid: at for rid, at in self._settled_at.items() if now - at <= _SETTLED_MEMORY_S
+            }
+        for rid in reservation_ids:
+            self._settled_at.pop(rid, None)  # re-inserted last: the oldest stay first
+            self._settled_at[rid] = now
 
     async def _run(self) -> None:
         listener: asyncio.Task[None] | None = None
@@ -172,6 +195,7 @@ class WaitRoom:
         ids = list(self._events)
         if not ids:
             return
+        before = self.forecasts
         try:
             self.positions = await asyncio.to_thread(self.ledger.queue_positions)
             self.forecasts = await asyncio.to_thread(LedgerForecasts(self.ledger).get_many)
@@ -179,6 +203,8 @@ class WaitRoom:
             log.warning("Reading the waiting requests failed; trying again", exc_info=True)
             return
         self.wake(set(ids) - self.positions.keys(), "poll")
+        # A new forecast may make a DAG deadline unreachable: its waiter says so now, not at its next line.
+        self.wake({rid for rid in ids if self.forecasts.get(rid) != before.get(rid)}, "forecast")
 
     async def _listen_loop(self) -> None:
         listener = GrantListener(self.ledger.url)

@@ -1,166 +1,221 @@
-"""Fuzz: ``gpupool`` arguments are accepted and valid, or refused with exit 2 and the ledger unchanged.
+"""Fuzz: every ``gpupool`` command and option takes a valid value or refuses it, typed, the ledger unchanged.
 
-Surfaces: ``reserve`` (every option) against a real SQLite ledger; the numeric options of
-``bench``, ``metrics serve``, ``emulator``, ``reconcile`` and ``controller run``, parsed only
-(running them would start servers and clients).
+The options come from the real parser (``fuzz_options.parser_options``): a new option without
+values in ``fuzz_options.OPTIONS`` fails :func:`test_every_option_has_values`. Commands that only
+read or write the ledger (and those that need a cluster, given a kubeconfig that is missing or
+broken) run in-process on SQLite and PostgreSQL: no traceback, exit 0 or 2 (the agent's 3: no
+GPU), a refusal says why and leaves every row of every table as it was, and a value its option
+must refuse is never accepted. Commands that would start servers, benchmarks or simulations are
+parsed only: a value outside the option's range ends in argparse's exit 2.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterator
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from airflow_gpupool.cli import build_parser, main
+from airflow_gpupool.cli import EXIT_BROKEN_PIPE, build_parser, main
 from airflow_gpupool.ledger import Ledger
-from tests.ledger_fixtures import node
+from tests.integration.fuzz_argv import argv, describe, draws_of, leaf_commands
+from tests.integration.fuzz_fixtures import LedgerRows, run_main
+from tests.integration.fuzz_options import OPTIONS, Drawn
 
-NUMBERS = st.sampled_from(
-    ["0", "-1", "-5", "1", "7", "999", "1000", "99999", "inf", "nan", "-inf", "1e999", "0.5", "", "x", "1.5"]
-)
-TEXT = st.sampled_from(["", " ", "a", "foo", "k=v", "=v", "gpu=a100", "A100", "1g.10gb", "9g.9gb"])
-RESERVE_OPTIONS = {
-    "--gpus": NUMBERS,
-    "--gpu-milli": NUMBERS,
-    "--mig-profile": TEXT,
-    "--gpu-memory-mib": NUMBERS,
-    "--gpu-model": TEXT,
-    "--label": TEXT,
-    "--cpu-milli": NUMBERS,
-    "--memory-mib": NUMBERS,
-    "--workload-class": st.sampled_from(["training", "batch", "gaming", ""]),
-    "--priority": NUMBERS,
-    "--team": TEXT,
-    "--holder": TEXT,
-    "--ttl": NUMBERS,
-    "--timeout": NUMBERS,
-    "--id": TEXT,
-    "--capacity": st.sampled_from(["on-demand", "spot", "any", "cheap", ""]),
+#: Commands run in-process, with options every run gets (a cluster command always gets a kubeconfig,
+#: from ``KUBECONFIG``'s values: missing or broken, so no cluster is ever reached).
+RUN: dict[tuple[str, ...], tuple[str, ...]] = {
+    ("ledger", "init"): ("--url",),
+    ("inventory", "load"): ("--url",),
+    ("inventory", "sync"): ("--url", "--kubeconfig"),
+    ("status",): ("--url",),
+    ("reserve",): ("--url",),
+    ("explain",): ("--url",),
+    ("chain",): ("--url",),
+    ("release",): ("--url",),
+    ("reap",): ("--url",),
+    ("reconcile",): ("--url", "--kubeconfig"),
+    ("controller", "run"): ("--url", "--kubeconfig", "--once"),
+    ("quota", "apply"): ("--url",),
+    ("quota", "list"): ("--url",),
+    ("agent", "run"): ("--url", "--once"),
+    ("node", "quarantine"): ("--url",),
+    ("node", "release"): ("--url",),
 }
+#: The agent's exit code for a node without GPUs or NVML (a wrong node, not a crash).
+EXIT_NO_GPU = 3
+PARSER = build_parser()
+COMMANDS = leaf_commands(PARSER)
+PARSE_ONLY = sorted(set(COMMANDS) - set(RUN) - {()})
+FUZZ = settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
-def argv_of(options: dict[str, str]) -> list[str]:
-    # "--opt=value" keeps values that start with '-' from being read as options.
-    return [f"{name}={value}" for name, value in options.items()]
+def test_every_option_has_values() -> None:
+    """Each option of the parser has values to draw, and every entry of the table is an option."""
+    found = {(o.command, o.name) for options in COMMANDS.values() for o in options}
+    listed = {(command, name) for command, names in OPTIONS.items() for name in names}
+    assert sorted(found - listed) == [], "options without values in tests/integration/fuzz_options.py"
+    assert sorted(listed - found) == [], "values for options the parser does not have"
+    assert set(RUN) <= set(COMMANDS)
 
 
-@pytest.fixture(scope="module")
-def ledger_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    url = f"sqlite:///{tmp_path_factory.mktemp('fuzz')}/ledger.db"
-    ledger = Ledger.create(url)
-    ledger.upsert_nodes([node("n1", gpus=2), node("n2", gpus=1, mig={0: ["1g.10gb"] * 7})])
-    ledger.close()
-    yield url
+def _command(names: list[tuple[str, ...]]) -> st.SearchStrategy[tuple[tuple[str, ...], dict[str, Drawn]]]:
+    def options(command: tuple[str, ...]) -> st.SearchStrategy[tuple[tuple[str, ...], dict[str, Drawn]]]:
+        options = COMMANDS[command] + COMMANDS[()]
+        always = {o.name for o in options if o.required} | set(RUN.get(command, ()))
+        optional = sorted({o.name for o in options} - always)
+        chosen = st.sets(st.sampled_from(optional), max_size=5) if optional else st.just(set())
+        return chosen.flatmap(lambda more: draws_of(command, sorted(always | more))).map(
+            lambda d: (command, d)
+        )
+
+    return st.sampled_from(names).flatmap(options)
 
 
-def state(url: str) -> object:
+@pytest.mark.parametrize("one", sorted(RUN), ids=" ".join)
+@FUZZ
+@given(data=st.data())
+def test_a_command_takes_valid_values_or_refuses_them_unchanged(
+    one: tuple[str, ...],
+    data: st.DataObject,
+    fuzz_url: str,
+    fuzz_rows: LedgerRows,
+    fuzz_paths: dict[str, str],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    command, values = data.draw(_command([one]))
+    args = argv(command, values, fuzz_paths)
+    before = fuzz_rows.dump()
+    code = run_main(main, args)
+    out, err = capsys.readouterr()
+    what = f"gpupool {' '.join(args)} ({describe(values)})"
+    assert "Traceback" not in out + err, what
+    allowed = {0, 2, EXIT_NO_GPU} if command == ("agent", "run") else {0, 2}
+    assert code in allowed, f"{what}: exit {code}\n{err}"
+    if any(valid is False for _value, valid in values.values()):
+        assert code != 0, f"{what} was accepted"
+    if code != 0:
+        assert err.strip(), f"{what}: exit {code} without saying why"
+        assert fuzz_rows.dump() == before, f"{what} was refused but changed the ledger"
+    elif command == ("reserve",) and "--json" in values:
+        _release(fuzz_url, json.loads(out)["id"])
+
+
+def _release(url: str, reservation_id: str) -> None:
     ledger = Ledger(url)
     try:
-        snapshot = ledger.snapshot()
-        return (snapshot.grants, snapshot.queue, snapshot.nodes)
+        ledger.release(reservation_id, reason="fuzz")
     finally:
         ledger.close()
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(
-    options=st.dictionaries(st.sampled_from(sorted(RESERVE_OPTIONS)), st.none(), max_size=6).flatmap(
-        lambda keys: st.fixed_dictionaries({k: RESERVE_OPTIONS[k] for k in keys})
-    )
-)
-def test_reserve_accepts_valid_arguments_or_refuses_them_unchanged(
-    options: dict[str, str], ledger_url: str, capsys: pytest.CaptureFixture[str]
+@settings(max_examples=200, deadline=None)
+@given(drawn=_command(PARSE_ONLY))
+def test_a_command_that_is_only_parsed_refuses_what_its_options_refuse(
+    drawn: tuple[tuple[str, ...], dict[str, Drawn]],
 ) -> None:
-    before = state(ledger_url)
-    argv = ["reserve", "--url", ledger_url, "--json", *argv_of(options)]
+    command, values = drawn
+    args = argv(command, values, {"url": "sqlite:////nonexistent/l.db"})
     try:
-        code = main(argv)
-    except SystemExit as e:  # argparse's usage error
-        code = e.code
+        PARSER.parse_args(args)
+    except SystemExit as e:
+        assert e.code == 2
+        assert any(valid is not True for _value, valid in values.values()), f"{args} refused"
+        return
+    assert all(valid is not False for _value, valid in values.values()), f"{args} accepted"
+
+
+BAD_URLS = [
+    "",
+    "nonsense",
+    "mysql://root@127.0.0.1/x",
+    "postgresql+nosuchdriver://postgres@127.0.0.1:5432/test",
+    "sqlite+nosuch:///x.db",
+    "sqlite:////proc/gpupool/x.db",
+    "postgresql://postgres@127.0.0.1:99999/test",
+    "postgresql://gpupool_no_such_role@127.0.0.1:5432/test",
+    "postgresql://postgres@127.0.0.1:5432/gpupool_no_such_database",
+    "http://example.invalid/ledger",
+]
+
+
+@pytest.mark.parametrize("url", BAD_URLS)
+@pytest.mark.parametrize("command", [("ledger", "init"), ("status",), ("quota", "list")])
+def test_a_bad_ledger_url_is_refused_typed(
+    url: str, command: tuple[str, ...], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    code = run_main(main, [*command, f"--url={url}"])
     out, err = capsys.readouterr()
     assert "Traceback" not in out + err
-    if code == 0:
-        ledger = Ledger(ledger_url)
-        try:
-            rid = out.split('"id": "')[1].split('"')[0]
-            ledger.release(rid, reason="fuzz")
-        finally:
-            ledger.close()
-        return
-    assert code == 2 and err.strip(), f"{argv}: exit {code} without saying why"
-    assert state(ledger_url) == before, f"{argv} was refused but changed the ledger"
-
-
-PARSE_ONLY = {
-    ("bench", "ledger"): {
-        "--clients": (1, 256),
-        "--nodes": (1, 100_000),
-        "--seconds": (0, None),
-        "--hold-ms": (0, None),
-    },
-    ("bench", "operator"): {"--tasks": (1, 1000), "--pod-seconds": (0, None)},
-    ("metrics", "serve"): {"--port": (1, 65535)},
-    ("reconcile",): {"--grace-seconds": (0, None), "--orphan-grace-seconds": (0, None)},
-    ("controller", "run"): {
-        "--sync-interval": (0, None),
-        "--reconcile-interval": (0, None),
-        "--lease-duration": (0, None),
-    },
-}
-COMMANDS = [(cmd, opt) for cmd, opts in PARSE_ONLY.items() for opt in opts]
-
-
-@settings(max_examples=200, deadline=None)
-@given(target=st.sampled_from(COMMANDS), value=NUMBERS)
-def test_numeric_options_are_in_range_or_refused(target: tuple[tuple[str, ...], str], value: str) -> None:
-    command, option = target
-    low, high = PARSE_ONLY[command][option]
-    extra = ["--kubeconfig", "/dev/null"] if command[0] == "emulator" else []
-    try:
-        args = build_parser().parse_args([*command, *extra, f"{option}={value}"])
-    except SystemExit as e:
-        assert e.code == 2
-        return
-    parsed = getattr(args, option.lstrip("-").replace("-", "_"))
-    assert math.isfinite(parsed) and parsed >= low and (high is None or parsed <= high)
-
-
-@settings(max_examples=100, deadline=None)
-@given(port=NUMBERS, duration=NUMBERS)
-def test_emulator_options_are_in_range_or_refused(port: str, duration: str) -> None:
-    try:
-        args = build_parser().parse_args(
-            ["emulator", "--kubeconfig", "k", f"--port={port}", f"--default-duration={duration}"]
-        )
-    except SystemExit as e:
-        assert e.code == 2
-        return
-    assert 0 <= args.port <= 65535 and math.isfinite(args.default_duration) and args.default_duration >= 0
+    assert code == 2 and "error: " in err, f"{command} --url={url!r}: {code} {err}"
 
 
 def test_the_issue_examples_are_refused(
-    ledger_url: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+    fuzz_url: str, fuzz_rows: LedgerRows, fuzz_paths: dict[str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    before = state(ledger_url)
-    for argv in (
-        ["reserve", "--url", ledger_url, "--gpus", "1", "--label", "foo"],
-        ["reserve", "--url", ledger_url, "--id="],
-        ["bench", "ledger", "--clients", "0"],
-        ["bench", "ledger", "--nodes", "0"],
-        ["bench", "ledger", "--hold-ms=-5"],
-        ["bench", "ledger", "--seconds=-5"],
-        ["metrics", "serve", "--port", "99999"],
-        ["emulator", "--kubeconfig", "k", "--port=-1"],
-        ["status", "--url", f"sqlite:///{tmp_path}/missing/dir/l.db"],
+    """The malformed inputs issue 38 found (each once, by name), refused with the ledger unchanged."""
+    before = fuzz_rows.dump()
+    url = f"--url={fuzz_url}"
+    for args in (
+        ["ledger", "init", "--url=sqlite:////proc/x.db"],
+        ["metrics", "serve", "--bind", "not an ip", url],
+        ["metrics", "serve", "--bind", "999.1.1.1", url],
+        ["agent", "run", "--node", "n1", "--interval", "0", "--once", url],
+        ["agent", "run", "--node", "n1", "--interval", "nan", "--once", url],
+        [
+            "agent",
+            "run",
+            "--node",
+            "n1",
+            "--backend",
+            "fake",
+            "--fake-spec",
+            fuzz_paths["missing"],
+            "--once",
+            url,
+        ],
+        [
+            "agent",
+            "run",
+            "--node=",
+            "--backend",
+            "fake",
+            "--fake-spec",
+            fuzz_paths["fake_spec"],
+            "--once",
+            url,
+        ],
+        ["inventory", "load", fuzz_paths["bad_inventory"], url],
+        ["node", "quarantine", "n1", "--reason=", url],
+        ["status", "--kubeconfig", fuzz_paths["missing"], url],
+        ["reserve", "--gpus", "1", "--ttl", "1e300", url],
+        ["reserve", "--gpus", "0", url],
+        ["status", "--url=postgresql+nosuchdriver://postgres@127.0.0.1:5432/test"],
     ):
-        try:
-            code = main(argv)
-        except SystemExit as e:
-            code = e.code
-        assert code == 2, argv
-    capsys.readouterr()
-    assert state(ledger_url) == before
+        code = run_main(main, args)
+        out, err = capsys.readouterr()
+        assert "Traceback" not in out + err, args
+        assert code == 2 and err.strip(), (args, code, err)
+        assert "reservation id" not in err, args  # no id printed for a request refused before it is sent
+    missing_kubeconfig = run_main(main, ["status", "--kubeconfig", fuzz_paths["missing"], url])
+    assert missing_kubeconfig == 2 and fuzz_paths["missing"] in capsys.readouterr().err
+    both = Path(fuzz_paths["folder"]) / "both.yaml"
+    both.write_text("nodes:\n  - {name: n3, cpu: 4, cpu_milli: 4000}\n")
+    assert run_main(main, ["inventory", "load", str(both), url]) == 2
+    assert "either cpu or cpu_milli" in capsys.readouterr().err
+    assert fuzz_rows.dump() == before
+
+
+def test_a_reader_that_leaves_early_ends_the_command_quietly(fuzz_url: str) -> None:
+    """``gpupool status --json | head``: the pipe closed before the output, no BrokenPipeError shown."""
+    command = [sys.executable, "-m", "airflow_gpupool.cli", "status", "--json", f"--url={fuzz_url}"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()  # before the command has written anything
+    err = process.stderr.read()
+    assert process.wait(timeout=120) == EXIT_BROKEN_PIPE
+    assert "Traceback" not in err and "BrokenPipe" not in err, err

@@ -84,7 +84,10 @@ def test_the_executor_hook_is_installed_as_make_demo_installs_it(values: dict[st
     )
 
 
-@pytest.mark.parametrize("path", [HELM_VALUES, ROOT / "README.md"])
+@pytest.mark.parametrize(
+    "path",
+    [HELM_VALUES, ROOT / "README.md", ROOT / "docs" / "deploying.md", ROOT / "docs" / "executor-hook.md"],
+)
 def test_no_stale_word_that_the_hook_is_missing(path: Path) -> None:
     text = " ".join(path.read_text().split()).lower()
     for stale in ("not written yet", "until it exists", "left as a comment"):

@@ -160,6 +160,9 @@ def test_the_scan_finds_the_calls_it_must() -> None:
     controller, operators = needs("controller"), needs("operators")
     assert Permission("coordination.k8s.io", "leases", "update", False) in controller
     assert Permission("", "pods", "list", True) in controller  # list_pod_for_all_namespaces
+    # The pod watch's ResourceClaims: CustomObjectsApi reads with get_*, lists cluster-wide.
+    assert Permission("resource.k8s.io", "resourceclaims", "get", False) in controller
+    assert Permission("resource.k8s.io", "resourceclaims", "list", True) in controller
     assert Permission("scheduling.k8s.io", "priorityclasses", "get", True) in controller
     # A namespace the code names is the one needed: a node's Events go to `default`.
     assert Permission("", "events", "create", False, "default") in controller

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -186,6 +187,22 @@ def test_bookmarks_move_the_watch_on_without_events(core: Any, emulator: Kuberne
             break
     assert event["type"] == "BOOKMARK"
     assert int(event["object"]["metadata"]["resourceVersion"]) > int(version)
+
+
+def test_a_watch_goes_on_past_its_bookmarks_to_its_timeout(
+    core: Any, emulator: KubernetesEmulatorServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A bookmark used to cancel the stream's pending read, which closed it: the next read ended
+    # the response with a 500 in the middle of the stream, and every watch relisted after 5 s.
+    monkeypatch.setattr("airflow_gpupool.testing.watches.BOOKMARK_SECONDS", 0.2)
+    watch = PodWatch(core, lambda pods: None, lambda kind, pod: None)
+    version = watch.list_now()
+    late = threading.Timer(0.7, core.create_namespaced_pod, ("default", foreign_pod("late", 1, node="gpu-a")))
+    late.start()
+    seen = [event["type"] for event in watch._stream(version, 2)]  # to the server's timeout, no error
+    late.join()
+    assert seen.count("BOOKMARK") >= 3
+    assert "ADDED" in seen and seen.index("ADDED") > seen.index("BOOKMARK")
 
 
 def test_a_relist_counts_what_changed_while_nobody_watched(

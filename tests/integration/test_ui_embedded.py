@@ -178,3 +178,36 @@ def test_the_embedded_page_filters_and_its_links_open_airflow_pages(airflow_ui: 
             assert blocked == []
         finally:
             browser.close()
+
+
+@pytest.mark.timeout(300)
+def test_the_menu_entry_opens_the_overview_from_a_reservation_or_a_team_page(
+    airflow_ui: tuple[str, str],
+) -> None:
+    """Airflow keeps the frame when its own route's menu entry is clicked; the page goes back to the overview."""
+    from playwright.sync_api import sync_playwright
+
+    base, _run_id = airflow_ui
+    args = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"]
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=args, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1366, "height": 900})
+            page.goto(f"{base}/plugin/gpupool", wait_until="networkidle")
+            frame = page.frame_locator("iframe")
+            frame.locator("article.node").first.wait_for(timeout=30000)
+
+            def open_from_menu() -> None:
+                page.get_by_role("button", name="Browse").click()
+                page.get_by_role("menuitem", name="GPU pool").click()
+                frame.locator("article.node").first.wait_for(timeout=15000)
+
+            frame.locator("table.history a.rid").first.click()
+            frame.locator("section.reservation").wait_for(timeout=15000)
+            open_from_menu()
+            frame.locator("section.grants a.team-link", has_text="vision").click()
+            frame.locator('section.team[data-team="vision"]').wait_for(timeout=15000)
+            open_from_menu()
+            assert page.locator("iframe").count() == 1
+        finally:
+            browser.close()

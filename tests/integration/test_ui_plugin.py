@@ -287,7 +287,8 @@ def test_the_page_the_api_and_the_metrics_share_one_reading_per_process(tmp_path
 
     def grants_seen() -> tuple[int, int, str]:
         api = len(client.get("/api/v1/snapshot").json()["grants"])
-        page = client.get("/", params={"partial": 1}).text.count("<td><code>")
+        html = client.get("/", params={"partial": 1}).text
+        page = html.split('<section class="grants">')[1].split("</section>")[0].count('<td><a class="rid"')
         metrics = client.get("/metrics").text
         return (
             api,

@@ -104,7 +104,7 @@ def test_once_released_the_page_and_the_usage_api_count_the_preemption_and_the_w
     assert ledger.read(preemption_losses) == {"vision": expected}
     html = client.get("/").text
     by_team = html.split('<table class="by-team">')[1].split("</table>")[0]
-    (row,) = [r for r in re.findall(r"<tr>.*?</tr>", by_team) if "vision</td>" in r]
+    (row,) = [r for r in re.findall(r"<tr>.*?</tr>", by_team) if "vision</a></td>" in r]
     assert row.endswith('<td>1</td><td><b class="lost">2,080</b></td></tr>')
     assert "<dt>Lost GPU-s</dt>" in html
     (vision,) = [t for t in client.get("/api/v1/usage").json()["teams"] if t["team"] == "vision"]

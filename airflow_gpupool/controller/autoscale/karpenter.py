@@ -25,7 +25,7 @@ from airflow_gpupool.controller.autoscale.pools import ScalablePool, parse_scala
 from airflow_gpupool.exceptions import ConfigurationError
 from airflow_gpupool.labels import COUNT_LABEL, MEMORY_LABEL, PRODUCT_LABEL
 
-__all__ = ["NODE_POOL_LABEL", "SHAPE_ANNOTATION", "list_node_pools", "pools_from_node_pools"]
+__all__ = ["NODE_POOL_LABEL", "SHAPE_ANNOTATION", "list_node_pools", "node_shape", "pools_from_node_pools"]
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ def pools_from_node_pools(node_pools: Iterable[Mapping[str, Any]]) -> tuple[Scal
         name = str(meta.get("name"))
         template = ((node_pool.get("spec") or {}).get("template")) or {}
         labels = {**((template.get("metadata") or {}).get("labels") or {}), NODE_POOL_LABEL: name}
-        shape = _shape(
+        shape = node_shape(
             meta.get("annotations") or {}, labels, (template.get("spec") or {}).get("requirements") or []
         )
         if shape is None:
@@ -75,10 +75,17 @@ def pools_from_node_pools(node_pools: Iterable[Mapping[str, Any]]) -> tuple[Scal
     return tuple(out)
 
 
-def _shape(
-    annotations: Mapping[str, str], labels: Mapping[str, str], requirements: Iterable[Mapping[str, Any]]
+def node_shape(
+    annotations: Mapping[str, str],
+    labels: Mapping[str, str],
+    requirements: Iterable[Mapping[str, Any]] = (),
 ) -> dict[str, Any] | None:
-    """Return a pool entry read from the annotation or from the GFD labels the template pins."""
+    """Return a pool entry read from the annotation or from the GFD labels the template pins; None: neither.
+
+    :param annotations: the object's annotations (:data:`SHAPE_ANNOTATION`)
+    :param labels: the labels its nodes carry
+    :param requirements: Karpenter's node requirements (a single-valued ``In`` pins a label)
+    """
     if SHAPE_ANNOTATION in annotations:
         try:
             shape = json.loads(annotations[SHAPE_ANNOTATION])

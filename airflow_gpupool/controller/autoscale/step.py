@@ -13,6 +13,11 @@ one stopped, and nothing is kept in memory), then:
 
 How it asks: a ``ProvisioningRequest`` when the cluster serves ``autoscaling.x-k8s.io/v1`` (read
 from discovery each pass) and the mode allows, else placeholder pods at a negative priority.
+
+Each pass also stores the pools' empty nodes in the ledger
+(:class:`~airflow_gpupool.ledger.LedgerScalablePools`, written only when they change), so a
+reserve in any process lets a request that only a new node fits wait instead of refusing it.
+With nothing to ask (mode ``off``, no pool) none is stored: such a request is refused at once.
 """
 
 from __future__ import annotations
@@ -23,11 +28,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from airflow_gpupool.controller.autoscale import karpenter, manifests
+from airflow_gpupool.controller.autoscale import cluster_api, karpenter, manifests
 from airflow_gpupool.controller.autoscale.demand import Waiting, scale_ups
 from airflow_gpupool.controller.autoscale.pools import ScalablePool, empty_node
 from airflow_gpupool.exceptions import ConfigurationError
 from airflow_gpupool.labels import POOL_LABEL, SCALE_UP_LABEL
+from airflow_gpupool.ledger import LedgerScalablePools, ScalableShape
 from airflow_gpupool.placement.pools import UNCONSTRAINED, PoolBindings
 
 if TYPE_CHECKING:
@@ -58,6 +64,8 @@ class AutoscaleSettings:
     :param bindings: the slice binding of each node pool
     :param discover_karpenter: add the pools Karpenter ``NodePool``s declare
         (:mod:`~airflow_gpupool.controller.autoscale.karpenter`) after the configured ones
+    :param discover_cluster_api: add the pools Cluster Autoscaler's node groups on Cluster API
+        declare (:mod:`~airflow_gpupool.controller.autoscale.cluster_api`) after those
     """
 
     pools: tuple[ScalablePool, ...] = ()
@@ -68,6 +76,7 @@ class AutoscaleSettings:
     spot_pools: frozenset[str] = frozenset()
     bindings: PoolBindings = UNCONSTRAINED
     discover_karpenter: bool = False
+    discover_cluster_api: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -145,8 +154,12 @@ class Autoscaler:
         """Run one pass: delete what ended, keep what waits, create what new demand needs."""
         groups = self._served_groups()
         served = f"{GROUP}/{VERSION}" in groups
-        pools = self._pools + self._discovered(groups)
+        found = self._discovered(groups)
+        pools = self._pools + tuple((p, n) for p, n, _ in found)
         method = self._method(served, bool(pools))
+        sources = [(p, n, "config") for p, n in self._pools] + list(found)
+        shapes = [ScalableShape(p.name, source, n) for p, n, source in sources] if method else []
+        LedgerScalablePools(self.ledger).replace(shapes)
         snapshot = self.ledger.snapshot()
         waiting = waiting_demand(snapshot.queue)
         still = {w.key for w in waiting} if method is not None else set()
@@ -173,13 +186,27 @@ class Autoscaler:
         groups = self.apis.get_api_versions().groups or []
         return {v.group_version for g in groups for v in g.versions or []}
 
-    def _discovered(self, groups: set[str]) -> tuple[tuple[ScalablePool, NodeState], ...]:
-        """Return the pools Karpenter's NodePools declare (none configured already has their name)."""
-        if not self.settings.discover_karpenter or f"{karpenter.GROUP}/{karpenter.VERSION}" not in groups:
-            return ()
-        configured = {pool.name for pool in self.settings.pools}
-        found = karpenter.pools_from_node_pools(karpenter.list_node_pools(self.custom))
-        return tuple((p, empty_node(p, self.settings.spot_pools)) for p in found if p.name not in configured)
+    def _discovered(self, groups: set[str]) -> list[tuple[ScalablePool, NodeState, str]]:
+        """Return the pools Karpenter's NodePools and Cluster API's node groups declare, with their source.
+
+        A pool whose name is taken (configured, or found earlier) is left out.
+        """
+        found: list[tuple[ScalablePool, str]] = []
+        if self.settings.discover_karpenter and f"{karpenter.GROUP}/{karpenter.VERSION}" in groups:
+            found += [
+                (p, "karpenter")
+                for p in karpenter.pools_from_node_pools(karpenter.list_node_pools(self.custom))
+            ]
+        if self.settings.discover_cluster_api and f"{cluster_api.GROUP}/{cluster_api.VERSION}" in groups:
+            listed = cluster_api.list_node_groups(self.custom)
+            found += [(p, "cluster-api") for p in cluster_api.pools_from_node_groups(listed)]
+        taken = {pool.name for pool in self.settings.pools}
+        out = []
+        for pool, source in found:
+            if pool.name not in taken:
+                taken.add(pool.name)
+                out.append((pool, empty_node(pool, self.settings.spot_pools), source))
+        return out
 
     def _method(self, served: bool, any_pool: bool) -> str | None:
         mode = self.settings.mode

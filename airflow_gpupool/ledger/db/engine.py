@@ -39,6 +39,8 @@ ADVISORY_LOCK_KEY = 7243000
 #: The database's clock in seconds since the epoch (PostgreSQL): what every client measures on.
 DATABASE_NOW = "extract(epoch FROM clock_timestamp())::float8"
 _SQLITE_BUSY_CODES = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
+# A file SQLite cannot open or write, or one that is not a database: no retry changes these.
+_SQLITE_REFUSED_CODES = {sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_READONLY, sqlite3.SQLITE_NOTADB}
 # serialization_failure, deadlock_detected, admin/crash shutdown, cannot_connect_now,
 # idle_in_transaction_session_timeout (this session was ended), connection exceptions
 _PG_TRANSIENT = ("40001", "40P01", "57P01", "57P02", "57P03", "25P03", "08")
@@ -65,10 +67,18 @@ def normalize_url(url: str) -> str:
             f"ledger URL {redact_url(url)!r}: port {parsed.port} is not between 1 and 65535"
         )
     backend = parsed.get_backend_name()
-    if backend == "postgresql":
+    # As written: get_driver_name() loads the dialect, which fails for an unknown one. Another
+    # driver is refused, not swapped for ours; psycopg2 (Airflow's own URLs) is psycopg 3's dialect.
+    driver = parsed.drivername.partition("+")[2]
+    if backend == "postgresql" and driver in ("", "psycopg", "psycopg2"):
         return parsed.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
-    if backend == "sqlite":
+    if backend == "sqlite" and driver in ("", "pysqlite"):
         return url
+    if backend in ("postgresql", "sqlite"):
+        ours = "postgresql+psycopg://" if backend == "postgresql" else "sqlite:///"
+        raise ConfigurationError(
+            f"ledger URL {redact_url(url)!r}: driver {driver!r} is not supported: write {ours}"
+        )
     raise ConfigurationError(
         f"ledger URL {redact_url(url)!r}: only sqlite and postgresql ledgers are supported"
     )
@@ -291,8 +301,11 @@ def classify(error: BaseException) -> Kind | None:
     if not isinstance(error, DBAPIError):
         return None
     orig = error.orig
+    code = getattr(orig, "sqlite_errorcode", None) if isinstance(orig, sqlite3.DatabaseError) else None
+    if code in _SQLITE_BUSY_CODES or code in _SQLITE_REFUSED_CODES:
+        return Kind.BUSY if code in _SQLITE_BUSY_CODES else Kind.REFUSED
     if isinstance(orig, sqlite3.OperationalError):
-        return Kind.BUSY if getattr(orig, "sqlite_errorcode", None) in _SQLITE_BUSY_CODES else None
+        return None
     sqlstate = getattr(orig, "sqlstate", None) or ""
     if sqlstate in _PG_BUSY:
         return Kind.BUSY
@@ -324,6 +337,10 @@ def _cause(error: BaseException) -> str:
 
 
 def _refused(error: DBAPIError) -> LedgerConnectionRefusedError:
+    if isinstance(error.orig, sqlite3.DatabaseError):
+        notadb = getattr(error.orig, "sqlite_errorcode", None) == sqlite3.SQLITE_NOTADB
+        hint = "the file is something else" if notadb else "its folder must exist and be writable"
+        return LedgerConnectionRefusedError(f"SQLite: {_cause(error)} ({hint})")
     found = _PG_REFUSED.search(str(error.orig))
     return LedgerConnectionRefusedError(found.group(1) if found else _cause(error))
 

@@ -144,6 +144,9 @@ class Reservation:
     :param checkpoint_at: when its holder last saw a newer valid checkpoint (None: none reported)
     :param headroom_loan: it was granted on the headroom lent to preemptible work (urgent work
         may take it back, whatever its team's quota)
+    :param not_before: queued ahead: the ledger time before which it is not granted (None once due)
+    :param overtakes: while it waits, the later requests granted past it so far (the queue rule
+        lets none pass once this reaches ``max_overtakes``); 0 otherwise
     """
 
     id: str
@@ -163,6 +166,8 @@ class Reservation:
     preempted_by: str | None = None
     checkpoint_at: float | None = None
     headroom_loan: bool = False
+    not_before: float | None = None
+    overtakes: int = 0
 
     @property
     def waited_seconds(self) -> float:
@@ -189,6 +194,8 @@ class Reservation:
             "preempted_by": self.preempted_by,
             "checkpoint_at": self.checkpoint_at,
             "headroom_loan": self.headroom_loan,
+            "not_before": self.not_before,
+            "overtakes": self.overtakes,
         }
 
 

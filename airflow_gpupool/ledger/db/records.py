@@ -154,6 +154,8 @@ def reservation_of(conn: Connection, row: Row[Any], request: GpuRequest) -> Rese
         preempted_by=row.preempted_by,
         checkpoint_at=row.checkpoint_at,
         headroom_loan=bool(row.headroom_loan),
+        not_before=row.not_before,
+        overtakes=(row.overtakes or 0) if row.state == WAITING else 0,
     )
 
 

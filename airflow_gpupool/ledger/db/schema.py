@@ -158,6 +158,17 @@ reservations = Table(
     # Headroom (schema v12): the grant was admitted on the headroom lent to preemptible work,
     # so urgent work may take it back whatever its team's quota (None: not on loan).
     Column("headroom_loan", Boolean, nullable=True),
+    # Queued ahead (schema v22): a request entered before its task runs (the next step of a DAG
+    # run, at its upstream's forecast end) keeps its place but is not granted before this time.
+    Column("not_before", Float, nullable=True),
+    # Run admission (schema v23): the first GPU step of a DAG run admitted as a whole waits until
+    # its team's quota (or the pool) serves the run's peak (ledger.teams.run_gate).
+    Column("run_key", String(500), nullable=True),
+    Column("run_peak_milli", Integer, nullable=True),
+    # Queue ahead (schema v24): a request entered for a downstream step names its upstream grant
+    # (kept once not_before clears); an upstream with plans ahead is marked, so its end finds them.
+    Column("ahead_of", String(64), nullable=True),
+    Column("ahead_planned", Boolean, nullable=True),
 )
 Index("ix_gpupool_reservations_queue", reservations.c.state, reservations.c.priority, reservations.c.seq)
 Index("ix_gpupool_reservations_expiry", reservations.c.state, reservations.c.expires_at)
@@ -244,3 +255,65 @@ forecasts = Table(
     Column("queue_length", Integer, nullable=True),
     Column("reason", String(500), nullable=False),
 )
+
+# Console actions (schema v19): who cancelled, released, cordoned or re-prioritized what, and when.
+actions = Table(
+    "gpupool_actions",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    Column("at", Float, nullable=False),
+    Column("actor", String(253), nullable=False),
+    Column("action", String(32), nullable=False),
+    Column("target", String(253), nullable=False),
+    Column("team", String(253), nullable=True),
+    Column("detail", Text, nullable=False),
+)
+Index("ix_gpupool_actions_team", actions.c.team, actions.c.at)
+
+# The empty node of each scalable pool (schema v21), replaced as a whole by the controller's
+# autoscale step from ``[gpupool] scalable_node_pools`` and what it discovers; the reserve of any
+# process reads it, so a request only a new node could take waits instead of being refused.
+# ``node`` is the JSON of the placement node (:mod:`airflow_gpupool.ledger.store.scalable`).
+scalable_pools = Table(
+    "gpupool_scalable_pools",
+    metadata,
+    Column("name", String(253), primary_key=True),
+    Column("source", String(32), nullable=False),
+    Column("node", Text, nullable=False),
+    Column("updated_at", Float, nullable=False),
+)
+
+# Each node's drift as the controller last computed it (schema v21), replaced as a whole each
+# pass; in milli-GPU. ``since``: when the node began to drift (null: it agrees); the page reads it.
+node_drift = Table(
+    "gpupool_node_drift",
+    metadata,
+    Column("node", String(253), primary_key=True),
+    Column("running_milli", BigInteger, nullable=False),
+    Column("drift_milli", BigInteger, nullable=False),
+    Column("mismatched", Text, nullable=False),
+    Column("since", Float, nullable=True),
+    Column("computed_at", Float, nullable=False),
+)
+
+# Queue-ahead plans (schema v24): a downstream step's request enters the queue at ``enter_at``
+# (the write cycle's due processing enters it then, with a fresh seq), not granted before
+# ``not_before``; ``state`` is ``planned``, ``entered`` or ``withdrawn``
+# (:mod:`~airflow_gpupool.ledger.grants.queue_ahead`).
+queue_ahead = Table(
+    "gpupool_queue_ahead",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("upstream_id", String(64), nullable=False),
+    Column("task_key", String(512), nullable=False),
+    Column("request", Text, nullable=False),
+    Column("enter_at", Float, nullable=False),
+    Column("not_before", Float, nullable=False),
+    Column("idle_seconds", Float, nullable=False),
+    Column("timeout", Float, nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("created_at", Float, nullable=False),
+)
+Index("ix_gpupool_queue_ahead_due", queue_ahead.c.state, queue_ahead.c.enter_at)
+Index("ix_gpupool_queue_ahead_upstream", queue_ahead.c.upstream_id)
+Index("ix_gpupool_queue_ahead_step", queue_ahead.c.task_key)

@@ -29,6 +29,7 @@ DUE = select(schema.reservations).where(
     or_(
         and_(_r.state == "granted", _r.expires_at < bindparam("now")),
         and_(_r.state == "waiting", _r.deadline < bindparam("now")),
+        and_(_r.state == "waiting", _r.not_before <= bindparam("now")),
     )
 )
 # Whether anything is due at all: what a waiting process reads before it takes the write lock.
@@ -38,12 +39,15 @@ ANY_DUE = (
         or_(
             and_(_r.state == "granted", _r.expires_at < bindparam("now")),
             and_(_r.state == "waiting", _r.deadline < bindparam("now")),
+            and_(_r.state == "waiting", _r.not_before <= bindparam("now")),
         )
     )
     .limit(1)
 )
+# A request queued ahead whose not_before has come waits as any other from then on.
+CLEAR_NOT_BEFORE = update(schema.reservations).where(_r.id == bindparam("rid")).values(not_before=None)
 WAITING = (
-    select(_r.id, _r.request, _r.seq, _r.overtakes)
+    select(_r.id, _r.request, _r.priority, _r.seq, _r.overtakes, _r.not_before, _r.run_key, _r.run_peak_milli)
     .where(_r.state == "waiting")
     .order_by(_r.priority.desc(), _r.seq, _r.id)
 )
@@ -62,6 +66,10 @@ FIRST_SPENT = WAITING_SPENT.limit(1)
 # (a gang's growth members share its ``seq``).
 #: The external holds (pods the ledger did not grant), for why a request waits.
 EXTERNAL_HOLDS = select(schema.reservations).where(_r.state == "external")
+#: The runs admitted as a whole that hold a grant now (their other entry steps are admitted too).
+RUNS_HOLDING = select(_r.run_key).where(
+    _r.state.in_(("granted", "orphaned")), _r.run_key.in_(bindparam("keys", expanding=True))
+)
 WAITING_AHEAD = select(func.count()).where(
     _r.state == "waiting",
     or_(

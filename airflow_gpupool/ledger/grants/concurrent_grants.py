@@ -17,7 +17,8 @@ from sqlalchemy import Connection
 from airflow_gpupool.exceptions import NoCapacityError
 from airflow_gpupool.ledger.db.models import ReleaseResult, Reservation, ReservationState
 from airflow_gpupool.ledger.grants.no_fit import refuse_if_never_fits, waits_as_it_is
-from airflow_gpupool.ledger.grants.serialized import ReserveArgs, granted, new_grant, released
+from airflow_gpupool.ledger.grants.reserve_args import ReserveArgs
+from airflow_gpupool.ledger.grants.serialized import granted, new_grant, released
 from airflow_gpupool.ledger.postgres.concurrent import ConcurrentPath
 from airflow_gpupool.ledger.queue.cycle import WriteCycle
 from airflow_gpupool.ledger.store.cache import classes_from_counts

@@ -12,16 +12,12 @@ from __future__ import annotations
 import json
 import logging
 import time
-import uuid
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from sqlalchemy import func, insert, select, update
 
-from airflow_gpupool import settings
 from airflow_gpupool.exceptions import (
     GrantPreemptedError,
-    InvalidGangError,
     InvalidRequestError,
     LeaseExpiredError,
 )
@@ -29,69 +25,21 @@ from airflow_gpupool.ledger.db import records, schema
 from airflow_gpupool.ledger.db.models import Grant, ReleaseResult, Reservation, ReservationState
 from airflow_gpupool.ledger.db.records import GRANTED, HOLDING, ORPHANED, WAITING
 from airflow_gpupool.ledger.grants.no_fit import refuse_if_never_fits, waits_as_it_is
+from airflow_gpupool.ledger.grants.reserve_args import MAX_HOLDER, ReserveArgs, checked_seconds
 from airflow_gpupool.ledger.queue import gangs
 from airflow_gpupool.ledger.queue.cycle import WriteCycle
 from airflow_gpupool.ledger.queue.holds import held_nodes
 from airflow_gpupool.ledger.store.gate import ALL_SPENT, QueueGate
+from airflow_gpupool.ledger.store.scalable import scalable_shapes
 from airflow_gpupool.ledger.store.take import grant_row
 from airflow_gpupool.ledger.store.transactions import LOGGER_NAME, LedgerStore, Tx
 from airflow_gpupool.ledger.teams.plan import governed
 from airflow_gpupool.ledger.teams.preempting import victims_exist
+from airflow_gpupool.ledger.teams.run_gate import refuse_if_too_large, run_columns
 from airflow_gpupool.placement.verdict import Assignment, NoFit
 from airflow_gpupool.resources import GpuRequest
-from airflow_gpupool.validate import positive_seconds
 
 log = logging.getLogger(LOGGER_NAME)
-
-_MAX_HOLDER = 512
-_MAX_SECONDS = 366 * 86400
-_SECONDS = "a number of seconds in (0, 31622400]"
-
-
-@dataclass(frozen=True)
-class ReserveArgs:
-    """The checked arguments of one reserve call, defaults filled in.
-
-    :param idempotent: the caller chose the id. Either way the id is made once, before the
-        first attempt, and reserving it again returns what it has
-    """
-
-    request: GpuRequest
-    holder: str
-    reservation_id: str
-    ttl: float
-    timeout: float
-    idempotent: bool
-
-    @classmethod
-    def check(
-        cls,
-        request: GpuRequest,
-        holder: str,
-        *,
-        ttl: float | None = None,
-        timeout: float | None = None,
-        reservation_id: str | None = None,
-    ) -> ReserveArgs:
-        """Check the arguments of :meth:`~airflow_gpupool.ledger.Ledger.reserve`.
-
-        :raises InvalidRequestError: one is wrong
-        """
-        if not isinstance(request, GpuRequest):
-            raise InvalidRequestError("request", request, "a GpuRequest")
-        if not isinstance(holder, str) or not holder or len(holder) > _MAX_HOLDER:
-            raise InvalidRequestError(
-                "holder", holder, f"a non-empty string of at most {_MAX_HOLDER} characters"
-            )
-        seconds = _seconds("ttl", ttl, settings.lease_ttl_seconds)
-        wait = _seconds("timeout", timeout, settings.reservation_timeout_seconds)
-        rid = reservation_id or uuid.uuid4().hex
-        if not isinstance(rid, str) or not 0 < len(rid) <= 64:
-            raise InvalidRequestError("reservation_id", rid, "a string of 1 to 64 characters")
-        longest = gangs.leader_id_limit(request)
-        if len(rid) > longest:  # its members' ids are the leader's and ".<index>"
-            raise InvalidGangError("reservation_id", rid, f"a gang's id of 1 to {longest} characters")
-        return cls(request, holder, rid, seconds, wait, reservation_id is not None)
 
 
 def released(reservation_id: str, state: ReservationState, reason: str) -> ReleaseResult:
@@ -148,11 +96,15 @@ class LedgerGrants:
             if existing is not None:
                 return self._store.reservation(tx.conn, existing)
             tx.queue_tracked = True
-            placed = self._place_past_queue(tx, args)
+            if args.run_need is not None:  # a run too large for its team or the pool is never queued
+                nodes = self._cycle.run_nodes.of(tx, request)
+                refuse_if_too_large(nodes, self._cycle.quota_plan(tx), request, args.run_need)
+            ahead = (args.not_before is not None and args.not_before > tx.now) or args.run_need is not None
+            placed = None if ahead else self._place_past_queue(tx, args)
             if placed is not None and isinstance(placed[0], Assignment):
                 return self._grant_past_queue(tx, args, placed[0])
             self._insert_waiting(tx, args)
-            if not self._waits_past_pass(tx, args, placed):
+            if ahead or not self._waits_past_pass(tx, args, placed):
                 self._cycle.serve(tx)
             if rid in tx.assignments and request.gang is None:
                 assignment = tx.assignments[rid]
@@ -271,14 +223,21 @@ class LedgerGrants:
                 overtakes=0,
                 gang_id=rid if request.gang is not None else None,
                 gang_index=0 if request.gang is not None else None,
+                not_before=args.not_before if (args.not_before or 0) > tx.now else None,
+                **run_columns(args.run_need),
             )
         )
         self._store.requests.put(rid, request)
         tx.dirty = True
 
     def _refuse_if_never_fits(self, tx: Tx, request: GpuRequest) -> None:
-        # Raising rolls the whole transaction back: the request was never queued.
-        refuse_if_never_fits(self._store, self._cycle, tx.nodes.values(), request)
+        # Raising rolls the whole transaction back: the request was never queued. One only a
+        # scalable pool's new node fits waits: the controller asks the autoscaler for that node.
+        pool = refuse_if_never_fits(
+            self._store, self._cycle, tx.nodes.values(), request, lambda: scalable_shapes(tx.conn)
+        )
+        if pool is not None:
+            log.debug("A request for %s waits for the autoscaler: pool %s", request.describe(), pool)
 
     def renew(
         self, reservation_id: str, ttl: float | None = None, *, holder: str | None = None
@@ -289,10 +248,8 @@ class LedgerGrants:
         becomes granted again. With ``holder``, the grant also passes to that holder: a retry
         adopting the grant of the try whose pod it re-attached to.
         """
-        if holder is not None and (not isinstance(holder, str) or not 0 < len(holder) <= _MAX_HOLDER):
-            raise InvalidRequestError(
-                "holder", holder, f"a non-empty string of at most {_MAX_HOLDER} characters"
-            )
+        if holder is not None and (not isinstance(holder, str) or not 0 < len(holder) <= MAX_HOLDER):
+            raise InvalidRequestError("holder", holder, f"a string of 1 to {MAX_HOLDER} characters")
 
         def run(tx: Tx) -> Reservation:
             tx.queue_tracked = True
@@ -302,7 +259,7 @@ class LedgerGrants:
             if row.preempt_deadline is not None:  # a victim's lease ends at its deadline
                 left = float(row.preempt_deadline) - tx.now
                 raise GrantPreemptedError(reservation_id, float(row.preempt_deadline), left, row.preempted_by)
-            seconds = _seconds("ttl", ttl, lambda: float(row.ttl))
+            seconds = checked_seconds("ttl", ttl, lambda: float(row.ttl))
             if row.gang_id is not None:  # a gang's lease is one: every holding member renews
                 gangs.renew_members(tx, row, tx.now + seconds, holder)
                 return self._store.reservation(tx.conn, records.row_by_id(tx.conn, reservation_id))
@@ -320,11 +277,13 @@ class LedgerGrants:
 
         return self._cycle.write(run)
 
-    def release(self, reservation_id: str, reason: str) -> ReleaseResult:
-        """Give a grant back, or withdraw a waiting request; idempotent."""
+    def release(self, reservation_id: str, reason: str, keep_ahead: bool = False) -> ReleaseResult:
+        """Give a grant back, or withdraw a waiting request; idempotent. ``keep_ahead``: its step succeeded."""
 
         def run(tx: Tx) -> ReleaseResult:
             tx.queue_tracked = True
+            if keep_ahead:  # what queued ahead of it stays (ledger.grants.queue_ahead)
+                tx.keep_ahead.add(reservation_id)
             row = records.row_by_id(tx.conn, reservation_id)
             state = ReservationState(row.state)
             if state.ended:
@@ -346,7 +305,8 @@ class LedgerGrants:
                     reason,
                 )
             elif state.holds and row.preempt_deadline is not None:
-                message = f"{reason} (preempted for {row.preempted_by})"
+                why = f"preempted for {row.preempted_by}" if row.preempted_by else row.message  # revoked
+                message = f"{reason} ({why})"
                 self._cycle.end_grant(tx, row, ReservationState.PREEMPTED, message)
             elif state.holds:
                 self._cycle.end_grant(tx, row, ReservationState.RELEASED, reason)
@@ -367,19 +327,3 @@ class LedgerGrants:
         """
         state = tx.nodes.get(node)
         return state is not None and not governed(tx.quota_version) and tx.current_gate.lets_release(state)
-
-
-def _seconds(name: str, value: float | None, default: Callable[[], float]) -> float:
-    """Return ``value`` (``default()`` when None) as seconds in (0, 366 days].
-
-    :raises InvalidRequestError: not a number (strings and timedeltas included), or out of range
-    """
-    if value is None:
-        return default()
-    # Unlike configuration, a call passes seconds as a number: refuse anything else.
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidRequestError(name, value, _SECONDS)
-    try:
-        return positive_seconds(value, maximum=_MAX_SECONDS)
-    except ValueError:
-        raise InvalidRequestError(name, value, _SECONDS) from None

@@ -7,12 +7,16 @@ MIG slice it holds, holder ``external:<namespace>/<name>``, until its pod is gon
 
 Which GPUs, in this order:
 
-1. the GPUs its annotations name (HAMi's allocation), by UUID;
+1. the GPUs its annotations name (HAMi's allocation), by UUID, and the GPUs its DRA
+   ResourceClaims were allocated (``gpu-<index>``), by index;
 2. else, for whole GPUs, the node's wholly free GPUs, lowest index first; for a share of a GPU,
    the lowest-indexed GPU with room for it; for MIG, the free slices of its profile, lowest GPU
    and slice id first;
 3. an unreadable pod, or one asking for a MIG profile its node does not have, holds every free
    GPU and MIG slice of its node (better an idle GPU than two pods on one).
+
+The node agent's report then corrects the choice: a hold moves onto the GPUs it shows the pod's
+processes on (:mod:`~airflow_gpupool.ledger.nodes.external_move`).
 
 What the node has not got free (a grant holds it: the books were wrong) is not held twice: the
 row says what fell short, and each full relist tries again, so the pod takes its GPUs once the

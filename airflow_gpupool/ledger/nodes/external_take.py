@@ -77,7 +77,9 @@ class HoldTaker:
         units: list[HoldUnit] = []
         short: list[str] = []
         by_uuid = {gpu.uuid: gpu for gpu in self.gpus}
+        by_idx = {gpu.idx: gpu for gpu in self.gpus}
         named = [by_uuid[u] for u in use.devices if u in by_uuid]
+        named += [by_idx[i] for i in use.gpu_indices if i in by_idx]  # a DRA allocation's GPUs
         if use.whole:
             pool = named or [gpu for gpu in self.gpus if _wholly_free(gpu)]
             got = [self._whole(gpu) for gpu in pool if _wholly_free(gpu)][: use.whole]

@@ -28,6 +28,7 @@ from airflow_gpupool.ledger.nodes.agent_report import (
     NodeReport,
     assess_gpu,
 )
+from airflow_gpupool.ledger.nodes.external_move import HoldDrift, HoldMove, correct_external_holds
 from airflow_gpupool.ledger.store.ends import held_on_node
 from airflow_gpupool.ledger.store.transactions import LOGGER_NAME, LedgerStore, Tx
 from airflow_gpupool.resources import NodeHealth
@@ -52,6 +53,8 @@ class HeartbeatResult:
     :param released: UUIDs of GPUs whose leak quarantine ended
     :param leaks: the leaks past their grace, one dict per GPU
     :param warnings: per reservation id, why it should checkpoint now
+    :param moved: external holds moved onto the GPUs the agent sees their pods on
+    :param drift: foreign pods seen on GPUs that grants hold (the node was marked suspect)
     """
 
     node: str
@@ -61,6 +64,8 @@ class HeartbeatResult:
     released: tuple[str, ...] = ()
     leaks: tuple[dict[str, Any], ...] = ()
     warnings: dict[str, list[str]] = field(default_factory=dict)
+    moved: tuple[HoldMove, ...] = ()
+    drift: tuple[HoldDrift, ...] = ()
 
 
 def write_gpu_health(tx: Tx, node: str, idx: int, value: str, source: str, reason: str | None) -> None:
@@ -137,6 +142,11 @@ class HeartbeatWrite:
             r.idx: r for r in tx.conn.execute(select(schema.gpus).where(schema.gpus.c.node == report.node))
         }
         previous = _previous(node.agent_state)
+        # Holds first: the GPUs are then judged with the holds where their pods really run.
+        corrected = correct_external_holds(
+            tx, report, set(rows), suspect=node.suspect_since is not None, need_lock=self._need_lock
+        )
+        self.structural = corrected.changed
         grants = _grants_by_gpu(self.store, tx, report.node, node.node_pool)
         state: dict[str, Any] = {}
         leaks: list[dict[str, Any]] = []
@@ -182,6 +192,8 @@ class HeartbeatWrite:
             tuple(self.released),
             tuple(leaks),
             {k: v for k, v in warnings.items() if v},
+            tuple(corrected.moves),
+            tuple(corrected.drift),
         )
 
     def _verify(self, row: Row[Any], sample: GpuSample) -> None:

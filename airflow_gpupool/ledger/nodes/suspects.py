@@ -26,7 +26,7 @@ from airflow_gpupool.ledger.db import schema
 from airflow_gpupool.ledger.queue.cycle import WriteCycle
 from airflow_gpupool.ledger.store.transactions import LOGGER_NAME, LedgerStore, Tx
 
-__all__ = ["LedgerSuspects"]
+__all__ = ["LedgerSuspects", "write_suspect"]
 
 log = logging.getLogger(LOGGER_NAME)
 
@@ -58,21 +58,13 @@ class LedgerSuspects:
         :param reason: what was seen (the scheduler's message), kept for ``explain``
         :raises InvalidInventoryError: the node is not in the inventory
         """
-        text = " ".join(reason.split())[:MAX_REASON_CHARS] or "reported"
 
         def run(tx: Tx) -> float:
-            found = tx.conn.execute(
-                update(schema.nodes)
-                .where(schema.nodes.c.name == name)
-                .values(suspect_since=tx.now, suspect_reason=text, version=tx.version)
-            )
-            if found.rowcount == 0:
+            if not write_suspect(tx, name, reason):
                 raise InvalidInventoryError("node", name, "a node of the inventory")
             # Placement must see the node unschedulable: the capacity copy reads it again.
-            tx.dirty, tx.exact = True, False
             self._store.cache.reload(tx.conn)
             tx.nodes = dict(self._store.cache.nodes)
-            log.warning("Node %s is suspect until the controller resyncs it: %s", name, text)
             return tx.now
 
         return self._cycle.write(run)
@@ -129,3 +121,18 @@ class LedgerSuspects:
             return cleared
 
         return self._cycle.write(run)
+
+
+def write_suspect(tx: Tx, name: str, reason: str) -> bool:
+    """Mark a node suspect inside ``tx``; False when no such node. The caller reloads the capacity."""
+    text = " ".join(reason.split())[:MAX_REASON_CHARS] or "reported"
+    found = tx.conn.execute(
+        update(schema.nodes)
+        .where(schema.nodes.c.name == name)
+        .values(suspect_since=tx.now, suspect_reason=text, version=tx.version)
+    )
+    if found.rowcount == 0:
+        return False
+    tx.dirty, tx.exact = True, False
+    log.warning("Node %s is suspect until the controller resyncs it: %s", name, text)
+    return True

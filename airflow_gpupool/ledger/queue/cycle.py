@@ -13,12 +13,13 @@ from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, Row
+from sqlalchemy import Row
 
+from airflow_gpupool.governance.quotas import QuotaPlan
 from airflow_gpupool.ledger.db import statements as sql
 from airflow_gpupool.ledger.db.models import ReapResult, ReservationState
 from airflow_gpupool.ledger.db.records import GRANTED
-from airflow_gpupool.ledger.queue import gangs
+from airflow_gpupool.ledger.queue import ahead, gangs
 from airflow_gpupool.ledger.queue.equivalence import EquivalenceIndex
 from airflow_gpupool.ledger.queue.explain import WaitContext, blocked_message
 from airflow_gpupool.ledger.queue.hand_over import publish_head
@@ -30,13 +31,14 @@ from airflow_gpupool.ledger.store.ends import ReservationEnds
 from airflow_gpupool.ledger.store.gate import QueueGate
 from airflow_gpupool.ledger.store.take import grant_row
 from airflow_gpupool.ledger.store.transactions import LOGGER_NAME, LedgerStore, Tx
-from airflow_gpupool.ledger.teams.admission import Governance, mark_headroom_loan
+from airflow_gpupool.ledger.teams.admission import Governance, mark_headroom_loan, read_governance
 from airflow_gpupool.ledger.teams.plan import PlanCache, governed
 from airflow_gpupool.ledger.teams.preempting import preempt_for_waiting
+from airflow_gpupool.ledger.teams.run_gate import RunGate, RunNodes
 from airflow_gpupool.placement.gang import GangAssignment, hold_gang_nodes
 from airflow_gpupool.placement.policy import PlacementPolicy
 from airflow_gpupool.placement.pools import UNCONSTRAINED, PoolBindings
-from airflow_gpupool.placement.queue import QueueEntry, ServeOutcome, hold_node, serve
+from airflow_gpupool.placement.queue import QueueEntry, ServeOutcome, hold_node, is_due, serve
 from airflow_gpupool.placement.snapshot import ClusterSnapshot, NodeState
 from airflow_gpupool.placement.verdict import Assignment, NoFit
 from airflow_gpupool.resources import GpuRequest
@@ -49,7 +51,6 @@ T = TypeVar("T")
 class WriteCycle(ReservationEnds):
     """Write transactions that expire what is due first, and the queue they serve.
 
-    :param policy: where requests go
     :param max_overtakes: the no-starvation bound, see :mod:`airflow_gpupool.placement.queue`
     :param bindings: the binding of each node pool: a request goes only where it can be expressed
     """
@@ -76,6 +77,7 @@ class WriteCycle(ReservationEnds):
         #: Serve incrementally (:mod:`~airflow_gpupool.ledger.queue.service`); False: every pass tries every request.
         self.incremental = incremental
         self._equivalence = EquivalenceIndex()
+        self.run_nodes = RunNodes(store.cache, bindings)  # where a run admitted as a whole is counted
         self._service = ServiceMemo()
         self._plans = PlanCache()
         #: What a pass reads of the waiting requests (the spent ones copied per process).
@@ -117,11 +119,7 @@ class WriteCycle(ReservationEnds):
     def reap_due(self) -> ReapResult | None:
         """Reap if a lease or a wait is overdue; None, after one read and no write, when nothing is."""
         store = self.store
-
-        def anything_due(conn: Connection) -> bool:
-            return conn.execute(sql.ANY_DUE, {"now": store.clock(conn)}).first() is not None
-
-        return self.reap() if store.read(anything_due) else None
+        return self.reap() if store.read(lambda conn: ahead.any_due(conn, store.clock(conn))) else None
 
     def place(
         self,
@@ -149,22 +147,24 @@ class WriteCycle(ReservationEnds):
         cache = cache or self.store.cache
         ctx = WaitContext(self.store, cache, self.policy, self.bindings, self.max_overtakes)
         request, version = self.store.request_of(row), tx.quota_version or cache.quota_version
-        refusal = None
+        quota = None
         if governed(version):
-            plan = self._plans.plan(tx.conn, version or 0)
-            refusal = Governance.read(tx.conn, self.store, plan, tx.nodes).refusal(request)
+            quota = read_governance(tx.conn, self.store, self._plans.plan(tx.conn, version or 0), tx.nodes)
+        refusal = quota.refusal(request) if quota is not None else None
+        runs = RunGate.read(tx, [row], RunNodes(cache, self.bindings))  # on the copy this look loaded
+        refusal = refusal or runs.refusal(tx, row.id, request, quota)
         return blocked_message(ctx, tx, row, request, refusal)
 
     def expire_due(self, tx: Tx) -> None:
-        """End the leases and waits that are overdue at ``tx.now``, then serve the queue if any were.
+        """End the leases and waits overdue at ``tx.now`` (enter plans queued ahead), then serve the queue if any.
 
-        A lease with a pod bound to it does not free its slice: the pod may still run on it
-        (its worker died). It becomes ``orphaned`` and holds the slice until reconcile sees
-        the pod finished or gone, or deletes it.
+        A lease with a pod bound to it becomes ``orphaned``: its slice is held until reconcile sees the pod gone.
         """
+        entered = ahead.enter_due(tx, self)  # plans queued ahead whose time to enter has come
         due = tx.conn.execute(sql.DUE, {"now": tx.now}).all()
         gangs_done: set[str] = set()
-        for row in due:
+        # Lazily: one withdrawn with its upstream, due before it in this list, has ended already.
+        for row in (r for r in due if r.id not in tx.withdrawn):
             if row.gang_id is not None and row.state == GRANTED:
                 # A gang's lease is one: its first due member takes the whole gang with it.
                 if row.gang_id not in gangs_done:
@@ -174,17 +174,28 @@ class WriteCycle(ReservationEnds):
                 self.end_preemption(tx, row)
             elif row.state == GRANTED and row.pod_name is not None:
                 self.orphan(tx, row)
+            elif row.state == GRANTED and ahead.unclaimed(row):  # granted ahead, idle past its bound
+                ahead.step_back(tx, self, row)
             elif row.state == GRANTED:
                 log.warning("Lease of %s (holder %s) expired: returning its slice", row.id, row.holder)
                 self.end_grant(tx, row, ReservationState.EXPIRED, "lease expired without renewal")
                 tx.expired.append(row.id)
+            elif row.deadline >= tx.now:  # queued ahead, its not_before come: the pass may grant it
+                log.info("Request %s queued ahead is due: it may be granted from now", row.id)
+                tx.conn.execute(sql.CLEAR_NOT_BEFORE, {"rid": row.id})
             else:
                 message = self.blocked_message(tx, row)
                 log.warning("Reservation %s timed out: %s", row.id, message)
                 self.end_waiting(tx, row, ReservationState.TIMED_OUT, message)
                 tx.timed_out.append(row.id)
-        if due:
+        if due or entered:
             self.serve(tx)
+
+    def end_grant(self, tx: Tx, row: Row[Any], state: ReservationState, message: str) -> None:
+        """End a grant; ended but not by success, withdraw what queued ahead of it (same transaction)."""
+        super().end_grant(tx, row, state, message)
+        if getattr(row, "ahead_planned", None) and row.id not in tx.keep_ahead:
+            ahead.withdraw(tx, self, row, f"{state.value} ({message})")
 
     def serve(self, tx: Tx) -> None:
         """Grant what the queue can grant now, in its order (see :func:`~airflow_gpupool.placement.queue.serve`)."""
@@ -202,14 +213,17 @@ class WriteCycle(ReservationEnds):
         )
         if not rows:
             mark_holds(tx, {})
-            tx.gate = QueueGate(
-                open=True, bound=self.max_overtakes
-            )  # nobody waits: nothing a grant or release could pass by
+            tx.gate = QueueGate(open=True, bound=self.max_overtakes)  # nobody waits: nothing to pass by
             return
-        entries = [QueueEntry(row.id, self.store.request_of(row), row.seq, row.overtakes) for row in rows]
+        entries = [
+            QueueEntry(row.id, self.store.request_of(row), row.seq, row.overtakes, row.not_before)
+            for row in rows
+        ]
         if memo is not None:
             entries.sort(key=lambda e: (-e.request.priority, e.seq, e.request_id))
         quota = self.governance(tx) if under_quotas else None  # read only when something waits
+        runs = RunGate.read(tx, rows, self.run_nodes)  # a run's first step waits outside until admitted
+        entries = runs.admitted(tx, entries, quota)
         if quota is not None:
             entries = quota.order([e for e in entries if not quota.refused_everywhere(e.request)])
         try_place = self._placer(tx, memo, quota)
@@ -222,7 +236,7 @@ class WriteCycle(ReservationEnds):
             return hold_node(current, empty, entry.request, held, self.bindings)
 
         tx.elastic_added = False
-        outcome = serve(entries, try_place, self.max_overtakes, hold)
+        outcome = serve(entries, try_place, self.max_overtakes, hold, now=tx.now)
         if memo is not None:
             tx.served = memo.found()
         self._hold_for_the_first_spent(entries, outcome, hold)
@@ -230,10 +244,9 @@ class WriteCycle(ReservationEnds):
         preemption_possible = preempt_for_waiting(self, tx, entries, quota)
         mark_holds(tx, outcome.holds)
         if tx.conn.dialect.name == "postgresql":  # for a release that empties a node (ledger.hand_over)
-            self._publish_head(tx, entries, outcome, governed=quota is not None)
-        tx.gate = self._gate_after(
-            entries, outcome, spent_shapes, may_skip=not (under_quotas or preemption_possible)
-        )
+            self._publish_head(tx, entries, outcome, governed=quota is not None or bool(runs.needs))
+        closed = under_quotas or preemption_possible or runs.keeps_gate_closed
+        tx.gate = self._gate_after(entries, outcome, spent_shapes, may_skip=not closed)
         if tx.elastic_added:  # an elastic gang was admitted: its growth may fit what is left now
             self.serve(tx)
 
@@ -243,6 +256,8 @@ class WriteCycle(ReservationEnds):
         granted = {entry.request_id for entry, _ in outcome.granted}
         # Entries are in service order; under quotas the order is the teams' (and the gate closed).
         head = None if governed else next((e for e in entries if e.request_id not in granted), None)
+        if head is not None and not is_due(head, tx.now):
+            head = None  # queued ahead: a release must not hand it a node before its not_before
         current = list(tx.nodes.values())
         empty = self.store.cache.empty_snapshot(current).nodes
         publish_head(tx, head, current, empty, self.bindings, self.store.cache.generation)
@@ -300,10 +315,8 @@ class WriteCycle(ReservationEnds):
 
     def _record_pass(self, tx: Tx, entries: list[QueueEntry], outcome: ServeOutcome) -> None:
         """Store the overtake counts a pass changed, and log its holds and barrier."""
-        counts = outcome.overtakes
-        stored = {e.request_id: e.overtakes for e in entries}
-        bound = self.max_overtakes
-        tx.spent_changed |= any(n >= bound > stored[rid] for rid, n in counts.items())
+        counts, stored = outcome.overtakes, {e.request_id: e.overtakes for e in entries}
+        tx.spent_changed |= any(n >= self.max_overtakes > stored[rid] for rid, n in counts.items())
         if self.incremental:
             # Past the bound, a count decides nothing more (spent is spent): kept at the bound, a
             # spent request's row is not written again by every later backfill grant.
@@ -331,10 +344,14 @@ class WriteCycle(ReservationEnds):
     def _fits(self, tx: Tx) -> Callable[[GpuRequest], bool]:
         return lambda request: not isinstance(self.place(tx.nodes, request, frozenset()), NoFit)
 
+    def quota_plan(self, tx: Tx) -> QuotaPlan | None:
+        """Return the stored quotas (None: none stored)."""
+        return self._plans.plan(tx.conn, tx.quota_version or 0) if governed(tx.quota_version) else None
+
     def governance(self, tx: Tx) -> Governance:
         """Return the quotas and usage a pass under quotas works with (see :mod:`~airflow_gpupool.ledger.teams.admission`)."""
         assert tx.quota_version
-        return Governance.read(tx.conn, self.store, self._plans.plan(tx.conn, tx.quota_version), tx.nodes)
+        return read_governance(tx.conn, self.store, self._plans.plan(tx.conn, tx.quota_version), tx.nodes)
 
     def _placer(
         self, tx: Tx, memo: PassMemo | None, quota: Governance | None = None

@@ -18,6 +18,7 @@ from sqlalchemy import Row
 from airflow_gpupool.ledger.db import statements as sql
 from airflow_gpupool.ledger.db.records import waiting_ahead
 from airflow_gpupool.ledger.store.cache import CapacityCache
+from airflow_gpupool.ledger.store.scalable import no_empty_node_fits, pool_that_fits, scalable_shapes
 from airflow_gpupool.ledger.store.transactions import LedgerStore, Tx
 from airflow_gpupool.placement.explain import explain, pools_note
 from airflow_gpupool.placement.gang import hold_gang_nodes, members_that_fit, place_gang
@@ -28,7 +29,7 @@ from airflow_gpupool.placement.snapshot import ClusterSnapshot
 from airflow_gpupool.placement.verdict import NoFit
 from airflow_gpupool.resources import MILLI_PER_GPU, GpuRequest
 
-__all__ = ["WaitContext", "blocked_message", "external_note", "held_nodes"]
+__all__ = ["WaitContext", "autoscale_note", "blocked_message", "external_note", "held_nodes"]
 
 
 class WaitContext:
@@ -131,6 +132,23 @@ def external_note(
     return "; ".join(notes) or None
 
 
+def autoscale_note(ctx: WaitContext, tx: Tx, request: GpuRequest) -> str | None:
+    """Name the scalable pool a request waits for: no node of the inventory could take it, even empty; None: one could.
+
+    See :mod:`~airflow_gpupool.ledger.store.scalable`.
+    """
+    empty = ctx.cache.empty_snapshot(tx.nodes.values())
+    if no_empty_node_fits(empty, request, ctx.policy, ctx.bindings) is None:
+        return None
+    pool, _ = pool_that_fits(scalable_shapes(tx.conn), request, ctx.bindings)
+    if pool is None:
+        return None
+    return (
+        f"it waits for the autoscaler to add a node of scalable pool {pool} "
+        "(no node of the inventory could take it, even empty)"
+    )
+
+
 def blocked_message(
     ctx: WaitContext, tx: Tx, row: Row[Any], request: GpuRequest, quota_refusal: str | None = None
 ) -> str:
@@ -138,27 +156,36 @@ def blocked_message(
 
     :param quota_refusal: why its team's quota refuses it on every node (None: it does not)
     """
-    waited = tx.now - row.created_at
     ahead = waiting_ahead(tx.conn, row)
+    waited = f"waited {tx.now - row.created_at:.0f}s with {ahead} request(s) ahead; "
+    early = row.not_before is not None and row.not_before > tx.now
+    if early:
+        # Queued ahead of its upstream's end: it keeps its place, and then the rest applies.
+        waited += f"queued ahead: not granted for another {row.not_before - tx.now:.0f}s (its not_before); "
     if quota_refusal:
-        return f"waited {waited:.0f}s with {ahead} request(s) ahead; {quota_refusal}"
+        return f"{waited}{quota_refusal}"
     snapshot = tx.snapshot()
     held = held_nodes(ctx, tx, row)
     if request.gang is not None:
         gang = _gang_blocked(ctx, snapshot, request, held)
         blocked = gang or f"its members fit now but {ahead} earlier request(s) hold the queue"
-        return f"waited {waited:.0f}s with {ahead} request(s) ahead; {blocked}"
+        note = autoscale_note(ctx, tx, request) if gang else None
+        blocked += f"; {note}" if note else ""
+        return f"{waited}{blocked}"
     verdict = _placeable(ctx, snapshot, request, held)
     if isinstance(verdict, NoFit):
         reasons = explain(snapshot, request, ctx.bindings, held)
         closest = "; ".join(reasons.summary(3)) or "the inventory is empty"
         blocked = f"no node fits {request.describe()}; closest: {closest}"
         for note in (
+            autoscale_note(ctx, tx, request),
             external_note(ctx, tx, snapshot, request, held),
             pools_note(snapshot.nodes, request, ctx.bindings),
         ):
             if note:
                 blocked += f"; {note}"
+    elif early and not ahead:
+        blocked = f"it fits {verdict.node} now"
     else:
         blocked = f"it fits {verdict.node} now but {ahead} earlier request(s) hold the queue"
-    return f"waited {waited:.0f}s with {ahead} request(s) ahead; {blocked}"
+    return f"{waited}{blocked}"

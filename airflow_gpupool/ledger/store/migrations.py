@@ -9,26 +9,18 @@ both SQLite (batch mode) and PostgreSQL.
 from __future__ import annotations
 
 import json
-import logging
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from alembic.operations import Operations
-from alembic.runtime.migration import MigrationContext
-from sqlalchemy import Column, Connection, Engine, Table, insert, inspect, select, text, update
+from sqlalchemy import Column, Connection, Table, insert, inspect, select, text, update
 
-from airflow_gpupool.exceptions import LedgerSchemaError
 from airflow_gpupool.governance.capacity import capacity_type
 from airflow_gpupool.labels import CAPACITY_TYPE_LABEL
 from airflow_gpupool.ledger.db import schema
 from airflow_gpupool.ledger.postgres import functions as pg_functions
-from airflow_gpupool.redact import redact_url
 from airflow_gpupool.settings import spot_node_pools
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -41,7 +33,10 @@ class Migration:
 
 
 def _v1(op: Operations, conn: Connection) -> None:
+    # The queue-ahead plans too: every write cycle reads them, as it reads the reservations (v24 adds
+    # them to a ledger made before).
     tables = [schema.ledger_meta, schema.nodes, schema.gpus, schema.mig_slices, schema.reservations]
+    tables.append(schema.queue_ahead)
     schema.metadata.create_all(conn, tables=tables)
     conn.execute(
         insert(schema.ledger_meta),
@@ -49,8 +44,9 @@ def _v1(op: Operations, conn: Connection) -> None:
     )
 
 
-def _v2(op: Operations, conn: Connection) -> None:
-    schema.metadata.create_all(conn, tables=[schema.task_attempts])
+def _create(*tables: Table) -> Callable[[Operations, Connection], None]:
+    """Return a step that creates ``tables`` (checkfirst: v1 creates every table the code has)."""
+    return lambda op, conn: schema.metadata.create_all(conn, tables=list(tables))
 
 
 def _v3(op: Operations, conn: Connection) -> None:
@@ -85,10 +81,6 @@ def _v4(op: Operations, conn: Connection) -> None:
 def _v5(op: Operations, conn: Connection) -> None:
     if conn.dialect.name == "postgresql":  # SQLite keeps its machine's clock
         pg_functions.reinstall(conn)
-
-
-def _v6(op: Operations, conn: Connection) -> None:
-    schema.metadata.create_all(conn, tables=[schema.quotas])  # checkfirst: v1 may have made it
 
 
 # The columns v7 adds (the node agent), with the value existing rows get.
@@ -249,14 +241,6 @@ def _v17(op: Operations, conn: Connection) -> None:
         pg_functions.install(conn)
 
 
-#: The schema version that adds the forecasts table (one constant: renumbered at merge if needed).
-FORECASTS_VERSION = 18
-
-
-def _v_forecasts(op: Operations, conn: Connection) -> None:
-    schema.metadata.create_all(conn, tables=[schema.forecasts])
-
-
 def sql_literal(value: object) -> Any:
     """Return the server default that fills a migrated column on existing rows (a SQL literal)."""
     if isinstance(value, bool):
@@ -265,15 +249,35 @@ def sql_literal(value: object) -> Any:
     return text(f"'{value}'")
 
 
+#: The versions of the forecasts, the console's actions, the serialized revoke, the scalable pools and drift.
+FORECASTS_VERSION, ACTIONS_VERSION, REVOKE_VERSION, SCALABLE_VERSION = 18, 19, 20, 21
+#: Run admission's columns: their own migration, apart from any other branch's v23+.
+RUN_ADMISSION_VERSION = SCALABLE_VERSION + 2
+QUEUE_AHEAD_VERSION = RUN_ADMISSION_VERSION + 1
+
+
+def _v24(op: Operations, conn: Connection) -> None:
+    _add_reservation_columns(op, conn, ("ahead_of", "ahead_planned"))
+    _create(schema.queue_ahead)(op, conn)
+    if conn.dialect.name == "postgresql":  # a concurrent release leaves an upstream with plans to the cycle
+        pg_functions.install(conn)
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial schema: inventory, reservations, queue", _v1),
-    Migration(2, "task attempts: failure class, next request and escalation per task try", _v2),
+    Migration(
+        2,
+        "task attempts: failure class, next request and escalation per task try",
+        _create(schema.task_attempts),
+    ),
     Migration(3, "PostgreSQL: concurrent grants and releases under a shared lock", _v3),
     Migration(4, "bound grants: the pod of each grant, and orphaned grants that keep their slice", _v4),
     Migration(
         5, "PostgreSQL: the concurrent path measures leases and deadlines on the database's clock", _v5
     ),
-    Migration(6, "team quotas per resource flavor, with borrowing and lending limits", _v6),
+    Migration(
+        6, "team quotas per resource flavor, with borrowing and lending limits", _create(schema.quotas)
+    ),
     Migration(7, "node agent: heartbeats with reports, health with a source, verified GPU UUIDs", _v7),
     Migration(8, "gang reservations: the gang and member index of each reservation", _v8),
     Migration(9, "quotas applied before the queue governed them are stamped, so it governs them", _v9),
@@ -313,82 +317,31 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(
         FORECASTS_VERSION,
         "forecasts: each waiting request's start-time quantiles, written by the controller",
-        _v_forecasts,
+        _create(schema.forecasts),
+    ),
+    Migration(
+        ACTIONS_VERSION, "console actions: who did what to the pool, and when", _create(schema.actions)
+    ),
+    Migration(REVOKE_VERSION, "PostgreSQL: a preempted grant's release is serialized", _v5),
+    Migration(
+        SCALABLE_VERSION,
+        "scalable pools' empty nodes (a request only a new node fits waits); each node's drift",
+        _create(schema.scalable_pools, schema.node_drift),
+    ),
+    Migration(
+        SCALABLE_VERSION + 1,
+        "queued ahead: a waiting request not granted before its not_before",
+        lambda op, conn: _add_reservation_columns(op, conn, ("not_before",)),
+    ),
+    Migration(
+        RUN_ADMISSION_VERSION,
+        "run admission: a DAG run's first GPU step waits until its team's quota or the pool serves its peak",
+        lambda op, conn: _add_reservation_columns(op, conn, ("run_key", "run_peak_milli")),
+    ),
+    Migration(
+        QUEUE_AHEAD_VERSION,
+        "queue ahead: plans of downstream steps entering the queue before their upstream ends",
+        _v24,
     ),
 )
 LATEST = MIGRATIONS[-1].version
-
-
-def current_version(conn: Connection) -> int:
-    """Return the schema version of the database (0 when the ledger was never initialised)."""
-    if not inspect(conn).has_table(schema.schema_version.name):
-        return 0
-    versions = conn.execute(select(schema.schema_version.c.version)).scalars().all()
-    return max(versions, default=0)
-
-
-#: Key of the PostgreSQL advisory lock that serializes migrations (beside the writers' one).
-MIGRATION_LOCK_KEY = 7243001
-
-
-@contextmanager
-def _migration_transaction(engine: Engine) -> Iterator[Connection]:
-    """One transaction no other process migrates beside.
-
-    PostgreSQL: an advisory lock per schema, taken first. SQLite: ``BEGIN IMMEDIATE`` (the
-    engine's write transactions), so two first-time inits never both upgrade a read lock,
-    which SQLite refuses at once with "database is locked" instead of waiting.
-    """
-    with engine.connect() as conn:
-        conn.info["gpupool_write"] = True
-        try:
-            with conn.begin():
-                if engine.dialect.name == "postgresql":
-                    conn.exec_driver_sql(
-                        f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK_KEY}, hashtext(current_schema()))"
-                    )
-                yield conn
-        finally:
-            conn.info["gpupool_write"] = False
-
-
-def migrate(engine: Engine) -> list[int]:
-    """Apply every migration the database lacks; return the versions applied.
-
-    Safe when many processes initialise one ledger at once: each step runs under the
-    migration lock and checks the version again once it holds it.
-    """
-    with _migration_transaction(engine) as conn:
-        schema.schema_version.create(conn, checkfirst=True)
-    applied = []
-    for migration in MIGRATIONS:
-        with _migration_transaction(engine) as conn:
-            if migration.version <= current_version(conn):
-                continue
-            log.info("Migrating GPU ledger to schema v%d: %s", migration.version, migration.description)
-            migration.upgrade(Operations(MigrationContext.configure(conn)), conn)
-            conn.execute(
-                insert(schema.schema_version).values(
-                    version=migration.version, description=migration.description, applied_at=time.time()
-                )
-            )
-            applied.append(migration.version)
-    return applied
-
-
-def require_current(conn: Connection, url: str) -> None:
-    """Raise :class:`LedgerSchemaError` unless the database is at this code's schema version."""
-    version = current_version(conn)
-    if version == LATEST:
-        return
-    url = redact_url(url)
-    if version == 0:
-        raise LedgerSchemaError(f"no GPU ledger at {url}: create it with `gpupool ledger init --url {url}`")
-    if version < LATEST:
-        raise LedgerSchemaError(
-            f"the GPU ledger at {url} is at schema v{version}, this code needs v{LATEST}: "
-            f"run `gpupool ledger init --url {url}` to migrate it"
-        )
-    raise LedgerSchemaError(
-        f"the GPU ledger at {url} is at schema v{version}, newer than this code (v{LATEST}): upgrade airflow-gpupool"
-    )

@@ -38,7 +38,7 @@ from airflow_gpupool.ledger.postgres.concurrent import ConcurrentPath
 from airflow_gpupool.ledger.postgres.notify import notify_waiters
 from airflow_gpupool.ledger.store.cache import CapacityCache
 from airflow_gpupool.ledger.store.gate import QueueGate
-from airflow_gpupool.ledger.store.migrations import migrate, require_current
+from airflow_gpupool.ledger.store.upgrade import migrate, require_current
 from airflow_gpupool.placement.snapshot import ClusterSnapshot, NodeState
 from airflow_gpupool.placement.verdict import Assignment
 from airflow_gpupool.resources import GpuRequest
@@ -109,6 +109,10 @@ class Tx:
     gate_kept: bool = False
     # The nodes the queue holds once this transaction commits (None: unchanged by it).
     held: frozenset[str] | None = None
+    # Grants ending by success here (a hand-on, the success release): what queued ahead of them stays.
+    keep_ahead: set[str] = field(default_factory=set)
+    #: requests queued ahead withdrawn in this transaction (a due list read before must skip them)
+    withdrawn: set[str] = field(default_factory=set)
 
     @property
     def current_gate(self) -> QueueGate:
@@ -131,9 +135,10 @@ class Tx:
 class RequestCache:
     """Parsed requests by reservation id, the least recently used dropped beyond ``size``.
 
-    A request never changes once reserved, so an entry is never stale; the bound only keeps
-    a long-running process from keeping every request it ever read. Threads sharing a
-    ledger share the cache.
+    A request never changes once reserved but for a waiting one's priority (the console's
+    :func:`~airflow_gpupool.ledger.grants.priority.set_priority`): an entry whose priority differs
+    from the row's ``priority`` column is parsed again. The bound only keeps a long-running
+    process from keeping every request it ever read. Threads sharing a ledger share the cache.
 
     :param size: how many requests to keep (default :data:`REQUEST_CACHE_SIZE`)
     """
@@ -161,7 +166,7 @@ class RequestCache:
         """Return the request of a reservation row (``id`` and ``request`` columns), parsing it once."""
         with self._lock:
             request = self._requests.get(row.id)
-            if request is not None:
+            if request is not None and getattr(row, "priority", request.priority) == request.priority:
                 self._requests.move_to_end(row.id)
                 return request
         request = GpuRequest.from_dict(json.loads(row.request))

@@ -32,11 +32,11 @@ from typing import Any, Protocol
 from sqlalchemy import Connection, Row, and_, select, update
 
 from airflow_gpupool.governance.preemption import Preemptor, VictimCandidate, lost_gpu_seconds, may_preempt
+from airflow_gpupool.governance.queue_pass import Governance
 from airflow_gpupool.ledger.db import schema
 from airflow_gpupool.ledger.db.records import GRANTED, HOLDING, assignment_of
 from airflow_gpupool.ledger.store.cache import classes_from_counts
 from airflow_gpupool.ledger.store.transactions import LOGGER_NAME, LedgerStore, Tx
-from airflow_gpupool.ledger.teams.admission import Governance
 from airflow_gpupool.placement.accounting import deallocate
 from airflow_gpupool.placement.fit import EXCLUSIVE_CLASSES
 from airflow_gpupool.placement.policy import PlacementPolicy

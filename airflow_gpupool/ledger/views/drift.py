@@ -10,7 +10,9 @@ is 1/7). Each node's *holders* are compared one by one:
   such a pod runs its own size (its pod's resources need not express a share: a time-sliced pod
   asks for none); a grant without one runs nothing;
 * an external hold (``external:<namespace>/<name>``) against that pod's GPUs, read as the pod
-  watch reads them (:func:`~airflow_gpupool.pod_gpus.external_pod`);
+  watch reads them (:func:`~airflow_gpupool.pod_gpus.external_pod`); a pod that names DRA
+  ResourceClaims, when the caller reads no claims (``gpupool status``, the exporter), runs what
+  the ledger holds for it, as an unreadable pod does;
 * any other live, scheduled pod that holds GPUs: the ledger holds nothing for it.
 
 ``drift`` is the sum over holders of ``|held − running|``: at least ``|ledger-held −
@@ -25,12 +27,12 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_gpupool.ledger.db.models import EXTERNAL_HOLDER_PREFIX, LedgerSnapshot, Reservation
-from airflow_gpupool.pod_gpus import ExternalPod, external_pod
+from airflow_gpupool.pod_gpus import ClaimLookup, ExternalPod, external_pod, holds_gpus_now
 from airflow_gpupool.resources import MIG_PROFILES, MILLI_PER_GPU
 
 __all__ = ["NodeDrift", "ledger_drift"]
@@ -78,12 +80,15 @@ class NodeDrift:
 
 
 def ledger_drift(
-    snapshot: LedgerSnapshot, pods: Iterable[Mapping[str, Any]] | None = None
+    snapshot: LedgerSnapshot,
+    pods: Iterable[Mapping[str, Any]] | None = None,
+    claims: ClaimLookup | None = None,
 ) -> list[NodeDrift]:
     """Return each node's ledger side and, given the cluster's pods, its drift; sorted by node.
 
     :param snapshot: a ledger snapshot
     :param pods: every pod in the cluster, as the API server sends them (JSON); None: the ledger side only
+    :param claims: reads the DRA ResourceClaims the pods name (the controller's); None: not read
     """
     capacity = {n.name: len(n.gpus) * MILLI_PER_GPU for n in snapshot.nodes}
     gpu_memory = {n.name: int(n.gpus[0].get("memory_mib") or 0) for n in snapshot.nodes if n.gpus}
@@ -98,7 +103,7 @@ def ledger_drift(
         if r.grant is not None:
             external[r.grant.node] += r.request.total_gpu_milli
             held[r.grant.node][r.holder] += r.request.total_gpu_milli
-    running = None if pods is None else _running(snapshot.grants, held, pods, gpu_memory)
+    running = None if pods is None else _running(snapshot.grants, held, pods, gpu_memory, claims)
     nodes = sorted(set(capacity) | set(held) | set(running or ()))
     return [_node_drift(n, capacity, granted, external, held[n], running) for n in nodes]
 
@@ -139,9 +144,11 @@ def _running(
     held: Mapping[str, Mapping[str, int]],
     pods: Iterable[Mapping[str, Any]],
     gpu_memory: Mapping[str, int],
+    claims: ClaimLookup | None = None,
 ) -> dict[str, dict[str, int]]:
     """Return node -> holder -> milli-GPU the live pods run."""
-    live = [p for p in (external_pod(pod) for pod in pods) if p is not None]
+    pods = list(pods)
+    live = [p for p in (external_pod(pod, claims) for pod in pods) if p is not None]
     on_node: dict[str, list[ExternalPod]] = defaultdict(list)
     for pod in live:
         on_node[pod.node].append(pod)
@@ -163,7 +170,22 @@ def _running(
             runs[pod.node][holder] += held.get(pod.node, {}).get(holder, 0)
         else:
             runs[pod.node][holder] += _pod_milli(pod, gpu_memory.get(pod.node, 0))
+    for node, holder in _unread_claims(pods, claims):
+        runs[node][holder] = max(runs[node][holder], held.get(node, {}).get(holder, 0))
     return runs
+
+
+def _unread_claims(
+    pods: Iterable[Mapping[str, Any]], claims: ClaimLookup | None
+) -> Iterator[tuple[str, str]]:
+    """Yield ``(node, holder)`` of each live pod that names ResourceClaims, when no claim is read."""
+    if claims is not None:
+        return
+    for pod in pods:
+        if (pod.get("spec") or {}).get("resourceClaims") and holds_gpus_now(pod):
+            meta = pod.get("metadata") or {}
+            key = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
+            yield str(pod["spec"]["nodeName"]), f"{EXTERNAL_HOLDER_PREFIX}{key}"
 
 
 def _runs_under(pod: ExternalPod, r: Reservation) -> bool:

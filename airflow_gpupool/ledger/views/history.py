@@ -39,6 +39,13 @@ __all__ = ["HistoryEntry", "HistoryFilter", "LedgerHistory"]
 #: Pruned rows delete at most this many reservations per transaction (short write locks).
 PRUNE_BATCH = 2000
 FACET_ROWS = 5000
+#: The reservations one DAG run's chain reads at most (its tries and retries).
+RUN_ROWS = 1000
+
+
+def _like(text: str) -> str:
+    """Escape ``text`` for a LIKE pattern with ``\\`` as the escape character."""
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
 @dataclass(frozen=True)
@@ -92,6 +99,13 @@ class HistoryEntry:
     :param try_number: the task try that holds (or held) it; 0 when the holder is no task try
     :param failure_class: how that try failed, from its failure record (None: none recorded)
     :param pool: the node pool it ran in (None: never granted, or the node is gone)
+    :param gpu_indices: the GPUs it held on ``node`` (empty: never granted)
+    :param mig_slice: the MIG slice it held (None: none)
+    :param not_before: queued ahead: the time before which it is not granted (the ledger clears
+        it once that time has come)
+    :param run_peak_milli: admitted with its DAG run as a whole: the run's peak it waited for
+    :param ahead_of: queued ahead of this upstream grant (kept once ``not_before`` clears)
+        (milli-GPUs; None: admitted on its own)
     """
 
     id: str
@@ -114,6 +128,11 @@ class HistoryEntry:
     try_number: int
     failure_class: str | None
     message: str
+    gpu_indices: tuple[int, ...] = ()
+    mig_slice: str | None = None
+    not_before: float | None = None
+    run_peak_milli: int | None = None
+    ahead_of: str | None = None
 
     @property
     def outcome(self) -> str:
@@ -151,6 +170,11 @@ def _entry(row: Row[Any], failure: str | None, now: float) -> HistoryEntry:
         try_number=ref.try_number if ref else 0,
         failure_class=failure,
         message=row.message or "",
+        gpu_indices=tuple(json.loads(row.gpu_indices or "[]")),
+        mig_slice=row.mig_slice,
+        not_before=row.not_before,
+        run_peak_milli=row.run_peak_milli,
+        ahead_of=row.ahead_of,
     )
 
 
@@ -193,6 +217,37 @@ class LedgerHistory:
 
         def run(conn: Connection) -> list[HistoryEntry]:
             rows = conn.execute(query).all()
+            failures = _failures(conn, [row.id for row in rows])
+            now = self.ledger.now()
+            return [_entry(row, failures.get(row.id), now) for row in rows]
+
+        return self.ledger.read(run)
+
+    def of_run(self, dag_id: str, run_id: str, *, limit: int = RUN_ROWS) -> list[HistoryEntry]:
+        """Return the reservations of one DAG run's task tries, oldest first.
+
+        :param dag_id: the DAG
+        :param run_id: the DAG run
+        :param limit: at most this many (the oldest)
+        """
+        r, n = schema.reservations.c, schema.nodes.c
+        # The holder is ``dag/task/run/map-N/try-T@host``: the LIKE narrows by DAG and run, and
+        # the parse below drops a run whose id merely ends like this one (``x/<run_id>``).
+        pattern = f"{_like(dag_id)}/%/{_like(run_id)}/map-%"
+        query = (
+            select(schema.reservations, n.node_pool)
+            .select_from(schema.reservations.outerjoin(schema.nodes, n.name == r.node))
+            .where(r.holder.like(pattern, escape="\\"))
+            .order_by(r.seq)
+            .limit(limit)
+        )
+
+        def run(conn: Connection) -> list[HistoryEntry]:
+            rows = [
+                row
+                for row in conn.execute(query).all()
+                if (ref := TaskTry.from_holder(row.holder)) and (ref.dag_id, ref.run_id) == (dag_id, run_id)
+            ]
             failures = _failures(conn, [row.id for row in rows])
             now = self.ledger.now()
             return [_entry(row, failures.get(row.id), now) for row in rows]

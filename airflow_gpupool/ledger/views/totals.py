@@ -51,11 +51,12 @@ def _engine(url: str) -> Engine:
     return make_engine(url)
 
 
-def held_spans(url: str, since: float) -> list[HeldSpan]:
+def held_spans(url: str, since: float, team: str | None = None) -> list[HeldSpan]:
     """Return every grant that held GPU compute at some time after ``since``.
 
     :param url: the ledger's SQLAlchemy URL
     :param since: seconds since the epoch
+    :param team: only this team's grants (None: every team's)
     """
     from sqlalchemy import or_, select
 
@@ -67,6 +68,8 @@ def held_spans(url: str, since: float) -> list[HeldSpan]:
     query = select(r.granted_at, r.ended_at, r.request).where(
         r.granted_at.is_not(None), or_(r.ended_at.is_(None), r.ended_at >= since)
     )
+    if team is not None:
+        query = query.where(r.team == team)
     with read_transaction(_engine(url)) as conn:
         rows = conn.execute(query).all()
     return [

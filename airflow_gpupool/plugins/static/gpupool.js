@@ -2,6 +2,9 @@
 (function () {
   const main = document.getElementById("gpupool");
   async function refresh() {
+    // Never under a person's hands: a half-typed priority or a page of actions stays as it is.
+    if (document.activeElement && document.activeElement.closest && document.activeElement.closest("form.act")) return;
+    if (document.querySelector("section.refused, section.confirm")) return;
     try {
       const url = new URL(window.location.href);
       url.searchParams.set("partial", "1");
@@ -61,4 +64,28 @@
   }
   tick();
   setInterval(tick, 1000);
+})();
+
+// The Airflow UI's menu entry ("Browse → GPU pool") always opens the overview. Airflow keeps this
+// frame when the entry is clicked while its route is shown, so a frame left on a reservation or a
+// team page would stay there: the frame (same-origin) listens for that click in the Airflow UI and
+// goes back to the overview. One listener per frame: a newer page of the frame replaces it.
+(function () {
+  const top = window.top;
+  const at = window.location.pathname.indexOf("/gpupool/");
+  if (top === window || at < 0) return;
+  const overview = window.location.pathname.slice(0, at) + "/gpupool/";
+  try {
+    if (top.__gpupoolMenuClick) top.document.removeEventListener("click", top.__gpupoolMenuClick, true);
+    const frame = window.frameElement;
+    top.__gpupoolMenuClick = function (event) {
+      const link = event.target.closest && event.target.closest("a[href]");
+      if (!link || !frame || !frame.isConnected) return;
+      const path = new URL(link.getAttribute("href"), top.location.href).pathname.replace(/\/$/, "");
+      if (path.endsWith("/plugin/gpupool") && window.location.pathname !== overview) window.location.assign(overview);
+    };
+    top.document.addEventListener("click", top.__gpupoolMenuClick, true);
+  } catch (e) {
+    console.warn("gpupool: cannot reach the Airflow UI's menu", e);
+  }
 })();

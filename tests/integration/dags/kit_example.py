@@ -1,4 +1,4 @@
-"""The DAG of the README's DAG-author example (tests/integration/test_kit_example.py)."""
+"""The DAG of the testing page's DAG-author example (docs/testing.md; tests/integration/test_kit_example.py)."""
 
 from __future__ import annotations
 

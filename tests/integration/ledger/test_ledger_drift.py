@@ -134,3 +134,40 @@ def test_without_a_pod_list_only_the_ledger_side_is_given(ledger: Ledger) -> Non
         "drift_gpus": None,
         "mismatched": [],
     }
+
+
+def dra_pod(name: str) -> dict[str, Any]:
+    pod = pod_json(name)
+    pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": f"{name}-gpu"}]
+    return pod
+
+
+def allocated(*devices: str) -> Any:
+    results = [{"driver": "gpu.nvidia.com", "device": d} for d in devices]
+
+    def lookup(namespace: str, name: str, uid: str) -> dict[str, Any]:
+        reserved = [{"resource": "pods", "uid": uid}]
+        return {"status": {"allocation": {"devices": {"results": results}}, "reservedFor": reserved}}
+
+    return lookup
+
+
+def test_a_claimed_pod_runs_its_claims_gpus_when_the_claims_are_read(ledger: Ledger) -> None:
+    ledger.upsert_nodes([node("n1", gpus=4)])
+    vllm = dra_pod("vllm")
+    ledger.sync_external([external_pod(vllm, allocated("gpu-1", "gpu-3"))], complete=True)
+
+    (n1,) = ledger_drift(ledger.snapshot(), [vllm], allocated("gpu-1", "gpu-3"))
+    assert (n1.external, n1.running, n1.drift) == (2, 2, 0)
+    (n1,) = ledger_drift(ledger.snapshot(), [vllm], allocated("gpu-1"))  # one GPU the books hold idle
+    assert (n1.running, n1.drift, n1.mismatched) == (1, 1, ("external:ml/vllm: 2 → 1",))
+
+
+def test_a_claimed_pod_runs_what_the_ledger_holds_when_no_claim_is_read(ledger: Ledger) -> None:
+    ledger.upsert_nodes([node("n1", gpus=4)])
+    vllm, missed = dra_pod("vllm"), dra_pod("missed")
+    ledger.sync_external([external_pod(vllm, allocated("gpu-0", "gpu-2"))], complete=True)
+
+    (n1,) = ledger_drift(ledger.snapshot(), [vllm, missed])  # gpupool status and the exporter read no claim
+
+    assert (n1.external, n1.running, n1.drift, n1.mismatched) == (2, 2, 0, ())

@@ -3,7 +3,8 @@
 As ``tests/unit/test_layers.py`` plants an upward import, each case here copies the package, replaces
 one line of a rule with its broken form and runs :class:`QuotaMachine` on the copy in a fresh
 interpreter, on the same sequences every run (``fixed``): the run must fail, naming the broken
-invariant. SQLite in every run; PostgreSQL under ``CI=true`` (a few minutes more).
+invariant. SQLite in every run; PostgreSQL under ``CI=true``. The runs start together (see
+:func:`planted_runs`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -36,7 +38,7 @@ PLANTED = {
         "its lenders lend",
     ),
     "headroom given to non-urgent work that is not on loan": (
-        "airflow_gpupool/ledger/teams/admission.py",
+        "airflow_gpupool/governance/queue_pass.py",
         "if not headroom.active or not milli or lent or self.urgent(request):",
         "if not headroom.active or not milli or lent or self.urgent(request) or not request.preemptible:",
         "held by work that is neither urgent nor on loan",
@@ -72,35 +74,60 @@ def _copy_with(tmp_path: Path, path: str, text: str, broken: str) -> Path:
     return root
 
 
-@pytest.mark.parametrize(
-    "backend",
-    [
-        pytest.param("sqlite", id="sqlite"),
-        pytest.param(
-            "postgresql",
-            id="postgresql",
-            marks=[
-                pytest.mark.postgres,
-                pytest.mark.skipif(not under_ci(), reason="PostgreSQL's planted runs are CI's (CI=true)"),
-            ],
-        ),
-    ],
-)
+BACKENDS = [
+    pytest.param("sqlite", id="sqlite"),
+    pytest.param(
+        "postgresql",
+        id="postgresql",
+        marks=[
+            pytest.mark.postgres,
+            pytest.mark.skipif(not under_ci(), reason="PostgreSQL's planted runs are CI's (CI=true)"),
+        ],
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def planted_runs(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[dict[tuple[str, str], subprocess.Popen[str]]]:
+    """Start every planted run of the module at once, each in its own interpreter and copy.
+
+    The runs are independent and mostly CPU-bound: side by side they take about half the time
+    they take one after another on two cores, and each test then waits only for its own.
+    """
+    backends = ["sqlite", "postgresql"] if under_ci() else ["sqlite"]
+    runs: dict[tuple[str, str], subprocess.Popen[str]] = {}
+    for case, (path, text, broken, _shown) in sorted(PLANTED.items()):
+        for backend in backends:
+            tmp_path = tmp_path_factory.mktemp(f"planted-{backend}")
+            root = _copy_with(tmp_path, path, text, broken)
+            databases = tmp_path / "db"
+            databases.mkdir()
+            runs[case, backend] = subprocess.Popen(
+                [sys.executable, "-c", RUN, backend, str(databases)],
+                cwd=root,
+                env={**os.environ, "PYTHONPATH": str(root)},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+    yield runs
+    for run in runs.values():
+        if run.poll() is None:
+            run.kill()
+            run.communicate()
+
+
+# The first test waits while all the runs share the two cores.
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("case", sorted(PLANTED))
-def test_a_planted_break_fails_the_quota_state_machine(tmp_path: Path, case: str, backend: str) -> None:
-    path, text, broken, shown = PLANTED[case]
-    root = _copy_with(tmp_path, path, text, broken)
-    databases = tmp_path / "db"
-    databases.mkdir()
-    env = {**os.environ, "PYTHONPATH": str(root)}
-    result = subprocess.run(
-        [sys.executable, "-c", RUN, backend, str(databases)],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    report = result.stdout + result.stderr
-    assert result.returncode == 1, report[-3000:]
+def test_a_planted_break_fails_the_quota_state_machine(
+    planted_runs: dict[tuple[str, str], subprocess.Popen[str]], case: str, backend: str
+) -> None:
+    shown = PLANTED[case][3]
+    run = planted_runs[case, backend]
+    report, _ = run.communicate(timeout=900)
+    assert run.returncode == 1, report[-3000:]
     assert "AssertionError" in report and shown in report, report[-3000:]

@@ -17,8 +17,10 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, event
 
+from airflow_gpupool.forecast.deadlines import XCOM_DEADLINE_KEY, DagDeadline
+from airflow_gpupool.forecast.step import refresh_forecasts
 from airflow_gpupool.hooks.gpupool import GpuPoolHook
-from airflow_gpupool.ledger import Ledger
+from airflow_gpupool.ledger import Ledger, LedgerForecasts
 from airflow_gpupool.ledger.postgres.concurrent import ConcurrentPath
 from airflow_gpupool.ledger.store import transactions as store_module
 from airflow_gpupool.operators.waiting import wait_in_place
@@ -163,6 +165,74 @@ def test_waiting_in_place_only_reads(
     assert "position 1 of the queue" in log.lines[0] and "no node fits" in log.lines[0]
 
 
+class Lines:
+    """A logger that keeps its lines (warnings marked)."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def info(self, msg: str, *args: Any) -> None:
+        self.lines.append(msg % args)
+
+    def warning(self, msg: str, *args: Any) -> None:
+        self.lines.append("WARNING " + msg % args)
+
+
+class RecordingTi:
+    """The task instance's one call here: ``xcom_push`` (Airflow's side, not the ledger's)."""
+
+    def __init__(self) -> None:
+        self.pushed: list[tuple[str, Any]] = []
+        self.said = threading.Event()
+
+    def xcom_push(self, key: str, value: Any) -> None:
+        self.pushed.append((key, value))
+        self.said.set()
+
+
+def test_waiting_in_place_says_an_unreachable_deadline_once_and_only_reads(
+    full_pool: tuple[Ledger, str, list[str]], detector: WriteDetector, ledger_url: str
+) -> None:
+    # The holder has no history: the prior's hour. A deadline in a minute lies before the forecast's p10.
+    ledger, held, waiting = full_pool
+    refresh_forecasts(ledger)
+    forecast = LedgerForecasts(ledger).get(waiting[0])
+    assert forecast is not None and forecast.p10 is not None
+    soon = DagDeadline("within a minute", time.time() + 60)
+    later = DagDeadline("within a year", time.time() + 365 * 86400)
+    assert soon.at < forecast.p10 < later.at  # the case is what it claims
+    hook, ti = GpuPoolHook(None, ledger_url=ledger_url), RecordingTi()
+    log = Lines()
+    lines = log.lines
+    result: dict[str, Any] = {}
+    detector.armed = True
+    waiter = threading.Thread(
+        target=lambda: result.update(
+            grant=wait_in_place(hook, waiting[0], 0.05, log, deadlines=[later, soon], ti=ti)
+        )
+    )
+    waiter.start()
+    assert ti.said.wait(10), "the forecast makes the minute unreachable: said while waiting"
+    polls = len(lines)
+    until = time.monotonic() + 10
+    while len(lines) < polls + 5 and time.monotonic() < until:  # five more polls: said once, not again
+        time.sleep(0.05)
+    detector.armed = False
+    assert detector.writes == [], f"waiting in place wrote: {detector.writes}"
+    ledger.release(held)
+    waiter.join(10)
+    assert result["grant"][0].node == "n1"
+    ((key, value),) = ti.pushed
+    assert key == XCOM_DEADLINE_KEY and value["reservation_id"] == waiting[0]
+    (missed,) = value["unreachable"]
+    assert missed["name"] == "within a minute" and missed["at"] == soon.at
+    assert "(10 %), is later; expected start" in missed["message"]
+    assert value["forecast"] == forecast.to_dict()
+    assert [line for line in lines if line.startswith("WARNING ")] == [
+        f"WARNING Reservation {waiting[0]} {missed['message']}"
+    ]
+
+
 def test_with_no_controller_a_waiting_process_ends_a_dead_lease(
     ledger_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -241,6 +311,60 @@ def test_the_granting_writer_wakes_exactly_the_granted_waiter(pg_schema_url: str
     event, still_waiting, woken, woke_after = asyncio.run(scenario())
     assert event["status"] == "granted" and event["reservation_id"] == first
     assert still_waiting, "the other waiter's request was not granted: it is not woken"
-    assert woken == {"notify": 1, "poll": 0}
+    assert woken == {"notify": 1, "poll": 0, "forecast": 0}
     assert woke_after < 5
+    ledger.close()
+
+
+def test_a_grant_between_a_waiters_read_and_its_wait_still_wakes_it(
+    pg_schema_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The race behind a lost wake-up: the trigger read its request (waiting), the grant's NOTIFY
+    # came before it entered the room, and the room's next batched read was a minute away.
+    from airflow_gpupool.hooks.gpupool import AsyncGpuPoolHook
+    from airflow_gpupool.triggers.wait_room import wait_room
+
+    ledger = Ledger.create(pg_schema_url, policy="bestfit")
+    ledger.upsert_nodes([node("n1", gpus=1)])
+    held = ledger.reserve(GpuRequest(gpus=1), "holder", ttl=600)
+    late, other = (ledger.reserve(GpuRequest(gpus=1), f"w{i}", timeout=600).id for i in range(2))
+
+    async def scenario() -> tuple[dict[str, Any], float]:
+        hook = AsyncGpuPoolHook(None, ledger_url=pg_schema_url)  # the triggers' own shared ledger
+        await hook.aoptions()
+        room = wait_room(hook.ledger, 60.0)
+        others = asyncio.create_task(
+            _first_event(ReservationTrigger(other, None, ledger_url=pg_schema_url, poll_interval=60))
+        )
+        for _ in range(100):  # the room runs and listens, for the other waiter
+            if room.listening:
+                break
+            await asyncio.sleep(0.05)
+        assert room.listening
+        between = asyncio.Event()
+        go_on = asyncio.Event()
+        real_log_wait = ReservationTrigger._log_wait
+
+        async def log_wait_held_back(self: ReservationTrigger, *args: Any) -> Any:
+            # Between the trigger's read and its wait: hold it here while the grant commits.
+            between.set()
+            await go_on.wait()
+            return await real_log_wait(self, *args)
+
+        monkeypatch.setattr(ReservationTrigger, "_log_wait", log_wait_held_back)
+        run = asyncio.create_task(
+            _first_event(ReservationTrigger(late, None, ledger_url=pg_schema_url, poll_interval=60))
+        )
+        await asyncio.wait_for(between.wait(), 10)
+        await asyncio.to_thread(ledger.release, held.id)
+        await asyncio.sleep(1.0)  # the NOTIFY reaches the room while the trigger is not in it
+        released = time.monotonic()
+        go_on.set()
+        event = await asyncio.wait_for(run, 10)
+        others.cancel()
+        return event, time.monotonic() - released
+
+    event, woke_after = asyncio.run(scenario())
+    assert event["status"] == "granted" and event["reservation_id"] == late
+    assert woke_after < 5, "woken by the notification it missed, not by the minute's batched read"
     ledger.close()

@@ -61,3 +61,14 @@ def test_a_server_that_turns_the_connection_away_for_good_is_refused_not_retried
     # The server not up yet (or restarting) is worth the retries.
     starting = "connection failed: FATAL:  the database system is starting up"
     assert classify(wrapped(psycopg.OperationalError(starting))) is Kind.TRANSIENT
+
+
+def test_a_sqlite_file_that_cannot_be_opened_or_is_no_database_is_refused_not_retried() -> None:
+    for error in (
+        sqlite_error("unable to open database file", sqlite3.SQLITE_CANTOPEN),
+        sqlite_error("attempt to write a readonly database", sqlite3.SQLITE_READONLY),
+    ):
+        assert classify(wrapped(error)) is Kind.REFUSED
+    notadb = sqlite3.DatabaseError("file is not a database")
+    notadb.sqlite_errorcode = sqlite3.SQLITE_NOTADB  # type: ignore[attr-defined]
+    assert classify(wrapped(notadb)) is Kind.REFUSED

@@ -29,6 +29,7 @@ ARGS = st.fixed_dictionaries(
         "keep_checkpoints": ODD,
         "log_tail_lines": st.integers(-20, 100) | ODD,
         "binding": st.sampled_from(["whole", "mig", "hami", "nvlink"]) | ODD,
+        "gpu_admission": st.sampled_from(["task", "run", "dag"]) | ODD,
         "container_resources": st.fixed_dictionaries(
             {"requests": st.fixed_dictionaries({}, optional={"cpu": ODD, "memory": ODD}) | ODD}
         ),

@@ -77,7 +77,7 @@ def test_the_simulator_measures_how_often_a_preference_is_met(tmp_path: Path) ->
     base = next(n for n in load_nodes(nodes_csv) if len(n.gpus) >= 4)
     nodes, pods = [replace(base, name=f"n{i}") for i in range(30)], load_pods(pods_csv)
 
-    # fgd: its score bands tie often; gpupool's fit tie-break leaves fewer exact ties (README).
+    # fgd: its score bands tie often; gpupool's fit tie-break leaves fewer exact ties (benchmarks/README.md).
     asked = replay(nodes, pods, "fgd", seed=42, prefer=Preference(0.3, node_share=0.25))
     baseline = replay(nodes, pods, "fgd", seed=42, prefer=Preference(0.3, node_share=0.25, apply=False))
 

@@ -13,7 +13,7 @@ from airflow_gpupool.testing import PodBehaviour, gpu_node, load_nodes
 from airflow_gpupool.testing.behaviour import PodRule, behaviour_from_annotations, resolve_behaviour
 from airflow_gpupool.testing.checkpoints import local_path, resume_step, write_complete, write_step
 from airflow_gpupool.testing.emulator import build_parser, register
-from airflow_gpupool.testing.scheduling import choose_node, extended_requests
+from airflow_gpupool.testing.scheduling import NodeAllocations, choose_node, extended_requests
 from airflow_gpupool.testing.selectors import SelectorError, parse_field_selector, parse_label_selector
 
 
@@ -64,15 +64,15 @@ def test_scheduler_honours_affinity_taints_cordons_and_capacity() -> None:
         gpu_node("b", gpus=8, taints=["nvidia.com/gpu=present:NoSchedule"]),
         gpu_node("c", gpus=8, unschedulable=True),
     ]
-    assert choose_node(pod(gpus=1), nodes, []) == ("a", "")
-    node, message = choose_node(pod(gpus=4), nodes, [])
+    assert choose_node(pod(gpus=1), nodes, NodeAllocations()) == ("a", "")
+    node, message = choose_node(pod(gpus=4), nodes, NodeAllocations())
     assert node is None
     assert message == (
         "0/3 nodes are available: 1 Insufficient nvidia.com/gpu, 1 node(s) had untolerated taint "
         "{nvidia.com/gpu: present}, 1 node(s) were unschedulable."
     )
     tolerant = pod(gpus=4, tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists"}])
-    assert choose_node(tolerant, nodes, [])[0] == "b"
+    assert choose_node(tolerant, nodes, NodeAllocations())[0] == "b"
     affinity = {
         "nodeAffinity": {
             "requiredDuringSchedulingIgnoredDuringExecution": {
@@ -86,11 +86,11 @@ def test_scheduler_honours_affinity_taints_cordons_and_capacity() -> None:
             }
         }
     }
-    assert choose_node(pod(gpus=1, affinity=affinity), nodes, [])[0] is None
+    assert choose_node(pod(gpus=1, affinity=affinity), nodes, NodeAllocations())[0] is None
     running = {**pod(gpus=2, nodeName="a"), "status": {"phase": "Running"}}
-    assert choose_node(pod(gpus=1), nodes, [running])[0] is None
+    assert choose_node(pod(gpus=1), nodes, NodeAllocations.of([running]))[0] is None
     finished = {**running, "status": {"phase": "Succeeded"}}
-    assert choose_node(pod(gpus=1), nodes, [finished])[0] == "a"
+    assert choose_node(pod(gpus=1), nodes, NodeAllocations.of([finished]))[0] == "a"
     assert extended_requests(pod(gpus=2)) == {"nvidia.com/gpu": 2.0}
 
 

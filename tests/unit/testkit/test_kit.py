@@ -91,8 +91,8 @@ def test_loading_the_plugin_imports_nothing_heavy() -> None:
     )
 
 
-def test_the_readme_shows_the_example_test_as_ci_runs_it() -> None:
-    readme = (ROOT / "README.md").read_text()
+def test_the_testing_page_shows_the_example_test_as_ci_runs_it() -> None:
+    readme = (ROOT / "docs" / "testing.md").read_text()
     example = (ROOT / "tests" / "integration" / "test_kit_example.py").read_text()
     blocks = re.findall(r"```python\n(.*?)```", readme, flags=re.S)
     assert example in blocks
@@ -112,7 +112,13 @@ def test_the_kit_guide_shows_each_example_test_as_ci_runs_it(example: str) -> No
 
 
 @pytest.mark.parametrize(
-    "doc", ["README.md", "airflow_gpupool/testing/README.md", "airflow_gpupool/testkit/README.md"]
+    "doc",
+    [
+        "README.md",
+        "docs/testing.md",
+        "airflow_gpupool/testing/README.md",
+        "airflow_gpupool/testkit/README.md",
+    ],
 )
 def test_no_doc_asks_for_a_conftest_line_to_load_the_kit(doc: str) -> None:
     # One way to load the kit: the pytest11 entry point. A doc naming a plugin module to list in

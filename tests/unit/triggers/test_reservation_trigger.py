@@ -29,8 +29,11 @@ def test_reservation_trigger_serializes_every_argument() -> None:
         "ledger_url": "sqlite:////x.db",
         "poll_interval": 2.5,
         "fail_fast_on_forecast": False,
+        "deadlines": [],
     }
     assert ReservationTrigger(**kwargs).serialize() == (classpath, kwargs)
+    due = [{"name": "by noon", "at": 1.5e9, "warned": True}]
+    assert ReservationTrigger("gp-1", deadlines=due).serialize()[1]["deadlines"] == due
 
 
 @pytest.fixture
@@ -135,6 +138,44 @@ def test_fail_fast_gives_up_once_p10_lies_past_the_timeout(ledger_url: str, fail
     assert event is not None and event["status"] == "forecast"
     assert event["message"].startswith("gave up before its reservation timeout (")
     assert describe_forecast(stored, time.time()) in event["message"]
+
+
+@pytest.mark.parametrize("reachable", [True, False])
+def test_a_deadline_before_p10_is_said_once(
+    ledger_url: str, reachable: bool, capfd: pytest.CaptureFixture[str]
+) -> None:
+    ledger = Ledger(ledger_url)
+    ledger.reserve(GpuRequest(gpus=1), "holder")  # with no history it runs about an hour (the prior)
+    waiting = ledger.reserve(GpuRequest(gpus=1), "waiter", timeout=600)
+    refresh_forecasts(ledger)
+    stored = LedgerForecasts(ledger).get(waiting.id)
+    assert stored is not None and stored.p10 is not None
+    at = stored.p10 + 1 if reachable else stored.p10 - 1
+    later = {"name": "later", "at": stored.p10 + 3600, "warned": False}
+    due = [{"name": "soon", "at": at, "warned": False}, later]
+    trigger = ReservationTrigger(waiting.id, None, poll_interval=0.05, deadlines=due)
+
+    async def first_or_none(trigger: ReservationTrigger) -> dict | None:
+        try:
+            return await asyncio.wait_for(first_event(trigger), 1.0)
+        except TimeoutError:
+            return None
+
+    event = asyncio.run(first_or_none(trigger))
+    out, err = capfd.readouterr()
+    if reachable:
+        assert event is None  # it keeps waiting
+        assert "cannot start before" not in out + err
+        return
+    assert event is not None and event["status"] == "deadline"
+    (missed,) = event["unreachable"]
+    assert missed["name"] == "soon" and missed["at"] == at
+    assert missed["message"].startswith("cannot start before the DAG's deadline 'soon' (")
+    assert missed["message"] in out + err  # the warning in the trigger's log
+    assert event["forecast"] == stored.to_dict()
+    assert event["deadlines"] == [{**due[0], "warned": True}, later]
+    again = ReservationTrigger(waiting.id, None, poll_interval=0.05, deadlines=event["deadlines"])
+    assert asyncio.run(first_or_none(again)) is None  # said once: the next trigger keeps waiting
 
 
 def test_trigger_turns_failures_into_an_error_event(ledger_url: str) -> None:

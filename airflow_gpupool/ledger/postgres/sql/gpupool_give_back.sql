@@ -28,8 +28,11 @@ BEGIN
         RETURN;
     END IF;
     SELECT * INTO v_res FROM gpupool_reservations WHERE id = p_id;
-    -- Unknown, or already ended: the serialized path says which. A gang's members end together there.
-    IF NOT FOUND OR v_res.state <> 'granted' OR v_res.gang_id IS NOT NULL THEN
+    -- Unknown, or already ended: the serialized path says which. A gang's members end together there,
+    -- and a preemption victim (or a revoked grant) ends there as preempted; an upstream with
+    -- requests queued ahead of it ends there, keeping or withdrawing them (ledger.grants.queue_ahead).
+    IF NOT FOUND OR v_res.state <> 'granted' OR v_res.gang_id IS NOT NULL
+       OR v_res.preempt_deadline IS NOT NULL OR v_res.ahead_planned IS NOT NULL THEN
         outcome := 'serialize';
         RETURN;
     END IF;

@@ -1,0 +1,351 @@
+"""Forecast backtest (issue 39 item 5): forecasts made when a request must wait, against its actual start.
+
+:class:`Backtest` watches a queue simulation (:class:`~airflow_gpupool.sim.queue.QueueSim` or the
+teams' :class:`~airflow_gpupool.sim.governed.TeamsSim`). When an arriving request must wait, it
+forecasts that request's start as the controller does (:func:`~airflow_gpupool.forecast.replay.forecast_starts`
+over the running tasks and the queue in service order, the simulation's own placement and
+overtake bound, durations from :class:`~airflow_gpupool.forecast.durations.DurationModel` fed with
+the runs ended so far), and three baselines in the same state:
+
+- *declared* (Slurm-like): the same replay once, every task running for its mean duration (the
+  history's mean of its task, its team and class, or the prior), whatever it has run so far;
+- *naive*: position × the workload's mean run time / GPUs;
+- *oracle*: the same replay once, given every task's true remaining time: the start the request
+  would have had with no later arrival, the best a forecast of the queue as it stands can do.
+
+Every replay starts with the overtakes each waiting request has counted (the simulation's).
+
+The forecast made at arrival is scored against the baselines; the forecasts made after it, at each
+change of the queue or the grants while the request waits, are scored on their own
+(``at_changes``: coverage, width and p50 error, each against the request's actual start). The replay knows the queue rule
+and placement, not quotas, headroom or preemption: in the teams scenario those move starts the
+forecast cannot see. :meth:`Backtest.report` returns ``gpupool simulate``'s ``forecast`` object.
+"""
+
+from __future__ import annotations
+
+import heapq
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from airflow_gpupool.forecast.durations import DurationModel, RemainingTime, TaskKey
+from airflow_gpupool.forecast.replay import Running, Waiting, forecast_starts
+from airflow_gpupool.governance.queue_pass import Governance
+from airflow_gpupool.governance.quotas import Headroom
+from airflow_gpupool.ledger import FinishedRun
+from airflow_gpupool.placement.policy import get_policy
+from airflow_gpupool.placement.queue import QueueEntry
+from airflow_gpupool.placement.snapshot import GpuState, NodeState
+from airflow_gpupool.resources import GpuRequest
+from airflow_gpupool.sim.governed import TeamsSim
+from airflow_gpupool.sim.queue import MAX_OVERTAKES, QueueSim, by_priority
+from airflow_gpupool.sim.replay import quick
+
+__all__ = ["SAMPLES", "Backtest", "synthetic_backtest"]
+
+#: Replays per forecast in the backtest (``--forecast-samples``).
+SAMPLES = 32
+#: The synthetic queue's tasks: (median seconds, GPUs).
+TASKS = ((600.0, 1), (1200.0, 1), (1800.0, 2), (3600.0, 1), (900.0, 2))
+
+
+def _fixed(seconds: float) -> RemainingTime:
+    return RemainingTime("fixed", (max(seconds, 1.0),), 1.0)
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return round(statistics.median(values), 1) if values else None
+
+
+class Backtest:
+    """Forecasts made at arrival for the requests that wait, scored at the end.
+
+    :param samples: replays per forecast
+    """
+
+    def __init__(self, *, samples: int = SAMPLES) -> None:
+        self.samples = samples
+        self.mean_run_s, self.gpus, self.warm_s = 3600.0, 1.0, 0.0
+        self.keys: dict[int, TaskKey] = {}
+        self.started_at: dict[int, float] = {}  # the simulation's starts, read at the end
+        self.done: list[FinishedRun] = []  # newest first, as the ledger's history reads
+        # k: (arrival, [p10, p50, p90], oracle, declared, naive)
+        self.made: dict[int, tuple[float, list[float], float, float, float]] = {}
+        # Forecasts after arrival, at each change of the queue or the grants: (k, at, p10, p50, p90).
+        self.later: list[tuple[int, float, float, float, float]] = []
+        self._seen: tuple[frozenset[Any], frozenset[Any]] | None = None
+
+    def start(self, *, mean_run_s: float, gpus: float, warm_s: float) -> None:
+        """Set the workload's mean run time (the prior, *naive*'s run time), the GPUs, and the warm-up.
+
+        Only requests arriving from ``warm_s`` on are forecast.
+        """
+        self.mean_run_s, self.gpus, self.warm_s = max(mean_run_s, 1.0), max(gpus, 1e-9), warm_s
+
+    def label(self, k: int, task: str, team: str, workload_class: str) -> None:
+        """Name request ``k``'s task (what its history is looked up by)."""
+        self.keys[k] = TaskKey("sim", task, team, workload_class)
+
+    def ended(self, k: int, seconds: float) -> None:
+        """Record that ``k`` ran ``seconds`` and succeeded."""
+        key = self.keys[k]
+        self.done.insert(0, FinishedRun(key.dag_id, key.task_id, key.team, key.workload_class, seconds))
+
+    def waiting(
+        self,
+        now: float,
+        sim: QueueSim,
+        k: int,
+        queue: Callable[[], Sequence[QueueEntry]],
+        run_s: Callable[[int], float],
+    ) -> None:
+        """After the pass of an event about ``k``: forecast again if the queue or the grants changed.
+
+        ``k``'s forecast at arrival (if it arrived at ``now`` and waits) is scored with the
+        baselines; every other waiting request already forecast gets a later forecast.
+
+        :param queue: lists the waiting requests in service order
+        :param run_s: a request's true run time (for the oracle only)
+        """
+        self.started_at = sim.started_at
+        if now < self.warm_s:
+            return
+        seen = (frozenset(sim.waiting), frozenset(sim.running))
+        if seen == self._seen:
+            return  # nothing changed: every forecast stands
+        self._seen = seen
+        arrived = str(k) in sim.waiting and sim.arrived_at.get(k) == now
+        if not arrived and not any(int(rid) in self.made for rid in sim.waiting):
+            return
+        order = queue()
+        model = DurationModel.from_runs(self.done, prior_seconds=self.mean_run_s)
+        running = [
+            Running(str(j), request, assignment, model.sampler(self.keys[j], now - sim.started_at[j]))
+            for j, (request, assignment, _) in sim.running.items()
+        ]
+        waiting = [
+            Waiting(e.request_id, e.request, model.sampler(self.keys[int(e.request_id)]), e.overtakes)
+            for e in order
+        ]
+        mine = self._replay(now, sim, running, waiting, self.samples)
+        for rid, forecast in mine.items():
+            j = int(rid)
+            if j in self.made and j != k and forecast.p50 is not None:
+                self.later.append((j, now, forecast.p10 or now, forecast.p50, forecast.p90 or float("inf")))
+        if (
+            arrived and str(k) in mine
+        ):  # not in the queue the rule serves: a preemptor waiting for its victims
+            self._arrival(now, sim, k, order, mine[str(k)], run_s, model)
+
+    def _replay(
+        self, now: float, sim: QueueSim, running: list[Running], waiting: list[Waiting], samples: int
+    ) -> dict[str, Any]:
+        out = forecast_starts(
+            now,
+            sim.nodes,
+            sim.empty,
+            running,
+            waiting,
+            sim.place,
+            sim.max_overtakes,
+            samples=samples,
+            governance=sim_governance(sim),
+        )
+        return {f.reservation_id: f for f in out}
+
+    def _arrival(
+        self,
+        now: float,
+        sim: QueueSim,
+        k: int,
+        order: Sequence[QueueEntry],
+        mine: Any,
+        run_s: Callable[[int], float],
+        model: DurationModel,
+    ) -> None:
+        """Record ``k``'s forecast at arrival beside the oracle's, *declared*'s and *naive*'s."""
+
+        def declared(j: int) -> float:
+            return model.sampler(self.keys[j]).mean()
+
+        oracle_running, declared_running = [], []
+        for j, (request, assignment, _) in sim.running.items():
+            elapsed = now - sim.started_at[j]
+            oracle_running.append(Running(str(j), request, assignment, _fixed(run_s(j) - elapsed)))
+            declared_running.append(Running(str(j), request, assignment, _fixed(declared(j) - elapsed)))
+        seqs = [int(e.request_id) for e in order]
+        oracle_waiting = [
+            Waiting(str(j), e.request, _fixed(run_s(j)), e.overtakes)
+            for j, e in zip(seqs, order, strict=True)
+        ]
+        declared_waiting = [
+            Waiting(str(j), e.request, _fixed(declared(j)), e.overtakes)
+            for j, e in zip(seqs, order, strict=True)
+        ]
+        best = self._replay(now, sim, oracle_running, oracle_waiting, 1)[str(k)]
+        slurm = self._replay(now, sim, declared_running, declared_waiting, 1)[str(k)]
+        if mine.p50 is None or best.p50 is None or slurm.p50 is None:
+            return  # "never, on the current nodes": no time to score
+        position = seqs.index(k) + 1
+        self.made[k] = (
+            now,
+            [mine.p10 or now, mine.p50, mine.p90 or float("inf")],
+            best.p50,
+            slurm.p50,
+            now + position * self.mean_run_s / self.gpus,
+        )
+
+    def report(self) -> dict[str, Any]:
+        """Return the scores of the forecasts whose request started (``gpupool simulate``'s ``forecast``)."""
+        started_at = self.started_at
+        waits, widths, errors, oracle_errors, declared_errors, naive_errors = [], [], [], [], [], []
+        covered = early = late = oracle_late = oracle_hit = covers_no_arrival = late_past_own_p90 = 0
+        for k, (arrived, (p10, p50, p90), oracle, slurm, naive) in self.made.items():
+            if k not in started_at:
+                continue
+            actual = started_at[k]
+            waits.append(actual - arrived)
+            covered += p10 <= actual <= p90
+            early += actual < p10
+            late += actual > p90
+            # The oracle's start is the start without later arrivals (the exact replay of the queue as it stood).
+            oracle_late += actual > oracle + 1.0
+            oracle_hit += abs(actual - oracle) <= 1.0
+            covers_no_arrival += p10 <= oracle <= p90
+            late_past_own_p90 += actual > p90 >= oracle
+            widths.append(p90 - p10)
+            errors.append(abs(p50 - actual))
+            oracle_errors.append(abs(oracle - actual))
+            declared_errors.append(abs(slurm - actual))
+            naive_errors.append(abs(naive - actual))
+        n = len(errors)
+
+        def share(count: int) -> float | None:
+            return round(count / n, 3) if n else None
+
+        return {
+            "requests": n,
+            "samples": self.samples,
+            "coverage_p10_p90": share(covered),
+            "below_p10": share(early),
+            "above_p90": share(late),
+            "width_median_s": _median(widths),
+            "p50_abs_error_median_s": _median(errors),
+            "wait_median_s": _median(waits),
+            "bounds": {
+                # Every share below is of the same requests as coverage_p10_p90.
+                "oracle_coverage": share(oracle_hit),
+                "delayed_by_later_arrivals": share(oracle_late),
+                "coverage_of_no_arrival_start": share(covers_no_arrival),
+                "above_p90_by_later_arrivals": share(late_past_own_p90),
+            },
+            "baselines": {
+                "declared": {"p50_abs_error_median_s": _median(declared_errors)},
+                "naive": {"p50_abs_error_median_s": _median(naive_errors)},
+                "oracle": {"p50_abs_error_median_s": _median(oracle_errors)},
+            },
+            "at_changes": self._later_report(),
+        }
+
+    def _later_report(self) -> dict[str, Any]:
+        """Score the forecasts made after arrival, each against its request's actual start."""
+        scored = [(j, at, p10, p50, p90) for j, at, p10, p50, p90 in self.later if j in self.started_at]
+        starts = [self.started_at[j] for j, *_ in scored]
+        n = len(scored)
+        covered = sum(p10 <= start <= p90 for (_, _, p10, _, p90), start in zip(scored, starts, strict=True))
+        return {
+            "forecasts": n,
+            "requests": len({j for j, *_ in scored}),
+            "coverage_p10_p90": round(covered / n, 3) if n else None,
+            "width_median_s": _median([p90 - p10 for _, _, p10, _, p90 in scored]),
+            "p50_abs_error_median_s": _median(
+                [abs(p50 - start) for (_, _, _, p50, _), start in zip(scored, starts, strict=True)]
+            ),
+            "remaining_wait_median_s": _median(
+                [start - at for (_, at, *_), start in zip(scored, starts, strict=True)]
+            ),
+        }
+
+
+def sim_governance(sim: QueueSim) -> Governance | None:
+    """The quota rules a teams simulation serves by, as the ledger would hold them (None: none).
+
+    Only for a policy with the ledger's rules (quotas, fair order, headroom: ``gpupool``,
+    ``no-preemption``); its plan's one flavor is every simulated node's (a ``pool:`` flavor
+    names the nodes' pool here).
+    """
+    if not isinstance(sim, TeamsSim) or not (
+        sim.policy.quotas and sim.policy.fair_order and sim.policy.headroom
+    ):
+        return None
+    plan = sim.plan
+    headroom = Headroom(
+        share_milli=round(plan.headroom * 1000),
+        lend_to_preemptible=plan.headroom_lent,
+        urgent_priority=plan.urgent_priority,
+    )
+    pool = plan.flavor.name if plan.flavor.kind == "pool" else None
+    nodes = {n.name: n if pool is None else replace(n, node_pool=pool) for n in sim.empty}
+    grants = [(request, assignment) for request, assignment, _ in sim.running.values()]
+    return Governance.of_grants(replace(plan.quotas, headroom=headroom), grants, nodes)
+
+
+def synthetic_backtest(
+    *,
+    seed: int = 42,
+    nodes: int = 6,
+    arrivals: int = 300,
+    load: float = 0.9,
+    samples: int = SAMPLES,
+    warm_history: int = 0,
+) -> dict[str, Any]:
+    """Run the backtest on a synthetic queue (``benchmarks/forecast_backtest.py``).
+
+    ``nodes`` nodes of 4 GPUs, the five :data:`TASKS` with log-normal run times (σ 0.4) around
+    their medians, Poisson arrivals at ``load`` of the capacity, served by :class:`QueueSim`.
+    ``warm_history``: runs per task in the history before the first arrival (a separate seed).
+    """
+    rng = np.random.default_rng(seed)
+    empty = [
+        NodeState(f"n{i}", 64000, 262144, tuple(GpuState(g, "A100", 81920, 1000, 81920) for g in range(4)))
+        for i in range(nodes)
+    ]
+    picks = rng.integers(len(TASKS), size=arrivals)
+    runs = np.array([TASKS[int(p)][0] * float(rng.lognormal(0.0, 0.4)) for p in picks])
+    gpus = np.array([TASKS[int(p)][1] for p in picks])
+    rate = load * 4 * nodes / float(np.mean(runs * gpus))
+    times = np.cumsum(rng.exponential(1 / rate, arrivals))
+    sim = QueueSim(list(empty), quick(get_policy("bestfit")), (), MAX_OVERTAKES)
+    backtest = Backtest(samples=samples)
+    backtest.start(mean_run_s=float(np.mean([m for m, _ in TASKS])), gpus=4 * nodes, warm_s=0.0)
+    warm = np.random.default_rng(seed + 1000)
+    backtest.done = [
+        FinishedRun("sim", f"task{t}", "team", "batch", median * float(warm.lognormal(0.0, 0.4)))
+        for _ in range(warm_history)
+        for t, (median, _) in enumerate(TASKS)
+    ]
+    events = [(float(t), 1, k) for k, t in enumerate(times)]
+    heapq.heapify(events)
+    while events:
+        now, kind, k = heapq.heappop(events)
+        if kind == 1:
+            backtest.label(k, f"task{int(picks[k])}", "team", "batch")
+            sim.arrive(k, GpuRequest(gpus=int(gpus[k])), now, 0)
+        else:
+            sim.depart(k)
+            backtest.ended(k, float(runs[k]))
+        for started in sim.serve(now):
+            heapq.heappush(events, (now + float(runs[started]), 0, started))
+        backtest.waiting(now, sim, k, by_priority(sim), lambda j: float(runs[j]))
+    return {
+        "seed": seed,
+        "nodes": nodes,
+        "arrivals": arrivals,
+        "samples": samples,
+        "warm_history": warm_history,
+        "forecast": backtest.report(),
+    }
