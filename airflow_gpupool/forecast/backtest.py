@@ -14,6 +14,9 @@ the runs ended so far), and three baselines in the same state:
   would have had with no later arrival, the best a forecast of the queue as it stands can do.
 
 Every replay starts with the overtakes each waiting request has counted (the simulation's).
+The forecasts scored are calibrated as the controller's are (:class:`~airflow_gpupool.forecast.calibration.Calibration`,
+grouped by team, fed with the starts seen so far, never later ones); ``replay_only`` scores the
+same forecasts before the calibration widened them.
 
 The forecast made at arrival is scored against the baselines; the forecasts made after it, at each
 change of the queue or the grants while the request waits, are scored on their own
@@ -32,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from airflow_gpupool.forecast.calibration import Calibration
 from airflow_gpupool.forecast.durations import DurationModel, RemainingTime, TaskKey
 from airflow_gpupool.forecast.replay import Running, Waiting, forecast_starts
 from airflow_gpupool.governance.queue_pass import Governance
@@ -73,16 +77,18 @@ class Backtest:
         self.keys: dict[int, TaskKey] = {}
         self.started_at: dict[int, float] = {}  # the simulation's starts, read at the end
         self.done: list[FinishedRun] = []  # newest first, as the ledger's history reads
-        # k: (arrival, [p10, p50, p90], oracle, declared, naive)
-        self.made: dict[int, tuple[float, list[float], float, float, float]] = {}
-        # Forecasts after arrival, at each change of the queue or the grants: (k, at, p10, p50, p90).
-        self.later: list[tuple[int, float, float, float, float]] = []
+        # k: (arrival, [p10, p50, p90], oracle, declared, naive, the replay's own (p10, p50, p90))
+        self.made: dict[int, tuple[float, list[float], float, float, float, tuple[float, float, float]]] = {}
+        # Forecasts after arrival, at each change of the queue or the grants:
+        # (k, at, p10, p50, p90, the replay's own (p10, p50, p90)).
+        self.later: list[tuple[int, float, float, float, float, tuple[float, float, float]]] = []
+        self.calibration = Calibration()
         self._seen: tuple[frozenset[Any], frozenset[Any]] | None = None
 
     def start(self, *, mean_run_s: float, gpus: float, warm_s: float) -> None:
         """Set the workload's mean run time (the prior, *naive*'s run time), the GPUs, and the warm-up.
 
-        Only requests arriving from ``warm_s`` on are forecast.
+        Only requests arriving from ``warm_s`` on are scored; forecasts before it only teach the calibration.
         """
         self.mean_run_s, self.gpus, self.warm_s = max(mean_run_s, 1.0), max(gpus, 1e-9), warm_s
 
@@ -112,14 +118,15 @@ class Backtest:
         :param run_s: a request's true run time (for the oracle only)
         """
         self.started_at = sim.started_at
-        if now < self.warm_s:
-            return
         seen = (frozenset(sim.waiting), frozenset(sim.running))
         if seen == self._seen:
             return  # nothing changed: every forecast stands
         self._seen = seen
-        arrived = str(k) in sim.waiting and sim.arrived_at.get(k) == now
-        if not arrived and not any(int(rid) in self.made for rid in sim.waiting):
+        warming = (
+            now < self.warm_s
+        )  # forecast for the calibration to learn from, as a running controller would; not scored
+        arrived = not warming and str(k) in sim.waiting and sim.arrived_at.get(k) == now
+        if not sim.waiting or not (warming or arrived or any(int(rid) in self.made for rid in sim.waiting)):
             return
         order = queue()
         model = DurationModel.from_runs(self.done, prior_seconds=self.mean_run_s)
@@ -131,15 +138,22 @@ class Backtest:
             Waiting(e.request_id, e.request, model.sampler(self.keys[int(e.request_id)]), e.overtakes)
             for e in order
         ]
-        mine = self._replay(now, sim, running, waiting, self.samples)
+        raw = self._replay(now, sim, running, waiting, self.samples)
+        # Scored as the controller's Forecaster does: the starts so far, then this pass's ranges widened.
+        self.calibration.observe(sim.waiting, lambda rid: sim.started_at.get(int(rid)))
+        teams = {rid: self.keys[int(rid)].team or "" for rid in raw}
+        mine = {f.reservation_id: f for f in self.calibration.calibrate(list(raw.values()), teams)}
         for rid, forecast in mine.items():
             j = int(rid)
             if j in self.made and j != k and forecast.p50 is not None:
-                self.later.append((j, now, forecast.p10 or now, forecast.p50, forecast.p90 or float("inf")))
+                own = _range(raw[rid], now)
+                self.later.append(
+                    (j, now, forecast.p10 or now, forecast.p50, forecast.p90 or float("inf"), own)
+                )
         if (
             arrived and str(k) in mine
         ):  # not in the queue the rule serves: a preemptor waiting for its victims
-            self._arrival(now, sim, k, order, mine[str(k)], run_s, model)
+            self._arrival(now, sim, k, order, mine[str(k)], _range(raw[str(k)], now), run_s, model)
 
     def _replay(
         self, now: float, sim: QueueSim, running: list[Running], waiting: list[Waiting], samples: int
@@ -164,6 +178,7 @@ class Backtest:
         k: int,
         order: Sequence[QueueEntry],
         mine: Any,
+        own: tuple[float, float, float],
         run_s: Callable[[int], float],
         model: DurationModel,
     ) -> None:
@@ -197,6 +212,7 @@ class Backtest:
             best.p50,
             slurm.p50,
             now + position * self.mean_run_s / self.gpus,
+            own,
         )
 
     def report(self) -> dict[str, Any]:
@@ -204,7 +220,8 @@ class Backtest:
         started_at = self.started_at
         waits, widths, errors, oracle_errors, declared_errors, naive_errors = [], [], [], [], [], []
         covered = early = late = oracle_late = oracle_hit = covers_no_arrival = late_past_own_p90 = 0
-        for k, (arrived, (p10, p50, p90), oracle, slurm, naive) in self.made.items():
+        replay_covered, replay_widths, replay_errors = 0, [], []
+        for k, (arrived, (p10, p50, p90), oracle, slurm, naive, (own10, own50, own90)) in self.made.items():
             if k not in started_at:
                 continue
             actual = started_at[k]
@@ -218,6 +235,9 @@ class Backtest:
             covers_no_arrival += p10 <= oracle <= p90
             late_past_own_p90 += actual > p90 >= oracle
             widths.append(p90 - p10)
+            replay_covered += own10 <= actual <= own90
+            replay_widths.append(own90 - own10)
+            replay_errors.append(abs(own50 - actual))
             errors.append(abs(p50 - actual))
             oracle_errors.append(abs(oracle - actual))
             declared_errors.append(abs(slurm - actual))
@@ -236,6 +256,12 @@ class Backtest:
             "width_median_s": _median(widths),
             "p50_abs_error_median_s": _median(errors),
             "wait_median_s": _median(waits),
+            # The same forecasts before calibration widened them (forecast/calibration.py).
+            "replay_only": {
+                "coverage_p10_p90": share(replay_covered),
+                "width_median_s": _median(replay_widths),
+                "p50_abs_error_median_s": _median(replay_errors),
+            },
             "bounds": {
                 # Every share below is of the same requests as coverage_p10_p90.
                 "oracle_coverage": share(oracle_hit),
@@ -253,22 +279,34 @@ class Backtest:
 
     def _later_report(self) -> dict[str, Any]:
         """Score the forecasts made after arrival, each against its request's actual start."""
-        scored = [(j, at, p10, p50, p90) for j, at, p10, p50, p90 in self.later if j in self.started_at]
-        starts = [self.started_at[j] for j, *_ in scored]
+        scored = [
+            (at, p10, p50, p90, own, self.started_at[j])
+            for j, at, p10, p50, p90, own in self.later
+            if j in self.started_at
+        ]
         n = len(scored)
-        covered = sum(p10 <= start <= p90 for (_, _, p10, _, p90), start in zip(scored, starts, strict=True))
+
+        def share(count: int) -> float | None:
+            return round(count / n, 3) if n else None
+
         return {
             "forecasts": n,
-            "requests": len({j for j, *_ in scored}),
-            "coverage_p10_p90": round(covered / n, 3) if n else None,
-            "width_median_s": _median([p90 - p10 for _, _, p10, _, p90 in scored]),
-            "p50_abs_error_median_s": _median(
-                [abs(p50 - start) for (_, _, _, p50, _), start in zip(scored, starts, strict=True)]
-            ),
-            "remaining_wait_median_s": _median(
-                [start - at for (_, at, *_), start in zip(scored, starts, strict=True)]
-            ),
+            "requests": len({j for j, *_ in self.later if j in self.started_at}),
+            "coverage_p10_p90": share(sum(p10 <= start <= p90 for _, p10, _, p90, _, start in scored)),
+            "width_median_s": _median([p90 - p10 for _, p10, _, p90, _, _ in scored]),
+            "p50_abs_error_median_s": _median([abs(p50 - start) for _, _, p50, _, _, start in scored]),
+            "remaining_wait_median_s": _median([start - at for at, *_, start in scored]),
+            "replay_only": {
+                "coverage_p10_p90": share(sum(own[0] <= start <= own[2] for *_, own, start in scored)),
+                "width_median_s": _median([own[2] - own[0] for *_, own, _ in scored]),
+                "p50_abs_error_median_s": _median([abs(own[1] - start) for *_, own, start in scored]),
+            },
         }
+
+
+def _range(forecast: Any, now: float) -> tuple[float, float, float]:
+    """A forecast's (p10, p50, p90) (a missing one: now, or never)."""
+    return (forecast.p10 or now, forecast.p50 or now, forecast.p90 or float("inf"))
 
 
 def sim_governance(sim: QueueSim) -> Governance | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from airflow_gpupool.forecast.calibration import Calibration
 from airflow_gpupool.forecast.durations import DurationModel, TaskKey
 from airflow_gpupool.forecast.replay import SAMPLES, SEED, Running, Waiting, forecast_starts
 from airflow_gpupool.governance.queue_pass import Governance
@@ -135,11 +136,17 @@ class Forecaster:
     A forecast comes due once the ledger's clock passes its earliest p10: from then on it would
     show a start in the past, so the replay runs again from the state as it is.
 
+    The stored ranges are calibrated (:class:`~airflow_gpupool.forecast.calibration.Calibration`):
+    widened by how this controller's earlier forecasts for the same team turned out, scored against
+    the grants it sees start. The scores live in this process: a new leader starts with the replay's own ranges
+    until it has scored enough.
+
     :param ledger: the ledger
     """
 
     def __init__(self, ledger: Ledger) -> None:
         self.ledger = ledger
+        self.calibration = Calibration()
         self._seen: tuple[object, ...] | None = None
         self._due = float("inf")
 
@@ -156,7 +163,11 @@ class Forecaster:
         )
         if seen == self._seen and snapshot.taken_at < self._due:
             return None
-        forecasts = compute_forecasts(self.ledger, snapshot)
+        # A request granted and ended between two passes is not in the snapshot: forgotten, not scored.
+        granted_at = {g.id: g.grant.granted_at for g in snapshot.grants if g.grant is not None}
+        self.calibration.observe({r.id for r in snapshot.queue}, granted_at.get)
+        teams = {r.id: r.request.team or "" for r in snapshot.queue}
+        forecasts = self.calibration.calibrate(compute_forecasts(self.ledger, snapshot), teams)
         LedgerForecasts(self.ledger).replace(forecasts)
         self._seen = seen
         self._due = min(

@@ -19,5 +19,5 @@ def forecast_cell(forecast: StartForecast | None, now: float) -> str:
         return f'<span class="forecast">{escape(describe_forecast(forecast, now))}</span>'
     low = clock_time(max(forecast.p10 or forecast.p50, now), now)
     high = clock_time(max(forecast.p90, now), now) if forecast.p90 is not None else "?"
-    tip = f"80 % between {low} and {high} UTC; the queue as it stands, later arrivals ignored"
+    tip = f"80 % between {low} and {high} UTC; {forecast.reason}"
     return f'<span class="forecast" title="{escape(tip)}">{clock_time(max(forecast.p50, now), now)}</span>'

@@ -17,6 +17,7 @@ from sqlalchemy import Row
 
 from airflow_gpupool.ledger.db import statements as sql
 from airflow_gpupool.ledger.db.records import waiting_ahead
+from airflow_gpupool.ledger.queue.ahead import STEPPED_BACK_FOR
 from airflow_gpupool.ledger.store.cache import CapacityCache
 from airflow_gpupool.ledger.store.scalable import no_empty_node_fits, pool_that_fits, scalable_shapes
 from airflow_gpupool.ledger.store.transactions import LedgerStore, Tx
@@ -161,7 +162,13 @@ def blocked_message(
     early = row.not_before is not None and row.not_before > tx.now
     if early:
         # Queued ahead of its upstream's end: it keeps its place, and then the rest applies.
-        waited += f"queued ahead: not granted for another {row.not_before - tx.now:.0f}s (its not_before); "
+        of = f" of {row.ahead_of}" if row.ahead_of else ""
+        if row.not_before - tx.now > STEPPED_BACK_FOR / 2:
+            waited += f"queued ahead{of}, stepped back (its upstream ran late): not granted until its step claims it; "
+        else:
+            waited += (
+                f"queued ahead{of}: not granted for another {row.not_before - tx.now:.0f}s (its not_before); "
+            )
     if quota_refusal:
         return f"{waited}{quota_refusal}"
     snapshot = tx.snapshot()

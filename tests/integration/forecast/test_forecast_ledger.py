@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import pytest
 
+from airflow_gpupool.forecast.calibration import MIN_SCORED
 from airflow_gpupool.forecast.step import Forecaster, compute_forecasts, refresh_forecasts
 from airflow_gpupool.governance import Flavor, QuotaPlan, TeamQuota
 from airflow_gpupool.ledger import Ledger, LedgerForecasts, LedgerQuotas, StartForecast
@@ -175,3 +177,33 @@ def test_under_quotas_the_forecast_serves_the_queue_as_the_ledger_does(
     clock.advance(200)
     ledger.release(b_running)  # the ledger agrees
     assert (ledger.get(b_waiting).state.value, ledger.get(a_waiting).state.value) == ("granted", "waiting")
+
+
+def test_a_start_scores_the_forecasts_made_for_it(queued: tuple[Ledger, list[str]], clock: FakeClock) -> None:
+    ledger, (first, _) = queued
+    forecaster = Forecaster(ledger)
+    forecaster()  # first: 500 s from now, exactly (fixed durations)
+    clock.advance(300)
+    ledger.release(_try(3).reservation_id)  # the running try ends early: first starts 200 s before p10
+    assert ledger.get(first).grant is not None
+    forecaster()
+    assert forecaster.calibration.scored == 1
+    assert forecaster.calibration.all.lower[0] == pytest.approx(math.log1p(500 / 60) - math.log1p(300 / 60))
+    assert forecaster.calibration.all.upper[0] == pytest.approx(math.log1p(300 / 60) - math.log1p(500 / 60))
+
+
+def test_the_stored_range_is_widened_by_the_scores(
+    queued: tuple[Ledger, list[str]], clock: FakeClock
+) -> None:
+    ledger, (first, _) = queued
+    forecaster = Forecaster(ledger)
+    # Twenty earlier starts, each 0.5 (log-wait) before its p10 at worst and 0.7 past its p90.
+    forecaster.calibration.all.lower.extend([0.5] * MIN_SCORED)
+    forecaster.calibration.all.upper.extend([0.7] * MIN_SCORED)
+    forecaster()
+    stored = LedgerForecasts(ledger).get(first)
+    now = clock.now
+    assert stored is not None and stored.p50 == now + 500  # the replay's median, untouched
+    assert stored.p10 == pytest.approx(now + 60 * math.expm1(math.log1p(500 / 60) - 0.5))
+    assert stored.p90 == pytest.approx(now + 60 * math.expm1(math.log1p(500 / 60) + 0.7))
+    assert stored.reason.endswith("; its range calibrated on how 20 earlier forecasts turned out")

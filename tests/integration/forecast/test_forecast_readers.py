@@ -72,5 +72,8 @@ def test_the_page_shows_the_expected_start_with_its_range(ledger: Ledger) -> Non
     html = client.get("/", params={"partial": 1}).text
     assert "<th>Expected start</th>" in html
     hhmm = [time.strftime("%H:%M", time.gmtime(t)) for t in (f.p10, f.p50, f.p90)]
-    assert f'title="80 % between {hhmm[0]} and {hhmm[2]} UTC; the queue as it stands' in html
+    assert (
+        f'title="80 % between {hhmm[0]} and {hhmm[2]} UTC; 64 replays of the queue as it stands (later'
+        in html
+    )
     assert f">{hhmm[1]}</span>" in html

@@ -55,6 +55,7 @@ def test_entered_now_it_waits_in_its_place_and_is_never_granted_before_not_befor
     assert "queued ahead of train" in result.message
     (row,) = ahead_rows(training)
     assert (row.state, row.not_before, row.ahead_of) == ("waiting", clock.now + 600, "train")
+    assert "queued ahead of train: not granted for another 600s (its not_before)" in training.explain(row.id)
     training.reserve(TWO, "late", reservation_id="late", timeout=7200)
     training.release("other")  # n2 frees up before evaluate is due: the request behind takes it
     assert training.get(result.ahead_id).state is WAITING
@@ -155,6 +156,10 @@ def test_granted_and_not_claimed_it_steps_back_keeping_its_place(training: Ledge
     back = row_of(training, rid)
     assert (back.state, back.seq, back.node) == ("waiting", seq, None)
     assert back.not_before > clock.now + 86400 and "stepped back" in back.message
+    assert (
+        "queued ahead of train, stepped back (its upstream ran late): not granted until its step claims it"
+        in (training.explain(rid))
+    )
     assert training.get("late").state is GRANTED  # the freed GPUs served the queue
     assert training.check_invariants() == []
     training.release("late")
