@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from airflow_gpupool.forecast.calibration import MIN_SCORED, Calibration
+from airflow_gpupool.forecast.calibration import MIN_SCORED, PER_REQUEST, Calibration
 from airflow_gpupool.ledger import StartForecast
 
 
@@ -108,3 +108,13 @@ def test_a_group_with_enough_scores_is_widened_by_its_own() -> None:
     assert out[0].p90 == pytest.approx(1000.0 + 600)  # a's own misses
     assert out[1].p90 == 1000.0 + 180  # b was exact: its range stays
     assert out[2].p90 == pytest.approx(1000.0 + 600)  # c has no scores: all of them, a's misses among them
+
+
+def test_a_long_wait_scores_only_a_few_of_its_forecasts_the_first_among_them() -> None:
+    calibration = Calibration()
+    for at in range(10):  # ten forecasts of one request, each of a 100 s wait from then
+        calibration.calibrate([_forecast("long", float(at), 100, 100, 100)])
+    calibration.observe(set(), lambda rid: 100.0)
+    assert PER_REQUEST == 2 and calibration.scored == 2
+    # The forecasts made at 0 s (the first) and 5 s, each below the start by nothing and by 5 s.
+    assert list(calibration.all.lower) == pytest.approx([0.0, math.log1p(100 / 60) - math.log1p(95 / 60)])
