@@ -31,6 +31,12 @@ def main() -> None:
         help="runs per task in the history before the first arrival, drawn from the true distribution "
         "(a separate seed: the queue is the same); 0: the history holds only the runs ended so far",
     )
+    parser.add_argument(
+        "--known-distributions",
+        action="store_true",
+        help="the forecast draws from each task's true run-time distribution instead of the history "
+        "(a yardstick: the best p50 a forecast that knows the distributions but not the runs can give)",
+    )
     args = parser.parse_args()
     out = synthetic_backtest(
         seed=args.seed,
@@ -39,6 +45,7 @@ def main() -> None:
         load=args.load,
         samples=args.samples,
         warm_history=args.warm_history,
+        known_distributions=args.known_distributions,
     )
     print(json.dumps(out, indent=1))
 

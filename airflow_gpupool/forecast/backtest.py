@@ -83,6 +83,8 @@ class Backtest:
         # (k, at, p10, p50, p90, the replay's own (p10, p50, p90)).
         self.later: list[tuple[int, float, float, float, float, tuple[float, float, float]]] = []
         self.calibration = Calibration()
+        #: A durations model to use instead of the history's (the true distributions: a yardstick).
+        self.known: DurationModel | None = None
         self._seen: tuple[frozenset[Any], frozenset[Any]] | None = None
 
     def start(self, *, mean_run_s: float, gpus: float, warm_s: float) -> None:
@@ -129,7 +131,7 @@ class Backtest:
         if not sim.waiting or not (warming or arrived or any(int(rid) in self.made for rid in sim.waiting)):
             return
         order = queue()
-        model = DurationModel.from_runs(self.done, prior_seconds=self.mean_run_s)
+        model = self.known or DurationModel.from_runs(self.done, prior_seconds=self.mean_run_s)
         running = [
             Running(str(j), request, assignment, model.sampler(self.keys[j], now - sim.started_at[j]))
             for j, (request, assignment, _) in sim.running.items()
@@ -340,12 +342,16 @@ def synthetic_backtest(
     load: float = 0.9,
     samples: int = SAMPLES,
     warm_history: int = 0,
+    known_distributions: bool = False,
 ) -> dict[str, Any]:
     """Run the backtest on a synthetic queue (``benchmarks/forecast_backtest.py``).
 
     ``nodes`` nodes of 4 GPUs, the five :data:`TASKS` with log-normal run times (σ 0.4) around
     their medians, Poisson arrivals at ``load`` of the capacity, served by :class:`QueueSim`.
     ``warm_history``: runs per task in the history before the first arrival (a separate seed).
+    ``known_distributions``: the forecast draws from each task's true distribution (2,000 draws,
+    a separate seed) instead of the history: what a forecast that knows every task's distribution,
+    but not the run it will have, can do (*declared* then takes the true means too).
     """
     rng = np.random.default_rng(seed)
     empty = [
@@ -366,6 +372,15 @@ def synthetic_backtest(
         for _ in range(warm_history)
         for t, (median, _) in enumerate(TASKS)
     ]
+    if known_distributions:
+        truth = np.random.default_rng(seed + 2000)
+        backtest.known = DurationModel(
+            backtest.mean_run_s,
+            {
+                ("sim", f"task{t}"): list(median * truth.lognormal(0.0, 0.4, 2000))
+                for t, (median, _) in enumerate(TASKS)
+            },
+        )
     events = [(float(t), 1, k) for k, t in enumerate(times)]
     heapq.heapify(events)
     while events:
@@ -385,5 +400,6 @@ def synthetic_backtest(
         "arrivals": arrivals,
         "samples": samples,
         "warm_history": warm_history,
+        "known_distributions": known_distributions,
         "forecast": backtest.report(),
     }
