@@ -21,8 +21,9 @@ import json
 import logging
 import math
 from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import Connection, insert, select, update
+from sqlalchemy import Connection, Row, insert, select, update
 
 from airflow_gpupool import settings
 from airflow_gpupool.exceptions import InvalidRequestError
@@ -193,23 +194,19 @@ class QueueAheads:
         returned, for the caller to withdraw it (:meth:`withdraw`) once its own reserve is accepted
         (a refused reserve changes nothing).
         """
-        rid, holder = args.reservation_id, ahead.ahead_holder(task_key)
+        rid = args.reservation_id
+        # Read first: what is not taken (another request, a plan not entered, an id already
+        # reserved) costs no write, so that a reserve refused after it has changed nothing, not
+        # even the due processing every write does.
+        found = self._store.read(lambda conn: self._find(conn, args, task_key))
+        if not isinstance(found, Row):
+            return found
 
         def run(tx: Tx) -> Reservation | str | None:
             tx.queue_tracked = True
-            existing = tx.conn.execute(select(schema.reservations).where(_r.id == rid)).first()
-            if existing is not None:
-                return self._store.reservation(tx.conn, existing)
-            row = tx.conn.execute(
-                select(schema.reservations)
-                .where(_r.holder == holder, _r.state.in_((WAITING, GRANTED)))
-                .order_by(_r.seq)
-                .limit(1)
-            ).first()
-            if row is None:  # planned, not entered: the step runs now, the plan is moot
-                return f"{rid} reserved before it entered the queue"
-            if self._store.request_of(row) != args.request:
-                return f"{rid} reserved another request ({args.request.describe()})"
+            row = self._find(tx.conn, args, task_key)  # again: it may have moved since the read
+            if not isinstance(row, Row):
+                return row
             values: dict[str, object] = dict(
                 id=rid, holder=args.holder, ttl=args.ttl, deadline=tx.now + args.timeout
             )
@@ -238,6 +235,24 @@ class QueueAheads:
             return self._store.reservation(tx.conn, records.row_by_id(tx.conn, rid))
 
         return self._cycle.write(run)
+
+    def _find(self, conn: Connection, args: ReserveArgs, task_key: str) -> Reservation | str | Row[Any]:
+        """The row queued ahead for ``task_key`` that ``args`` takes over, else what ``claim`` returns instead."""
+        rid = args.reservation_id
+        existing = conn.execute(select(schema.reservations).where(_r.id == rid)).first()
+        if existing is not None:
+            return self._store.reservation(conn, existing)
+        row = conn.execute(
+            select(schema.reservations)
+            .where(_r.holder == ahead.ahead_holder(task_key), _r.state.in_((WAITING, GRANTED)))
+            .order_by(_r.seq)
+            .limit(1)
+        ).first()
+        if row is None:  # planned, not entered: the step runs now, the plan is moot
+            return f"{rid} reserved before it entered the queue"
+        if self._store.request_of(row) != args.request:
+            return f"{rid} reserved another request ({args.request.describe()})"
+        return row
 
     def withdraw(self, task_key: str, why: str) -> None:
         """Withdraw what is queued ahead for the step ``task_key``: its own reserve went another way."""

@@ -513,9 +513,6 @@ class LedgerMachine(RuleBasedStateMachine):
     def claim_one(self, hid: str, same: bool, other: GpuRequest, ahead: int | None) -> None:
         # The downstream step reserves: it takes its handed slice over (the same request, due now).
         handed = self.handed[hid]
-        # The claim's own write first does what is due (expiries, plans queued ahead entering): done
-        # here, so that a refused reserve is checked for what it changed itself.
-        self.reap()
         rid = f"r{self.arrivals + 1:05d}"
         request = handed.request if same else other
         not_before = None if ahead is None else self.clock.now + ahead
@@ -585,7 +582,7 @@ class LedgerMachine(RuleBasedStateMachine):
         # The downstream step runs and reserves: it takes its request queued ahead over, in its place.
         qid = data.draw(st.sampled_from(sorted(self.ahead)), label="queued ahead")
         plan = self.ahead[qid]
-        self.reap()  # what is due first (as in claim_one)
+        self.reap()  # what is due first: the claim's write would do it, and `before` must be read after it
         with self.reader.connect() as conn:
             r = ledger_schema.reservations.c
             before = conn.execute(select(r.state, r.seq).where(r.id == qid)).first()

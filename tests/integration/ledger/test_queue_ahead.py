@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from airflow_gpupool.exceptions import InvalidRequestError, UnknownReservationError
+from airflow_gpupool.exceptions import InvalidRequestError, NoCapacityError, UnknownReservationError
 from airflow_gpupool.ledger import Ledger, ReservationState
 from airflow_gpupool.ledger.db import schema
 from airflow_gpupool.resources import GpuRequest
@@ -285,3 +285,18 @@ def test_an_upstream_and_its_unclaimed_grant_due_in_one_reap_end_once(
     withdrawn = training.get(result.ahead_id)
     assert withdrawn.state is ReservationState.CANCELLED and "withdrawn: upstream" in withdrawn.message
     assert training.check_invariants() == []  # its slice was freed once, not twice
+
+
+def test_a_claim_not_taken_writes_nothing_before_a_refused_reserve(
+    training: Ledger, clock: FakeClock
+) -> None:
+    training.queue_ahead(
+        "train", EVALUATE, TWO, enter_at=clock.now - 1, not_before=clock.now + 600, idle_seconds=60
+    )
+    assert training.reserve(GpuRequest(gpus=1), "short", reservation_id="short", ttl=30).state is GRANTED
+    clock.advance(31)  # its lease is overdue, not reaped yet: any write would end it first
+
+    with pytest.raises(NoCapacityError):  # another request than the one queued ahead, and one no node fits
+        training.reserve(GpuRequest(gpus=8), "evaluate try", reservation_id="evaluate-1", task_key=EVALUATE)
+
+    assert training.get("short").state is GRANTED  # the refused call changed nothing, not even what was due
