@@ -20,9 +20,10 @@ same forecasts before the calibration widened them.
 
 The forecast made at arrival is scored against the baselines; the forecasts made after it, at each
 change of the queue or the grants while the request waits, are scored on their own
-(``at_changes``: coverage, width and p50 error, each against the request's actual start). The replay knows the queue rule
-and placement, not quotas, headroom or preemption: in the teams scenario those move starts the
-forecast cannot see. :meth:`Backtest.report` returns ``gpupool simulate``'s ``forecast`` object.
+(``at_changes``: coverage, width and p50 error, each against the request's actual start). The
+replay knows the queue rule, placement and (in the teams scenario) the quota rules, not
+preemption, which moves starts there that the replay cannot see. :meth:`Backtest.report` returns
+``gpupool simulate``'s ``forecast`` object.
 """
 
 from __future__ import annotations
@@ -124,9 +125,9 @@ class Backtest:
         if seen == self._seen:
             return  # nothing changed: every forecast stands
         self._seen = seen
-        warming = (
-            now < self.warm_s
-        )  # forecast for the calibration to learn from, as a running controller would; not scored
+        # Before the warm-up ends: forecast for the calibration to learn from, as a running
+        # controller would, and score nothing.
+        warming = now < self.warm_s
         arrived = not warming and str(k) in sim.waiting and sim.arrived_at.get(k) == now
         if not sim.waiting or not (warming or arrived or any(int(rid) in self.made for rid in sim.waiting)):
             return

@@ -13,8 +13,8 @@ the replay's.
 
 A request scores at most :data:`PER_REQUEST` of its forecasts (the first among them), spread
 over its wait: one that waited through a hundred changes of the queue must not outvote a hundred
-that started at once (measured: 2 per request covered more starts with narrower ranges than all
-of them, on the synthetic queue and the teams scenario alike).
+that started at once (measured: scoring 2 a request instead of all lifted the teams scenario's
+coverage from 70.8 to 75.7 % on seed 42, and moved the synthetic queue's by under 2 points).
 
 Requests still waiting past a remembered p90 count already, each as a miss by as much as it has
 waited past p90 so far: otherwise the longest waits, the likeliest misses, would be scored last.
