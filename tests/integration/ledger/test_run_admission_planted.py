@@ -4,8 +4,9 @@ With :meth:`RunGate.waits` always False (a run's first step passes its gate), th
 that a run's first step is granted only with its run's peak free must fail.
 
 The machine's own rules are called in a fixed order rather than found by a random search: a search
-with a fixed seed found the break at its 85th example here and not within 150 in a CI run (its
-sequences depend on what earlier examples did), so a search cannot show reliably that the check
+with a fixed seed found the break at its 85th example run alone and none within 150 in a CI run
+(in one process, what ran before it changes the sequences it draws: after
+``test_connection_refused.py``, none in 159), so a search cannot show reliably that the check
 works. The same sequence passes with the gate intact, so it is the gate that the check catches.
 """
 
