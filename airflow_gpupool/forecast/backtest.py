@@ -21,9 +21,13 @@ same forecasts before the calibration widened them.
 The forecast made at arrival is scored against the baselines; the forecasts made after it, at each
 change of the queue or the grants while the request waits, are scored on their own
 (``at_changes``: coverage, width and p50 error, each against the request's actual start). The
-replay knows the queue rule, placement and (in the teams scenario) the quota rules, not
-preemption, which moves starts there that the replay cannot see. :meth:`Backtest.report` returns
-``gpupool simulate``'s ``forecast`` object.
+replay knows the queue rule, placement and (in the teams scenario) the quota rules and, under
+``gpupool``'s policy, preemption as the ledger would apply it (:func:`sim_preemption`): each running
+try as the ledger would hold it (its start, its newest periodic checkpoint, a checkpoint on SIGTERM
+where its job writes one within the grace, its headroom loan, a victim's deadline), a preempted
+try's retry not preempting in turn. What the simulation does that the ledger would not know, the
+replay does not either: how long a victim really takes to end (the replay draws it within the
+grace). :meth:`Backtest.report` returns ``gpupool simulate``'s ``forecast`` object.
 """
 
 from __future__ import annotations
@@ -39,14 +43,16 @@ import numpy as np
 from airflow_gpupool.forecast.calibration import Calibration
 from airflow_gpupool.forecast.durations import DurationModel, RemainingTime, TaskKey
 from airflow_gpupool.forecast.replay import Running, Waiting, forecast_starts
+from airflow_gpupool.governance.preemption import VictimOrder
 from airflow_gpupool.governance.queue_pass import Governance
 from airflow_gpupool.governance.quotas import Headroom
+from airflow_gpupool.governance.victim_nodes import PreemptionRules
 from airflow_gpupool.ledger import FinishedRun
 from airflow_gpupool.placement.policy import get_policy
 from airflow_gpupool.placement.queue import QueueEntry
 from airflow_gpupool.placement.snapshot import GpuState, NodeState
 from airflow_gpupool.resources import GpuRequest
-from airflow_gpupool.sim.governed import TeamsSim
+from airflow_gpupool.sim.governed import TeamsSim, last_checkpoint
 from airflow_gpupool.sim.queue import MAX_OVERTAKES, QueueSim, by_priority
 from airflow_gpupool.sim.replay import quick
 
@@ -134,11 +140,15 @@ class Backtest:
         order = queue()
         model = self.known or DurationModel.from_runs(self.done, prior_seconds=self.mean_run_s)
         running = [
-            Running(str(j), request, assignment, model.sampler(self.keys[j], now - sim.started_at[j]))
-            for j, (request, assignment, _) in sim.running.items()
+            _running(sim, j, now, model.sampler(self.keys[j], now - sim.started_at[j])) for j in sim.running
         ]
         waiting = [
-            Waiting(e.request_id, e.request, model.sampler(self.keys[int(e.request_id)]), e.overtakes)
+            Waiting(
+                e.request_id,
+                _waiting_request(sim, e),
+                model.sampler(self.keys[int(e.request_id)]),
+                e.overtakes,
+            )
             for e in order
         ]
         raw = self._replay(now, sim, running, waiting, self.samples)
@@ -171,6 +181,7 @@ class Backtest:
             sim.max_overtakes,
             samples=samples,
             governance=sim_governance(sim),
+            preemption=sim_preemption(sim),
         )
         return {f.reservation_id: f for f in out}
 
@@ -191,17 +202,17 @@ class Backtest:
             return model.sampler(self.keys[j]).mean()
 
         oracle_running, declared_running = [], []
-        for j, (request, assignment, _) in sim.running.items():
+        for j in sim.running:
             elapsed = now - sim.started_at[j]
-            oracle_running.append(Running(str(j), request, assignment, _fixed(run_s(j) - elapsed)))
-            declared_running.append(Running(str(j), request, assignment, _fixed(declared(j) - elapsed)))
+            oracle_running.append(_running(sim, j, now, _fixed(run_s(j) - elapsed)))
+            declared_running.append(_running(sim, j, now, _fixed(declared(j) - elapsed)))
         seqs = [int(e.request_id) for e in order]
         oracle_waiting = [
-            Waiting(str(j), e.request, _fixed(run_s(j)), e.overtakes)
+            Waiting(str(j), _waiting_request(sim, e), _fixed(run_s(j)), e.overtakes)
             for j, e in zip(seqs, order, strict=True)
         ]
         declared_waiting = [
-            Waiting(str(j), e.request, _fixed(declared(j)), e.overtakes)
+            Waiting(str(j), _waiting_request(sim, e), _fixed(declared(j)), e.overtakes)
             for j, e in zip(seqs, order, strict=True)
         ]
         best = self._replay(now, sim, oracle_running, oracle_waiting, 1)[str(k)]
@@ -310,6 +321,49 @@ class Backtest:
 def _range(forecast: Any, now: float) -> tuple[float, float, float]:
     """A forecast's (p10, p50, p90) (a missing one: now, or never)."""
     return (forecast.p10 or now, forecast.p50 or now, forecast.p90 or float("inf"))
+
+
+def _running(sim: QueueSim, j: int, now: float, remaining: RemainingTime) -> Running:
+    """Running task ``j`` as the ledger would hold it: in the teams scenario, what preemption reads of it too."""
+    request, assignment, _ = sim.running[j]
+    if not isinstance(sim, TeamsSim):
+        return Running(str(j), request, assignment, remaining)
+    attempt = sim.tries[j]
+    job = attempt.job
+    started = sim.started_at[j]
+    return Running(
+        str(j),
+        # What the ledger reads of a step that opts in to a checkpoint on SIGTERM.
+        replace(request, checkpoint_on_sigterm=sim.policy.grace and sim.saves_on_sigterm(job)),
+        assignment,
+        remaining,
+        granted_at=started,
+        checkpoint_at=last_checkpoint(started, now, job.checkpoint_interval_s),
+        on_headroom_loan=attempt.on_loan,
+        ends_by=attempt.deadline,
+    )
+
+
+def _waiting_request(sim: QueueSim, entry: QueueEntry) -> GpuRequest:
+    """A waiting request as the ledger would hold it: a preempted try's retry does not preempt in turn."""
+    if isinstance(sim, TeamsSim) and sim.tries[int(entry.request_id)].was_preempted:
+        return replace(entry.request, preempts=False)
+    return entry.request
+
+
+def sim_preemption(sim: QueueSim) -> PreemptionRules | None:
+    """The preemption rules a teams simulation applies, as the ledger would hold them (None: it does not, or not as the ledger does).
+
+    Only ``gpupool``'s (victims losing the least work, a grace, with the ledger's quota rules).
+    """
+    if (
+        not isinstance(sim, TeamsSim)
+        or sim.policy.preemption is not VictimOrder.LEAST_WORK_LOST
+        or not sim.policy.grace
+        or sim_governance(sim) is None
+    ):
+        return None
+    return PreemptionRules(sim.plan.min_runtime_s if sim.policy.min_runtime else 0.0, sim.plan.grace_s)
 
 
 def sim_governance(sim: QueueSim) -> Governance | None:

@@ -15,9 +15,17 @@ running grants), each pass serves the queue by the ledger's quota rules too: the
 order, a request placed only where its team's quota and its pool's headroom admit it, what each
 team holds moving with every start and end.
 
+Given the preemption rules (:class:`~airflow_gpupool.governance.victim_nodes.PreemptionRules`),
+each pass then lets the first waiting requests preempt as the ledger's does, by the same code
+(:func:`~airflow_gpupool.governance.victim_nodes.offer_victims`): the victims' checkpoints, ages,
+headroom loans and teams' borrowing as the ledger reads them. A victim's slice passes on some
+time within its grace, drawn uniformly (when its holder sees the preemption and its pod ends is
+not known here); a grant the ledger already told to end passes on by its deadline. The victim's
+retry is not replayed (it queues later, as a new request).
+
 What it leaves out, by design or for now: requests that arrive later (the forecast is for the
-queue as it stands), preemption, the nodes already held, and gangs (their members are marked
-``unknown``). Each waiting request starts with the overtakes it has counted (``Waiting.overtakes``:
+queue as it stands), preempted tries' retries, the nodes already held, and gangs (their members
+are marked ``unknown``). Each waiting request starts with the overtakes it has counted (``Waiting.overtakes``:
 the controller passes the ledger's, the backtest the simulation's). A request that starts in fewer
 than half the runs (it fits no node, or the queue stops in front of it once the running tasks end)
 says ``never``, on the current nodes.
@@ -26,19 +34,22 @@ says ``never``, on the current nodes.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from airflow_gpupool.governance.preemption import VictimCandidate
+from airflow_gpupool.governance.victim_nodes import LiveGrant, PreemptionRules, offer_victims
 from airflow_gpupool.ledger import StartForecast
 from airflow_gpupool.placement.fit import choices
 from airflow_gpupool.placement.pools import UNCONSTRAINED, PoolBindings
 from airflow_gpupool.placement.queue import QueueEntry, hold_node, serve
 from airflow_gpupool.placement.snapshot import ClusterSnapshot, NodeState
 from airflow_gpupool.placement.verdict import Assignment
-from airflow_gpupool.resources import GpuRequest
+from airflow_gpupool.resources import GpuRequest, WorkloadClass
 from airflow_gpupool.sim.queue import QueueSim
 
 if TYPE_CHECKING:
@@ -52,16 +63,28 @@ SAMPLES = 64
 #: The replays' seed: the same ledger state gives the same forecast.
 SEED = 39
 NEVER = "never, on the current nodes"
+#: The replay's own event: a grant comes of age as a victim (no task has this number).
+_WAKE = -(2**62)
 
 
 @dataclass(frozen=True)
 class Running:
-    """A running grant: what it holds and how long it may have left."""
+    """A running grant: what it holds and how long it may have left.
+
+    What preemption reads of it (replayed only given the rules): ``granted_at`` (None: never a
+    victim here), its newest checkpoint, whether it runs on a headroom loan; ``ends_by``: a victim
+    already told to end, by then, for the waiting request ``preempted_for``.
+    """
 
     reservation_id: str
     request: GpuRequest
     assignment: Assignment
     remaining: RemainingTime
+    granted_at: float | None = None
+    checkpoint_at: float | None = None
+    on_headroom_loan: bool = False
+    ends_by: float | None = None
+    preempted_for: str | None = None
 
 
 @dataclass(frozen=True)
@@ -86,6 +109,7 @@ def forecast_starts(
     samples: int = SAMPLES,
     seed: int = SEED,
     governance: Governance | None = None,
+    preemption: PreemptionRules | None = None,
 ) -> list[StartForecast]:
     """Return one forecast per waiting request, in the order given.
 
@@ -99,6 +123,7 @@ def forecast_starts(
     :param samples: replays
     :param seed: the replays' seed
     :param governance: the quotas and what the running grants hold (None: no quotas)
+    :param preemption: the ledger's preemption rules (None: preemption is not replayed)
     """
     if not waiting:
         return []
@@ -113,7 +138,9 @@ def forecast_starts(
     on_nodes = [g for g in running if g.assignment.node in names]
     starts = np.full((samples, total), np.inf)
     for s in range(samples):
-        starts[s] = _replay(now, nodes, empty, on_nodes, waiting, place, max_overtakes, rng, governance)
+        starts[s] = _replay(
+            now, nodes, empty, on_nodes, waiting, place, max_overtakes, rng, governance, preemption
+        )
     out = []
     started = np.isfinite(starts).mean(axis=0)
     quantiles = start_quantiles(starts)
@@ -132,7 +159,8 @@ def forecast_starts(
                 p90 if np.isfinite(p90) else None,
                 i + 1,
                 total,
-                f"{samples} replays of the queue as it stands (later arrivals ignored)",
+                f"{samples} replays of the queue as it stands (later arrivals ignored"
+                + ("; preemption replayed)" if preemption is not None else ")"),
             )
         )
     return out
@@ -162,11 +190,112 @@ class _ReplaySim(QueueSim):
       immutable), so a hold looks again only at the nodes that changed since.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, preemption: PreemptionRules | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._fits: dict[tuple[int, int], tuple[NodeState, GpuRequest, Any]] = {}
         self._shapes: dict[GpuRequest, GpuRequest] = {}
         self._closed: dict[int, tuple[NodeState, NodeState]] = {}
+        self.rules = preemption
+        # What preemption reads of each running task: (granted at, newest checkpoint, on a headroom loan).
+        self.facts: dict[int, tuple[float, float | None, bool]] = {}
+        self.told: set[int] = set()  # victims told to end, holding their slices until they do
+        self.pending: dict[str, set[int]] = {}  # preemptor -> its victims still holding
+        self.order: list[QueueEntry] = []  # the last pass's entries, in service order
+        self.wake_at = math.inf  # when a grant too young to be a victim comes of age
+
+    def depart(self, k: int) -> None:
+        super().depart(k)
+        if k in self.told:
+            self.told.discard(k)
+            for rid, victims in list(self.pending.items()):
+                victims.discard(k)
+                if not victims:
+                    del self.pending[rid]
+
+    def serve(self, now: float) -> list[int]:
+        self.order = sorted(self.waiting.values(), key=lambda e: (-e.request.priority, e.seq))
+        return super().serve(now)
+
+    def _served(self, outcome: Any, now: float) -> list[int]:
+        started = super()._served(outcome, now)
+        for k in started:
+            self.facts[k] = (now, None, False)
+        return started
+
+    def preempt(self, now: float) -> list[int]:
+        """Let the first waiting requests the pass left preempt, as the ledger's pass does; return the victims told.
+
+        Sets :attr:`wake_at`: when the youngest grant too young to be a victim now comes of age
+        (the ledger's passes run at every write, so it would offer that grant then).
+        """
+        self.wake_at = math.inf
+        if self.rules is None or not self.waiting:
+            return []
+        preemptors = [
+            e
+            for e in self.order
+            if e.request_id in self.waiting and e.request.gang is None and e.request.preempts
+        ]
+        if not preemptors:
+            return []
+        quota = self._quota()
+        grants = [self._live(k, now, quota) for k in self.running if self._may_be_victim(k)]
+        self.wake_at = min(
+            (age for g in grants if (age := g.candidate.granted_at + self.rules.min_runtime_seconds) > now),
+            default=math.inf,
+        )
+        offers = offer_victims(
+            preemptors,
+            grants,
+            {n.name: n for n in self.nodes},
+            self.pending,
+            now=now,
+            rules=self.rules,
+            place=self.place,
+            classes_on=self._classes_on,
+            quota=quota,
+        )
+        told = []
+        for entry, chosen in offers:
+            victims = {int(v.reservation_id) for v in chosen}
+            self.pending[entry.request_id] = victims
+            self.told |= victims
+            told += sorted(victims)
+        return told
+
+    def _quota(self) -> Governance | None:
+        return None
+
+    def _may_be_victim(self, k: int) -> bool:
+        request = self.running[k][0]
+        return request.preemptible and request.gang is None and k not in self.told and k in self.facts
+
+    def _live(self, k: int, now: float, quota: Governance | None) -> LiveGrant:
+        request, assignment, i = self.running[k]
+        granted_at, checkpoint_at, on_loan = self.facts[k]
+        node = self.nodes[i]
+        milli = (
+            request.total_gpu_milli
+            if assignment.mig_slice is not None
+            else len(assignment.gpu_indices) * assignment.milli_per_gpu
+        )
+        candidate = VictimCandidate(
+            reservation_id=str(k),
+            priority=request.priority,
+            preemptible=True,
+            granted_at=granted_at,
+            milli=milli,
+            # One that writes a checkpoint on SIGTERM loses nothing stopped now, as the ledger ranks it.
+            checkpoint_at=now if request.checkpoint_on_sigterm else checkpoint_at,
+            borrowed=quota.borrowing(request.team, node) if quota is not None else True,
+            team=request.team,
+            on_headroom_loan=on_loan,
+        )
+        return LiveGrant(str(k), node.name, request, assignment, candidate)
+
+    def _classes_on(self, name: str) -> dict[str, WorkloadClass]:
+        i = self.where[name]
+        return {str(k): r.workload_class for k, (r, _, at) in self.running.items() if at == i}
 
     def _snapshot(self, held: frozenset[str]) -> ClusterSnapshot:
         if not held:
@@ -204,7 +333,7 @@ class _GovernedReplaySim(_ReplaySim):
 
     A request its team's quota refuses on every node waits outside the pass; the others go in
     the teams' fair order, each placed only on the nodes that admit it; every start and end
-    moves what its team holds. Preemption is not replayed.
+    moves what its team holds.
     """
 
     def __init__(self, *args: Any, governance: Governance, **kwargs: Any) -> None:
@@ -217,11 +346,18 @@ class _GovernedReplaySim(_ReplaySim):
         super().depart(k)
         self.governance = self.governance.without([(request, assignment)])
 
+    def _quota(self) -> Governance:
+        """The quotas as preemption reads them: what the victims already told hold is as good as given back."""
+        told = [(self.running[k][0], self.running[k][1]) for k in self.told]
+        return self.governance.without(told) if told else self.governance
+
     def serve(self, now: float) -> list[int]:
         if not self.waiting:
+            self.order = []
             return []
         quota = self.governance
         entries = quota.order([e for e in self.waiting.values() if not quota.refused_everywhere(e.request)])
+        self.order = entries
 
         def try_place(entry: QueueEntry, held: frozenset[str]) -> Assignment | None:
             request = entry.request
@@ -245,17 +381,18 @@ def _replay(
     max_overtakes: int,
     rng: np.random.Generator,
     governance: Governance | None = None,
+    preemption: PreemptionRules | None = None,
 ) -> np.ndarray:
     """Run one replay; return each waiting request's start time (inf: it never started)."""
     sim = (
-        _ReplaySim(list(nodes), place, (), max_overtakes, empty=empty)
+        _ReplaySim(list(nodes), place, (), max_overtakes, empty=empty, preemption=preemption)
         if governance is None
-        else _GovernedReplaySim(list(nodes), place, (), max_overtakes, empty=empty, governance=governance)
+        else _GovernedReplaySim(
+            list(nodes), place, (), max_overtakes, empty=empty, governance=governance, preemption=preemption
+        )
     )
-    ends: list[tuple[float, int]] = []
-    for k, grant in enumerate(running):
-        sim.adopt(-(k + 1), grant.request, grant.assignment)
-        ends.append((now + grant.remaining.draw(rng), -(k + 1)))
+    end_at = _adopt(sim, now, running, waiting, rng)  # each running task's end; a victim's moves earlier
+    ends = [(t, k) for k, t in end_at.items()]
     heapq.heapify(ends)
     for j, w in enumerate(waiting):
         sim.arrive(j, w.request, now, 0)
@@ -266,8 +403,57 @@ def _replay(
     while True:
         for j in sim.serve(t):
             starts[j] = t
-            heapq.heappush(ends, (t + waiting[j].run_time.draw(rng), j))
-        if not sim.waiting or not ends:
+            end_at[j] = t + waiting[j].run_time.draw(rng)
+            heapq.heappush(ends, (end_at[j], j))
+        _preempt(sim, t, end_at, ends, rng)
+        if not sim.waiting:
             return starts
+        while ends and end_at.get(ends[0][1]) != ends[0][0]:
+            heapq.heappop(ends)  # an end that moved earlier (a victim's), or a wake-up moved
+        if not ends or (len(end_at) == 1 and _WAKE in end_at):
+            return starts  # nothing runs: a wake-up alone would find nothing to take
         t, k = heapq.heappop(ends)
-        sim.depart(k)
+        del end_at[k]
+        if k != _WAKE:
+            sim.depart(k)
+
+
+def _preempt(
+    sim: _ReplaySim,
+    t: float,
+    end_at: dict[int, float],
+    ends: list[tuple[float, int]],
+    rng: np.random.Generator,
+) -> None:
+    """Let the pass's waiting requests preempt: move each victim's end within its grace; wake when a grant comes of age."""
+    for v in sim.preempt(t):
+        grace = sim.rules.grace_of(sim.running[v][0]) if sim.rules is not None else 0.0
+        end_at[v] = min(end_at[v], t + float(rng.uniform(0.0, grace)))
+        heapq.heappush(ends, (end_at[v], v))
+    if sim.wake_at < end_at.get(_WAKE, math.inf):
+        end_at[_WAKE] = sim.wake_at
+        heapq.heappush(ends, (sim.wake_at, _WAKE))
+
+
+def _adopt(
+    sim: _ReplaySim,
+    now: float,
+    running: Sequence[Running],
+    waiting: Sequence[Waiting],
+    rng: np.random.Generator,
+) -> dict[int, float]:
+    """Put the running grants on the replay's nodes; return when each ends (drawn, or by its preemption deadline)."""
+    replay_id = {w.reservation_id: str(j) for j, w in enumerate(waiting)}
+    end_at: dict[int, float] = {}
+    for k, grant in enumerate(running):
+        key = -(k + 1)
+        sim.adopt(key, grant.request, grant.assignment)
+        end_at[key] = now + grant.remaining.draw(rng)
+        if grant.granted_at is not None:
+            sim.facts[key] = (grant.granted_at, grant.checkpoint_at, grant.on_headroom_loan)
+        if grant.ends_by is not None:  # told already: it passes its slice on by its deadline
+            end_at[key] = min(end_at[key], max(grant.ends_by, now))
+            sim.told.add(key)
+            if grant.preempted_for in replay_id:
+                sim.pending.setdefault(replay_id[grant.preempted_for], set()).add(key)
+    return end_at

@@ -79,7 +79,17 @@ def compute_forecasts(
         return []
     model = DurationModel.from_runs(LedgerForecasts(ledger).successful_runs(), forecast_prior_seconds())
     running = [
-        Running(g.id, g.request, _assignment(g.grant), model.sampler(_key(g), now - g.grant.granted_at))
+        Running(
+            g.id,
+            g.request,
+            _assignment(g.grant),
+            model.sampler(_key(g), now - g.grant.granted_at),
+            granted_at=g.grant.granted_at,
+            checkpoint_at=g.checkpoint_at,
+            on_headroom_loan=g.headroom_loan,
+            ends_by=g.preempt_deadline,
+            preempted_for=g.preempted_by,
+        )
         for g in snapshot.grants
         if g.grant is not None
     ]
@@ -99,6 +109,7 @@ def compute_forecasts(
         samples=samples,
         seed=seed,
         governance=_governance(ledger, snapshot, empty),
+        preemption=ledger.preemption_rules,
     )
     positions = {r.id: i + 1 for i, r in enumerate(snapshot.queue)}
     total = len(snapshot.queue)

@@ -29,6 +29,7 @@ from airflow_gpupool import settings
 from airflow_gpupool.binding import check_binding_name
 from airflow_gpupool.exceptions import GpuPoolError
 from airflow_gpupool.governance.runs import RunNeed
+from airflow_gpupool.governance.victim_nodes import PreemptionRules
 from airflow_gpupool.ledger.db.engine import transient_retry
 from airflow_gpupool.ledger.db.models import ReapResult, ReleaseResult, Reservation
 from airflow_gpupool.ledger.grants.concurrent_grants import ConcurrentGrants
@@ -181,6 +182,12 @@ class Ledger(LedgerQueueAheadApi, LedgerHandOnApi, LedgerNodeApi, LedgerReadApi)
     @max_overtakes.setter
     def max_overtakes(self, value: int) -> None:
         self._cycle.max_overtakes = value
+
+    @property
+    def preemption_rules(self) -> PreemptionRules:
+        """Who may be preempted when, and with what grace (the forecast's replay preempts by them)."""
+        cycle = self._cycle
+        return PreemptionRules(cycle.min_runtime_seconds, cycle.preemption_grace_seconds, cycle.bindings)
 
     @classmethod
     def create(cls, url: str | None = None, **options: Any) -> Ledger:

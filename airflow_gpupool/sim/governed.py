@@ -58,7 +58,7 @@ from airflow_gpupool.sim.queue import NO_WATCH, QueueSim, QueueWatch, whole_slot
 from airflow_gpupool.sim.replay import quick
 from airflow_gpupool.sim.teams import Job, TeamsPlan
 
-__all__ = ["POLICIES", "GovernancePolicy", "TeamsSim"]
+__all__ = ["POLICIES", "GovernancePolicy", "TeamsSim", "last_checkpoint"]
 
 
 #: Waiting requests considered for preemption per pass, in serving order.
@@ -77,6 +77,7 @@ class _Try:
     started_at: float | None = None
     node: int = -1
     releasing: bool = False
+    deadline: float | None = None  # being preempted: its slice passes on by then
     on_loan: bool = False  # admitted on the headroom lent to preemptible work
 
 
@@ -191,7 +192,7 @@ class TeamsSim(QueueSim):
         """Whether ``job`` taking its slice keeps its team within its nominal quota (it reclaims)."""
         return self.held_by[job.team] + job.request.total_gpu_milli <= self.nominal.get(job.team, 0)
 
-    def _saves_on_sigterm(self, job: Job) -> bool:
+    def saves_on_sigterm(self, job: Job) -> bool:
         """Whether the job writes a checkpoint on SIGTERM within the grace (it opts in)."""
         seconds = job.emergency_checkpoint_s
         return seconds is not None and seconds <= self.plan.grace_s
@@ -270,8 +271,8 @@ class TeamsSim(QueueSim):
         t = self.tries[k]
         r = t.job.request
         started = t.started_at if t.started_at is not None else now
-        checkpoint = _last_checkpoint(started, now, t.job.checkpoint_interval_s)
-        if self.policy.grace and self._saves_on_sigterm(t.job):
+        checkpoint = last_checkpoint(started, now, t.job.checkpoint_interval_s)
+        if self.policy.grace and self.saves_on_sigterm(t.job):
             checkpoint = now  # it will write one in its grace: stopping it loses (almost) nothing
         team = t.job.team
         borrowed = self.held_by[team] > self.nominal.get(team, 0)
@@ -428,17 +429,17 @@ class TeamsSim(QueueSim):
         job = t.job
         milli = self.useful[v] / 1000
         started = t.started_at if t.started_at is not None else now
-        t.releasing = True
+        t.releasing, t.deadline = True, now + self.plan.grace_s
         if now >= self.warm:
             self.preemptions[job.team] += 1
-        if self.policy.grace and self._saves_on_sigterm(job):
+        if self.policy.grace and self.saves_on_sigterm(job):
             writing = float(job.emergency_checkpoint_s or 0.0)
             release, saved = now + writing, now - started
             if now >= self.warm:
                 self.grace[job.team] += milli * writing
         else:
             release = now
-            saved = (_last_checkpoint(started, now, job.checkpoint_interval_s) or started) - started
+            saved = (last_checkpoint(started, now, job.checkpoint_interval_s) or started) - started
             if now >= self.warm:
                 self.lost[job.team] += milli * (now - started - saved)
         t.remaining_s -= saved
@@ -497,7 +498,7 @@ class _Queued:
         return self.attempt.queued_at
 
 
-def _last_checkpoint(started: float, now: float, interval: float | None) -> float | None:
+def last_checkpoint(started: float, now: float, interval: float | None) -> float | None:
     """Return when the newest periodic checkpoint of a try started at ``started`` was written."""
     if interval is None or now - started < interval:
         return None

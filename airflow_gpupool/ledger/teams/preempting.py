@@ -25,26 +25,26 @@ runs unless a preemptible grant exists (one indexed read).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from sqlalchemy import Connection, Row, and_, select, update
 
-from airflow_gpupool.governance.preemption import Preemptor, VictimCandidate, lost_gpu_seconds, may_preempt
+from airflow_gpupool.governance.preemption import VictimCandidate, lost_gpu_seconds
 from airflow_gpupool.governance.queue_pass import Governance
+from airflow_gpupool.governance.victim_nodes import (
+    PREEMPTORS_PER_PASS,
+    LiveGrant,
+    PreemptionRules,
+    offer_victims,
+)
 from airflow_gpupool.ledger.db import schema
 from airflow_gpupool.ledger.db.records import GRANTED, HOLDING, assignment_of
-from airflow_gpupool.ledger.store.cache import classes_from_counts
 from airflow_gpupool.ledger.store.transactions import LOGGER_NAME, LedgerStore, Tx
-from airflow_gpupool.placement.accounting import deallocate
-from airflow_gpupool.placement.fit import EXCLUSIVE_CLASSES
 from airflow_gpupool.placement.policy import PlacementPolicy
 from airflow_gpupool.placement.pools import PoolBindings
 from airflow_gpupool.placement.queue import QueueEntry
-from airflow_gpupool.placement.snapshot import ClusterSnapshot, NodeState
-from airflow_gpupool.placement.verdict import Assignment, NoFit
-from airflow_gpupool.resources import GpuRequest, WorkloadClass
+from airflow_gpupool.resources import WorkloadClass
 
 
 class WriteCycle(Protocol):
@@ -57,12 +57,9 @@ class WriteCycle(Protocol):
     preemption_grace_seconds: float
 
 
-__all__ = ["PREEMPTORS_PER_PASS", "Victim", "preempt_for_waiting", "victims_exist"]
+__all__ = ["PREEMPTORS_PER_PASS", "preempt_for_waiting", "victims_exist"]
 
 log = logging.getLogger(LOGGER_NAME)
-
-# Waiting requests offered victims per pass: the queue's head, where preemption matters.
-PREEMPTORS_PER_PASS = 4
 
 _r = schema.reservations.c
 # The stored request text is JSON with sorted keys, so a preemptible request's says exactly this.
@@ -81,16 +78,6 @@ def victims_exist(conn: Connection) -> bool:
 
 
 _PENDING = select(schema.reservations).where(_r.state.in_(HOLDING), _r.preempt_deadline.is_not(None))
-
-
-@dataclass(frozen=True)
-class Victim:
-    """A live preemptible grant, as a node's victims are chosen among them."""
-
-    row: Row[Any]
-    request: GpuRequest
-    assignment: Assignment
-    candidate: VictimCandidate
 
 
 def preempt_for_waiting(
@@ -128,25 +115,23 @@ def _offer(
     if quota is not None:  # what the victims already told hold is as good as given back
         quota = quota.without((cycle.store.request_of(row), assignment_of(row)) for row in told)
     victims = [_victim(cycle, tx, row, quota) for row in rows if row.node in tx.nodes]
-    lowest = min((v.request.priority for v in victims), default=None)
-    offered = 0
-    for entry in preemptors:
-        if offered >= PREEMPTORS_PER_PASS or not victims:
-            return
-        if entry.request_id in pending:
-            continue
-        if lowest is not None and entry.request.priority <= lowest and quota is None:
-            return  # in queue order: no later request outranks any victim either
-        offered += 1
-        chosen = _best_node(cycle, tx, entry.request, victims, quota)
-        if chosen is None:
-            continue
+    rules = PreemptionRules(cycle.min_runtime_seconds, cycle.preemption_grace_seconds, cycle.bindings)
+    offers = offer_victims(
+        preemptors,
+        victims,
+        tx.nodes,
+        pending,
+        now=tx.now,
+        rules=rules,
+        place=cycle.policy.place,
+        classes_on=lambda name: _classes_by_grant(tx, name),
+        quota=quota,
+    )
+    for entry, chosen in offers:
         _mark(cycle, tx, entry, chosen)
-        taken = {v.row.id for v in chosen}
-        victims = [v for v in victims if v.row.id not in taken]
 
 
-def _victim(cycle: WriteCycle, tx: Tx, row: Row[Any], quota: Governance | None) -> Victim:
+def _victim(cycle: WriteCycle, tx: Tx, row: Row[Any], quota: Governance | None) -> LiveGrant:
     request = cycle.store.request_of(row)
     assignment = assignment_of(row)
     node = tx.nodes[row.node]
@@ -169,97 +154,7 @@ def _victim(cycle: WriteCycle, tx: Tx, row: Row[Any], quota: Governance | None) 
         team=request.team,
         on_headroom_loan=bool(row.headroom_loan),
     )
-    return Victim(row, request, assignment, candidate)
-
-
-def _best_node(
-    cycle: WriteCycle, tx: Tx, request: GpuRequest, victims: Sequence[Victim], quota: Governance | None
-) -> tuple[Victim, ...] | None:
-    """Return the victims on the node where freeing them places ``request`` losing the least work."""
-    by_node: dict[str, list[Victim]] = {}
-    for victim in victims:
-        by_node.setdefault(victim.row.node, []).append(victim)
-    best: tuple[tuple[float, int, str], tuple[Victim, ...]] | None = None
-    for name, here in sorted(by_node.items()):
-        node = tx.nodes[name]
-        if not node.schedulable or not cycle.bindings.allows(node.node_pool, request):
-            continue
-        chosen = _victims_on(cycle, tx, request, node, here, quota)
-        if chosen is None:
-            continue
-        lost = sum(lost_gpu_seconds(v.candidate, tx.now) for v in chosen)
-        key = (lost, len(chosen), name)
-        if best is None or key < best[0]:
-            best = (key, chosen)
-    return best[1] if best is not None else None
-
-
-def _victims_on(
-    cycle: WriteCycle,
-    tx: Tx,
-    request: GpuRequest,
-    node: NodeState,
-    here: Sequence[Victim],
-    quota: Governance | None,
-) -> tuple[Victim, ...] | None:
-    """Free the eligible grants of ``node`` one by one, least work lost first, until ``request`` fits."""
-    preemptor = Preemptor(
-        priority=request.priority,
-        milli=request.total_gpu_milli,
-        reclaims=quota is not None and quota.within_nominal(request, node),
-        team=request.team,
-        urgent=quota is not None and quota.urgent(request),
-    )
-    conflicting = EXCLUSIVE_CLASSES.get(request.workload_class.value)
-    eligible = [
-        v
-        for v in here
-        if may_preempt(preemptor, _with_class_block(v, conflicting), tx.now, cycle.min_runtime_seconds)
-    ]
-    if not eligible:
-        return None
-    eligible.sort(
-        key=lambda v: (lost_gpu_seconds(v.candidate, tx.now), v.candidate.priority, -v.candidate.granted_at)
-    )
-    staying = _classes_by_grant(tx, node.name)
-    freed = node
-    chosen: list[Victim] = []
-    for victim in eligible:
-        if quota is not None and chosen and _only_as_borrower(preemptor, victim):
-            # Taken back only while its team still borrows after the victims chosen before it.
-            if not quota.without(_freeing(chosen)).borrowing(victim.request.team, node):
-                continue
-        chosen.append(victim)
-        staying.pop(victim.row.id, None)
-        freed = deallocate(freed, victim.request, victim.assignment, _classes(staying.values()))
-        verdict = cycle.policy.place(ClusterSnapshot((freed,)), request)
-        if isinstance(verdict, NoFit):
-            continue
-        if quota is not None and not quota.without(_freeing(chosen)).admits(request, node):
-            continue
-        return tuple(chosen)
-    return None
-
-
-def _only_as_borrower(preemptor: Preemptor, victim: Victim) -> bool:
-    """Whether ``victim`` is eligible only because its team borrows (another team, not outranked, not on a headroom loan)."""
-    on_loan = victim.candidate.on_headroom_loan and preemptor.urgent
-    return (
-        victim.request.team != preemptor.team
-        and victim.request.priority >= preemptor.priority
-        and not on_loan
-    )
-
-
-def _freeing(chosen: Sequence[Victim]) -> list[tuple[GpuRequest, Assignment]]:
-    return [(v.request, v.assignment) for v in chosen]
-
-
-def _with_class_block(victim: Victim, conflicting: str | None) -> VictimCandidate:
-    """The candidate, marked when its class may not share a node with the preemptor's."""
-    if conflicting is None or victim.request.workload_class.value != conflicting:
-        return victim.candidate
-    return replace(victim.candidate, blocks_by_class=True)
+    return LiveGrant(row.id, row.node, request, assignment, candidate, source=row)
 
 
 def _classes_by_grant(tx: Tx, node: str) -> dict[str, WorkloadClass]:
@@ -271,17 +166,11 @@ def _classes_by_grant(tx: Tx, node: str) -> dict[str, WorkloadClass]:
     return {row.id: WorkloadClass(row.workload_class) for row in rows}
 
 
-def _classes(staying: Iterable[WorkloadClass]) -> frozenset[str]:
-    held = list(staying)
-    return classes_from_counts(
-        sum(c is WorkloadClass.TRAINING for c in held), sum(c is WorkloadClass.INFERENCE for c in held)
-    )
-
-
-def _mark(cycle: WriteCycle, tx: Tx, entry: QueueEntry, chosen: Sequence[Victim]) -> None:
+def _mark(cycle: WriteCycle, tx: Tx, entry: QueueEntry, chosen: Sequence[LiveGrant]) -> None:
     """Make each victim ``preempting``: a deadline by which its pod ends, its lease ending then too."""
     for victim in chosen:
         grace = victim.request.preemption_grace_seconds or cycle.preemption_grace_seconds
+        row = victim.source
         deadline = tx.now + grace
         lost = lost_gpu_seconds(victim.candidate, tx.now)
         message = (
@@ -296,7 +185,7 @@ def _mark(cycle: WriteCycle, tx: Tx, entry: QueueEntry, chosen: Sequence[Victim]
         log.warning(
             "Preempting grant %s (team %s, priority %d, %s) for %s "
             "(team %s, priority %d): its pod has %g s to checkpoint and end",
-            victim.row.id,
+            victim.reservation_id,
             victim.request.team,
             victim.request.priority,
             at_risk,
@@ -307,11 +196,11 @@ def _mark(cycle: WriteCycle, tx: Tx, entry: QueueEntry, chosen: Sequence[Victim]
         )
         tx.conn.execute(
             update(schema.reservations)
-            .where(_r.id == victim.row.id)
+            .where(_r.id == victim.reservation_id)
             .values(
                 preempt_deadline=deadline,
                 preempted_by=entry.request_id,
-                expires_at=min(float(victim.row.expires_at), deadline),
+                expires_at=min(float(row.expires_at), deadline),
                 message=message,
             )
         )

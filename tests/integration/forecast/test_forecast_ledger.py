@@ -179,6 +179,63 @@ def test_under_quotas_the_forecast_serves_the_queue_as_the_ledger_does(
     assert (ledger.get(b_waiting).state.value, ledger.get(a_waiting).state.value) == ("granted", "waiting")
 
 
+def _history(ledger: Ledger, clock: FakeClock) -> None:
+    """train/fit's history: three runs of exactly 600 s."""
+    for run in range(3):
+        task = _try(run)
+        ledger.reserve(GpuRequest(gpus=1), task.holder, reservation_id=task.reservation_id)
+        clock.advance(RUN_S)
+        ledger.release(task.reservation_id)
+
+
+def test_the_forecast_preempts_a_grant_once_it_comes_of_age(
+    make_ledger: Callable[..., Ledger], clock: FakeClock
+) -> None:
+    """A preemptible grant 10 s old is no victim yet (min runtime 60 s); the ledger takes it at 60 s, so does the replay."""
+    ledger = make_ledger(min_runtime_seconds=60, preemption_grace_seconds=120)
+    ledger.upsert_nodes([node("n1", gpus=1)])
+    _history(ledger, clock)
+    victim, urgent = _try(3), _try(4)
+    ledger.reserve(GpuRequest(gpus=1, preemptible=True), victim.holder, reservation_id=victim.reservation_id)
+    granted = clock.now
+    clock.advance(10)
+    ledger.reserve(GpuRequest(gpus=1, priority=10), urgent.holder, reservation_id=urgent.reservation_id)
+    assert ledger.get(victim.reservation_id).preempt_deadline is None, "too young: not a victim yet"
+
+    forecast = {f.reservation_id: f for f in compute_forecasts(ledger, ledger.snapshot())}[
+        urgent.reservation_id
+    ]
+    # Without preemption it would start when the victim's run ends, 600 s after its grant. With it:
+    # once the victim is 60 s old, within its 120 s grace.
+    assert forecast.p10 is not None and forecast.p90 is not None
+    assert granted + 60 <= forecast.p10 <= forecast.p90 <= granted + 180
+    assert "preemption replayed" in forecast.reason
+
+    clock.advance(50)
+    ledger.reserve(GpuRequest(gpus=0), _try(9).holder)  # any write runs a pass: the ledger preempts now
+    assert ledger.get(victim.reservation_id).preempt_deadline == granted + 60 + 120
+
+
+def test_a_victim_told_to_end_passes_its_slice_on_by_its_deadline(
+    make_ledger: Callable[..., Ledger], clock: FakeClock
+) -> None:
+    """The ledger has preempted: the preemptor's forecast is the victim's deadline, not its run's end."""
+    ledger = make_ledger(min_runtime_seconds=60, preemption_grace_seconds=120)
+    ledger.upsert_nodes([node("n1", gpus=1)])
+    _history(ledger, clock)
+    victim, urgent = _try(3), _try(4)
+    ledger.reserve(GpuRequest(gpus=1, preemptible=True), victim.holder, reservation_id=victim.reservation_id)
+    clock.advance(100)
+    ledger.reserve(GpuRequest(gpus=1, priority=10), urgent.holder, reservation_id=urgent.reservation_id)
+    deadline = ledger.get(victim.reservation_id).preempt_deadline
+    assert deadline == clock.now + 120
+    clock.advance(30)
+    forecast = {f.reservation_id: f for f in compute_forecasts(ledger, ledger.snapshot())}[
+        urgent.reservation_id
+    ]
+    assert (forecast.p10, forecast.p50, forecast.p90) == (deadline,) * 3
+
+
 def test_a_start_scores_the_forecasts_made_for_it(queued: tuple[Ledger, list[str]], clock: FakeClock) -> None:
     ledger, (first, _) = queued
     forecaster = Forecaster(ledger)
