@@ -10,18 +10,17 @@ re-exported here.
 
 from __future__ import annotations
 
-import configparser
 import contextlib
 import functools
 import math
 import os
 import sys
-from pathlib import Path
 
 from airflow_gpupool.exceptions import ConfigurationError
 from airflow_gpupool.settings.airflow_config import LOCAL_EXECUTORS as LOCAL_EXECUTORS
 from airflow_gpupool.settings.airflow_config import airflow_home as airflow_home
 from airflow_gpupool.settings.airflow_config import executors as executors
+from airflow_gpupool.settings.airflow_config import read_airflow_cfg
 from airflow_gpupool.settings.shapes import SHAPE_EXAMPLE, SHAPE_FORM, shape_settings
 from airflow_gpupool.settings.shapes import ShapeSetting as ShapeSetting
 from airflow_gpupool.validate import pairs, positive_seconds
@@ -114,12 +113,7 @@ def _from_airflow_config(option: str) -> str | None:
 
 @functools.cache
 def _airflow_cfg_section() -> dict[str, str]:
-    path = Path(os.environ.get("AIRFLOW_CONFIG", airflow_home() / "airflow.cfg")).expanduser()
-    parser = configparser.ConfigParser(interpolation=None)
-    try:
-        parser.read(path)
-    except configparser.Error as e:
-        raise ConfigurationError(f"{path} is not a valid Airflow configuration file: {e}") from e
+    parser = read_airflow_cfg()
     return dict(parser[SECTION]) if parser.has_section(SECTION) else {}
 
 

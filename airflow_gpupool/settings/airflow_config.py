@@ -13,7 +13,7 @@ from pathlib import Path
 
 from airflow_gpupool.exceptions import ConfigurationError
 
-__all__ = ["LOCAL_EXECUTORS", "airflow_home", "executors"]
+__all__ = ["LOCAL_EXECUTORS", "airflow_home", "executors", "read_airflow_cfg"]
 
 
 def airflow_home() -> Path:
@@ -43,10 +43,20 @@ def executors() -> tuple[str, ...]:
 
 
 def _airflow_cfg_option(section: str, option: str) -> str | None:
+    return read_airflow_cfg().get(section, option, fallback=None)
+
+
+def read_airflow_cfg() -> configparser.ConfigParser:
+    """Return Airflow's configuration file as written (``AIRFLOW_CONFIG``, else ``airflow.cfg`` in ``AIRFLOW_HOME``).
+
+    Read without Airflow, whose import costs seconds; a missing file reads as empty.
+
+    :raises ConfigurationError: the file is not a valid configuration file
+    """
     path = Path(os.environ.get("AIRFLOW_CONFIG", airflow_home() / "airflow.cfg")).expanduser()
     parser = configparser.ConfigParser(interpolation=None)
     try:
         parser.read(path)
     except configparser.Error as e:
         raise ConfigurationError(f"{path} is not a valid Airflow configuration file: {e}") from e
-    return parser.get(section, option, fallback=None)
+    return parser
