@@ -11,19 +11,18 @@ from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperato
 from airflow.providers.common.compat.sdk import TaskDeferred
 
 from airflow_gpupool import settings
-from airflow_gpupool.binding import SliceFacts, binding_for, check_binding_name
+from airflow_gpupool.binding import binding_for, check_binding_name
 from airflow_gpupool.exceptions import ConfigurationError, GpuPoolError, ReservationTimeoutError
-from airflow_gpupool.forecast.deadlines import dag_deadlines
 from airflow_gpupool.hooks.gpupool import GpuPoolHook
-from airflow_gpupool.ledger import Grant, ReservationState
-from airflow_gpupool.operators.capacity import check_capacity, duration_matters, typical_run, with_capacity
+from airflow_gpupool.ledger import Grant
+from airflow_gpupool.operators.capacity import check_capacity, with_capacity
 from airflow_gpupool.operators.escalation import EscalationPolicy
 from airflow_gpupool.operators.hand_on import hand_on_target
 from airflow_gpupool.operators.links import GpuReservationLink  # kit (issue 15)
 from airflow_gpupool.operators.pod_lease import GpuPodLease
-from airflow_gpupool.operators.pod_spec import cpu_only, own_resource_claim, pin_pod, with_resource_claim
+from airflow_gpupool.operators.pod_pinning import GpuPodPinning
+from airflow_gpupool.operators.pod_reservation import GpuPodReservation
 from airflow_gpupool.operators.queue_ahead import plan_queue_ahead
-from airflow_gpupool.operators.reattach import EarlierTries
 from airflow_gpupool.operators.request import (
     REQUEST_FIELDS,
     build_request,
@@ -31,29 +30,19 @@ from airflow_gpupool.operators.request import (
     check_keep_checkpoints,
     check_log_tail_lines,
     check_seconds,
-    shm_mib,
     templated,
 )
-from airflow_gpupool.operators.run_admission import check_gpu_admission, run_need
+from airflow_gpupool.operators.run_admission import check_gpu_admission
 from airflow_gpupool.operators.tries import XCOM_DEVICE_KEY, GpuPodTries
 from airflow_gpupool.operators.unschedulable import UNSCHEDULABLE_STATUS, UnschedulableFailFast
-from airflow_gpupool.operators.waiting import (
-    deferral_after_deadline,
-    reservation_deferral,
-    wait_in_place,
-)
 from airflow_gpupool.resources import GpuRequest
 from airflow_gpupool.task_try import TaskTry
 from airflow_gpupool.triggers.lease import LEASE_LOST_STATUS
-from airflow_gpupool.triggers.queue_life import describe_queue_life
-from airflow_gpupool.triggers.reservation import ReservationEventStatus
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
-    from kubernetes.client import models as k8s
 
     from airflow_gpupool.checkpoints.manifest import CheckpointManifest
-    from airflow_gpupool.forecast.deadlines import DagDeadline
     from airflow_gpupool.operators.failures import Classification
 
 __all__ = ["XCOM_DEVICE_KEY", "XCOM_GRANT_KEY", "GpuPodOperator"]
@@ -61,7 +50,7 @@ __all__ = ["XCOM_DEVICE_KEY", "XCOM_GRANT_KEY", "GpuPodOperator"]
 XCOM_GRANT_KEY = "gpupool_grant"
 
 
-class GpuPodOperator(UnschedulableFailFast, GpuPodLease, GpuPodTries):
+class GpuPodOperator(UnschedulableFailFast, GpuPodReservation, GpuPodPinning, GpuPodLease, GpuPodTries):
     """Reserve a GPU slice from the shared ledger, then run a Kubernetes pod pinned to it.
 
     Takes every argument of :class:`KubernetesPodOperator`, plus the request. The request
@@ -304,102 +293,6 @@ class GpuPodOperator(UnschedulableFailFast, GpuPodLease, GpuPodTries):
         except ReservationTimeoutError as e:
             return self._timed_out(context, rid, e)
 
-    def _reserve_and_run(self, context: Context) -> Any:
-        task = TaskTry.from_context(context)
-        self._learn_typical_run(task)
-        request = self.gpu_request()
-        options = self.gpu_hook.options
-        if task.try_number > 1:
-            earlier = EarlierTries(self.gpu_hook, self.client, self.namespace or "default", self.log)
-            ttl = self.lease_ttl or options.lease_ttl_seconds
-            adopted = earlier.settle(task, durable=bool(self.reattach_on_restart), ttl=ttl)
-            if adopted is not None:
-                self._adopted = True
-                return self._run_granted(context, adopted.reservation_id, adopted.grant)
-        rid = task.reservation_id
-        timeout = self.reservation_timeout or options.reservation_timeout_seconds
-        self.log.info("Reserving %s from the GPU ledger as %s", request.describe(), rid)
-        reservation = self.gpu_hook.reserve(
-            request,
-            task.holder,
-            reservation_id=rid,
-            ttl=self.lease_ttl,
-            timeout=timeout,
-            run_need=run_need(self, context, self.log),
-            task_key=task.task_key,
-        )
-        if reservation.state is ReservationState.GRANTED:
-            assert reservation.grant is not None
-            if reservation.message and reservation.message.startswith("handed on from"):
-                self.log.info("Took over the GPU slice %s", reservation.message)
-            return self._run_granted(context, rid, reservation.grant)
-        if reservation.state is not ReservationState.WAITING:
-            raise GpuPoolError(f"reservation {rid} is {reservation.state.value}: {reservation.message}")
-        self.log.info("No GPU slice fits now; %s", self.gpu_hook.explain(rid))
-        deadlines = dag_deadlines(context, self.log)
-        if self._defer_reservation():
-            self.defer(
-                **reservation_deferral(
-                    rid,
-                    self.ledger_conn_id,
-                    timeout,
-                    options.poll_interval_seconds,
-                    fail_fast_on_forecast=self.fail_fast_on_forecast,
-                    deadlines=[d.to_dict() for d in deadlines],
-                )
-            )
-        grant = self._wait_in_place(context, rid, options.poll_interval_seconds, deadlines)
-        return self._run_granted(context, rid, grant)
-
-    def _learn_typical_run(self, task: TaskTry) -> None:
-        """Take how long this task's recent successful runs took, where the spot rule needs it."""
-        if self.expected_duration is None and self._request_override is None:
-            capacity, checkpointed = check_capacity(self.capacity), self.checkpoint_dir is not None
-            if duration_matters(self.declared_request(), capacity, checkpointed=checkpointed):
-                self._typical_seconds = typical_run(self.gpu_hook, task, self.log)
-
-    def _defer_reservation(self) -> bool:
-        return self.deferrable if self.reservation_deferrable is None else self.reservation_deferrable
-
-    def _wait_in_place(
-        self, context: Context, rid: str, poll_interval: float, deadlines: list[DagDeadline]
-    ) -> Grant:
-        # Read-only waiting (the queue is served by writers and the controller): see operators/waiting.py.
-        grant, life = wait_in_place(
-            self.gpu_hook, rid, poll_interval, self.log, deadlines=deadlines, ti=context["ti"]
-        )
-        self.log.info("Reservation %s %s", rid, describe_queue_life(life))
-        return grant
-
-    def execute_granted(self, context: Context, event: dict[str, Any]) -> Any:
-        """Resume after ReservationTrigger: run the pod, or fail with what blocked the request."""
-        self._load_ladder_choice(context)
-        rid = event["reservation_id"]
-        status = event["status"]
-        if status == ReservationEventStatus.GRANTED.value:
-            # The triggerer's wait lines may not outlive the pod phase in the stored log: this one does.
-            self.log.info("Reservation %s %s", rid, describe_queue_life(event.get("queue_life")))
-            return self._run_granted(context, rid, Grant.from_dict(event["grant"]))
-        if status == ReservationEventStatus.DEADLINE.value:  # said once; the request keeps its place
-            self.defer(
-                **deferral_after_deadline(
-                    self.gpu_hook,
-                    self.ledger_conn_id,
-                    context["ti"],
-                    event,
-                    self.log,
-                    fail_fast_on_forecast=self.fail_fast_on_forecast,
-                )
-            )
-        self.gpu_hook.release(rid, reason=f"reservation {status}")
-        if status == ReservationEventStatus.TIMEOUT.value:
-            reservation = self.gpu_hook.get(rid)
-            error = ReservationTimeoutError(rid, reservation.waited_seconds, [event["message"]])
-            return self._timed_out(context, rid, error)
-        if status == ReservationEventStatus.FORECAST.value:  # fail_fast_on_forecast
-            raise GpuPoolError(f"reservation {rid} withdrawn: {event['message']}")
-        raise GpuPoolError(f"waiting for reservation {rid} failed: {event['message']}")
-
     def _run_granted(self, context: Context, rid: str, grant: Grant) -> Any:
         self._grant, self._held_id = grant, rid
         request = self.gpu_request()
@@ -428,11 +321,6 @@ class GpuPodOperator(UnschedulableFailFast, GpuPodLease, GpuPodTries):
         finally:
             renewer.stop()
 
-    def _binding_for(self, request: GpuRequest, grant: Grant) -> Any:
-        options = self.gpu_hook.options
-        name = self.binding or options.node_pool_bindings.get(grant.node_pool) or options.binding
-        return binding_for(request, name, f"task {self.task_id} on node pool {grant.node_pool}")
-
     def _release(self, rid: str, reason: str, context: Context | None = None) -> None:
         """Release the slice; with ``context`` (the pod succeeded), hand part of it on to the next GPU step."""
         target = None
@@ -460,70 +348,6 @@ class GpuPodOperator(UnschedulableFailFast, GpuPodLease, GpuPodTries):
         checkpoints = self._checkpoints()
         if checkpoints is not None:
             checkpoints.retain(rid)
-
-    # -- the pod --------------------------------------------------------------------------------
-
-    def build_pod_request_obj(self, context: Context | None = None, *, dry_run: bool = False) -> k8s.V1Pod:
-        """Build the parent's pod, then pin it to the granted slice."""
-        pod = super().build_pod_request_obj(context, dry_run=dry_run)
-        if self._grant is None or self._held_id is None:
-            return cpu_only(pod, self.base_container_name) if self._cpu_fallback_active else pod
-        request = self.gpu_request()
-        grant = self._grant
-        facts = SliceFacts(
-            gpus=len(grant.gpu_indices) if grant.mig_slice is None else 0,
-            gpu_uuids=grant.gpu_uuids,
-            milli_per_gpu=grant.milli_per_gpu,
-            gpu_memory_mib=grant.gpu_memory_mib,
-            mig_profile=grant.mig_profile,
-            gpu_uuids_verified=grant.gpu_uuids_verified,  # issue 17 (agent): device pinning checks it
-            mig_slice=grant.mig_slice,
-        )
-        return pin_pod(
-            pod,
-            reservation_id=self._held_id,
-            grant=grant,
-            request=request,
-            binding=self._binding_for(request, grant).bind(facts),
-            container_name=self.base_container_name,
-            checkpoint_dir=self.checkpoint_dir,
-            priority_class=settings.workload_priority_classes().get(request.workload_class.value),
-            resume_from=self._resume_from.location if self._resume_from is not None else None,
-            shm_mib=shm_mib(self.shm_size),
-        )
-
-    def get_or_create_pod(self, pod_request_obj: k8s.V1Pod, context: Context) -> k8s.V1Pod:
-        """Create (or find) the pod as the parent does, binding it to the grant before and after.
-
-        The grant is bound by name before the pod is created and by uid once it exists, so a
-        worker dying in between leaves an orphan (its slice held), never a pod on a freed
-        slice. A bound grant whose lease expires keeps its slice (``orphaned``) while the pod
-        may still run on it. Used by the sync and the deferrable path alike.
-        """
-        rid = self._held_id
-        if rid is not None and not self._adopted:  # an adopted grant is bound to the pod already
-            meta = pod_request_obj.metadata
-            self.gpu_hook.bind_pod(rid, namespace=meta.namespace, name=meta.name)
-        create = lambda: super(GpuPodOperator, self).get_or_create_pod(pod_request_obj, context)  # noqa: E731
-        pod = with_resource_claim(self.client, pod_request_obj, create)  # dra: its ResourceClaim first
-        if rid is None:
-            return pod
-        meta = pod.metadata
-        if meta is None or not meta.uid:
-            # The parent returns the request it sent, without the uid the server gave it.
-            try:
-                meta = self.pod_manager.read_pod(pod).metadata
-            except Exception as e:
-                # The pod is bound by name already; what KPO does next with an unreadable pod
-                # (and what it raises) is KPO's, unchanged.
-                self.log.warning("Could not read pod %s for its uid: %s", pod.metadata.name, type(e).__name__)
-                self._own_pod = (pod.metadata.namespace, pod.metadata.name)
-                return pod
-        self._own_pod = (meta.namespace, meta.name)
-        self.gpu_hook.bind_pod(rid, namespace=meta.namespace, name=meta.name, uid=meta.uid)
-        own_resource_claim(self.client, pod_request_obj, meta)  # deleted with the pod
-        self.log.info("GPU slice %s bound to pod %s/%s (uid %s)", rid, meta.namespace, meta.name, meta.uid)
-        return pod
 
     def trigger_reentry(self, context: Context, event: dict[str, Any]) -> Any:
         """Finish the deferred pod like the parent, then release the slice."""

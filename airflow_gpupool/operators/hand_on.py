@@ -19,7 +19,14 @@ from airflow_gpupool.task_try import TaskTry
 if TYPE_CHECKING:
     from airflow_gpupool.resources import GpuRequest
 
-__all__ = ["DAG_PARAM", "HandOnTarget", "hand_on_target", "upstreams_pending"]
+__all__ = [
+    "DAG_PARAM",
+    "DownstreamSkipMessages",
+    "HandOnTarget",
+    "downstream_request",
+    "hand_on_target",
+    "upstreams_pending",
+]
 
 #: A DAG param (or a run's conf key) that turns hand-on off for the whole run when false.
 DAG_PARAM = "gpupool_hand_on"
@@ -57,21 +64,62 @@ def upstreams_pending(dag_id: str, run_id: str, task_ids: list[str]) -> list[str
     return sorted(t for t in task_ids if of_run.get(t) not in _DONE)
 
 
-def _candidate(task: Any, downstream: Any, context: Mapping[str, Any], log: Any) -> HandOnTarget | None:
+@dataclass(frozen=True)
+class DownstreamSkipMessages:
+    """What a caller of :func:`downstream_request` logs for each reason a step is skipped.
+
+    Each is a %-format of the step's task id; ``invalid`` also takes the error.
+    """
+
+    opted_out: str
+    other_ledger: str
+    invalid: str
+    templated: str
+
+
+def downstream_request(
+    task: Any, downstream: Any, *, opted_in: bool, say: DownstreamSkipMessages, log: Any
+) -> GpuRequest | None:
+    """Return the request of a direct downstream GPU step ``task`` may plan for, or None (logged why).
+
+    The step is skipped when it opted out, uses another ledger connection, or its request is
+    invalid or templated (known only when it runs).
+
+    :param task: the upstream GPU step
+    :param downstream: its direct downstream GPU step
+    :param opted_in: whether ``downstream`` takes part (its own flag for the caller's feature)
+    :param say: the caller's log message for each reason
+    """
     name = downstream.task_id
-    if not downstream.hand_on:
-        log.info("GPU slice not handed on to %s: it has hand_on=False", name)
+    if not opted_in:
+        log.info(say.opted_out, name)
         return None
     if downstream.ledger_conn_id != task.ledger_conn_id:
-        log.info("GPU slice not handed on to %s: it uses another ledger connection", name)
+        log.info(say.other_ledger, name)
         return None
     try:
         request = downstream.hand_on_request()
     except (GpuPoolError, ValueError) as e:
-        log.warning("GPU slice not handed on to %s: its request is invalid (%s)", name, e)
+        log.warning(say.invalid, name, e)
         return None
     if request is None:
-        log.info("GPU slice not handed on to %s: its request is templated (known only when it runs)", name)
+        log.info(say.templated, name)
+        return None
+    return request  # type: ignore[no-any-return]
+
+
+_SAY = DownstreamSkipMessages(
+    opted_out="GPU slice not handed on to %s: it has hand_on=False",
+    other_ledger="GPU slice not handed on to %s: it uses another ledger connection",
+    invalid="GPU slice not handed on to %s: its request is invalid (%s)",
+    templated="GPU slice not handed on to %s: its request is templated (known only when it runs)",
+)
+
+
+def _candidate(task: Any, downstream: Any, context: Mapping[str, Any], log: Any) -> HandOnTarget | None:
+    name = downstream.task_id
+    request = downstream_request(task, downstream, opted_in=downstream.hand_on, say=_SAY, log=log)
+    if request is None:
         return None
     ti = context["ti"]
     others = sorted(set(downstream.upstream_task_ids) - {task.task_id})

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_gpupool import settings
 from airflow_gpupool.exceptions import GpuPoolError
 from airflow_gpupool.operators.hand_on import DAG_PARAM as HAND_ON_PARAM
+from airflow_gpupool.operators.hand_on import DownstreamSkipMessages, downstream_request
 from airflow_gpupool.task_try import TaskTry
 
 if TYPE_CHECKING:
@@ -59,23 +60,20 @@ def _params_off(context: Mapping[str, Any]) -> str | None:
     return None
 
 
+_SAY = DownstreamSkipMessages(
+    opted_out="Not queued ahead: %s has queue_ahead=False",
+    other_ledger="Not queued ahead: %s uses another ledger connection",
+    invalid="Not queued ahead: %s's request is invalid (%s)",
+    templated="Not queued ahead: %s's request is templated (known only when it runs)",
+)
+
+
 def _target(
     task: Any, downstream: Any, context: Mapping[str, Any], log: Any
 ) -> tuple[str, GpuRequest] | None:
     name = downstream.task_id
-    if not downstream.queue_ahead:
-        log.info("Not queued ahead: %s has queue_ahead=False", name)
-        return None
-    if downstream.ledger_conn_id != task.ledger_conn_id:
-        log.info("Not queued ahead: %s uses another ledger connection", name)
-        return None
-    try:
-        request = downstream.hand_on_request()
-    except (GpuPoolError, ValueError) as e:
-        log.warning("Not queued ahead: %s's request is invalid (%s)", name, e)
-        return None
+    request = downstream_request(task, downstream, opted_in=downstream.queue_ahead, say=_SAY, log=log)
     if request is None:
-        log.info("Not queued ahead: %s's request is templated (known only when it runs)", name)
         return None
     params = context.get("params") or {}
     handed = task.hand_on and downstream.hand_on and params.get(HAND_ON_PARAM, True) is not False

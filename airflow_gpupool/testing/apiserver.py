@@ -30,6 +30,8 @@ On top of kmock 0.8 this serves what clients such as ``KubernetesPodOperator`` r
 * a log of every request (:class:`RecordedRequest`).
 
 The object store itself (stamping, versions, watch buses) is :mod:`~airflow_gpupool.testing.storage`.
+The reads (lists, gets, logs) are served by :mod:`~airflow_gpupool.testing.api_reads`; what a
+write is checked for and sets off, by :mod:`~airflow_gpupool.testing.api_writes`.
 """
 
 from __future__ import annotations
@@ -41,38 +43,40 @@ from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
 import aiohttp.web
-from kmock import KubernetesError, KubernetesObjectNotFoundError, action
-from kmock._internal.dicts import patch_dict  # the merge kmock applies: the object we check is the one stored
+from kmock import action
 
-from airflow_gpupool.testing import gates, provisioning
+from airflow_gpupool.testing.api_reads import ApiReads, KubernetesBadRequest
+from airflow_gpupool.testing.api_writes import ApiWrites, KubernetesConflict
 from airflow_gpupool.testing.discovery import (
-    SERVED,
     UNSERVED_BY_DEFAULT,
     discovery_document,
     kmock_resources,
     not_found,
     served,
 )
-from airflow_gpupool.testing.jobs import JobController, prepare_new_job, propagation_policy
+from airflow_gpupool.testing.jobs import JobController, propagation_policy
 from airflow_gpupool.testing.kinds import (
     JOBS,
     LEASES,
     NAMESPACES,
     NODES,
     PODS,
-    PRIORITY_CLASSES,
-    PROVISIONING_REQUESTS,
     RESOURCE_CLAIMS,
 )
 from airflow_gpupool.testing.kubelet import SimulatedKubelet
 from airflow_gpupool.testing.priority import admit_priority
 from airflow_gpupool.testing.provisioner import NodeProvisioner, ScalableNodePool
-from airflow_gpupool.testing.storage import StoredObjects
 from airflow_gpupool.testing.tables import table, wants_table
 from airflow_gpupool.testing.termination import PodTerminations
-from airflow_gpupool.testing.watches import is_watch, selected_by, serve_watch_stream
+from airflow_gpupool.testing.watches import is_watch, serve_watch_stream
 
-_KINDS = {res.plural: res.kind for res in SERVED}
+__all__ = [
+    "KubernetesApiEmulator",
+    "KubernetesBadRequest",
+    "KubernetesConflict",
+    "RecordedRequest",
+    "grace_period",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,26 +95,6 @@ class RecordedRequest:
     query: Mapping[str, str]
     body: Any
     time: float
-
-
-class KubernetesBadRequest(KubernetesError):
-    """A 400 answer, e.g. logs of a container that has not started.
-
-    :param message: what is wrong
-    """
-
-    def __init__(self, message: str) -> None:
-        super().__init__(status=400, reason="BadRequest", message=message, details={})
-
-
-class KubernetesConflict(KubernetesError):
-    """A 409 answer to a replace whose ``resourceVersion`` is not the stored one.
-
-    :param message: what is wrong
-    """
-
-    def __init__(self, message: str) -> None:
-        super().__init__(status=409, reason="Conflict", message=message, details={})
 
 
 def grace_period(request: Any, pod: Mapping[str, Any]) -> float:
@@ -132,7 +116,7 @@ def grace_period(request: Any, pod: Mapping[str, Any]) -> float:
     return float((pod.get("spec") or {}).get("terminationGracePeriodSeconds", 30))
 
 
-class KubernetesApiEmulator(StoredObjects):
+class KubernetesApiEmulator(ApiReads, ApiWrites):
     """An in-memory Kubernetes API server with a simulated kubelet and scheduler.
 
     Run it inside an aiohttp server (kmock's ``Server``); everything, the kubelet included,
@@ -354,9 +338,6 @@ class KubernetesApiEmulator(StoredObjects):
         self.kubelet.start(pod["metadata"].get("namespace"), pod["metadata"]["name"])
         return created
 
-    def _priority_class(self, name: str) -> dict[str, Any] | None:
-        return self.get_object(PRIORITY_CLASSES, None, name)
-
     async def remove_pod(self, namespace: str | None, name: str, how: str = "Deleted") -> None:
         """Remove a pod at once (a ``DELETE`` with no grace): its containers stop and what it owns goes with it.
 
@@ -367,193 +348,3 @@ class KubernetesApiEmulator(StoredObjects):
         if await self.delete_object(PODS, namespace, name) is not None:
             await self.kubelet.stopped(namespace, name, how)
             await self.collect_garbage(RESOURCE_CLAIMS, PODS)
-
-    def _serve_read(self, request: Any) -> aiohttp.web.StreamResponse | None:
-        """Serve a list, or a get or delete of a missing object; ``None`` for what kmock serves.
-
-        A get of a missing object answers the API server's ``pods "x" not found``; a get asked
-        as a ``Table`` (``kubectl get pod x``) is printed here.
-
-        :param request: kmock's parsed request
-        """
-        if request.action == action.LIST:
-            listed = self._serve_selected_list(request)
-            return aiohttp.web.json_response(self._as_table(request, listed["items"]) or listed)
-        if request.action not in (action.FETCH, action.DELETE) or not request.name:
-            return None
-        obj = self.get_object(request.resource, request.namespace, request.name)
-        if obj is None:
-            return aiohttp.web.json_response(not_found(request.resource.plural, request.name), status=404)
-        shown = (
-            self._as_table(request, [obj])
-            if request.action == action.FETCH and not request.subresource
-            else None
-        )
-        return aiohttp.web.json_response(shown) if shown else None
-
-    def _before_write(self, request: Any) -> None:
-        """Stamp a created object, and give an updated one a new resource version.
-
-        :param request: kmock's parsed request
-        """
-        if request.resource == PROVISIONING_REQUESTS:
-            self._check_provisioning_request(request)
-        if request.action == action.CREATE and isinstance(request.data, dict):
-            if request.resource == PODS:
-                gates.check_pod_create(request.data)  # scheduling gates: testing/gates.py
-                admit_priority(request.data, self._priority_class)
-            self._stamp(request.data, request.namespace)
-            if request.resource == PODS:
-                self.kubelet.prepare_new_pod(request.data)
-            elif request.resource == JOBS:
-                prepare_new_job(request.data)
-        elif request.action == action.UPDATE and request.resource == PODS and request.subresource is None:
-            self._check_pod_update(request)  # scheduling gates: testing/gates.py
-        if request.action == action.UPDATE and isinstance(request.data, dict) and request.name:
-            request.data.setdefault("metadata", {})
-            if isinstance(request.data["metadata"], dict):
-                request.data["metadata"]["resourceVersion"] = self.next_resource_version()
-
-    def _check_provisioning_request(self, request: Any) -> None:
-        """Refuse a ProvisioningRequest, or a change of one, its CRD refuses.
-
-        :param request: kmock's parsed request
-        """
-        if request.action == action.CREATE and isinstance(request.data, dict):
-            provisioning.check_create(request.data)
-        elif request.action == action.UPDATE and request.name and isinstance(request.data, dict | list):
-            current = self.get_object(PROVISIONING_REQUESTS, request.namespace, request.name)
-            if current is not None:
-                provisioning.check_update(current, patch_dict(current, request.data))
-
-    def _check_pod_update(self, request: Any) -> None:
-        """Refuse a pod patch the real API server refuses (:func:`gates.check_pod_update`).
-
-        :param request: kmock's parsed request
-        """
-        current = self.get_object(PODS, request.namespace, request.name) if request.name else None
-        if current is not None and isinstance(request.data, dict | list):
-            gates.check_pod_update(current, patch_dict(current, request.data))
-
-    async def _after_success(self, request: Any) -> None:
-        """Tell the kubelet about a pod or node request kmock served.
-
-        :param request: kmock's parsed request
-        """
-        if request.resource == PODS:
-            await self._after_pod_change(request)
-        elif request.resource == JOBS and request.name is None and request.action == action.CREATE:
-            meta = request.data["metadata"]
-            await self.jobs.created(meta.get("namespace") or request.namespace, meta["name"])
-        elif request.resource == JOBS and request.action == action.UPDATE and request.name:
-            await self.jobs.updated(request.namespace, request.name)
-        elif request.resource == NODES and request.action != action.FETCH:
-            self.kubelet.notify()
-
-    async def _after_pod_change(self, request: Any) -> None:
-        """Start the kubelet's work on a created pod, or tell the gates of a patched one.
-
-        Pod deletes never reach here: :meth:`_serve_pod_delete` serves them.
-
-        :param request: kmock's parsed request
-        """
-        if request.action == action.CREATE:
-            meta = request.data["metadata"]
-            self.kubelet.start(meta.get("namespace") or request.namespace, meta["name"])
-        elif request.action == action.UPDATE and request.name:
-            gates.changed(self, request.namespace, request.name)  # scheduling gates: a gate may be gone
-
-    async def _serve_replace(self, request: Any) -> dict[str, Any]:
-        """Replace a whole object (``PUT``), checking its ``resourceVersion`` as the API server does.
-
-        A body without ``resourceVersion`` replaces unconditionally; one with a different version
-        than the stored object is refused, so two writers never both win.
-
-        :param request: kmock's parsed request
-        :raises KubernetesConflict: the version sent is not the stored one
-        """
-        current = self.get_object(request.resource, request.namespace, request.name)
-        if current is None:
-            raise KubernetesObjectNotFoundError()
-        body = copy.deepcopy(request.data) if isinstance(request.data, dict) else {}
-        meta = body.setdefault("metadata", {})
-        sent, stored = meta.get("resourceVersion"), current["metadata"]["resourceVersion"]
-        if sent and str(sent) != stored:
-            raise KubernetesConflict(
-                f'Operation cannot be fulfilled on {request.resource.plural} "{request.name}": the object '
-                "has been modified; please apply your changes to the latest version and try again"
-            )
-        for owned in ("uid", "creationTimestamp", "generation"):
-            meta[owned] = current["metadata"].get(owned)
-        meta.update(name=request.name, namespace=request.namespace)
-        return await self.put_object(request.resource, body)
-
-    def _serve_selected_list(self, request: Any) -> dict[str, Any]:
-        """Return a ``<Kind>List`` honouring namespace and selectors.
-
-        :param request: kmock's parsed request
-        """
-        selected = selected_by(request)
-        live = self.live_objects(request.resource, request.namespace)  # serialized before the loop moves on
-        items = [obj for obj in live if selected(obj)]
-        plural = request.resource.plural or ""
-        group = request.resource.group
-        return {
-            "apiVersion": f"{group}/{request.resource.version}" if group else "v1",
-            "kind": _KINDS.get(plural, plural.capitalize()) + "List",
-            "metadata": {"resourceVersion": str(self._resource_version)},
-            "items": items,
-        }
-
-    def _as_table(self, request: Any, objects: list[dict[str, Any]]) -> dict[str, Any] | None:
-        """Return objects as a ``Table`` when the client asked for one (``kubectl get``), else ``None``.
-
-        :param request: kmock's parsed request
-        :param objects: the objects to print
-        """
-        if not wants_table(request.headers.get("Accept")):
-            return None
-        return table(
-            request.resource.plural or "",
-            objects,
-            resource_version=str(self._resource_version),
-            include_object=request.params.get("includeObject"),
-        )
-
-    async def _serve_pod_log(self, request: Any) -> aiohttp.web.StreamResponse:
-        """Serve a container log as text, following it while the container runs if asked.
-
-        :param request: kmock's parsed request
-        """
-        pod = self.get_object(PODS, request.namespace, request.name)
-        if pod is None:
-            raise KubernetesObjectNotFoundError()
-        containers = [c["name"] for c in pod.get("spec", {}).get("containers", [])]
-        container = request.params.get("container") or (containers[0] if containers else "")
-        if container not in containers:
-            raise KubernetesBadRequest(f"container {container} is not valid for pod {request.name}")
-        log = self.kubelet.logs.get(pod["metadata"]["uid"], container)
-        if log is None:
-            reason = self.kubelet.waiting_reason(pod, container)
-            raise KubernetesBadRequest(
-                f'container "{container}" in pod "{request.name}" is waiting to start: {reason}'
-            )
-        params = request.params
-        options = log.options(
-            timestamps=str(params.get("timestamps", "")).lower() == "true",
-            tail_lines=int(params["tailLines"]) if params.get("tailLines") else None,
-            since_seconds=float(params["sinceSeconds"]) if params.get("sinceSeconds") else None,
-            since_time=params.get("sinceTime"),
-            limit_bytes=int(params["limitBytes"]) if params.get("limitBytes") else None,
-        )
-        if str(params.get("follow", "")).lower() != "true":
-            return aiohttp.web.Response(text=log.render(options), content_type="text/plain")
-        response = aiohttp.web.StreamResponse(headers={"Content-Type": "text/plain"})
-        await response.prepare(request._raw_request)
-        try:
-            async for chunk in log.follow(options):
-                await response.write(chunk.encode())
-            await response.write_eof()
-        except (ConnectionError, RuntimeError):
-            pass
-        return response

@@ -2,21 +2,27 @@
 
 Every option is declared once, in :func:`airflow_gpupool.get_provider_info.get_provider_info`;
 these functions read it with the same defaults. Environment variables follow Airflow's
-rule: ``AIRFLOW__GPUPOOL__LEDGER_URL`` sets ``[gpupool] ledger_url``.
+rule: ``AIRFLOW__GPUPOOL__LEDGER_URL`` sets ``[gpupool] ledger_url``. Airflow's own
+configuration (``AIRFLOW_HOME``, the executors) is read in :mod:`~airflow_gpupool.settings.airflow_config`,
+and the ``typical_shapes`` items are checked in :mod:`~airflow_gpupool.settings.shapes`; both are
+re-exported here.
 """
 
 from __future__ import annotations
 
-import configparser
 import contextlib
 import functools
 import math
 import os
 import sys
-from pathlib import Path
 
 from airflow_gpupool.exceptions import ConfigurationError
-from airflow_gpupool.resources import MILLI_PER_GPU
+from airflow_gpupool.settings.airflow_config import LOCAL_EXECUTORS as LOCAL_EXECUTORS
+from airflow_gpupool.settings.airflow_config import airflow_home as airflow_home
+from airflow_gpupool.settings.airflow_config import executors as executors
+from airflow_gpupool.settings.airflow_config import read_airflow_cfg
+from airflow_gpupool.settings.shapes import SHAPE_EXAMPLE, SHAPE_FORM, shape_settings
+from airflow_gpupool.settings.shapes import ShapeSetting as ShapeSetting
 from airflow_gpupool.validate import pairs, positive_seconds
 
 SECTION = "gpupool"
@@ -107,12 +113,7 @@ def _from_airflow_config(option: str) -> str | None:
 
 @functools.cache
 def _airflow_cfg_section() -> dict[str, str]:
-    path = Path(os.environ.get("AIRFLOW_CONFIG", airflow_home() / "airflow.cfg")).expanduser()
-    parser = configparser.ConfigParser(interpolation=None)
-    try:
-        parser.read(path)
-    except configparser.Error as e:
-        raise ConfigurationError(f"{path} is not a valid Airflow configuration file: {e}") from e
+    parser = read_airflow_cfg()
     return dict(parser[SECTION]) if parser.has_section(SECTION) else {}
 
 
@@ -129,11 +130,6 @@ def _pairs(option: str, what: str, example: str) -> dict[str, str]:
         return pairs(_get(option), what=what)
     except ValueError as e:
         raise ConfigurationError(f"[{SECTION}] {option} {e} (example: {example!r})") from None
-
-
-def airflow_home() -> Path:
-    """Return ``AIRFLOW_HOME`` (default ``~/airflow``)."""
-    return Path(os.environ.get("AIRFLOW_HOME", "~/airflow")).expanduser()
 
 
 def ledger_url(explicit: str | None = None, connection: str | None = None) -> str:
@@ -157,48 +153,9 @@ def default_ledger_url() -> str:
     return f"sqlite:///{airflow_home() / 'gpupool-ledger.db'}"
 
 
-#: Executors that run every task on the one machine (a SQLite ledger file is then shared).
-LOCAL_EXECUTORS = frozenset({"LocalExecutor", "SequentialExecutor", "DebugExecutor"})
-
-
-def executors() -> tuple[str, ...]:
-    """Return the class names of the configured executors (``[core] executor``, comma-separated).
-
-    Module paths and team prefixes (``team:executor``) are reduced to the class name.
-    """
-    raw = os.environ.get("AIRFLOW__CORE__EXECUTOR")
-    if raw is None:
-        if "airflow.configuration" in sys.modules:
-            from airflow.configuration import conf
-
-            raw = conf.get("core", "executor", fallback="LocalExecutor")
-        else:
-            raw = _airflow_cfg_option("core", "executor") or "LocalExecutor"
-    names = (item.strip().rpartition(":")[2].rpartition(".")[2] for item in str(raw).split(","))
-    return tuple(n for n in names if n) or ("LocalExecutor",)
-
-
-def _airflow_cfg_option(section: str, option: str) -> str | None:
-    path = Path(os.environ.get("AIRFLOW_CONFIG", airflow_home() / "airflow.cfg")).expanduser()
-    parser = configparser.ConfigParser(interpolation=None)
-    try:
-        parser.read(path)
-    except configparser.Error as e:
-        raise ConfigurationError(f"{path} is not a valid Airflow configuration file: {e}") from e
-    return parser.get(section, option, fallback=None)
-
-
 def placement_policy() -> str:
     """Return the name of the placement policy the ledger uses (default: :data:`DEFAULT_POLICY`)."""
     return _get("placement_policy") or DEFAULT_POLICY
-
-
-#: One typical shape as configured: ``(cpu_milli, gpu_milli per GPU, gpus, models, weight)``,
-#: the fields of :class:`~airflow_gpupool.placement.frag.TypicalShape` in order.
-ShapeSetting = tuple[int, int, int, frozenset[str], float]
-
-_SHAPE_FORM = "cpu_milli:gpu_milli:gpus[:model|model]=weight"
-_SHAPE_EXAMPLE = "4000:500:1=3,8000:1000:1=2,32000:1000:8:A100=1"
 
 
 def typical_shapes() -> tuple[ShapeSetting, ...]:
@@ -212,51 +169,10 @@ def typical_shapes() -> tuple[ShapeSetting, ...]:
     :raises ConfigurationError: an item is malformed, or a shape is listed twice
     """
     try:
-        items = pairs(_get("typical_shapes"), what=_SHAPE_FORM)
+        items = pairs(_get("typical_shapes"), what=SHAPE_FORM)
     except ValueError as e:
-        raise ConfigurationError(f"[{SECTION}] typical_shapes: {e} (example: {_SHAPE_EXAMPLE!r})") from None
-    out: dict[tuple[int, int, int, frozenset[str]], ShapeSetting] = {}
-    for key, weight in items.items():
-        shape = _shape_setting(key, weight)
-        if shape[:4] in out:
-            raise ConfigurationError(f"[{SECTION}] typical_shapes lists the shape {key!r} twice")
-        out[shape[:4]] = shape
-    return tuple(out.values())
-
-
-def _shape_setting(key: str, weight: str) -> ShapeSetting:
-    item = f"{key}={weight}"
-    parts = [p.strip() for p in key.split(":")]
-    try:
-        if len(parts) not in (3, 4):
-            raise ValueError(f"expected '{_SHAPE_FORM}'")
-        try:
-            cpu, milli, gpus = (int(p) for p in parts[:3])
-            share = float(weight)
-        except ValueError:
-            raise ValueError("cpu_milli, gpu_milli and gpus must be integers, the weight a number") from None
-        models = frozenset(m.strip() for m in parts[3].split("|")) if len(parts) == 4 else frozenset()
-        _check_shape(cpu, milli, gpus, models, share)
-    except ValueError as e:
-        raise ConfigurationError(
-            f"[{SECTION}] typical_shapes item {item!r}: {e} (example: {_SHAPE_EXAMPLE!r})"
-        ) from None
-    return (cpu, milli, gpus, models, share)
-
-
-def _check_shape(cpu: int, milli: int, gpus: int, models: frozenset[str], weight: float) -> None:
-    if cpu < 0 or gpus < 0:
-        raise ValueError("cpu_milli and gpus must be >= 0")
-    if (
-        (gpus == 0) != (milli == 0)
-        or not 0 <= milli <= MILLI_PER_GPU
-        or (gpus > 1 and milli != MILLI_PER_GPU)
-    ):
-        raise ValueError("gpu_milli must be 1-1000 with 1 GPU, 1000 with more, 0 with none")
-    if "" in models:
-        raise ValueError("a GPU model is empty")
-    if not (weight > 0 and math.isfinite(weight)):
-        raise ValueError("the weight must be a positive number")
+        raise ConfigurationError(f"[{SECTION}] typical_shapes: {e} (example: {SHAPE_EXAMPLE!r})") from None
+    return shape_settings(items, f"[{SECTION}] typical_shapes")
 
 
 def lease_ttl_seconds() -> float:
