@@ -25,9 +25,9 @@ replay knows the queue rule, placement and (in the teams scenario) the quota rul
 ``gpupool``'s policy, preemption as the ledger would apply it (:func:`sim_preemption`): each running
 try as the ledger would hold it (its start, its newest periodic checkpoint, a checkpoint on SIGTERM
 where its job writes one within the grace, its headroom loan, a victim's deadline), a preempted
-try's retry not preempting in turn. What the simulation does that the ledger would not know, the
-replay does not either: how long a victim really takes to end (the replay draws it within the
-grace). :meth:`Backtest.report` returns ``gpupool simulate``'s ``forecast`` object.
+try's retry not preempting in turn, and how long the victims so far took to end once told (the
+ledger's :meth:`~airflow_gpupool.ledger.LedgerForecasts.victim_exits`). :meth:`Backtest.report`
+returns ``gpupool simulate``'s ``forecast`` object.
 """
 
 from __future__ import annotations
@@ -182,6 +182,7 @@ class Backtest:
             samples=samples,
             governance=sim_governance(sim),
             preemption=sim_preemption(sim),
+            victim_exits=sim.exits[:200] if isinstance(sim, TeamsSim) else (),
         )
         return {f.reservation_id: f for f in out}
 

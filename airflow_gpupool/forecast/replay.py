@@ -19,8 +19,10 @@ Given the preemption rules (:class:`~airflow_gpupool.governance.victim_nodes.Pre
 each pass then lets the first waiting requests preempt as the ledger's does, by the same code
 (:func:`~airflow_gpupool.governance.victim_nodes.offer_victims`): the victims' checkpoints, ages,
 headroom loans and teams' borrowing as the ledger reads them. A victim's slice passes on some
-time within its grace, drawn uniformly (when its holder sees the preemption and its pod ends is
-not known here); a grant the ledger already told to end passes on by its deadline. The victim's
+time within its grace: drawn from how long the ledger's newest victims took to end once told
+(``victim_exits``, :meth:`~airflow_gpupool.ledger.LedgerForecasts.victim_exits`; uniformly within
+the grace while fewer than :data:`MIN_EXITS` are known); a grant the ledger already told to end
+passes on by its deadline. The victim's
 retry is not replayed (it queues later, as a new request).
 
 What it leaves out, by design or for now: requests that arrive later (the forecast is for the
@@ -63,6 +65,8 @@ SAMPLES = 64
 #: The replays' seed: the same ledger state gives the same forecast.
 SEED = 39
 NEVER = "never, on the current nodes"
+#: Victims' exits known before the replay draws from them instead of uniformly within the grace.
+MIN_EXITS = 3
 #: The replay's own event: a grant comes of age as a victim (no task has this number).
 _WAKE = -(2**62)
 
@@ -110,6 +114,7 @@ def forecast_starts(
     seed: int = SEED,
     governance: Governance | None = None,
     preemption: PreemptionRules | None = None,
+    victim_exits: Sequence[float] = (),
 ) -> list[StartForecast]:
     """Return one forecast per waiting request, in the order given.
 
@@ -124,6 +129,7 @@ def forecast_starts(
     :param seed: the replays' seed
     :param governance: the quotas and what the running grants hold (None: no quotas)
     :param preemption: the ledger's preemption rules (None: preemption is not replayed)
+    :param victim_exits: how long the newest victims took to end once told, in seconds
     """
     if not waiting:
         return []
@@ -134,12 +140,13 @@ def forecast_starts(
             for i, w in enumerate(waiting)
         ]
     rng = np.random.default_rng(seed)
+    exits = tuple(victim_exits) if len(victim_exits) >= MIN_EXITS else ()
     names = {n.name for n in nodes}
     on_nodes = [g for g in running if g.assignment.node in names]
     starts = np.full((samples, total), np.inf)
     for s in range(samples):
         starts[s] = _replay(
-            now, nodes, empty, on_nodes, waiting, place, max_overtakes, rng, governance, preemption
+            now, nodes, empty, on_nodes, waiting, place, max_overtakes, rng, governance, preemption, exits
         )
     out = []
     started = np.isfinite(starts).mean(axis=0)
@@ -382,6 +389,7 @@ def _replay(
     rng: np.random.Generator,
     governance: Governance | None = None,
     preemption: PreemptionRules | None = None,
+    exits: tuple[float, ...] = (),
 ) -> np.ndarray:
     """Run one replay; return each waiting request's start time (inf: it never started)."""
     sim = (
@@ -405,7 +413,7 @@ def _replay(
             starts[j] = t
             end_at[j] = t + waiting[j].run_time.draw(rng)
             heapq.heappush(ends, (end_at[j], j))
-        _preempt(sim, t, end_at, ends, rng)
+        _preempt(sim, t, end_at, ends, rng, exits)
         if not sim.waiting:
             return starts
         while ends and end_at.get(ends[0][1]) != ends[0][0]:
@@ -424,11 +432,13 @@ def _preempt(
     end_at: dict[int, float],
     ends: list[tuple[float, int]],
     rng: np.random.Generator,
+    exits: tuple[float, ...],
 ) -> None:
     """Let the pass's waiting requests preempt: move each victim's end within its grace; wake when a grant comes of age."""
     for v in sim.preempt(t):
         grace = sim.rules.grace_of(sim.running[v][0]) if sim.rules is not None else 0.0
-        end_at[v] = min(end_at[v], t + float(rng.uniform(0.0, grace)))
+        took = exits[int(rng.integers(len(exits)))] if exits else float(rng.uniform(0.0, grace))
+        end_at[v] = min(end_at[v], t + min(took, grace))
         heapq.heappush(ends, (end_at[v], v))
     if sim.wake_at < end_at.get(_WAKE, math.inf):
         end_at[_WAKE] = sim.wake_at

@@ -98,6 +98,7 @@ def compute_forecasts(
     # Each with the overtakes it has counted: a head past max_overtakes lets nothing pass in the replay either.
     waiting = [Waiting(r.id, r.request, model.sampler(_key(r)), r.overtakes) for r in singles]
     empty = ledger.empty_cluster().nodes
+    rules = ledger.preemption_rules
     forecasts = forecast_starts(
         now,
         snapshot.cluster.nodes,
@@ -109,7 +110,8 @@ def compute_forecasts(
         samples=samples,
         seed=seed,
         governance=_governance(ledger, snapshot, empty),
-        preemption=ledger.preemption_rules,
+        preemption=rules,
+        victim_exits=LedgerForecasts(ledger).victim_exits(rules.grace_seconds),
     )
     positions = {r.id: i + 1 for i, r in enumerate(snapshot.queue)}
     total = len(snapshot.queue)

@@ -112,6 +112,7 @@ class TeamsSim(QueueSim):
         # counts their overtakes).
         self.blocked: set[int] = set()
         self.watch: QueueWatch = NO_WATCH  # the forecast backtest, when one runs
+        self.exits: list[float] = []  # how long each preempted try took to end once told, newest first
 
     # -- time and books ------------------------------------------------------------------------
 
@@ -451,6 +452,8 @@ class TeamsSim(QueueSim):
     def release(self, v: int, now: float) -> None:
         """A preempted try's pod has ended: its slice passes on, its retry queues again."""
         t = self.tries[v]
+        if t.deadline is not None:  # how long it took to end once told, as the ledger reads it
+            self.exits.insert(0, now - (t.deadline - self.plan.grace_s))
         self.end(v)
         self.enqueue(t.job, now, t.remaining_s, was_preempted=True)
         self._hand_over(v, now)

@@ -2,7 +2,8 @@
 
 The controller's forecast step (:mod:`airflow_gpupool.forecast`) reads the newest successful
 runs (:meth:`LedgerForecasts.successful_runs`: released reservations with no failed try, as
-:meth:`~airflow_gpupool.ledger.views.history.LedgerHistory.typical_run_seconds` counts them) and
+:meth:`~airflow_gpupool.ledger.views.history.LedgerHistory.typical_run_seconds` counts them), how
+long the newest preemption victims took to end (:meth:`LedgerForecasts.victim_exits`), and
 replaces every stored forecast in one write (:meth:`LedgerForecasts.replace`). Everyone else only
 reads (:meth:`LedgerForecasts.get_many`): a waiting trigger never computes, so a thousand of
 them cost one controller pass, not a thousand replays.
@@ -120,6 +121,35 @@ class LedgerForecasts:
                         seconds=float(row.ended_at - row.granted_at),
                     )
                 )
+            return out
+
+        return self.ledger.read(run)
+
+    def victim_exits(self, default_grace_seconds: float, limit: int = 200) -> list[float]:
+        """Return how long the newest ``limit`` preemption victims took to end once told, newest first.
+
+        A victim was told at its deadline less its grace (its request's, else ``default_grace_seconds``);
+        it ended when its holder released it, or at the deadline. Each is clipped to [0, its grace].
+        """
+        r = schema.reservations.c
+        query = (
+            select(r.request, r.preempt_deadline, r.ended_at)
+            .where(
+                r.state == ReservationState.PREEMPTED.value,
+                r.preempt_deadline.is_not(None),
+                r.ended_at.is_not(None),
+            )
+            .order_by(r.seq.desc())
+            .limit(limit)
+        )
+
+        def run(conn: Connection) -> list[float]:
+            out = []
+            for row in conn.execute(query):
+                request = GpuRequest.from_dict(json.loads(row.request))
+                grace = request.preemption_grace_seconds or default_grace_seconds
+                took = float(row.ended_at) - (float(row.preempt_deadline) - grace)
+                out.append(min(max(took, 0.0), grace))
             return out
 
         return self.ledger.read(run)

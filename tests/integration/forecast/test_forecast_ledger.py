@@ -236,6 +236,39 @@ def test_a_victim_told_to_end_passes_its_slice_on_by_its_deadline(
     assert (forecast.p10, forecast.p50, forecast.p90) == (deadline,) * 3
 
 
+def test_victims_exits_are_read_and_a_replayed_victim_ends_as_they_did(
+    make_ledger: Callable[..., Ledger], clock: FakeClock
+) -> None:
+    """Three victims took 30 s each to end once told: a victim in the replay takes 30 s too."""
+    ledger = make_ledger(min_runtime_seconds=60, preemption_grace_seconds=120)
+    ledger.upsert_nodes([node("n1", gpus=1)])
+    _history(ledger, clock)
+    for run in range(3):
+        victim, urgent = _try(10 + 2 * run), _try(11 + 2 * run)
+        ledger.reserve(
+            GpuRequest(gpus=1, preemptible=True), victim.holder, reservation_id=victim.reservation_id
+        )
+        clock.advance(100)
+        ledger.reserve(GpuRequest(gpus=1, priority=10), urgent.holder, reservation_id=urgent.reservation_id)
+        clock.advance(30)
+        ledger.release(victim.reservation_id)  # its pod ended 30 s after it was told
+        assert ledger.get(victim.reservation_id).state.value == "preempted"
+        assert ledger.get(urgent.reservation_id).state.value == "granted"
+        clock.advance(RUN_S)
+        ledger.release(urgent.reservation_id)
+    assert LedgerForecasts(ledger).victim_exits(120) == [30.0, 30.0, 30.0]
+
+    victim, urgent = _try(20), _try(21)
+    ledger.reserve(GpuRequest(gpus=1, preemptible=True), victim.holder, reservation_id=victim.reservation_id)
+    granted = clock.now
+    clock.advance(10)  # too young to be a victim: the replay takes it at 60 s, and it ends 30 s later
+    ledger.reserve(GpuRequest(gpus=1, priority=10), urgent.holder, reservation_id=urgent.reservation_id)
+    forecast = {f.reservation_id: f for f in compute_forecasts(ledger, ledger.snapshot())}[
+        urgent.reservation_id
+    ]
+    assert (forecast.p10, forecast.p50, forecast.p90) == (granted + 90,) * 3
+
+
 def test_a_start_scores_the_forecasts_made_for_it(queued: tuple[Ledger, list[str]], clock: FakeClock) -> None:
     ledger, (first, _) = queued
     forecaster = Forecaster(ledger)
