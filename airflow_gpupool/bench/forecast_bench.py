@@ -20,6 +20,7 @@ import numpy as np
 from airflow_gpupool.bench.ledger_bench import bench_inventory
 from airflow_gpupool.forecast.durations import DurationModel, TaskKey
 from airflow_gpupool.forecast.replay import SAMPLES, Running, Waiting, forecast_starts
+from airflow_gpupool.governance.victim_nodes import PreemptionRules
 from airflow_gpupool.ledger import Ledger
 from airflow_gpupool.placement.accounting import allocate
 from airflow_gpupool.placement.policy import get_policy
@@ -93,6 +94,8 @@ def run_forecast_bench(nodes: int, waiting: int, samples: int = SAMPLES, seed: i
         state["place"],
         8,
         samples=samples,
+        # The controller's rules: with no preemptible grant running, preemption costs one check per event.
+        preemption=PreemptionRules(min_runtime_seconds=60.0, grace_seconds=120.0),
     )
     cpu = time.process_time() - started_cpu
     wall = time.perf_counter() - started_wall

@@ -187,30 +187,25 @@ def start_quantiles(starts: np.ndarray) -> np.ndarray:
     return quantiles
 
 
-class _ReplaySim(QueueSim):
-    """The simulator's queue with two caches for replays: they change what is computed, never the rule.
-
-    - A held node is marked unschedulable instead of left out of the snapshot, so the policy's
-      node table keeps its rows and refreshes only the held ones (leaving one out changes the
-      table's length, and the policy rebuilds all of it: a thousand nodes' rows per placement).
-    - ``hold_node``'s fit checks are remembered per node state and request shape (both
-      immutable), so a hold looks again only at the nodes that changed since.
-    """
+class _Preempting(QueueSim):
+    """The simulator's queue, preempting after each pass as the ledger's does (given the rules)."""
 
     def __init__(self, *args: Any, preemption: PreemptionRules | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._fits: dict[tuple[int, int], tuple[NodeState, GpuRequest, Any]] = {}
-        self._shapes: dict[GpuRequest, GpuRequest] = {}
-        self._closed: dict[int, tuple[NodeState, NodeState]] = {}
         self.rules = preemption
         # What preemption reads of each running task: (granted at, newest checkpoint, on a headroom loan).
         self.facts: dict[int, tuple[float, float | None, bool]] = {}
         self.told: set[int] = set()  # victims told to end, holding their slices until they do
         self.pending: dict[str, set[int]] = {}  # preemptor -> its victims still holding
-        self.order: list[QueueEntry] = []  # the last pass's entries, in service order
         self.wake_at = math.inf  # when a grant too young to be a victim comes of age
+        self.preemptible = 0  # running grants that might be victims: none, and preemption costs nothing
+
+    def adopt(self, k: int, request: GpuRequest, assignment: Assignment) -> None:
+        super().adopt(k, request, assignment)
+        self.preemptible += request.preemptible
 
     def depart(self, k: int) -> None:
+        self.preemptible -= self.running[k][0].preemptible
         super().depart(k)
         if k in self.told:
             self.told.discard(k)
@@ -219,15 +214,16 @@ class _ReplaySim(QueueSim):
                 if not victims:
                     del self.pending[rid]
 
-    def serve(self, now: float) -> list[int]:
-        self.order = sorted(self.waiting.values(), key=lambda e: (-e.request.priority, e.seq))
-        return super().serve(now)
-
     def _served(self, outcome: Any, now: float) -> list[int]:
         started = super()._served(outcome, now)
         for k in started:
             self.facts[k] = (now, None, False)
+            self.preemptible += self.running[k][0].preemptible
         return started
+
+    def service_order(self) -> list[QueueEntry]:
+        """The waiting requests in the order the last pass served them."""
+        return sorted(self.waiting.values(), key=lambda e: (-e.request.priority, e.seq))
 
     def preempt(self, now: float) -> list[int]:
         """Let the first waiting requests the pass left preempt, as the ledger's pass does; return the victims told.
@@ -236,11 +232,11 @@ class _ReplaySim(QueueSim):
         (the ledger's passes run at every write, so it would offer that grant then).
         """
         self.wake_at = math.inf
-        if self.rules is None or not self.waiting:
+        if self.rules is None or not self.waiting or not self.preemptible:
             return []
         preemptors = [
             e
-            for e in self.order
+            for e in self.service_order()
             if e.request_id in self.waiting and e.request.gang is None and e.request.preempts
         ]
         if not preemptors:
@@ -304,6 +300,23 @@ class _ReplaySim(QueueSim):
         i = self.where[name]
         return {str(k): r.workload_class for k, (r, _, at) in self.running.items() if at == i}
 
+
+class _CachedSim(QueueSim):
+    """The simulator's queue with two caches for replays: they change what is computed, never the rule.
+
+    - A held node is marked unschedulable instead of left out of the snapshot, so the policy's
+      node table keeps its rows and refreshes only the held ones (leaving one out changes the
+      table's length, and the policy rebuilds all of it: a thousand nodes' rows per placement).
+    - ``hold_node``'s fit checks are remembered per node state and request shape (both
+      immutable), so a hold looks again only at the nodes that changed since.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._fits: dict[tuple[int, int], tuple[NodeState, GpuRequest, Any]] = {}
+        self._shapes: dict[GpuRequest, GpuRequest] = {}
+        self._closed: dict[int, tuple[NodeState, NodeState]] = {}
+
     def _snapshot(self, held: frozenset[str]) -> ClusterSnapshot:
         if not held:
             return ClusterSnapshot(tuple(self.nodes))
@@ -335,6 +348,10 @@ class _ReplaySim(QueueSim):
         )
 
 
+class _ReplaySim(_Preempting, _CachedSim):
+    """The replay's queue: preemption as the ledger's, with the caches."""
+
+
 class _GovernedReplaySim(_ReplaySim):
     """The replay under quotas: each pass as the ledger's (:meth:`WriteCycle.serve` under quotas).
 
@@ -347,6 +364,7 @@ class _GovernedReplaySim(_ReplaySim):
         super().__init__(*args, **kwargs)
         self.governance = governance.without(())  # this replay's own count
         self._static = {n.name: n for n in self.empty}  # pools and models: all the rules read
+        self.order: list[QueueEntry] = []  # the last pass's entries, in the teams' fair order
 
     def depart(self, k: int) -> None:
         request, assignment, _ = self.running[k]
@@ -357,6 +375,9 @@ class _GovernedReplaySim(_ReplaySim):
         """The quotas as preemption reads them: what the victims already told hold is as good as given back."""
         told = [(self.running[k][0], self.running[k][1]) for k in self.told]
         return self.governance.without(told) if told else self.governance
+
+    def service_order(self) -> list[QueueEntry]:
+        return self.order
 
     def serve(self, now: float) -> list[int]:
         if not self.waiting:

@@ -10,7 +10,6 @@ import pytest
 from airflow_gpupool.bench.forecast_bench import forecast_state, shared_rule_floor
 from airflow_gpupool.cli import main
 from airflow_gpupool.forecast import replay
-from airflow_gpupool.sim.queue import QueueSim
 
 
 def test_bench_forecast_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -61,7 +60,7 @@ def test_the_replays_caches_change_no_forecast(seed: int, monkeypatch: pytest.Mo
     state = forecast_state(24, 60, seed)
     args = (1000.0, state["nodes"], state["empty"], state["running"], state["waiting"], state["place"], 2)
     fast = replay.forecast_starts(*args, samples=6)
-    monkeypatch.setattr(replay, "_ReplaySim", QueueSim)  # the simulator's queue, no caches
+    monkeypatch.setattr(replay, "_ReplaySim", replay._Preempting)  # the simulator's queue, no caches
     plain = replay.forecast_starts(*args, samples=6)
     assert fast == plain
     assert len({f.p50 for f in fast}) > 10  # not a trivial queue: the starts spread out
