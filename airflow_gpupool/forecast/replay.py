@@ -22,8 +22,7 @@ headroom loans and teams' borrowing as the ledger reads them. A victim's slice p
 time within its grace: drawn from how long the ledger's newest victims took to end once told
 (``victim_exits``, :meth:`~airflow_gpupool.ledger.LedgerForecasts.victim_exits`; uniformly within
 the grace while fewer than :data:`MIN_EXITS` are known); a grant the ledger already told to end
-passes on by its deadline. The victim's
-retry is not replayed (it queues later, as a new request).
+passes on by its deadline. The victim's retry is not replayed (it queues later, as a new request).
 
 What it leaves out, by design or for now: requests that arrive later (the forecast is for the
 queue as it stands), preempted tries' retries, the nodes already held, and gangs (their members
@@ -44,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from airflow_gpupool.governance.preemption import VictimCandidate
-from airflow_gpupool.governance.victim_nodes import LiveGrant, PreemptionRules, offer_victims
+from airflow_gpupool.governance.victim_nodes import LiveGrant, PreemptionRules, held_milli, offer_victims
 from airflow_gpupool.ledger import StartForecast
 from airflow_gpupool.placement.fit import choices
 from airflow_gpupool.placement.pools import UNCONSTRAINED, PoolBindings
@@ -277,17 +276,12 @@ class _Preempting(QueueSim):
         request, assignment, i = self.running[k]
         granted_at, checkpoint_at, on_loan = self.facts[k]
         node = self.nodes[i]
-        milli = (
-            request.total_gpu_milli
-            if assignment.mig_slice is not None
-            else len(assignment.gpu_indices) * assignment.milli_per_gpu
-        )
         candidate = VictimCandidate(
             reservation_id=str(k),
             priority=request.priority,
             preemptible=True,
             granted_at=granted_at,
-            milli=milli,
+            milli=held_milli(request, assignment),
             # One that writes a checkpoint on SIGTERM loses nothing stopped now, as the ledger ranks it.
             checkpoint_at=now if request.checkpoint_on_sigterm else checkpoint_at,
             borrowed=quota.borrowing(request.team, node) if quota is not None else True,

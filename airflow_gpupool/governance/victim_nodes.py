@@ -28,7 +28,14 @@ if TYPE_CHECKING:
     from airflow_gpupool.placement.queue import QueueEntry
     from airflow_gpupool.placement.verdict import Assignment
 
-__all__ = ["PREEMPTORS_PER_PASS", "LiveGrant", "PreemptionRules", "best_victims", "offer_victims"]
+__all__ = [
+    "PREEMPTORS_PER_PASS",
+    "LiveGrant",
+    "PreemptionRules",
+    "best_victims",
+    "held_milli",
+    "offer_victims",
+]
 
 # Waiting requests offered victims per pass: the queue's head, where preemption matters.
 PREEMPTORS_PER_PASS = 4
@@ -63,6 +70,13 @@ class LiveGrant:
     candidate: VictimCandidate
     #: what the ledger keeps beside it (its row), untouched here
     source: Any = None
+
+
+def held_milli(request: GpuRequest, assignment: Assignment) -> int:
+    """Return the milli-GPU a grant holds (a MIG slice: its request's compute share)."""
+    if assignment.mig_slice is not None:
+        return request.total_gpu_milli
+    return len(assignment.gpu_indices) * assignment.milli_per_gpu
 
 
 def offer_victims(

@@ -36,6 +36,7 @@ from airflow_gpupool.governance.victim_nodes import (
     PREEMPTORS_PER_PASS,
     LiveGrant,
     PreemptionRules,
+    held_milli,
     offer_victims,
 )
 from airflow_gpupool.ledger.db import schema
@@ -135,17 +136,12 @@ def _victim(cycle: WriteCycle, tx: Tx, row: Row[Any], quota: Governance | None) 
     request = cycle.store.request_of(row)
     assignment = assignment_of(row)
     node = tx.nodes[row.node]
-    milli = (
-        request.total_gpu_milli
-        if assignment.mig_slice is not None
-        else len(assignment.gpu_indices) * assignment.milli_per_gpu
-    )
     candidate = VictimCandidate(
         reservation_id=row.id,
         priority=request.priority,
         preemptible=request.preemptible,
         granted_at=float(row.granted_at),
-        milli=milli,
+        milli=held_milli(request, assignment),
         # A step that writes a checkpoint on SIGTERM within its grace loses no work stopped now,
         # as the simulator ranks it (sim/governed.py): checkpointed now.
         checkpoint_at=tx.now if request.checkpoint_on_sigterm else row.checkpoint_at,
