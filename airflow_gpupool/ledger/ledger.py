@@ -26,7 +26,6 @@ from typing import Any, TypeVar
 from sqlalchemy import Connection
 
 from airflow_gpupool import settings
-from airflow_gpupool.binding import check_binding_name
 from airflow_gpupool.exceptions import GpuPoolError
 from airflow_gpupool.governance.runs import RunNeed
 from airflow_gpupool.governance.victim_nodes import PreemptionRules
@@ -41,6 +40,7 @@ from airflow_gpupool.ledger.grants.reserve_args import ReserveArgs
 from airflow_gpupool.ledger.grants.revoke import revoke
 from airflow_gpupool.ledger.grants.serialized import LedgerGrants
 from airflow_gpupool.ledger.nodes.api import LedgerNodeApi
+from airflow_gpupool.ledger.nodes.bindings import pool_bindings
 from airflow_gpupool.ledger.nodes.external import LedgerExternalHolds
 from airflow_gpupool.ledger.nodes.health import LedgerHealth
 from airflow_gpupool.ledger.nodes.inventory import InventoryChange, LedgerInventory
@@ -50,29 +50,12 @@ from airflow_gpupool.ledger.store.transactions import LedgerStore, Tx
 from airflow_gpupool.ledger.views.api import LedgerReadApi
 from airflow_gpupool.ledger.views.ledger_views import LedgerViews
 from airflow_gpupool.placement.policy import PlacementPolicy, get_policy
-from airflow_gpupool.placement.pools import PoolBinding, PoolBindings
 from airflow_gpupool.redact import redact_url
 from airflow_gpupool.resources import GpuRequest
 
 __all__ = ["InventoryChange", "Ledger", "Tx", "pool_bindings"]
 
 T = TypeVar("T")
-
-
-def pool_bindings(binding: str | None, node_pool_bindings: Mapping[str, str] | None) -> PoolBindings:
-    """Return what each node pool's binding can express, for placement.
-
-    :param binding: the strategy of pools not listed (None: such pools take any request)
-    :param node_pool_bindings: the strategy of each listed pool
-    :raises ConfigurationError: an unknown strategy name
-    """
-
-    def one(name: str, source: str) -> PoolBinding:
-        strategy = check_binding_name(name, source)
-        return PoolBinding(strategy.name, strategy.supports)
-
-    pools = {pool: one(name, f"node pool {pool}") for pool, name in (node_pool_bindings or {}).items()}
-    return PoolBindings(one(binding, "ledger binding") if binding is not None else None, pools)
 
 
 class Ledger(LedgerQueueAheadApi, LedgerHandOnApi, LedgerNodeApi, LedgerReadApi):
