@@ -188,13 +188,23 @@ def _history(ledger: Ledger, clock: FakeClock) -> None:
         ledger.release(task.reservation_id)
 
 
+def _one_gpu_with_preemption(make_ledger: Callable[..., Ledger], clock: FakeClock) -> Ledger:
+    """One GPU, a 60 s minimum runtime and a 120 s grace, and train/fit's history."""
+    ledger = make_ledger(min_runtime_seconds=60, preemption_grace_seconds=120)
+    ledger.upsert_nodes([node("n1", gpus=1)])
+    _history(ledger, clock)
+    return ledger
+
+
+def _forecast_of(ledger: Ledger, reservation_id: str) -> StartForecast:
+    return {f.reservation_id: f for f in compute_forecasts(ledger, ledger.snapshot())}[reservation_id]
+
+
 def test_the_forecast_preempts_a_grant_once_it_comes_of_age(
     make_ledger: Callable[..., Ledger], clock: FakeClock
 ) -> None:
     """A preemptible grant 10 s old is no victim yet (min runtime 60 s); the ledger takes it at 60 s, so does the replay."""
-    ledger = make_ledger(min_runtime_seconds=60, preemption_grace_seconds=120)
-    ledger.upsert_nodes([node("n1", gpus=1)])
-    _history(ledger, clock)
+    ledger = _one_gpu_with_preemption(make_ledger, clock)
     victim, urgent = _try(3), _try(4)
     ledger.reserve(GpuRequest(gpus=1, preemptible=True), victim.holder, reservation_id=victim.reservation_id)
     granted = clock.now
@@ -202,9 +212,7 @@ def test_the_forecast_preempts_a_grant_once_it_comes_of_age(
     ledger.reserve(GpuRequest(gpus=1, priority=10), urgent.holder, reservation_id=urgent.reservation_id)
     assert ledger.get(victim.reservation_id).preempt_deadline is None, "too young: not a victim yet"
 
-    forecast = {f.reservation_id: f for f in compute_forecasts(ledger, ledger.snapshot())}[
-        urgent.reservation_id
-    ]
+    forecast = _forecast_of(ledger, urgent.reservation_id)
     # Without preemption it would start when the victim's run ends, 600 s after its grant. With it:
     # once the victim is 60 s old, within its 120 s grace.
     assert forecast.p10 is not None and forecast.p90 is not None
@@ -220,9 +228,7 @@ def test_a_victim_told_to_end_passes_its_slice_on_by_its_deadline(
     make_ledger: Callable[..., Ledger], clock: FakeClock
 ) -> None:
     """The ledger has preempted: the preemptor's forecast is the victim's deadline, not its run's end."""
-    ledger = make_ledger(min_runtime_seconds=60, preemption_grace_seconds=120)
-    ledger.upsert_nodes([node("n1", gpus=1)])
-    _history(ledger, clock)
+    ledger = _one_gpu_with_preemption(make_ledger, clock)
     victim, urgent = _try(3), _try(4)
     ledger.reserve(GpuRequest(gpus=1, preemptible=True), victim.holder, reservation_id=victim.reservation_id)
     clock.advance(100)
@@ -230,9 +236,7 @@ def test_a_victim_told_to_end_passes_its_slice_on_by_its_deadline(
     deadline = ledger.get(victim.reservation_id).preempt_deadline
     assert deadline == clock.now + 120
     clock.advance(30)
-    forecast = {f.reservation_id: f for f in compute_forecasts(ledger, ledger.snapshot())}[
-        urgent.reservation_id
-    ]
+    forecast = _forecast_of(ledger, urgent.reservation_id)
     assert (forecast.p10, forecast.p50, forecast.p90) == (deadline,) * 3
 
 
@@ -240,9 +244,7 @@ def test_victims_exits_are_read_and_a_replayed_victim_ends_as_they_did(
     make_ledger: Callable[..., Ledger], clock: FakeClock
 ) -> None:
     """Three victims took 30 s each to end once told: a victim in the replay takes 30 s too."""
-    ledger = make_ledger(min_runtime_seconds=60, preemption_grace_seconds=120)
-    ledger.upsert_nodes([node("n1", gpus=1)])
-    _history(ledger, clock)
+    ledger = _one_gpu_with_preemption(make_ledger, clock)
     for run in range(3):
         victim, urgent = _try(10 + 2 * run), _try(11 + 2 * run)
         ledger.reserve(
@@ -263,9 +265,7 @@ def test_victims_exits_are_read_and_a_replayed_victim_ends_as_they_did(
     granted = clock.now
     clock.advance(10)  # too young to be a victim: the replay takes it at 60 s, and it ends 30 s later
     ledger.reserve(GpuRequest(gpus=1, priority=10), urgent.holder, reservation_id=urgent.reservation_id)
-    forecast = {f.reservation_id: f for f in compute_forecasts(ledger, ledger.snapshot())}[
-        urgent.reservation_id
-    ]
+    forecast = _forecast_of(ledger, urgent.reservation_id)
     assert (forecast.p10, forecast.p50, forecast.p90) == (granted + 90,) * 3
 
 
