@@ -75,19 +75,25 @@ class PodWatch:
         self.stats = WatchStats()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._response: Any = None
+        # The open streams: one, but a run still ending may hold another (see start()).
+        self._responses: set[Any] = set()
 
     def start(self) -> None:
         """Run the watch on a daemon thread of its own."""
-        self._stop.clear()
-        self._thread = threading.Thread(target=self.run, name="gpupool-pod-watch", daemon=True)
+        # A fresh event per run: a thread of the run before, still ending, keeps the event that
+        # stopped it; clearing a shared one would set that thread watching again, for good.
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self.run, args=(self._stop,), name="gpupool-pod-watch", daemon=True
+        )
         self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop the watch (closing an open stream) and wait for its thread."""
         self._stop.set()
-        response = self._response
-        if response is not None:
+        # Read after the set: a stream opened before it is closed here; one opened after it sees
+        # the event as soon as it is stored (_stream), so neither outlives the stop.
+        for response in list(self._responses):
             try:
                 # shutdown() wakes a read blocked on the socket in the watch's thread; close() would not.
                 getattr(response, "shutdown", response.close)()
@@ -95,26 +101,32 @@ class PodWatch:
                 log.debug("Pod watch: closing the stream failed", exc_info=True)
         if self._thread is not None:
             self._thread.join(timeout)
+            if self._thread.is_alive():
+                log.warning("Pod watch: its thread did not end within %.0f s of the stop", timeout)
 
-    def run(self) -> None:
-        """List, then watch, until stopped; errors are logged and followed by a relist after a backoff."""
+    def run(self, stop: threading.Event | None = None) -> None:
+        """List, then watch, until stopped; errors are logged and followed by a relist after a backoff.
+
+        :param stop: the event that ends this run (default: the watch's current one)
+        """
+        stop = stop or self._stop
         backoff = 0.0
-        while not self._stop.is_set():
+        while not stop.is_set():
             try:
                 version = self.list_now()
                 backoff = 0.0
-                self.watch_from(version)
+                self.watch_from(version, stop)
             except WatchExpiredError as e:
                 log.info("Pod watch: %s; listing again", e)
             except Exception as e:
-                if self._stop.is_set():
+                if stop.is_set():
                     break  # stop() closed the stream under the read
                 self.stats.errors += 1
                 backoff = min(max(1.0, backoff * 2), self.max_backoff_seconds)
                 log.warning(
                     "Pod watch failed (%s: %s); listing again in %.0f s", type(e).__name__, e, backoff
                 )
-                self._stop.wait(backoff)
+                stop.wait(backoff)
 
     def list_now(self) -> str:
         """List every pod (in pages), hand them to ``on_list`` and return the list's ``resourceVersion``."""
@@ -137,17 +149,19 @@ class PodWatch:
         self._on_list(pods)
         return version
 
-    def watch_from(self, version: str) -> None:
+    def watch_from(self, version: str, stop: threading.Event | None = None) -> None:
         """Watch from ``version``, resuming after each server timeout, until stopped.
 
+        :param stop: the event that ends the watch (default: the watch's current one)
         :raises WatchExpiredError: the server answered ``410 Gone`` (or another error event), or a relist is due
         """
+        stop = stop or self._stop
         relist_at = time.monotonic() + self.relist_seconds
-        while not self._stop.is_set():
+        while not stop.is_set():
             if time.monotonic() >= relist_at:
                 raise WatchExpiredError(f"{self.relist_seconds:.0f} s since the last list")
             timeout = max(1, min(self.watch_seconds, int(relist_at - time.monotonic()) + 1))
-            for event in self._stream(version, timeout):
+            for event in self._stream(version, timeout, stop):
                 kind, obj = event.get("type"), event.get("object") or {}
                 if kind == "ERROR":
                     code = obj.get("code")
@@ -163,10 +177,10 @@ class PodWatch:
                     continue
                 self.stats.events += 1
                 self._on_event(str(kind), obj)
-                if self._stop.is_set() or time.monotonic() >= relist_at:
+                if stop.is_set() or time.monotonic() >= relist_at:
                     break
 
-    def _stream(self, version: str, timeout: int) -> Iterator[PodJson]:
+    def _stream(self, version: str, timeout: int, stop: threading.Event | None = None) -> Iterator[PodJson]:
         from kubernetes.watch.watch import iter_resp_lines
 
         response = self._api.list_pod_for_all_namespaces(
@@ -176,12 +190,14 @@ class PodWatch:
             timeout_seconds=timeout,
             _preload_content=False,
         )
-        self._response = response
+        self._responses.add(response)
         try:
+            if (stop or self._stop).is_set():
+                return  # stopped while the stream opened: stop() found no response to close
             for line in iter_resp_lines(response):
                 if line and not line.isspace():
                     yield json.loads(line)
         finally:
-            self._response = None
+            self._responses.discard(response)
             response.close()
             response.release_conn()

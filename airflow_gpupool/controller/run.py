@@ -167,6 +167,9 @@ class GpuPoolController:
     :param autoscaler: the autoscale step (:class:`~airflow_gpupool.controller.autoscale.step.Autoscaler`);
         ``None`` when no pool is scalable
     :param health: told of each pass :meth:`run` ends (the liveness and readiness probes)
+
+    A caller of :meth:`run_pass` ends with :meth:`close` (or a ``with`` block): a leading pass
+    starts the pod watch, which runs on a thread of its own until then.
     """
 
     def __init__(
@@ -200,6 +203,17 @@ class GpuPoolController:
         )
         self._watching = False  # the pod watch runs only while this replica leads
         self.drift = DriftKeeper(ledger, self._watched_gpu_pods, drift_alert_seconds(), self._claim)
+
+    def __enter__(self) -> GpuPoolController:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the pod watch a leading pass started, and release the Lease if this replica holds it."""
+        self._stop_watching()
+        self.elector.release()
 
     def run_pass(self) -> PassResult:
         """Renew (or seek) the Lease if due, then run the steps that are due, while leading."""
@@ -279,8 +293,7 @@ class GpuPoolController:
         finally:
             stop.set()
             keeper.join()
-            self._stop_watching()
-            self.elector.release()
+            self.close()
 
     def _stop_watching(self) -> None:
         if self.external_pods is not None and self._watching:

@@ -6,6 +6,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -45,6 +47,22 @@ def ledger_inventory() -> list[Any]:
         ),
         node("gpu-t4", gpus=2, model=T4, memory_mib=15360, cpu=96000, mem=1048576, pool="t4-shared"),
     ]
+
+
+@pytest.fixture(autouse=True)
+def _no_pod_watch_outlives_its_test() -> Iterator[None]:
+    """Fail a test that leaves a pod watch running: it lists a cluster long gone, and its client's
+    retries land in the logs of whatever test runs next (a CLI test's stderr, in CI once)."""
+    before = set(_pod_watch_threads())
+    yield
+    deadline = time.monotonic() + 5  # PodWatch.stop waits as long for its thread
+    while (left := _pod_watch_threads() - before) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not left, f"{len(left)} pod watch thread(s) still run after the test: stop what you start"
+
+
+def _pod_watch_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name == "gpupool-pod-watch"}
 
 
 @pytest.fixture(scope="session")

@@ -152,28 +152,32 @@ def test_the_controller_quarantines_a_silent_node_and_releases_it(
     )
     leases = client.CoordinationV1Api(config.new_client_from_config(config_file=k8s.kubeconfig_path))
     elector = LeaderElector(leases, LeaseSettings("default", "c1", lease_duration=600), clock=clock)
-    controller = GpuPoolController(ledger, core, elector, ControllerIntervals(600, 30), clock=clock)
-    assert controller.run_pass().heartbeats.quarantined == ()
+    with GpuPoolController(ledger, core, elector, ControllerIntervals(600, 30), clock=clock) as controller:
+        assert controller.run_pass().heartbeats.quarantined == ()
 
-    for _ in range(4):  # gpu-a-0's agent is silent for 4 intervals; gpu-b-0's keeps beating
-        clock.advance(30)
-        agents["gpu-b-0"].run_pass()
-    clock.advance(1)
-    result = controller.run_pass()
-    assert [n for n, _ in result.heartbeats.quarantined] == ["gpu-a-0"]
-    assert "heartbeats: gpu-a-0 quarantined" in result.summary()
-    events = core.list_namespaced_event("default").items
-    assert any(e.reason == QUARANTINE_EVENT_REASON and e.involved_object.name == "gpu-a-0" for e in events)
-    # A quarantined node gets no new grant; its live grant keeps running.
-    assert ledger.reserve(GpuRequest(gpus=2), "t", reservation_id="new").grant.node == "gpu-b-0"
-    assert ledger.reserve(GpuRequest(gpus=1), "t", reservation_id="waits").state is ReservationState.WAITING
-    assert ledger.renew("live").state is ReservationState.GRANTED
+        for _ in range(4):  # gpu-a-0's agent is silent for 4 intervals; gpu-b-0's keeps beating
+            clock.advance(30)
+            agents["gpu-b-0"].run_pass()
+        clock.advance(1)
+        result = controller.run_pass()
+        assert [n for n, _ in result.heartbeats.quarantined] == ["gpu-a-0"]
+        assert "heartbeats: gpu-a-0 quarantined" in result.summary()
+        events = core.list_namespaced_event("default").items
+        assert any(
+            e.reason == QUARANTINE_EVENT_REASON and e.involved_object.name == "gpu-a-0" for e in events
+        )
+        # A quarantined node gets no new grant; its live grant keeps running.
+        assert ledger.reserve(GpuRequest(gpus=2), "t", reservation_id="new").grant.node == "gpu-b-0"
+        assert (
+            ledger.reserve(GpuRequest(gpus=1), "t", reservation_id="waits").state is ReservationState.WAITING
+        )
+        assert ledger.renew("live").state is ReservationState.GRANTED
 
-    for _ in range(3):  # back, and steady for 60 s
-        agents["gpu-a-0"].run_pass()
-        agents["gpu-b-0"].run_pass()
-        clock.advance(30)
-    assert controller.run_pass().heartbeats.released == ("gpu-a-0",)
+        for _ in range(3):  # back, and steady for 60 s
+            agents["gpu-a-0"].run_pass()
+            agents["gpu-b-0"].run_pass()
+            clock.advance(30)
+        assert controller.run_pass().heartbeats.released == ("gpu-a-0",)
     ledger.release("live")
     assert ledger.get("waits").state is ReservationState.GRANTED
 

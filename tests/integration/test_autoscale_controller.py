@@ -67,17 +67,18 @@ def test_the_step_runs_on_its_interval_while_leading(k8s: KubernetesEmulatorServ
         controller = GpuPoolController(
             ledger, core, elector, intervals, clock=clock, autoscaler=Autoscaler(ledger, core, settings)
         )
-        first = controller.run_pass()
-        assert first.autoscaled is not None and first.autoscaled.created == ["train-9"]
-        assert "autoscale: 1 asked" in first.summary()
-        assert follower.run_pass().autoscaled is None  # not leading: nothing asked
-        clock.advance(1)
-        assert controller.run_pass().autoscaled is None  # not due yet
-        clock.advance(5)
-        assert controller.run_pass().autoscaled.kept == ["train-9"]  # type: ignore[union-attr]
-        ledger.release("train-9", reason="cancelled")
-        clock.advance(5)
-        assert controller.run_pass().autoscaled.deleted == ["train-9"]  # type: ignore[union-attr]
+        with follower, controller:
+            first = controller.run_pass()
+            assert first.autoscaled is not None and first.autoscaled.created == ["train-9"]
+            assert "autoscale: 1 asked" in first.summary()
+            assert follower.run_pass().autoscaled is None  # not leading: nothing asked
+            clock.advance(1)
+            assert controller.run_pass().autoscaled is None  # not due yet
+            clock.advance(5)
+            assert controller.run_pass().autoscaled.kept == ["train-9"]  # type: ignore[union-attr]
+            ledger.release("train-9", reason="cancelled")
+            clock.advance(5)
+            assert controller.run_pass().autoscaled.deleted == ["train-9"]  # type: ignore[union-attr]
     assert provisioning_requests(k8s) == []
 
 
@@ -95,18 +96,18 @@ def test_a_failing_step_is_logged_and_retried(waiting_url: str) -> None:
             settings = AutoscaleSettings(
                 pools=(ScalablePool("burst", PRODUCT, 8, 81920),), mode="provisioning-request"
             )
-            controller = GpuPoolController(
+            passes = []
+            with GpuPoolController(
                 ledger,
                 core,
                 elector,
                 ControllerIntervals(autoscale=1),
                 clock=clock,
                 autoscaler=Autoscaler(ledger, core, settings),
-            )
-            passes = []
-            for _ in range(2):
-                passes.append(controller.run_pass())
-                clock.advance(1)
+            ) as controller:
+                for _ in range(2):
+                    passes.append(controller.run_pass())
+                    clock.advance(1)
             assert [[step for step, _ in p.errors] for p in passes] == [["autoscale"], ["autoscale"]]
             assert "does not serve autoscaling.x-k8s.io/v1" in passes[1].errors[0][1]
             assert passes[0].synced is not None and passes[0].reaped is not None  # the other steps went on

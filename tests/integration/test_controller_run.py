@@ -236,12 +236,14 @@ def test_a_failing_step_is_logged_and_retried_at_the_next_pass(
     elector = LeaderElector(leases, LeaseSettings("default", "faulty", lease_duration=60), clock=clock)
     ledger = Ledger(url)
     try:
-        controller = GpuPoolController(ledger, dead_core, elector, ControllerIntervals(10, 10), clock=clock)
-        for _ in range(2):
-            result = controller.run_pass()
-            assert result.leading and result.reaped is not None
-            assert [step for step, _ in result.errors] == ["sync", "reconcile", "gatekeeper"]
-            clock.advance(10)
+        with GpuPoolController(
+            ledger, dead_core, elector, ControllerIntervals(10, 10), clock=clock
+        ) as controller:
+            for _ in range(2):
+                result = controller.run_pass()
+                assert result.leading and result.reaped is not None
+                assert [step for step, _ in result.errors] == ["sync", "reconcile", "gatekeeper"]
+                clock.advance(10)
         failures = [
             r.getMessage() for r in caplog.records if "failed (retried in the next pass)" in r.getMessage()
         ]

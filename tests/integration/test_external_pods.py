@@ -205,6 +205,43 @@ def test_a_watch_goes_on_past_its_bookmarks_to_its_timeout(
     assert "ADDED" in seen and seen.index("ADDED") > seen.index("BOOKMARK")
 
 
+class _StreamHeldOpen:
+    """The real client, whose watch requests wait at a gate before they are sent."""
+
+    def __init__(self, core: Any) -> None:
+        self._core = core
+        self.opening = threading.Event()
+        self.gate = threading.Event()
+
+    def list_pod_for_all_namespaces(self, **kwargs: Any) -> Any:
+        if kwargs.get("watch"):
+            self.opening.set()
+            self.gate.wait(10)
+        return self._core.list_pod_for_all_namespaces(**kwargs)
+
+
+def test_a_watch_stopped_while_its_stream_opens_ends_though_it_is_started_again(core: Any) -> None:
+    # The stop found no stream to close; the restart then cleared the one stop event both runs
+    # shared, and the first run watched on for good: after its emulator was gone, it logged
+    # urllib3's retries into whatever test ran next.
+    api = _StreamHeldOpen(core)
+    watch = PodWatch(api, lambda pods: None, lambda kind, pod: None, watch_seconds=30)
+    watch.start()
+    first = watch._thread
+    assert first is not None and api.opening.wait(10)
+    watch.stop(timeout=0.1)  # the first run waits at the gate: no response yet
+    api.opening.clear()
+    watch.start()
+    second = watch._thread
+    api.gate.set()
+    try:
+        wait_for(lambda: not first.is_alive(), "the first run to end")
+        assert api.opening.wait(10) and second is not None and second.is_alive()  # the second watches
+    finally:
+        watch.stop()
+    assert second is not None and not second.is_alive()
+
+
 def test_a_relist_counts_what_changed_while_nobody_watched(
     ledger: Ledger, core: Any, counted: ExternalPodCounter, emulator: KubernetesEmulatorServer
 ) -> None:

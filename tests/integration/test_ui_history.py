@@ -266,15 +266,15 @@ def test_the_controllers_pass_prunes_history_past_the_retention(
         ledger = Ledger.create(f"sqlite:///{tmp_path}/ledger.db", clock=clock)
         leases = client.CoordinationV1Api(config.new_client_from_config(config_file=k8s.kubeconfig_path))
         elector = LeaderElector(leases, LeaseSettings("default", "pruner", lease_duration=60))
-        controller = GpuPoolController(ledger, core_v1_api(k8s.kubeconfig_path), elector)
-        controller.run_pass()  # syncs the node
+        with GpuPoolController(ledger, core_v1_api(k8s.kubeconfig_path), elector) as controller:
+            controller.run_pass()  # syncs the node
         old = ledger.reserve(GpuRequest(gpus=1), "old@w")
         ledger.release(old.id)
         clock.advance(86400 + 1)
         recent = ledger.reserve(GpuRequest(gpus=1), "recent@w")
         ledger.release(recent.id)
-        controller = GpuPoolController(ledger, core_v1_api(k8s.kubeconfig_path), elector)
-        assert controller.run_pass().errors == []
+        with GpuPoolController(ledger, core_v1_api(k8s.kubeconfig_path), elector) as controller:
+            assert controller.run_pass().errors == []
         assert [e.id for e in LedgerHistory(ledger).entries()] == [recent.id]
         ledger.close()
 

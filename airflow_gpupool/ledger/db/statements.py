@@ -53,7 +53,7 @@ WAITING = (
 )
 # The queue as an incremental pass reads it (:meth:`~airflow_gpupool.ledger.queue.cycle.WriteCycle.serve`):
 # the requests whose overtake budget is not spent, the shapes of the spent ones, the spent
-# ones of given shapes, and the first spent one.
+# ones of given shapes, and the first spent one of the shapes that fit nowhere.
 WAITING_UNSPENT = WAITING.where(_r.overtakes < bindparam("spent"))
 # The spent requests are most of a long queue: read in service order along the queue's index
 # (``+ 0`` keeps SQLite off the index of the unspent ones, which would sort them all first).
@@ -61,7 +61,7 @@ _SPENT = (_r.overtakes + 0) >= bindparam("spent")
 SPENT_SHAPES = select(_r.request).where(_r.state == "waiting", _SPENT).distinct()
 WAITING_SPENT_OF = WAITING.where(_SPENT, _r.request.in_(bindparam("shapes", expanding=True)))
 WAITING_SPENT = WAITING.where(_SPENT)
-FIRST_SPENT = WAITING_SPENT.limit(1)
+FIRST_SPENT_OF = WAITING_SPENT_OF.limit(1)
 # The queue serves higher priorities first, then the older request (lower ``seq``), then by id
 # (a gang's growth members share its ``seq``).
 #: The external holds (pods the ledger did not grant), for why a request waits.

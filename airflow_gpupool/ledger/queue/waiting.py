@@ -4,7 +4,8 @@ A request whose overtake budget is spent keeps its count (at the bound) and is s
 happens, so once it cannot be granted it matters only as the first spent one (it gets the pass's
 hold, or stops the pass). A spent request of a shape that fits no node now, avoiding none,
 cannot be granted in this pass (grants only shrink what nodes can take, holds only exclude
-more): only the first spent one is read of those. Of a shape that fits, the requests are one
+more): only the first of those is read. Once the pass grants the spent requests ahead of it
+(of shapes that fit), it is the first spent one left, and gets the hold. Of a shape that fits, the requests are one
 request many times over, served in their order: a pass grants at most as many as the free
 capacity holds, and after the first that does not fit, none does. Only that many are read, and a
 few more, so the first refused ones can still be offered victims. The pass then decides what a
@@ -86,14 +87,19 @@ class WaitingReader:
             else:
                 most = most_granted(tx.nodes.values(), request)
                 fitting[text] = None if most is None else most + _BEYOND_GRANTS
+        blocked = [text for text in shapes if text not in fitting]
         if copy is not None:
             rows += [row for text, limit in fitting.items() for row in copy.spent_by_shape[text][:limit]]
-            first = copy.first_spent
+            heads = [copy.spent_by_shape[text][0] for text in blocked]
         else:
             for text, limit in fitting.items():
                 rows += conn.execute(sql.WAITING_SPENT_OF.limit(limit), {**spent, "shapes": [text]}).all()
-            first = conn.execute(sql.FIRST_SPENT, spent).first()
-        if first is not None and all(row.id != first.id for row in rows):
+            heads = list(conn.execute(sql.FIRST_SPENT_OF, {**spent, "shapes": blocked})) if blocked else []
+        # The first blocked one in service order, not the first spent one: a pass that grants the
+        # spent ones ahead of it must still see it, to hold a node for it (an open gate without a
+        # hold let grants pass a spent request by for good).
+        first = min(heads, key=lambda row: (-row.priority, row.seq, row.id), default=None)
+        if first is not None:
             rows.append(first)
         return rows
 

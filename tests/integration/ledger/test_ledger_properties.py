@@ -198,7 +198,9 @@ def run_ledger_machine(
             deadline=None,
             database=None,
             suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-            derandomize=fixed,
+            # Fixed runs draw the same sequences; the others follow the profile (tests/conftest.py):
+            # the same ones in CI, new ones on a developer's machine.
+            derandomize=fixed or settings().derandomize,
             # No explain phase: it traces every line while shrinking (Python 3.11's settrace), which
             # ran a failing machine past pytest-timeout's 300 s in CI; the timeout then hid the failure
             # behind hypothesis' "inconsistent data generation". Shrunk untraced, the failure shows.

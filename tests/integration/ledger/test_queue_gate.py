@@ -321,3 +321,29 @@ def test_a_request_smaller_than_those_waiting_is_served_by_the_release_that_make
     ledger.release(on_a[1])
     assert ledger.get("pair").state is GRANTED and ledger.get("big").state is WAITING
     assert pass_would_grant(ledger) == ()
+
+
+def test_a_pass_that_grants_the_first_spent_request_holds_a_node_for_the_next(
+    make_ledger: Callable[..., Ledger],
+) -> None:
+    # The state machine's find: a pass read only the first spent request of the shapes that fit
+    # nowhere, found it was the first spent one of all, granted it, and left the second without a
+    # hold behind an open gate: every later grant passed the second by, its budget long spent.
+    ledger = make_ledger(max_overtakes=1)
+    ledger.upsert_nodes([node("a", gpus=2), node("b", gpus=2)])
+    for rid, shape in (("a-full", {"gpus": 2}), ("b-one", {"gpus": 1}), ("frac", {"gpu_milli": 500})):
+        assert ledger.reserve(GpuRequest(**shape), "filler", reservation_id=rid).state is GRANTED
+    for rid, gpus in (("one", 1), ("two", 2)):
+        assert ledger.reserve(GpuRequest(gpus=gpus), "waits", reservation_id=rid).state is WAITING
+    assert ledger.reserve(GpuRequest(gpu_milli=250), "small", reservation_id="spends").state is GRANTED
+    assert (overtakes(ledger, "one"), overtakes(ledger, "two")) == (1, 1)
+    ledger.release("b-one")  # one whole GPU free: "one" fits, "two" fits nowhere
+    assert ledger.get("one").state is GRANTED and ledger.get("two").state is WAITING
+    assert list(held_for(ledger).values()) == ["two"]
+    gate = QueueGate.from_meta(meta(ledger))
+    r = schema.reservations.c
+    seq = ledger.read(lambda conn: conn.execute(select(r.seq).where(r.id == "two")).scalar_one())
+    assert not gate.open or (gate.hold_priority, gate.hold_seq) == (0, seq)
+    # Nothing may land on the held node now, so "two" gets it once "a-full" ends.
+    ledger.release("a-full")
+    assert ledger.get("two").state is GRANTED
