@@ -127,7 +127,8 @@ class LedgerViews:
         live = conn.execute(
             select(schema.reservations)
             .where(r.state.in_([WAITING, *HOLDING]))
-            .order_by(r.priority.desc(), r.seq)
+            # The queue's own order, id last: requests entered in one write share a seq.
+            .order_by(r.priority.desc(), r.seq, r.id)
         ).all()
         grants = tuple(
             self._store.reservation(conn, row)

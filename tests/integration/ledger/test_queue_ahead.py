@@ -86,6 +86,20 @@ def test_entered_later_it_enters_with_a_fresh_seq_when_due(training: Ledger, clo
     assert training.queue_positions() == {"early": 1, result.ahead_id: 2}
 
 
+def test_a_plan_entering_in_a_reserves_write_shares_its_seq_and_the_snapshot_lists_them_in_order(
+    training: Ledger, clock: FakeClock
+) -> None:
+    # The reserve's write enters the due plan first, then the request: one seq for both, the id
+    # deciding. The snapshot listed them by seq alone, in whatever order the database chose.
+    result = training.queue_ahead("train", EVALUATE, TWO, enter_at=clock.now + 10, not_before=clock.now + 10)
+    clock.advance(20)
+    assert training.reserve(TWO, "late", reservation_id="a-late", timeout=7200).state is WAITING
+    assert row_of(training, "a-late").seq == row_of(training, result.ahead_id).seq
+    queue = training.snapshot().queue
+    assert [r.position for r in queue] == [1, 2]
+    assert {r.id: r.position for r in queue} == training.queue_positions()
+
+
 def test_planning_again_finds_the_first_plan(training: Ledger, clock: FakeClock) -> None:
     first = training.queue_ahead("train", EVALUATE, TWO, enter_at=clock.now, not_before=clock.now + 600)
     again = training.queue_ahead("train", EVALUATE, TWO, enter_at=clock.now, not_before=clock.now + 900)
