@@ -11,7 +11,7 @@
   publishes; the pod names it in ``spec.resourceClaims``. Verified UUIDs only, as ``device``.
 
 Every strategy also pins the pod to the granted node (required node affinity on
-``kubernetes.io/hostname``), which :mod:`airflow_gpupool.operators.pod_spec` adds.
+``kubernetes.io/hostname``), which :mod:`airflow_gpupool.operators.pod.pod_spec` adds.
 
 Pure, and below the hooks: a hook checks the strategy names of its connection with
 :func:`check_binding_name` when it resolves it, the operator binds a grant with the strategy.

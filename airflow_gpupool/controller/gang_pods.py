@@ -1,6 +1,6 @@
 """Which gated pods of a gang Job may be pinned now, each to its gang member (pure).
 
-GpuJobOperator pins its Job's pods (:mod:`~airflow_gpupool.operators.gang_pins`) and, deferred,
+GpuJobOperator pins its Job's pods (:mod:`~airflow_gpupool.operators.gang.gang_pins`) and, deferred,
 LeasedJobTrigger pins the replacements the Job creates for failed pods; both decide here.
 """
 

@@ -4,8 +4,8 @@ The gang (``members`` slices of one shape, all or nothing) is reserved before th
 waited for exactly as :class:`~airflow_gpupool.operators.gpu_pod.GpuPodOperator` waits for a
 slice (deferred in :class:`~airflow_gpupool.triggers.reservation.ReservationTrigger`, or in
 place). Granted, the Job is created with ``completions = parallelism = members`` and a gated pod
-template (:func:`~airflow_gpupool.operators.pod_spec.gang_template`); each pod, as it appears, is
-bound to its member and pinned (:mod:`~airflow_gpupool.operators.gang_pins`), so no pod of the Job
+template (:func:`~airflow_gpupool.operators.pod.pod_spec.gang_template`); each pod, as it appears, is
+bound to its member and pinned (:mod:`~airflow_gpupool.operators.gang.gang_pins`), so no pod of the Job
 is ever scheduled outside the gang. The gang's lease is renewed while the Job runs (in the worker,
 or by :class:`~airflow_gpupool.triggers.job.LeasedJobTrigger` when deferred) and the whole gang is
 released on every exit path: success, failure, timeout, kill.
@@ -30,14 +30,14 @@ from airflow_gpupool.forecast.deadlines import dag_deadlines
 from airflow_gpupool.hooks.gpupool import GpuPoolHook
 from airflow_gpupool.labels import ANNOTATION_PREFIX, GANG_RESERVATION_ANNOTATION
 from airflow_gpupool.ledger import ReservationState
-from airflow_gpupool.operators.gang_grants import GangLease, describe_members, member_binding
-from airflow_gpupool.operators.gang_pins import GangPodPinner, ReplacementPinning
-from airflow_gpupool.operators.lease import LeaseRenewer
-from airflow_gpupool.operators.pod_spec import gang_template
-from airflow_gpupool.operators.rendezvous import DEFAULT_RENDEZVOUS_PORT, rendezvous_env
+from airflow_gpupool.operators.gang.gang_grants import GangLease, describe_members, member_binding
+from airflow_gpupool.operators.gang.gang_pins import GangPodPinner, ReplacementPinning
+from airflow_gpupool.operators.gang.rendezvous import DEFAULT_RENDEZVOUS_PORT, rendezvous_env
+from airflow_gpupool.operators.pod.lease import LeaseRenewer
+from airflow_gpupool.operators.pod.pod_spec import gang_template
+from airflow_gpupool.operators.pod.waiting import deferral_after_deadline, reservation_deferral, wait_in_place
 from airflow_gpupool.operators.request import REQUEST_FIELDS, build_request, check_seconds, templated
-from airflow_gpupool.operators.run_admission import check_gpu_admission, run_need
-from airflow_gpupool.operators.waiting import deferral_after_deadline, reservation_deferral, wait_in_place
+from airflow_gpupool.operators.steps.run_admission import check_gpu_admission, run_need
 from airflow_gpupool.resources import GangSpec, GpuRequest
 from airflow_gpupool.task_try import TaskTry
 from airflow_gpupool.triggers.job import LeasedJobTrigger
@@ -63,7 +63,7 @@ class GpuJobOperator(KubernetesJobOperator):
     Takes every argument of :class:`KubernetesJobOperator` (``completion_mode``, ``completions``
     and ``parallelism`` are the gang's: ``Indexed``, ``members``, ``members``), plus the request of
     one member. Each member's container gets the rendezvous environment of
-    :mod:`~airflow_gpupool.operators.rendezvous` (``MASTER_ADDR``, ``WORLD_SIZE``, ``RANK``,
+    :mod:`~airflow_gpupool.operators.gang.rendezvous` (``MASTER_ADDR``, ``WORLD_SIZE``, ``RANK``,
     torchrun's ``PET_*``) and its own slice in ``GPUPOOL_RESERVATION_ID``, ``GPUPOOL_NODE`` and
     ``GPUPOOL_GPU_INDICES``.
 

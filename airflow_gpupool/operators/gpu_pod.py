@@ -17,12 +17,12 @@ from airflow_gpupool.hooks.gpupool import GpuPoolHook
 from airflow_gpupool.ledger import Grant
 from airflow_gpupool.operators.capacity import check_capacity, with_capacity
 from airflow_gpupool.operators.escalation import EscalationPolicy
-from airflow_gpupool.operators.hand_on import hand_on_target
 from airflow_gpupool.operators.links import GpuReservationLink  # kit (issue 15)
-from airflow_gpupool.operators.pod_lease import GpuPodLease
-from airflow_gpupool.operators.pod_pinning import GpuPodPinning
-from airflow_gpupool.operators.pod_reservation import GpuPodReservation
-from airflow_gpupool.operators.queue_ahead import plan_queue_ahead
+from airflow_gpupool.operators.pod.pod_lease import GpuPodLease
+from airflow_gpupool.operators.pod.pod_pinning import GpuPodPinning
+from airflow_gpupool.operators.pod.pod_reservation import GpuPodReservation
+from airflow_gpupool.operators.pod.tries import XCOM_DEVICE_KEY, GpuPodTries
+from airflow_gpupool.operators.pod.unschedulable import UNSCHEDULABLE_STATUS, UnschedulableFailFast
 from airflow_gpupool.operators.request import (
     REQUEST_FIELDS,
     build_request,
@@ -32,9 +32,9 @@ from airflow_gpupool.operators.request import (
     check_seconds,
     templated,
 )
-from airflow_gpupool.operators.run_admission import check_gpu_admission
-from airflow_gpupool.operators.tries import XCOM_DEVICE_KEY, GpuPodTries
-from airflow_gpupool.operators.unschedulable import UNSCHEDULABLE_STATUS, UnschedulableFailFast
+from airflow_gpupool.operators.steps.hand_on import hand_on_target
+from airflow_gpupool.operators.steps.queue_ahead import plan_queue_ahead
+from airflow_gpupool.operators.steps.run_admission import check_gpu_admission
 from airflow_gpupool.resources import GpuRequest
 from airflow_gpupool.task_try import TaskTry
 from airflow_gpupool.triggers.lease import LEASE_LOST_STATUS
@@ -103,15 +103,15 @@ class GpuPodOperator(UnschedulableFailFast, GpuPodReservation, GpuPodPinning, Gp
         ``reservation_timeout``, or says "never, on the current nodes" (off by default)
     :param gpu_admission: ``task`` (each step on its own) or ``run``: the run's first GPU step is
         granted only once its team's quota (or the pool) serves the run's peak concurrent need, and
-        a run that can never fit is refused up front (:mod:`~airflow_gpupool.operators.run_admission`;
+        a run that can never fit is refused up front (:mod:`~airflow_gpupool.operators.steps.run_admission`;
         usually set for a whole DAG or task group through ``default_args``)
     :param hand_on: on success, hand the part of the slice a direct downstream GPU step of the
-        run needs on to it instead of releasing it (see :mod:`airflow_gpupool.operators.hand_on`);
+        run needs on to it instead of releasing it (see :mod:`airflow_gpupool.operators.steps.hand_on`);
         False on either step, or the DAG param ``gpupool_hand_on`` false, turns it off
     :param handoff_seconds: how long a slice handed on waits for the downstream step to take it
         (default ``[gpupool] handoff_seconds``); then it is released
     :param queue_ahead: once granted, queue the direct downstream GPU steps its slice will not be
-        handed on to ahead of its forecast end (:mod:`airflow_gpupool.operators.queue_ahead`); False
+        handed on to ahead of its forecast end (:mod:`airflow_gpupool.operators.steps.queue_ahead`); False
         on either step, or the DAG param ``gpupool_queue_ahead`` false, turns it off
     :param queue_ahead_lead_seconds: as a downstream step, enter the queue this long before the
         upstream's forecast end (default ``[gpupool] queue_ahead_lead_seconds``)

@@ -3,7 +3,7 @@
 The ledger can only say what it granted. Whether two live pods ever shared a GPU is a fact of
 the cluster: this module records, per pod uid, the node it ran on, the GPUs (or MIG slice) it
 was pinned to and when its containers started and ended, as the simulated kubelet sees them.
-The GPUs are read from the pod the way ``pin_pod`` (``operators/pod_spec.py``) writes them: the
+The GPUs are read from the pod the way ``pin_pod`` (``operators/pod/pod_spec.py``) writes them: the
 container env ``GPUPOOL_GPU_INDICES`` / ``GPUPOOL_MIG_SLICE`` / ``GPUPOOL_GPU_MILLI``, else the
 ``gpupool.io/gpus`` annotation. :func:`gpu_overlaps` then checks that no GPU ever carried more
 than its whole at once (two whole-GPU pods, or fractions summing past 1000 milli).

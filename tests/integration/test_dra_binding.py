@@ -15,7 +15,7 @@ from kubernetes.client import CustomObjectsApi
 from airflow_gpupool.agent.collect import NvmlCollector
 from airflow_gpupool.inventory.sync import core_v1_api
 from airflow_gpupool.ledger import Ledger
-from airflow_gpupool.operators.pod_spec import RESOURCE_CLAIM_ANNOTATION
+from airflow_gpupool.operators.pod.pod_spec import RESOURCE_CLAIM_ANNOTATION
 from airflow_gpupool.testing import KubernetesEmulatorServer
 from airflow_gpupool.testing.fake_nvml import FakeNvml, node_spec
 

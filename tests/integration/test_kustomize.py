@@ -24,7 +24,7 @@ import yaml
 from airflow_gpupool import settings
 from airflow_gpupool.cli import build_parser
 from airflow_gpupool.cli.ledger import cmd_ledger_init
-from airflow_gpupool.operators.pod_spec import GPU_TOLERATION
+from airflow_gpupool.operators.pod.pod_spec import GPU_TOLERATION
 from tests.kustomize_render import KUSTOMIZE, OVERLAYS, ROOT, by_kind, copy_tree, render
 
 KUBERNETES_VERSION = "1.30.0"  # the level the emulator serves; the manifests use nothing newer

@@ -80,7 +80,7 @@ def test_the_extra_link_of_a_retry_that_adopted_a_grant_opens_the_adopted_reserv
     first = TaskTry("adopt_dag", "fit", "manual__1", -1, 1, "w1")
     ledger.reserve(GpuRequest(gpus=1), first.holder, ttl=600, reservation_id=first.reservation_id)
     retry = TaskTry("adopt_dag", "fit", "manual__1", -1, 2, "w2")
-    ledger.adopt(first.reservation_id, retry.holder)  # what operators/reattach.py does
+    ledger.adopt(first.reservation_id, retry.holder)  # what operators/retries/reattach.py does
     app = create_app(lambda: ledger)
     app.dependency_overrides[get_user] = lambda: SimpleAuthManagerUser(username="viewer", role="viewer")
     client = TestClient(app)

@@ -143,7 +143,7 @@ def _victim(cycle: WriteCycle, tx: Tx, row: Row[Any], quota: Governance | None) 
         granted_at=float(row.granted_at),
         milli=held_milli(request, assignment),
         # A step that writes a checkpoint on SIGTERM within its grace loses no work stopped now,
-        # as the simulator ranks it (sim/governed.py): checkpointed now.
+        # as the simulator ranks it (sim/preemption.py): checkpointed now.
         checkpoint_at=tx.now if request.checkpoint_on_sigterm else row.checkpoint_at,
         # Without quotas every team borrows: priority alone decides.
         borrowed=quota.borrowing(request.team, node) if quota is not None else True,

@@ -23,7 +23,7 @@ from airflow_gpupool.hooks.gpupool import GpuPoolHook
 from airflow_gpupool.ledger import Ledger, LedgerForecasts
 from airflow_gpupool.ledger.postgres.concurrent import ConcurrentPath
 from airflow_gpupool.ledger.store import transactions as store_module
-from airflow_gpupool.operators.waiting import wait_in_place
+from airflow_gpupool.operators.pod.waiting import wait_in_place
 from airflow_gpupool.resources import GpuRequest
 from airflow_gpupool.triggers import ReservationTrigger
 from tests.ledger_fixtures import node

@@ -10,7 +10,7 @@ import pytest
 from airflow_gpupool.exceptions import GpuPoolError
 from airflow_gpupool.ledger import Ledger, ReservationState
 from airflow_gpupool.operators import GpuPodOperator
-from airflow_gpupool.operators.waiting import reservation_deferral
+from airflow_gpupool.operators.pod.waiting import reservation_deferral
 from airflow_gpupool.resources import GpuRequest
 from tests.ledger_fixtures import node
 

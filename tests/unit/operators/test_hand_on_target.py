@@ -11,7 +11,7 @@ from airflow.sdk import DAG
 
 from airflow_gpupool.exceptions import ConfigurationError, InvalidRequestError
 from airflow_gpupool.operators import GpuPodOperator
-from airflow_gpupool.operators.hand_on import hand_on_target
+from airflow_gpupool.operators.steps.hand_on import hand_on_target
 from airflow_gpupool.resources import GpuRequest
 
 LOG = logging.getLogger("test")

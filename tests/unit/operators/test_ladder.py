@@ -24,7 +24,7 @@ from airflow_gpupool.operators.failures import (
     UnknownPodFailureError,
     report_of,
 )
-from airflow_gpupool.operators.ladder import XCOM_FAILURE_KEY, FailedTry, FailureLadder
+from airflow_gpupool.operators.retries.ladder import XCOM_FAILURE_KEY, FailedTry, FailureLadder
 from airflow_gpupool.resources import GpuRequest
 from airflow_gpupool.task_try import TaskTry
 from tests.ledger_fixtures import node

@@ -13,7 +13,7 @@ import pytest
 
 from airflow_gpupool.exceptions import LeaseExpiredError, LeaseLostError, LedgerUnavailableError
 from airflow_gpupool.ledger import Ledger
-from airflow_gpupool.operators.lease import LeaseRenewer
+from airflow_gpupool.operators.pod.lease import LeaseRenewer
 from airflow_gpupool.resources import GpuRequest
 from tests.ledger_fixtures import node
 

@@ -13,7 +13,8 @@ import pytest
 
 from airflow_gpupool.exceptions import GrantPreemptedError, LeaseLostError
 from airflow_gpupool.hooks.gpupool import GpuPoolHook
-from airflow_gpupool.operators import GpuPodOperator, pod_lease
+from airflow_gpupool.operators import GpuPodOperator
+from airflow_gpupool.operators.pod import pod_lease
 from airflow_gpupool.triggers.lease import LeaseWatch, lease_lost_event, lost_from_event
 
 DEADLINE = 1_000_120.0

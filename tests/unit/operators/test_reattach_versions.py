@@ -7,7 +7,11 @@ from unittest import mock
 import airflow
 import pytest
 
-from airflow_gpupool.operators.reattach import DURABLE_FALLBACK, EarlierTries, durable_reattach_supported
+from airflow_gpupool.operators.retries.reattach import (
+    DURABLE_FALLBACK,
+    EarlierTries,
+    durable_reattach_supported,
+)
 from airflow_gpupool.task_try import TaskTry
 
 TRY_2 = TaskTry("train_dag", "train", "manual__1", try_number=2)

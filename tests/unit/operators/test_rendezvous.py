@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from airflow.providers.cncf.kubernetes.triggers.job import KubernetesJobTrigger
 
-from airflow_gpupool.operators.rendezvous import gang_hosts, rendezvous_env
+from airflow_gpupool.operators.gang.rendezvous import gang_hosts, rendezvous_env
 from airflow_gpupool.triggers.job import LeasedJobTrigger
 
 INDEX_PATH = "metadata.annotations['batch.kubernetes.io/job-completion-index']"

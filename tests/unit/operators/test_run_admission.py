@@ -13,7 +13,7 @@ from airflow.sdk import DAG, TaskGroup
 
 from airflow_gpupool.exceptions import InvalidRequestError
 from airflow_gpupool.operators import GpuJobOperator, GpuPodOperator
-from airflow_gpupool.operators.run_admission import run_need
+from airflow_gpupool.operators.steps.run_admission import run_need
 
 log = logging.getLogger("test")
 

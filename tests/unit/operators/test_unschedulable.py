@@ -16,7 +16,7 @@ from kubernetes.client import (
     V1ResourceRequirements,
 )
 
-from airflow_gpupool.operators.unschedulable import UnschedulableWatch, never_fits, unschedulable_message
+from airflow_gpupool.operators.pod.unschedulable import UnschedulableWatch, never_fits, unschedulable_message
 
 MESSAGE = "0/1 nodes are available: 1 Insufficient nvidia.com/gpucores."
 

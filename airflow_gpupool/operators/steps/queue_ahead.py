@@ -5,7 +5,7 @@ on to (hand-on off for it, or its request does not fit within the slice: another
 or MIG profile, more GPUs) enters the queue ahead of time: at ``grant time + forecast - lead``,
 not granted before ``grant time + forecast``, where the forecast is the step's
 ``expected_duration`` or the median of its recent successful runs in the ledger's history. The
-downstream steps are found as hand-on finds them (:mod:`~airflow_gpupool.operators.hand_on`);
+downstream steps are found as hand-on finds them (:mod:`~airflow_gpupool.operators.steps.hand_on`);
 templated requests are not queued ahead. Every reason a step is not queued ahead is logged.
 """
 
@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_gpupool import settings
 from airflow_gpupool.exceptions import GpuPoolError
-from airflow_gpupool.operators.hand_on import DAG_PARAM as HAND_ON_PARAM
-from airflow_gpupool.operators.hand_on import DownstreamSkipMessages, downstream_request
+from airflow_gpupool.operators.steps.hand_on import DAG_PARAM as HAND_ON_PARAM
+from airflow_gpupool.operators.steps.hand_on import DownstreamSkipMessages, downstream_request
 from airflow_gpupool.task_try import TaskTry
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperato
 
 from airflow_gpupool import settings
 from airflow_gpupool.binding import SliceFacts, binding_for
-from airflow_gpupool.operators.pod_spec import cpu_only, own_resource_claim, pin_pod, with_resource_claim
+from airflow_gpupool.operators.pod.pod_spec import cpu_only, own_resource_claim, pin_pod, with_resource_claim
 from airflow_gpupool.operators.request import shm_mib
 
 if TYPE_CHECKING:

@@ -1,7 +1,7 @@
 """How a ``GpuPodOperator`` try reserves its slice and waits for it: the ledger queue's side of the operator.
 
 A try that is not granted at once waits deferred (:class:`~airflow_gpupool.triggers.ReservationTrigger`)
-or in place (read-only, :mod:`~airflow_gpupool.operators.waiting`); a retry first settles what
+or in place (read-only, :mod:`~airflow_gpupool.operators.pod.waiting`); a retry first settles what
 earlier tries left (re-attaching to a running pod adopts its grant). The forecast's rule for spot
 capacity learns the task's typical run time first, where it matters.
 """
@@ -16,13 +16,13 @@ from airflow_gpupool.exceptions import GpuPoolError, ReservationTimeoutError
 from airflow_gpupool.forecast.deadlines import dag_deadlines
 from airflow_gpupool.ledger import Grant, ReservationState
 from airflow_gpupool.operators.capacity import check_capacity, duration_matters, typical_run
-from airflow_gpupool.operators.reattach import EarlierTries
-from airflow_gpupool.operators.run_admission import run_need
-from airflow_gpupool.operators.waiting import (
+from airflow_gpupool.operators.pod.waiting import (
     deferral_after_deadline,
     reservation_deferral,
     wait_in_place,
 )
+from airflow_gpupool.operators.retries.reattach import EarlierTries
+from airflow_gpupool.operators.steps.run_admission import run_need
 from airflow_gpupool.task_try import TaskTry
 from airflow_gpupool.triggers.queue_life import describe_queue_life
 from airflow_gpupool.triggers.reservation import ReservationEventStatus
@@ -133,7 +133,7 @@ class GpuPodReservation(KubernetesPodOperator):
     def _wait_in_place(
         self, context: Context, rid: str, poll_interval: float, deadlines: list[DagDeadline]
     ) -> Grant:
-        # Read-only waiting (the queue is served by writers and the controller): see operators/waiting.py.
+        # Read-only waiting (the queue is served by writers and the controller): see operators/pod/waiting.py.
         grant, life = wait_in_place(
             self.gpu_hook, rid, poll_interval, self.log, deadlines=deadlines, ti=context["ti"]
         )

@@ -2,7 +2,7 @@
 
 One Job template serves every member, so the members' slices must bind alike
 (:func:`member_binding`); the gang has one lease, lost when any member of its minimum ended
-(:class:`GangLease`, what :class:`~airflow_gpupool.operators.lease.LeaseRenewer` renews).
+(:class:`GangLease`, what :class:`~airflow_gpupool.operators.pod.lease.LeaseRenewer` renews).
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def member_binding(
 
 
 class GangLease:
-    """What :class:`~airflow_gpupool.operators.lease.LeaseRenewer` renews for a gang: all of it.
+    """What :class:`~airflow_gpupool.operators.pod.lease.LeaseRenewer` renews for a gang: all of it.
 
     :param hook: the ledger hook
     """

@@ -1,6 +1,6 @@
 """How a ``GpuPodOperator`` try holds its grant while the pod runs: the lease's side of the operator.
 
-While the pod runs the grant's lease is renewed (by :class:`~airflow_gpupool.operators.lease.LeaseRenewer`
+While the pod runs the grant's lease is renewed (by :class:`~airflow_gpupool.operators.pod.lease.LeaseRenewer`
 in the worker, by :class:`~airflow_gpupool.triggers.pod.LeasedPodTrigger` when deferred), and a
 preemptible try tells the ledger when its newest valid checkpoint was written, so a preemption
 takes the victims that lose the least work first. When the lease is lost the pod is deleted (a
@@ -18,14 +18,14 @@ from airflow.providers.cncf.kubernetes.triggers.pod import KubernetesPodTrigger
 
 from airflow_gpupool.controller.pod_deletion import settle_deleted_pod
 from airflow_gpupool.ledger import FINISHED_PHASES
-from airflow_gpupool.operators.lease import LeaseRenewer, delete_pod
+from airflow_gpupool.operators.pod.lease import LeaseRenewer, delete_pod
 from airflow_gpupool.triggers.lease import lost_from_event
 from airflow_gpupool.triggers.pod import LeasedPodTrigger
 
 if TYPE_CHECKING:
     from airflow_gpupool.exceptions import LeaseLostError
     from airflow_gpupool.hooks.gpupool import GpuPoolHook
-    from airflow_gpupool.operators.checkpointing import TaskCheckpoints
+    from airflow_gpupool.operators.retries.checkpointing import TaskCheckpoints
 
 __all__ = ["GpuPodLease"]
 

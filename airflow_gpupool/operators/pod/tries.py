@@ -2,7 +2,7 @@
 
 A try starts with what earlier tries of the run chose (a larger request after running out of
 memory, or the CPU fallback); a failed try is classified in ``cleanup`` (before the pod is
-deleted) and walked up the :class:`~airflow_gpupool.operators.ladder.FailureLadder`. The CPU
+deleted) and walked up the :class:`~airflow_gpupool.operators.retries.ladder.FailureLadder`. The CPU
 fallback runs the task's pod without a GPU (``GPUPOOL_DEVICE=cpu``): after a reservation timeout,
 or when the ladder chose it for an earlier try.
 """
@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
 from airflow.providers.common.compat.sdk import TaskDeferred
 
-from airflow_gpupool.operators.checkpointing import TaskCheckpoints
 from airflow_gpupool.operators.failures import Classification, read_failure
-from airflow_gpupool.operators.ladder import FailedTry, FailureLadder
+from airflow_gpupool.operators.retries.checkpointing import TaskCheckpoints
+from airflow_gpupool.operators.retries.ladder import FailedTry, FailureLadder
 from airflow_gpupool.task_try import TaskTry
 
 if TYPE_CHECKING:

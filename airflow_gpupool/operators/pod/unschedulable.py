@@ -25,7 +25,7 @@ from kubernetes.client import V1Pod
 
 from airflow_gpupool.exceptions import Classification, FailureClass
 from airflow_gpupool.operators.failures import read_failure
-from airflow_gpupool.operators.lease import delete_pod
+from airflow_gpupool.operators.pod.lease import delete_pod
 from airflow_gpupool.triggers.unschedulable import (
     UNSCHEDULABLE_STATUS,
     Unplaceable,

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from airflow_gpupool.labels import RESERVATION_LABEL
-from airflow_gpupool.operators.lease import delete_pod
+from airflow_gpupool.operators.pod.lease import delete_pod
 
 if TYPE_CHECKING:
     from airflow.sdk.types import Logger

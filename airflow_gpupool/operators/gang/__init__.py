@@ -1,0 +1,1 @@
+"""GpuJobOperator's gang: its grants, the pinning of its Job's pods, how its members find each other."""
