@@ -39,7 +39,7 @@ from airflow_gpupool.labels import HAMI_CORES_RESOURCE, HAMI_MEMORY_RESOURCE
 from airflow_gpupool.ledger import Ledger
 from airflow_gpupool.testing import KubernetesEmulatorServer, gpu_node
 from airflow_gpupool.testing.fake_nvml import node_spec, write_spec
-from airflow_gpupool.testing.gpu_processes import EmulatedGpuProcesses
+from airflow_gpupool.testing.pods.gpu_processes import EmulatedGpuProcesses
 
 if TYPE_CHECKING:
     from airflow_gpupool.controller.run import GpuPoolController, PassResult

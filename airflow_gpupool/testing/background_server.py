@@ -17,10 +17,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
-from airflow_gpupool.testing.apiserver import KubernetesApiEmulator
+from airflow_gpupool.testing.api.apiserver import KubernetesApiEmulator
+from airflow_gpupool.testing.cluster.nodes import default_nodes
+from airflow_gpupool.testing.cluster.provisioner import ScalableNodePool
 from airflow_gpupool.testing.kubeconfig import write_kubeconfig
-from airflow_gpupool.testing.nodes import default_nodes
-from airflow_gpupool.testing.provisioner import ScalableNodePool
 
 T = TypeVar("T")
 

@@ -7,7 +7,7 @@ Serve an emulated GPU cluster on a TCP port and write a kubeconfig for it::
 
 Point ``KubernetesPodOperator(config_file=..., in_cluster=False)`` or ``kubectl --kubeconfig``
 at the file. Pods run through the simulated kubelet; see
-:mod:`airflow_gpupool.testing.behaviour` for the annotations that steer them.
+:mod:`airflow_gpupool.testing.pods.behaviour` for the annotations that steer them.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from airflow_gpupool.argtypes import bind_address, non_empty, non_negative, port_or_zero
-from airflow_gpupool.testing.nodes import load_nodes
+from airflow_gpupool.testing.cluster.nodes import load_nodes
 from airflow_gpupool.testing.server import KubernetesEmulatorServer
 
 DESCRIPTION = "Serve an emulated Kubernetes API with GPU nodes and a simulated kubelet."

@@ -18,11 +18,8 @@ import copy
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from airflow_gpupool.testing.apiserver import KubernetesApiEmulator, RecordedRequest
-from airflow_gpupool.testing.background_server import BackgroundEmulatorServer
-from airflow_gpupool.testing.behaviour import PodBehaviour, PodPredicate, PodRule
-from airflow_gpupool.testing.job_pods import is_finished
-from airflow_gpupool.testing.kinds import (
+from airflow_gpupool.testing.api.apiserver import KubernetesApiEmulator, RecordedRequest
+from airflow_gpupool.testing.api.kinds import (
     EVENTS,
     JOBS,
     NODES,
@@ -31,11 +28,14 @@ from airflow_gpupool.testing.kinds import (
     PRIORITY_CLASSES,
     PROVISIONING_REQUESTS,
 )
+from airflow_gpupool.testing.api.selectors import parse_field_selector, parse_label_selector
+from airflow_gpupool.testing.background_server import BackgroundEmulatorServer
+from airflow_gpupool.testing.cluster.job_pods import is_finished
+from airflow_gpupool.testing.cluster.nodes import gpu_node
+from airflow_gpupool.testing.cluster.scheduling import TERMINAL_PHASES
 from airflow_gpupool.testing.kubeconfig import CONTEXT_NAME, kubeconfig, write_kubeconfig
-from airflow_gpupool.testing.nodes import gpu_node
-from airflow_gpupool.testing.pod_history import PodRecord
-from airflow_gpupool.testing.scheduling import TERMINAL_PHASES
-from airflow_gpupool.testing.selectors import parse_field_selector, parse_label_selector
+from airflow_gpupool.testing.pods.behaviour import PodBehaviour, PodPredicate, PodRule
+from airflow_gpupool.testing.pods.pod_history import PodRecord
 
 __all__ = ["CONTEXT_NAME", "KubernetesEmulatorServer", "kubeconfig", "write_kubeconfig"]
 
@@ -108,7 +108,7 @@ class KubernetesEmulatorServer(BackgroundEmulatorServer):
     def pod_records(self) -> list[PodRecord]:
         """Return every pod's node, pinned GPUs and running time, deleted pods included (pod history).
 
-        Check them with :func:`~airflow_gpupool.testing.pod_history.gpu_overlaps`.
+        Check them with :func:`~airflow_gpupool.testing.pods.pod_history.gpu_overlaps`.
         """
         return self._run_sync(lambda api: api.kubelet.history.records())
 
@@ -399,7 +399,7 @@ class KubernetesEmulatorServer(BackgroundEmulatorServer):
         :param reason: the pod's ``status.reason``
         :param message: the pod's ``status.message``
         """
-        from airflow_gpupool.testing.failures import Interruption
+        from airflow_gpupool.testing.pods.failures import Interruption
 
         def interrupt(api: KubernetesApiEmulator) -> None:
             pod = api.get_object(PODS, namespace, name)
@@ -414,7 +414,7 @@ class KubernetesEmulatorServer(BackgroundEmulatorServer):
         :param name: pod name
         :param namespace: its namespace
         """
-        from airflow_gpupool.testing.failures import FINISH_NOW
+        from airflow_gpupool.testing.pods.failures import FINISH_NOW
 
         self.interrupt_pod(name, namespace, reason=FINISH_NOW, message="")
 

@@ -1,6 +1,6 @@
 """The testing kit in one object: an emulated GPU cluster, its ledger, and the connections ``dag.test()`` reads.
 
-:class:`GpuCluster` puts the nodes of some :class:`~airflow_gpupool.testing.pools.GpuPool` (or
+:class:`GpuCluster` puts the nodes of some :class:`~airflow_gpupool.testing.cluster.pools.GpuPool` (or
 plain Node objects) into the Kubernetes emulator, syncs them into the ledger through the real
 inventory sync (what the controller does), and sets the environment a DAG run reads:
 
@@ -18,7 +18,7 @@ import json
 from collections.abc import Iterable, Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any
 
-from airflow_gpupool.testing.pools import GpuPool, default_pools
+from airflow_gpupool.testing.cluster.pools import GpuPool, default_pools
 
 if TYPE_CHECKING:
     from airflow_gpupool.ledger import Ledger
@@ -87,7 +87,7 @@ class GpuCluster:
         """Replace the cluster's nodes, sync the ledger's inventory, and set the connections.
 
         :param nodes: pools (:func:`~airflow_gpupool.testing.whole_gpu_pool`...) and Node objects;
-            :func:`~airflow_gpupool.testing.pools.default_pools` when ``None``
+            :func:`~airflow_gpupool.testing.cluster.pools.default_pools` when ``None``
         :param poll_interval: how often a waiting task looks at the queue, seconds
         """
         from airflow_gpupool.inventory.sync import core_v1_api, sync_inventory

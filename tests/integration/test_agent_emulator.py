@@ -30,7 +30,7 @@ from airflow_gpupool.ledger import Ledger, ReservationState
 from airflow_gpupool.resources import GpuRequest
 from airflow_gpupool.testing import KubernetesEmulatorServer, gpu_node
 from airflow_gpupool.testing.fake_nvml import fake_gpu_uuid, load_spec, node_spec, write_spec
-from airflow_gpupool.testing.gpu_processes import LEAK_ANNOTATION, XID_ANNOTATION, EmulatedGpuProcesses
+from airflow_gpupool.testing.pods.gpu_processes import LEAK_ANNOTATION, XID_ANNOTATION, EmulatedGpuProcesses
 from tests.ledger_fixtures import FakeClock
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -166,7 +166,7 @@ def test_exhausted_retries_notify_exactly_once(run_dag, k8s, gpu_ledger: Ledger)
 
 
 def test_retention_prunes_to_newest_n_but_never_a_pinned_step(tmp_path: Path) -> None:
-    from airflow_gpupool.testing.checkpoints import write_step
+    from airflow_gpupool.testing.pods.checkpoints import write_step
 
     for step in range(1, 8):
         write_step(tmp_path, step)

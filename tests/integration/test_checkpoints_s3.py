@@ -17,7 +17,7 @@ import pytest
 from airflow_gpupool.checkpoints import CheckpointEventStatus, CheckpointStore, manifest_bytes
 from airflow_gpupool.checkpoints.store import request_checkpoint
 from airflow_gpupool.ledger import Ledger
-from airflow_gpupool.testing.checkpoints import save_complete, write_step_url
+from airflow_gpupool.testing.pods.checkpoints import save_complete, write_step_url
 from airflow_gpupool.triggers.checkpoint import CheckpointTrigger
 from tests.s3_fixtures import ACCESS_KEY, REGION, SECRET_KEY, MotoS3
 

@@ -194,7 +194,7 @@ def test_a_watch_goes_on_past_its_bookmarks_to_its_timeout(
 ) -> None:
     # A bookmark used to cancel the stream's pending read, which closed it: the next read ended
     # the response with a 500 in the middle of the stream, and every watch relisted after 5 s.
-    monkeypatch.setattr("airflow_gpupool.testing.watches.BOOKMARK_SECONDS", 0.2)
+    monkeypatch.setattr("airflow_gpupool.testing.api.watches.BOOKMARK_SECONDS", 0.2)
     watch = PodWatch(core, lambda pods: None, lambda kind, pod: None)
     version = watch.list_now()
     late = threading.Timer(0.7, core.create_namespaced_pod, ("default", foreign_pod("late", 1, node="gpu-a")))

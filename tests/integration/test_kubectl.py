@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from airflow_gpupool.testing import KubernetesEmulatorServer, gpu_node
-from airflow_gpupool.testing.discovery import EMULATED_MINOR
+from airflow_gpupool.testing.api.discovery import EMULATED_MINOR
 from tests.skips import skip_or_fail
 
 LOG_LINES = ["epoch 1 loss 0.9", "epoch 2 loss 0.4"]

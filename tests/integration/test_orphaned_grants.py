@@ -20,7 +20,7 @@ from airflow_gpupool.labels import RESERVATION_LABEL
 from airflow_gpupool.ledger import Ledger, ReservationState
 from airflow_gpupool.resources import GpuRequest
 from airflow_gpupool.testing import KubernetesEmulatorServer, gpu_node
-from airflow_gpupool.testing.pod_history import gpu_overlaps
+from airflow_gpupool.testing.pods.pod_history import gpu_overlaps
 from tests.ledger_fixtures import FakeClock
 
 H100 = "NVIDIA-H100-80GB-HBM3"

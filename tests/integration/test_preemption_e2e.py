@@ -36,7 +36,7 @@ import pytest
 from airflow_gpupool.ledger import Ledger, ReservationState, TaskAttempts
 from airflow_gpupool.resources import GpuRequest
 from airflow_gpupool.testing import KubernetesEmulatorServer
-from airflow_gpupool.testing.pod_history import gpu_overlaps
+from airflow_gpupool.testing.pods.pod_history import gpu_overlaps
 from tests.integration.conftest import A100
 
 URGENT = "urgent-inference-test"

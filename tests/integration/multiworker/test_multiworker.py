@@ -29,7 +29,7 @@ from sqlalchemy.engine import Engine, make_url
 
 from airflow_gpupool.ledger import Ledger, Reservation, ReservationState
 from airflow_gpupool.testing import KubernetesEmulatorServer, gpu_node
-from airflow_gpupool.testing.pod_history import PodRecord, gpu_overlaps
+from airflow_gpupool.testing.pods.pod_history import PodRecord, gpu_overlaps
 from tests.integration.multiworker.harness import (
     BIN,
     HarnessError,

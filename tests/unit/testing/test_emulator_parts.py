@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from airflow_gpupool.testing import PodBehaviour, gpu_node, load_nodes
-from airflow_gpupool.testing.behaviour import PodRule, behaviour_from_annotations, resolve_behaviour
-from airflow_gpupool.testing.checkpoints import local_path, resume_step, write_complete, write_step
+from airflow_gpupool.testing.api.selectors import SelectorError, parse_field_selector, parse_label_selector
+from airflow_gpupool.testing.cluster.scheduling import NodeAllocations, choose_node, extended_requests
 from airflow_gpupool.testing.emulator import build_parser, register
-from airflow_gpupool.testing.scheduling import NodeAllocations, choose_node, extended_requests
-from airflow_gpupool.testing.selectors import SelectorError, parse_field_selector, parse_label_selector
+from airflow_gpupool.testing.pods.behaviour import PodRule, behaviour_from_annotations, resolve_behaviour
+from airflow_gpupool.testing.pods.checkpoints import local_path, resume_step, write_complete, write_step
 
 
 def obj(labels: dict[str, str] | None = None, **fields: Any) -> dict[str, Any]:

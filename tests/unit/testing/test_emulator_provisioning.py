@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from airflow_gpupool.testing import provisioning
-from airflow_gpupool.testing.gates import KubernetesInvalid
+from airflow_gpupool.testing.api.gates import KubernetesInvalid
+from airflow_gpupool.testing.cluster import provisioning
 
 
 def request(**spec: Any) -> dict[str, Any]:

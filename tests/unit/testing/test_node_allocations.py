@@ -12,7 +12,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from airflow_gpupool.testing.scheduling import NodeAllocations, used_resources
+from airflow_gpupool.testing.cluster.scheduling import NodeAllocations, used_resources
 
 NODES = ("a", "b", "c")
 NAMES = ("p0", "p1", "p2", "p3")

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from airflow_gpupool.testing import KubernetesEmulatorServer, gpu_node
-from airflow_gpupool.testing.pod_history import GpuUse, PodHistory, PodRecord, gpu_overlaps, pinned_gpus
+from airflow_gpupool.testing.pods.pod_history import GpuUse, PodHistory, PodRecord, gpu_overlaps, pinned_gpus
 
 
 def pod(env: dict[str, str] | None = None, annotations: dict[str, str] | None = None) -> dict[str, Any]:

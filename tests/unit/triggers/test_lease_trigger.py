@@ -164,7 +164,7 @@ def test_each_renewal_reports_the_newest_valid_checkpoint_to_the_ledger(
 ) -> None:
     from airflow.providers.cncf.kubernetes.triggers.pod import KubernetesPodTrigger
 
-    from airflow_gpupool.testing.checkpoints import write_step
+    from airflow_gpupool.testing.pods.checkpoints import write_step
 
     url = f"sqlite:///{tmp_path}/ledger.db"
     ledger = Ledger.create(url)

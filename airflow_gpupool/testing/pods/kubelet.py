@@ -3,14 +3,14 @@
 Pending (unscheduled) → Pending (scheduled, ``ContainerCreating``) → Running → Succeeded or
 Failed, with ``status.conditions``, ``containerStatuses`` (waiting, running, terminated with
 ``exitCode`` and ``reason``), ``hostIP``/``podIP``, ``spec.nodeName`` and core/v1 events on the
-way. What happens to each pod is a :class:`~airflow_gpupool.testing.behaviour.PodBehaviour` read
+way. What happens to each pod is a :class:`~airflow_gpupool.testing.pods.behaviour.PodBehaviour` read
 from its annotations and the test rules. Everything is driven by asyncio events and short timers
 on the API server's loop: no polling.
 
 This module is the state machine; what each step writes into the pod is in
-:mod:`~airflow_gpupool.testing.pod_status`, the events in :mod:`~airflow_gpupool.testing.pod_events`,
-the running workload (logs, checkpoints, exit) in :mod:`~airflow_gpupool.testing.workload` and the
-injected failures (evictions, lost nodes, image pulls) in :mod:`~airflow_gpupool.testing.failures`.
+:mod:`~airflow_gpupool.testing.pods.pod_status`, the events in :mod:`~airflow_gpupool.testing.pods.pod_events`,
+the running workload (logs, checkpoints, exit) in :mod:`~airflow_gpupool.testing.pods.workload` and the
+injected failures (evictions, lost nodes, image pulls) in :mod:`~airflow_gpupool.testing.pods.failures`.
 """
 
 from __future__ import annotations
@@ -22,21 +22,27 @@ import logging
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
-from airflow_gpupool.testing import gates
-from airflow_gpupool.testing.behaviour import PodBehaviour, PodRule, resolve_behaviour
-from airflow_gpupool.testing.failures import (
+from airflow_gpupool.testing.api import gates
+from airflow_gpupool.testing.api.kinds import EVENTS, NODES, PODS
+from airflow_gpupool.testing.cluster.scheduling import (
+    NodeAllocations,
+    admission_rejection,
+    choose_node,
+    extended_requests,
+)
+from airflow_gpupool.testing.pods.behaviour import PodBehaviour, PodRule, resolve_behaviour
+from airflow_gpupool.testing.pods.failures import (
     Interruption,
     PodInterruptions,
     fail_image_pull,
     mark_unreachable,
     plan_interruption,
 )
-from airflow_gpupool.testing.gpu_processes import EmulatedGpuProcesses
-from airflow_gpupool.testing.kinds import EVENTS, NODES, PODS
-from airflow_gpupool.testing.logs import LogBook
-from airflow_gpupool.testing.pod_events import pod_event
-from airflow_gpupool.testing.pod_history import PodHistory
-from airflow_gpupool.testing.pod_status import (
+from airflow_gpupool.testing.pods.gpu_processes import EmulatedGpuProcesses
+from airflow_gpupool.testing.pods.logs import LogBook
+from airflow_gpupool.testing.pods.pod_events import pod_event
+from airflow_gpupool.testing.pods.pod_history import PodHistory
+from airflow_gpupool.testing.pods.pod_status import (
     Outcome,
     bind,
     mark_running,
@@ -44,16 +50,10 @@ from airflow_gpupool.testing.pod_status import (
     reject_at_admission,
     terminate,
 )
-from airflow_gpupool.testing.scheduling import (
-    NodeAllocations,
-    admission_rejection,
-    choose_node,
-    extended_requests,
-)
-from airflow_gpupool.testing.workload import CheckpointPlan, PodWorkload, checkpoint_plan
+from airflow_gpupool.testing.pods.workload import CheckpointPlan, PodWorkload, checkpoint_plan
 
 if TYPE_CHECKING:
-    from airflow_gpupool.testing.apiserver import KubernetesApiEmulator
+    from airflow_gpupool.testing.api.apiserver import KubernetesApiEmulator
 
 __all__ = [
     "DEFAULT_STEP_DELAY_SECONDS",
@@ -313,7 +313,7 @@ class SimulatedKubelet:
             pod = self.api.get_object(PODS, namespace, name)
             if pod is None:
                 return None
-            if gates.is_gated(pod):  # scheduling gates (testing/gates.py): wait until all are removed
+            if gates.is_gated(pod):  # scheduling gates (testing/api/gates.py): wait until all are removed
                 updated = gates.watch(self.api, namespace, name)
                 if not gates.marked_gated(pod):
                     await self.api.update_object(PODS, namespace, name, gates.mark_gated)

@@ -2,7 +2,7 @@
 
 Lists honour the namespace and the ``labelSelector`` and ``fieldSelector``; a get of a missing
 object answers the API server's ``pods "x" not found``; a client asking for a ``Table``
-(``kubectl get``) gets one (:mod:`~airflow_gpupool.testing.tables`); ``GET pods/<name>/log`` is
+(``kubectl get``) gets one (:mod:`~airflow_gpupool.testing.api.tables`); ``GET pods/<name>/log`` is
 served as ``text/plain``, followed while the container runs if asked.
 """
 
@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING, Any
 import aiohttp.web
 from kmock import KubernetesError, KubernetesObjectNotFoundError, action
 
-from airflow_gpupool.testing.discovery import SERVED, not_found
-from airflow_gpupool.testing.kinds import PODS
-from airflow_gpupool.testing.storage import StoredObjects
-from airflow_gpupool.testing.tables import table, wants_table
-from airflow_gpupool.testing.watches import selected_by
+from airflow_gpupool.testing.api.discovery import SERVED, not_found
+from airflow_gpupool.testing.api.kinds import PODS
+from airflow_gpupool.testing.api.storage import StoredObjects
+from airflow_gpupool.testing.api.tables import table, wants_table
+from airflow_gpupool.testing.api.watches import selected_by
 
 if TYPE_CHECKING:
-    from airflow_gpupool.testing.kubelet import SimulatedKubelet
+    from airflow_gpupool.testing.pods.kubelet import SimulatedKubelet
 
 __all__ = ["ApiReads", "KubernetesBadRequest"]
 
@@ -38,7 +38,7 @@ class KubernetesBadRequest(KubernetesError):
 
 
 class ApiReads(StoredObjects):
-    """The reads of :class:`~airflow_gpupool.testing.apiserver.KubernetesApiEmulator` (a base, not an emulator).
+    """The reads of :class:`~airflow_gpupool.testing.api.apiserver.KubernetesApiEmulator` (a base, not an emulator).
 
     ``kubelet`` is set by ``KubernetesApiEmulator.__init__``.
     """

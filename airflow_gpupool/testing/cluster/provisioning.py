@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from airflow_gpupool.testing.gates import KubernetesInvalid
-from airflow_gpupool.testing.storage import now_iso
+from airflow_gpupool.testing.api.gates import KubernetesInvalid
+from airflow_gpupool.testing.api.storage import now_iso
 
 __all__ = [
     "ACCEPTED",

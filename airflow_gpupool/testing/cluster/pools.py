@@ -10,7 +10,7 @@ only place the pod when the node advertises those resources. These builders make
 * :func:`kai_pool`: ``nvidia.com/gpu`` and KAI's node-pool label (``kai``; the emulated
   scheduler places ``kai-scheduler`` pods as KAI would).
 
-Each returns a :class:`GpuPool`; :class:`~airflow_gpupool.testing.cluster.GpuCluster` turns a
+Each returns a :class:`GpuPool`; :class:`~airflow_gpupool.testkit.cluster.GpuCluster` turns a
 list of them into nodes plus the connection's ``node_pool_bindings``.
 """
 
@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from airflow_gpupool.labels import HAMI_CORES_RESOURCE, HAMI_MEMORY_RESOURCE
-from airflow_gpupool.testing.nodes import gpu_node
+from airflow_gpupool.testing.cluster.nodes import gpu_node
 
 A100 = "NVIDIA-A100-SXM4-80GB"
 T4 = "Tesla-T4"

@@ -15,13 +15,13 @@ import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from airflow_gpupool.testing.kinds import PODS
-from airflow_gpupool.testing.pod_status import Outcome, mark_waiting, now_timestamp
+from airflow_gpupool.testing.api.kinds import PODS
+from airflow_gpupool.testing.pods.pod_status import Outcome, mark_waiting, now_timestamp
 
 if TYPE_CHECKING:
-    from airflow_gpupool.testing.apiserver import KubernetesApiEmulator
-    from airflow_gpupool.testing.behaviour import PodBehaviour
-    from airflow_gpupool.testing.pod_events import RecordPodEvent
+    from airflow_gpupool.testing.api.apiserver import KubernetesApiEmulator
+    from airflow_gpupool.testing.pods.behaviour import PodBehaviour
+    from airflow_gpupool.testing.pods.pod_events import RecordPodEvent
 
 EVICTION_MESSAGE = "The node was low on resource: memory. Threshold quantity: 100Mi, available: 42Mi."
 

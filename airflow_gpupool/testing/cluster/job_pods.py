@@ -5,7 +5,7 @@ labels, ``backoffLimit``...), :func:`pod_for` makes one pod of a Job as the cont
 (owner reference, ``job-name`` and ``controller-uid`` labels; for ``completionMode: Indexed`` the
 completion index as annotation, label and ``JOB_COMPLETION_INDEX``, and the hostname
 ``<job>-<index>``), and :func:`job_status` computes a Job's ``status`` from what its pods did.
-:mod:`~airflow_gpupool.testing.jobs` runs them on the emulator's loop.
+:mod:`~airflow_gpupool.testing.cluster.jobs` runs them on the emulator's loop.
 """
 
 from __future__ import annotations

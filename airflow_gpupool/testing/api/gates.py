@@ -26,7 +26,7 @@ from typing import Any
 
 from kmock import KubernetesError
 
-from airflow_gpupool.testing.pod_status import condition
+from airflow_gpupool.testing.pods.pod_status import condition
 
 __all__ = [
     "GATED_REASON",

@@ -1,6 +1,6 @@
 """The emulator's node provisioner: Cluster Autoscaler's part, for node pools declared scalable.
 
-A :class:`ScalableNodePool` is a node shape (:func:`~airflow_gpupool.testing.nodes.gpu_node`'s
+A :class:`ScalableNodePool` is a node shape (:func:`~airflow_gpupool.testing.cluster.nodes.gpu_node`'s
 arguments) the provisioner may add nodes of. Each tick of :class:`NodeProvisioner`:
 
 * a new ``ProvisioningRequest`` is ``Accepted`` when the pool for its pods is found (the first
@@ -30,13 +30,13 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from airflow_gpupool.labels import POOL_LABEL
-from airflow_gpupool.testing import provisioning as pr
-from airflow_gpupool.testing.kinds import NODES, PODS, PODTEMPLATES, PROVISIONING_REQUESTS
-from airflow_gpupool.testing.nodes import gpu_node
-from airflow_gpupool.testing.scheduling import TERMINAL_PHASES, NodeAllocations, reject_reason
+from airflow_gpupool.testing.api.kinds import NODES, PODS, PODTEMPLATES, PROVISIONING_REQUESTS
+from airflow_gpupool.testing.cluster import provisioning as pr
+from airflow_gpupool.testing.cluster.nodes import gpu_node
+from airflow_gpupool.testing.cluster.scheduling import TERMINAL_PHASES, NodeAllocations, reject_reason
 
 if TYPE_CHECKING:
-    from airflow_gpupool.testing.apiserver import KubernetesApiEmulator
+    from airflow_gpupool.testing.api.apiserver import KubernetesApiEmulator
 
 __all__ = ["EXPENDABLE_PRIORITY_CUTOFF", "NodeProvisioner", "ScalableNodePool"]
 
@@ -49,7 +49,7 @@ class ScalableNodePool:
     """A node pool the provisioner grows and shrinks.
 
     :param name: the pool, its nodes' ``gpupool.io/pool`` label and their name prefix
-    :param node: :func:`~airflow_gpupool.testing.nodes.gpu_node`'s keyword arguments for its nodes
+    :param node: :func:`~airflow_gpupool.testing.cluster.nodes.gpu_node`'s keyword arguments for its nodes
     :param delay_seconds: how long after the demand a node appears
     :param idle_seconds: how long a node it added stays without a pod above the cutoff
     :param max_nodes: the most nodes it adds at once

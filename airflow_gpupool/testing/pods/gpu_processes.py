@@ -1,7 +1,7 @@
 """The emulator's kubelet drives the fake NVML: a running pod's GPUs show a process using its memory.
 
 When the kubelet has a fake NVML directory (``GPUPOOL_FAKE_NVML_DIR``, or
-:attr:`SimulatedKubelet.gpus <airflow_gpupool.testing.kubelet.SimulatedKubelet>` set by hand), one
+:attr:`SimulatedKubelet.gpus <airflow_gpupool.testing.pods.kubelet.SimulatedKubelet>` set by hand), one
 spec per node (``<dir>/<node>.yaml``, see :mod:`~airflow_gpupool.testing.fake_nvml`), a pod
 pinned by the operator (``GPUPOOL_GPU_INDICES`` in its environment) shows, while it runs, one
 process per granted GPU using ``GPUPOOL_GPU_MEMORY_MIB`` (or ``gpupool.emulator/gpu-memory-mib``),

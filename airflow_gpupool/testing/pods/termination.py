@@ -21,14 +21,14 @@ import logging
 import math
 from typing import TYPE_CHECKING, Any
 
-from airflow_gpupool.testing.failures import Interruption
-from airflow_gpupool.testing.kinds import PODS
-from airflow_gpupool.testing.pod_status import mark_terminating
-from airflow_gpupool.testing.scheduling import TERMINAL_PHASES
-from airflow_gpupool.testing.workload import SIGTERM
+from airflow_gpupool.testing.api.kinds import PODS
+from airflow_gpupool.testing.cluster.scheduling import TERMINAL_PHASES
+from airflow_gpupool.testing.pods.failures import Interruption
+from airflow_gpupool.testing.pods.pod_status import mark_terminating
+from airflow_gpupool.testing.pods.workload import SIGTERM
 
 if TYPE_CHECKING:
-    from airflow_gpupool.testing.apiserver import KubernetesApiEmulator
+    from airflow_gpupool.testing.api.apiserver import KubernetesApiEmulator
 
 __all__ = ["PodTerminations"]
 

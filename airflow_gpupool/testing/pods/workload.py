@@ -3,7 +3,7 @@
 :func:`checkpoint_plan` reads which training steps a pod writes (resuming after
 ``GPUPOOL_RESUME_FROM``, crashing after ``fail-after-step``); :class:`PodWorkload` spreads them
 over the run time, stops early when the pod is interrupted and returns the pod's
-:class:`~airflow_gpupool.testing.pod_status.Outcome` (a crash, an OOM kill, an exit code or
+:class:`~airflow_gpupool.testing.pods.pod_status.Outcome` (a crash, an OOM kill, an exit code or
 success with the ``COMPLETE`` marker). A pod deleted with a grace period gets :data:`SIGTERM`
 and exits with code 143 (after ``sigterm_exit_seconds``); one that opted in
 (:func:`checkpoints_on_sigterm`) first writes its next step as an emergency checkpoint, as a
@@ -18,16 +18,16 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from airflow_gpupool.testing import checkpoints
-from airflow_gpupool.testing.failures import FINISH_NOW, Interruption, interrupted
-from airflow_gpupool.testing.pod_status import Outcome
+from airflow_gpupool.testing.pods import checkpoints
+from airflow_gpupool.testing.pods.failures import FINISH_NOW, Interruption, interrupted
+from airflow_gpupool.testing.pods.pod_status import Outcome
 
 if TYPE_CHECKING:
-    from airflow_gpupool.testing.behaviour import PodBehaviour
-    from airflow_gpupool.testing.logs import LogBook
+    from airflow_gpupool.testing.pods.behaviour import PodBehaviour
+    from airflow_gpupool.testing.pods.logs import LogBook
 
 
-#: The interruption a graceful delete sends a running pod (:mod:`~airflow_gpupool.testing.termination`).
+#: The interruption a graceful delete sends a running pod (:mod:`~airflow_gpupool.testing.pods.termination`).
 SIGTERM = "SIGTERM"
 #: A container's exit code after SIGTERM (128 + 15).
 SIGTERM_EXIT_CODE = 143

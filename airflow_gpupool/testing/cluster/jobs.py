@@ -12,7 +12,7 @@ replacements meanwhile; ``Background`` removes the Job at once and its pods afte
 ``Orphan`` (the API's default for Jobs) leaves the pods without owner. The controller reads pod changes from the pods' watch bus in one task, and all
 syncs take one lock, so two never create the same pod.
 
-What each step writes is :mod:`~airflow_gpupool.testing.job_pods`' job. Not emulated:
+What each step writes is :mod:`~airflow_gpupool.testing.cluster.job_pods`' job. Not emulated:
 ``activeDeadlineSeconds``, ``ttlSecondsAfterFinished``, the pod failure policy, the backoff delay
 before a replacement pod and ``podReplacementPolicy: Failed``.
 """
@@ -25,8 +25,10 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from airflow_gpupool.testing import gates
-from airflow_gpupool.testing.job_pods import (
+from airflow_gpupool.testing.api import gates
+from airflow_gpupool.testing.api.kinds import JOBS, PODS
+from airflow_gpupool.testing.api.storage import now_iso
+from airflow_gpupool.testing.cluster.job_pods import (
     JobProgress,
     is_finished,
     job_status,
@@ -34,11 +36,9 @@ from airflow_gpupool.testing.job_pods import (
     prepare_new_job,
     wanted_indexes,
 )
-from airflow_gpupool.testing.kinds import JOBS, PODS
-from airflow_gpupool.testing.storage import now_iso
 
 if TYPE_CHECKING:
-    from airflow_gpupool.testing.apiserver import KubernetesApiEmulator
+    from airflow_gpupool.testing.api.apiserver import KubernetesApiEmulator
 
 __all__ = [
     "FOREGROUND_FINALIZER",

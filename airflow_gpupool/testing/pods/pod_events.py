@@ -10,7 +10,7 @@ from __future__ import annotations
 import uuid
 from typing import Any, Protocol
 
-from airflow_gpupool.testing.pod_status import now_timestamp
+from airflow_gpupool.testing.pods.pod_status import now_timestamp
 
 
 class RecordPodEvent(Protocol):

@@ -32,7 +32,7 @@ from airflow_gpupool.labels import (
     POOL_LABEL,
     PRODUCT_LABEL,
 )
-from airflow_gpupool.testing.discovery import KUBELET_VERSION
+from airflow_gpupool.testing.api.discovery import KUBELET_VERSION
 
 _NODE_ARGS = {
     "name",

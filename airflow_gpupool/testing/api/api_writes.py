@@ -15,15 +15,16 @@ from typing import TYPE_CHECKING, Any
 from kmock import KubernetesError, KubernetesObjectNotFoundError, action
 from kmock._internal.dicts import patch_dict  # the merge kmock applies: the object we check is the one stored
 
-from airflow_gpupool.testing import gates, provisioning
-from airflow_gpupool.testing.jobs import prepare_new_job
-from airflow_gpupool.testing.kinds import JOBS, NODES, PODS, PRIORITY_CLASSES, PROVISIONING_REQUESTS
-from airflow_gpupool.testing.priority import admit_priority
-from airflow_gpupool.testing.storage import StoredObjects
+from airflow_gpupool.testing.api import gates
+from airflow_gpupool.testing.api.kinds import JOBS, NODES, PODS, PRIORITY_CLASSES, PROVISIONING_REQUESTS
+from airflow_gpupool.testing.api.priority import admit_priority
+from airflow_gpupool.testing.api.storage import StoredObjects
+from airflow_gpupool.testing.cluster import provisioning
+from airflow_gpupool.testing.cluster.jobs import prepare_new_job
 
 if TYPE_CHECKING:
-    from airflow_gpupool.testing.jobs import JobController
-    from airflow_gpupool.testing.kubelet import SimulatedKubelet
+    from airflow_gpupool.testing.cluster.jobs import JobController
+    from airflow_gpupool.testing.pods.kubelet import SimulatedKubelet
 
 __all__ = ["ApiWrites", "KubernetesConflict"]
 
@@ -39,7 +40,7 @@ class KubernetesConflict(KubernetesError):
 
 
 class ApiWrites(StoredObjects):
-    """The writes of :class:`~airflow_gpupool.testing.apiserver.KubernetesApiEmulator` (a base, not an emulator).
+    """The writes of :class:`~airflow_gpupool.testing.api.apiserver.KubernetesApiEmulator` (a base, not an emulator).
 
     ``kubelet`` and ``jobs`` are set by ``KubernetesApiEmulator.__init__``.
     """
@@ -59,7 +60,7 @@ class ApiWrites(StoredObjects):
             self._check_provisioning_request(request)
         if request.action == action.CREATE and isinstance(request.data, dict):
             if request.resource == PODS:
-                gates.check_pod_create(request.data)  # scheduling gates: testing/gates.py
+                gates.check_pod_create(request.data)  # scheduling gates: testing/api/gates.py
                 admit_priority(request.data, self._priority_class)
             self._stamp(request.data, request.namespace)
             if request.resource == PODS:
@@ -67,7 +68,7 @@ class ApiWrites(StoredObjects):
             elif request.resource == JOBS:
                 prepare_new_job(request.data)
         elif request.action == action.UPDATE and request.resource == PODS and request.subresource is None:
-            self._check_pod_update(request)  # scheduling gates: testing/gates.py
+            self._check_pod_update(request)  # scheduling gates: testing/api/gates.py
         if request.action == action.UPDATE and isinstance(request.data, dict) and request.name:
             request.data.setdefault("metadata", {})
             if isinstance(request.data["metadata"], dict):

@@ -1,7 +1,7 @@
 """The emulator's object store: kmock's objects with the metadata the API server owns, and watch buses.
 
 :class:`StoredObjects` is the layer below the HTTP handling of
-:class:`~airflow_gpupool.testing.apiserver.KubernetesApiEmulator`: the kubelet, the scheduler and
+:class:`~airflow_gpupool.testing.api.apiserver.KubernetesApiEmulator`: the kubelet, the scheduler and
 the tests read and change objects through it (on the server's event loop), and every change
 gets a new ``resourceVersion`` (one global counter) and an event on its resource's watch bus.
 """
@@ -19,7 +19,7 @@ import attrs
 from kmock import KubernetesEmulator, Object, ObjectsArray, resource
 from kmock._internal.aiobus import Bus  # kmock's watch bus, which it re-exports without __all__
 
-from airflow_gpupool.testing.discovery import SERVED
+from airflow_gpupool.testing.api.discovery import SERVED
 
 __all__ = ["StoredObjects", "now_iso"]
 

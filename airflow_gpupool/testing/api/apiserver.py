@@ -6,32 +6,32 @@ On top of kmock 0.8 this serves what clients such as ``KubernetesPodOperator`` r
 * ``uid``, ``creationTimestamp``, ``resourceVersion`` (one global counter) and ``status`` on
   create, ``generateName``, a new ``resourceVersion`` on every change;
 * ``watch=true``, ``watch=True`` and ``watch=1`` as watches (JSON lines of ``{type, object}``),
-  ``timeoutSeconds`` and ``resourceVersion`` honoured (:mod:`~airflow_gpupool.testing.watches`);
+  ``timeoutSeconds`` and ``resourceVersion`` honoured (:mod:`~airflow_gpupool.testing.api.watches`);
 * ``GET pods/<name>/log`` as ``text/plain`` with ``container``, ``timestamps``, ``tailLines``,
   ``sinceSeconds``/``sinceTime``, ``limitBytes`` and ``follow`` (streams until the container ends);
 * core/v1 ``events`` and ``nodes``;
-* discovery as ``kubectl`` reads it (:mod:`~airflow_gpupool.testing.discovery`) and ``Table``
-  answers for ``kubectl get`` (:mod:`~airflow_gpupool.testing.tables`);
+* discovery as ``kubectl`` reads it (:mod:`~airflow_gpupool.testing.api.discovery`) and ``Table``
+  answers for ``kubectl get`` (:mod:`~airflow_gpupool.testing.api.tables`);
 * resource.k8s.io/v1 ``resourceclaims`` (Dynamic Resource Allocation), stored as sent; a claim a
   pod owns (``ownerReferences``) is deleted with the pod, as Kubernetes' garbage collector does;
-* batch/v1 ``jobs``, run by a Job controller (:mod:`~airflow_gpupool.testing.jobs`): pods made from
+* batch/v1 ``jobs``, run by a Job controller (:mod:`~airflow_gpupool.testing.cluster.jobs`): pods made from
   the template, status, deletion with ``propagationPolicy`` (``Foreground`` keeps the Job until its pods are gone);
 * coordination.k8s.io/v1 ``leases`` (leader election): ``PUT`` replaces, refused with 409 Conflict
   when the ``resourceVersion`` sent is not the stored one;
 * scheduling.k8s.io/v1 ``priorityclasses``, whose value a new pod naming one gets as
-  ``spec.priority`` (:mod:`~airflow_gpupool.testing.priority`);
+  ``spec.priority`` (:mod:`~airflow_gpupool.testing.api.priority`);
 * core/v1 ``podtemplates`` and autoscaling.x-k8s.io/v1 ``provisioningrequests``, checked as the
-  CRD's schema checks them (:mod:`~airflow_gpupool.testing.provisioning`) and answered by the node
-  provisioner (:mod:`~airflow_gpupool.testing.provisioner`); a cluster built without the group
+  CRD's schema checks them (:mod:`~airflow_gpupool.testing.cluster.provisioning`) and answered by the node
+  provisioner (:mod:`~airflow_gpupool.testing.cluster.provisioner`); a cluster built without the group
   leaves it out of discovery and answers 404;
 * pod deletion as Kubernetes does it: a graceful ``DELETE`` answers at once with the pod
   ``Terminating``, removed once its containers exit or its grace ends
-  (:mod:`~airflow_gpupool.testing.termination`);
+  (:mod:`~airflow_gpupool.testing.pods.termination`);
 * a log of every request (:class:`RecordedRequest`).
 
-The object store itself (stamping, versions, watch buses) is :mod:`~airflow_gpupool.testing.storage`.
-The reads (lists, gets, logs) are served by :mod:`~airflow_gpupool.testing.api_reads`; what a
-write is checked for and sets off, by :mod:`~airflow_gpupool.testing.api_writes`.
+The object store itself (stamping, versions, watch buses) is :mod:`~airflow_gpupool.testing.api.storage`.
+The reads (lists, gets, logs) are served by :mod:`~airflow_gpupool.testing.api.api_reads`; what a
+write is checked for and sets off, by :mod:`~airflow_gpupool.testing.api.api_writes`.
 """
 
 from __future__ import annotations
@@ -45,17 +45,16 @@ from typing import Any, cast
 import aiohttp.web
 from kmock import action
 
-from airflow_gpupool.testing.api_reads import ApiReads, KubernetesBadRequest
-from airflow_gpupool.testing.api_writes import ApiWrites, KubernetesConflict
-from airflow_gpupool.testing.discovery import (
+from airflow_gpupool.testing.api.api_reads import ApiReads, KubernetesBadRequest
+from airflow_gpupool.testing.api.api_writes import ApiWrites, KubernetesConflict
+from airflow_gpupool.testing.api.discovery import (
     UNSERVED_BY_DEFAULT,
     discovery_document,
     kmock_resources,
     not_found,
     served,
 )
-from airflow_gpupool.testing.jobs import JobController, propagation_policy
-from airflow_gpupool.testing.kinds import (
+from airflow_gpupool.testing.api.kinds import (
     JOBS,
     LEASES,
     NAMESPACES,
@@ -63,12 +62,13 @@ from airflow_gpupool.testing.kinds import (
     PODS,
     RESOURCE_CLAIMS,
 )
-from airflow_gpupool.testing.kubelet import SimulatedKubelet
-from airflow_gpupool.testing.priority import admit_priority
-from airflow_gpupool.testing.provisioner import NodeProvisioner, ScalableNodePool
-from airflow_gpupool.testing.tables import table, wants_table
-from airflow_gpupool.testing.termination import PodTerminations
-from airflow_gpupool.testing.watches import is_watch, serve_watch_stream
+from airflow_gpupool.testing.api.priority import admit_priority
+from airflow_gpupool.testing.api.tables import table, wants_table
+from airflow_gpupool.testing.api.watches import is_watch, serve_watch_stream
+from airflow_gpupool.testing.cluster.jobs import JobController, propagation_policy
+from airflow_gpupool.testing.cluster.provisioner import NodeProvisioner, ScalableNodePool
+from airflow_gpupool.testing.pods.kubelet import SimulatedKubelet
+from airflow_gpupool.testing.pods.termination import PodTerminations
 
 __all__ = [
     "KubernetesApiEmulator",
@@ -126,7 +126,7 @@ class KubernetesApiEmulator(ApiReads, ApiWrites):
     :param nodes: Node objects to start with
     :param default_duration_seconds: how long containers run unless told otherwise
     :param scalable_pools: node pools the provisioner grows and shrinks
-        (:mod:`~airflow_gpupool.testing.provisioner`)
+        (:mod:`~airflow_gpupool.testing.cluster.provisioner`)
     :param unserved_groups: API groups this cluster lacks (``autoscaling.x-k8s.io``: no
         ProvisioningRequest CRD), absent from discovery and answered 404; by default
         ``karpenter.sh`` (name the groups to leave out, ``()`` for none, to serve it)
@@ -263,7 +263,7 @@ class KubernetesApiEmulator(ApiReads, ApiWrites):
 
     async def _serve_deletion(self, request: Any) -> aiohttp.web.StreamResponse | None:
         """Serve the deletes that do not remove the object at once: a pod's, a Job's in the foreground
-        (it stays until its pods are gone: :mod:`~airflow_gpupool.testing.jobs`); ``None`` for others.
+        (it stays until its pods are gone: :mod:`~airflow_gpupool.testing.cluster.jobs`); ``None`` for others.
 
         :param request: kmock's parsed request
         """
@@ -293,7 +293,7 @@ class KubernetesApiEmulator(ApiReads, ApiWrites):
         return aiohttp.web.json_response(not_found(request.url.path), status=404)
 
     async def _serve_pod_delete(self, request: Any) -> aiohttp.web.StreamResponse | None:
-        """Delete a pod as the API server does (:mod:`~airflow_gpupool.testing.termination`); ``None``
+        """Delete a pod as the API server does (:mod:`~airflow_gpupool.testing.pods.termination`); ``None``
         for other requests.
 
         A graceful delete answers at once with the pod ``Terminating``; it is removed once its

@@ -3,11 +3,11 @@
 ``labelSelector``, ``fieldSelector``, namespace and name select what a list or a watch returns;
 a watch (``watch=true``) streams JSON lines of ``{type, object}``, starting from every selected
 object (``ADDED``) or from those changed since the ``resourceVersion`` asked for (``MODIFIED``),
-until ``timeoutSeconds`` or the client leaves. :mod:`~airflow_gpupool.testing.apiserver` routes
+until ``timeoutSeconds`` or the client leaves. :mod:`~airflow_gpupool.testing.api.apiserver` routes
 requests here.
 
 As the API server does: a watch from a ``resourceVersion`` the history no longer holds (after
-:meth:`~airflow_gpupool.testing.storage.StoredObjects.compact`, as etcd compacts) gets one
+:meth:`~airflow_gpupool.testing.api.storage.StoredObjects.compact`, as etcd compacts) gets one
 ``ERROR`` event with a ``410 Gone`` Status and ends; with ``allowWatchBookmarks=true`` the stream
 carries a ``BOOKMARK`` (the kind and the current ``resourceVersion`` only) every
 :data:`BOOKMARK_SECONDS` and just before it times out, so a client resumes from there.
@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Any, cast
 
 import aiohttp.web
 
-from airflow_gpupool.testing.selectors import parse_field_selector, parse_label_selector
+from airflow_gpupool.testing.api.selectors import parse_field_selector, parse_label_selector
 
 if TYPE_CHECKING:
-    from airflow_gpupool.testing.storage import StoredObjects
+    from airflow_gpupool.testing.api.storage import StoredObjects
 
 __all__ = [
     "BOOKMARK_SECONDS",

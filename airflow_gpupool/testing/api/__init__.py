@@ -1,0 +1,1 @@
+"""The emulated Kubernetes API server: its store, reads, writes, watches, discovery and admission rules."""

@@ -1,0 +1,1 @@
+"""The emulated cluster's nodes and pools, and the controllers acting on them: scheduler, Jobs, autoscaler."""
