@@ -2,8 +2,8 @@
 
 Every serialized write reads the queue a pass needs (:class:`~airflow_gpupool.ledger.queue.waiting.WaitingReader`):
 the requests whose overtake budget is not spent, and of the spent ones their shapes, those of
-shapes that fit somewhere, and the first of the others. A long queue is mostly spent requests (each backfill
-grant overtakes them all), and they change rarely: when a budget becomes spent, or a spent
+shapes that fit somewhere, and the first of the others. A long queue is mostly spent requests
+(each backfill grant overtakes them all), and they change rarely: when a budget becomes spent, or a spent
 request is granted or ends. A write that does one of those stamps ``spent_queue_version`` in
 ``gpupool_meta`` with its own version, in the same transaction
 (:meth:`~airflow_gpupool.ledger.store.transactions.Tx.spent_rows_changed`); a process whose copy carries that

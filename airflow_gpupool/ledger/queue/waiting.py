@@ -5,12 +5,12 @@ happens, so once it cannot be granted it matters only as the first spent one (it
 hold, or stops the pass). A spent request of a shape that fits no node now, avoiding none,
 cannot be granted in this pass (grants only shrink what nodes can take, holds only exclude
 more): only the first of those is read. Once the pass grants the spent requests ahead of it
-(of shapes that fit), it is the first spent one left, and gets the hold. Of a shape that fits, the requests are one
-request many times over, served in their order: a pass grants at most as many as the free
-capacity holds, and after the first that does not fit, none does. Only that many are read, and a
-few more, so the first refused ones can still be offered victims. The pass then decides what a
-pass over the whole queue decides, reading what it needs: a long queue of one shape costs a pass
-what the free capacity holds, not the queue's length.
+(of shapes that fit), it is the first spent one left, and gets the hold. Of a shape that fits,
+the requests are one request many times over, served in their order: a pass grants at most as
+many as the free capacity holds, and after the first that does not fit, none does. Only that
+many are read, and a few more, so the first refused ones can still be offered victims. The pass
+then decides what a pass over the whole queue decides, reading what it needs: a long queue of
+one shape costs a pass what the free capacity holds, not the queue's length.
 """
 
 from __future__ import annotations
