@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from airflow_gpupool.binding import SliceFacts, binding_for
+from airflow_gpupool.binding import binding_for
 from airflow_gpupool.exceptions import ConfigurationError
+from airflow_gpupool.operators.pod.pod_spec import slice_facts
 
 if TYPE_CHECKING:
     from airflow_gpupool.binding import PodBinding
@@ -37,15 +38,7 @@ def member_binding(
     for member in gang.granted:
         grant = member.grant
         assert grant is not None
-        facts = SliceFacts(
-            gpus=len(grant.gpu_indices) if grant.mig_slice is None else 0,
-            gpu_uuids=grant.gpu_uuids,
-            milli_per_gpu=grant.milli_per_gpu,
-            gpu_memory_mib=grant.gpu_memory_mib,
-            mig_profile=grant.mig_profile,
-            gpu_uuids_verified=grant.gpu_uuids_verified,
-            mig_slice=grant.mig_slice,
-        )
+        facts = slice_facts(grant)
         where = f"task {task_id} on node pool {grant.node_pool}"
         bound.append(binding_for(request, binding_name(grant.node_pool), where).bind(facts))
     if any(

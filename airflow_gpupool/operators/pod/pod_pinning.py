@@ -12,8 +12,14 @@ from typing import TYPE_CHECKING, Any
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
 
 from airflow_gpupool import settings
-from airflow_gpupool.binding import SliceFacts, binding_for
-from airflow_gpupool.operators.pod.pod_spec import cpu_only, own_resource_claim, pin_pod, with_resource_claim
+from airflow_gpupool.binding import binding_for
+from airflow_gpupool.operators.pod.pod_spec import (
+    cpu_only,
+    own_resource_claim,
+    pin_pod,
+    slice_facts,
+    with_resource_claim,
+)
 from airflow_gpupool.operators.request import shm_mib
 
 if TYPE_CHECKING:
@@ -63,15 +69,7 @@ class GpuPodPinning(KubernetesPodOperator):
             return cpu_only(pod, self.base_container_name) if self._cpu_fallback_active else pod
         request = self.gpu_request()
         grant = self._grant
-        facts = SliceFacts(
-            gpus=len(grant.gpu_indices) if grant.mig_slice is None else 0,
-            gpu_uuids=grant.gpu_uuids,
-            milli_per_gpu=grant.milli_per_gpu,
-            gpu_memory_mib=grant.gpu_memory_mib,
-            mig_profile=grant.mig_profile,
-            gpu_uuids_verified=grant.gpu_uuids_verified,  # issue 17 (agent): device pinning checks it
-            mig_slice=grant.mig_slice,
-        )
+        facts = slice_facts(grant)
         return pin_pod(
             pod,
             reservation_id=self._held_id,

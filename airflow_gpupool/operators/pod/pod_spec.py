@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from kubernetes.client import models as k8s
 
 from airflow_gpupool import quantity
-from airflow_gpupool.binding import DRA_REQUEST, PodBinding
+from airflow_gpupool.binding import DRA_REQUEST, PodBinding, SliceFacts
 from airflow_gpupool.checkpoints.manifest import RESUME_ENV
 from airflow_gpupool.labels import (
     ANNOTATION_PREFIX,
@@ -44,10 +44,24 @@ __all__ = [
     "grant_env",
     "own_resource_claim",
     "pin_pod",
+    "slice_facts",
     "with_resource_claim",
 ]
 
 GPU_TOLERATION = k8s.V1Toleration(key=GPU_RESOURCE, operator="Exists", effect="NoSchedule")
+
+
+def slice_facts(grant: Grant) -> SliceFacts:
+    """Return what a binding needs of ``grant`` (a MIG slice counts no whole GPUs)."""
+    return SliceFacts(
+        gpus=len(grant.gpu_indices) if grant.mig_slice is None else 0,
+        gpu_uuids=grant.gpu_uuids,
+        milli_per_gpu=grant.milli_per_gpu,
+        gpu_memory_mib=grant.gpu_memory_mib,
+        mig_profile=grant.mig_profile,
+        gpu_uuids_verified=grant.gpu_uuids_verified,  # issue 17 (agent): device pinning checks it
+        mig_slice=grant.mig_slice,
+    )
 
 
 def grant_env(reservation_id: str, grant: Grant, checkpoint_dir: str | None) -> dict[str, str]:
